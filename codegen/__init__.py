@@ -1,0 +1,6 @@
+"""Codegen: `Graph` + verified `Plan` + `Chip` -> SPMD `Program`."""
+
+from .lower import CodegenError, Placement, generate
+from .program import Buffer, Program
+
+__all__ = ["Buffer", "CodegenError", "Placement", "Program", "generate"]

@@ -1,0 +1,314 @@
+"""Codegen: `Graph` + verified `Plan` + `Chip` -> SPMD `Program`.
+
+Per op, in order:
+
+1. bring each input into the plan's layout: weights are loaded once before the run and stay
+   resident; graph inputs are loaded from the host; activations are re-laid out from wherever
+   their producer left them by one ``Exchange`` per input after one barrier (the element tables
+   are computed here, through any Reshape/Transpose views in between). When the producer's
+   buffer already is the wanted layout on every core, it is used in place;
+2. allocate (and for reductions initialise) the output accumulator and a receive buffer per
+   rotating operand;
+3. for each step: one ``Compute`` per core; then, where a rotating operand's axis advances, a
+   barrier and one ``Shift`` per moving operand from its ring source;
+4. when several cores hold partial sums of the same output block, a barrier and a
+   reduce-scatter;
+5. record where every element of the result lives (its placement), and free what is dead.
+
+Buffers get SRAM offsets from a first-fit allocator over live intervals (the same address on
+every core, as the program is SPMD).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.ir import Graph, TensorExpr, map_to_root
+from t10c.partition import Geometry, Plan, geometry
+
+from .program import (
+    DTYPE_BYTES,
+    Alloc,
+    Buffer,
+    Compute,
+    Exchange,
+    Fill,
+    Free,
+    Instr,
+    Load,
+    Program,
+    Reduce,
+    Shift,
+    Store,
+    Sync,
+)
+
+ALIGN = 8
+IDENTITY = {"sum": 0.0, "max": -np.inf}
+
+
+class CodegenError(RuntimeError):
+    """A plan that codegen cannot honour (a bug upstream, reported with the op's name)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each element of a (root) tensor lives: buffer, and per element core and offset."""
+
+    buf: int
+    core: np.ndarray  # int32 [numel]
+    off: np.ndarray  # int32 [numel]
+
+
+class _Allocator:
+    def __init__(self, sram: int) -> None:
+        self.sram = sram
+        self.live: dict[int, tuple[int, int]] = {}
+        self.peak = 0
+
+    def alloc(self, buf_id: int, nbytes: int) -> int:
+        size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        offset = 0
+        for start, end in sorted(self.live.values()):
+            if start - offset >= size:
+                break
+            offset = max(offset, end)
+        self.live[buf_id] = (offset, offset + size)
+        self.peak = max(self.peak, offset + size)
+        return offset
+
+    def free(self, buf_id: int) -> None:
+        del self.live[buf_id]
+
+
+class _Builder:
+    def __init__(self, graph: Graph, plan: Plan, chip: Chip) -> None:
+        self.graph, self.plan, self.chip = graph, plan, chip
+        self.dtype = plan.dtype
+        self.buffers: list[Buffer] = []
+        self.instrs: list[Instr] = []
+        self.alloc = _Allocator(chip.sram_bytes_per_core)
+        self.placement: dict[str, Placement] = {}
+        self.pending: dict[str, int] = {}  # consumer reads left of each activation
+
+    # -- buffers --------------------------------------------------------------------------
+    def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
+        bid = len(self.buffers)
+        offset = self.alloc.alloc(bid, elems * DTYPE_BYTES[dtype])
+        self.buffers.append(Buffer(bid, name, elems, dtype, offset))
+        self.instrs.append(Alloc(op, phase, bid))
+        return bid
+
+    def free(self, bid: int, op: str) -> None:
+        self.alloc.free(bid)
+        self.instrs.append(Free(op, "free", bid))
+
+    def storage(self, tensor: str) -> str:
+        return "int32" if self.graph.tensors[tensor].dtype != "float32" else self.dtype
+
+    # -- element tables -------------------------------------------------------------------
+    def element_map(self, geo: Geometry, index: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(flat element of the operand's tensor per buffer element, validity), per core.
+
+        Built dimension by dimension with broadcasting: (ncores, *tile) then flattened.
+        """
+        op = geo.op
+        shape = self.graph.tensors[op.operands[index].tensor].shape
+        tile = geo.tile_shape(index)
+        origin = geo.tile_origin(index, step)
+        n = geo.ncores
+        flat = np.zeros((n,) + (1,) * len(tile), dtype=np.int64)
+        valid = np.ones((n,) + (1,) * len(tile), dtype=bool)
+        stride = 1
+        for d in reversed(range(len(tile))):
+            view = [n] + [1] * len(tile)
+            view[d + 1] = tile[d]
+            coord = (origin[:, d][:, None] + np.arange(tile[d])[None, :]).reshape(view)
+            valid = valid & (coord < shape[d])
+            flat = flat + np.minimum(coord, shape[d] - 1) * stride
+            stride *= shape[d]
+        full = (n, math.prod(tile))
+        return (np.broadcast_to(flat, (n, *tile)).reshape(full),
+                np.broadcast_to(valid, (n, *tile)).reshape(full))
+
+    def bring_input(self, op: TensorExpr, geo: Geometry, index: int, sync_done: list[bool]
+                    ) -> tuple[int, bool]:
+        """Emit what puts input ``index`` in place; returns (buffer, owned by this op)."""
+        operand = op.inputs[index]
+        flat, valid = self.element_map(geo, index, 0)
+        root, rflat = map_to_root(self.graph, operand.tensor, flat[valid])
+        elems = flat.shape[1]
+        dtype = self.storage(operand.tensor)
+        name = f"{op.name}.in{index}"
+        if root in self.graph.constants or root in self.graph.inputs:
+            table = np.full(flat.shape, -1, dtype=np.int32)
+            table[valid] = rflat
+            phase = "resident" if root in self.graph.constants else "host"
+            bid = self.new_buffer(name, elems, dtype, op.name, phase)
+            self.instrs.append(Load(op.name, phase, bid, root, table))
+            return bid, root not in self.graph.constants
+        if root not in self.placement:
+            raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
+        place = self.placement[root]
+        src_core = np.full(flat.shape, -1, dtype=np.int32)
+        src_off = np.full(flat.shape, -1, dtype=np.int32)
+        src_core[valid] = place.core[rflat]
+        src_off[valid] = place.off[rflat]
+        src = self.buffers[place.buf]
+        in_place = (valid.all() and src.elems == elems and src.dtype == dtype
+                    and geo.rotation_axis(index) is None
+                    and (src_core == np.arange(len(src_core))[:, None]).all()
+                    and (src_off == np.arange(elems)[None, :]).all())
+        if in_place:
+            return place.buf, False
+        if not sync_done[0]:
+            self.instrs.append(Sync(op.name, "relayout"))
+            sync_done[0] = True
+        bid = self.new_buffer(name, elems, dtype, op.name, "relayout")
+        self.instrs.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off))
+        return bid, True
+
+    # -- one op ---------------------------------------------------------------------------
+    def emit_op(self, n: int, op: TensorExpr) -> None:
+        geo = geometry(self.graph, op, self.plan.ops[n])
+        nin = len(op.inputs)
+        sync_done = [False]
+        cur: list[int] = []
+        owned: list[bool] = []
+        for i in range(nin):
+            bid, own = self.bring_input(op, geo, i, sync_done)
+            cur.append(bid)
+            owned.append(own)
+        # inputs are in place: producers whose last reader this was can go
+        for operand in op.inputs:
+            root = self.graph.root(operand.tensor)
+            if root in self.pending:
+                self.pending[root] -= 1
+                if self.pending[root] == 0 and self.placement[root].buf not in cur:
+                    self.free(self.placement[root].buf, op.name)
+
+        out_dtype = "fp32" if op.combine else self.storage(op.output.tensor)
+        out_elems = math.prod(geo.tile_shape(nin))
+        out = self.new_buffer(f"{op.name}.out", out_elems, out_dtype, op.name, "compute")
+        if op.combine:
+            self.instrs.append(Fill(op.name, "compute", out, IDENTITY[op.combine], geo.ncores))
+        cur.append(out)
+        owned.append(True)
+        recv = {}
+        for i in range(nin + 1):
+            if geo.rotation_axis(i) is not None:
+                b = self.buffers[cur[i]]
+                recv[i] = self.new_buffer(f"{op.name}.rx{i}", b.elems, b.dtype, op.name, "shift")
+        sources = {i: geo.ring_source(i).astype(np.int32) for i in recv}
+
+        for s in range(geo.steps):
+            self.instrs.append(Compute(
+                op.name, "compute", n, cur[nin], tuple(cur[:nin]), geo.u,
+                tuple(geo.tile_shape(i) for i in range(nin + 1)),
+                tuple(geo.slice_offsets(i, s).astype(np.int32) for i in range(nin + 1)),
+                geo.origin(s).astype(np.int64), op.combine is not None))
+            if s == geo.steps - 1:
+                break
+            changed = geo.changes(s)
+            movers = [i for i in recv if geo.rotation_axis(i) in changed]
+            if movers:
+                self.instrs.append(Sync(op.name, "sync"))
+            for i in movers:
+                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], sources[i]))
+                cur[i], recv[i] = recv[i], cur[i]
+
+        for i in recv:
+            self.free(recv[i], op.name)
+        for i in range(nin):
+            if owned[i]:
+                self.free(cur[i], op.name)
+        for operand in op.inputs:  # a producer buffer used in place dies with this op
+            root = self.graph.root(operand.tensor)
+            if self.pending.get(root) == 0 and self.placement[root].buf in cur[:nin]:
+                if self.placement[root].buf in self.alloc.live:
+                    self.free(self.placement[root].buf, op.name)
+        self.placement[op.output.tensor] = self.finish_output(op, geo, cur[nin])
+
+    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int) -> Placement:
+        out = len(op.inputs)
+        last = geo.steps - 1
+        tensor = op.output.tensor
+        numel = self.graph.tensors[tensor].numel
+        flat, valid = self.element_map(geo, out, last)
+        elems = flat.shape[1]
+        group = geo.reduce_group
+        if group > 1:
+            origin = geo.tile_origin(out, last)
+            key = np.unique(origin, axis=0, return_inverse=True)[1].ravel()
+            order = np.lexsort((np.arange(geo.ncores), key))
+            members = order.reshape(-1, group)  # cores holding the same block, by core id
+            pos = np.empty(geo.ncores, dtype=np.int64)
+            pos[members] = np.arange(group)[None, :]
+            table = np.empty((geo.ncores, group), dtype=np.int32)
+            table[members.ravel()] = np.repeat(members, group, axis=0)
+            chunk = -(-elems // group)
+            self.instrs.append(Sync(op.name, "reduce"))
+            dst = self.new_buffer(f"{op.name}.red", chunk, self.buffers[buf].dtype, op.name,
+                                  "reduce")
+            self.instrs.append(Reduce(op.name, "reduce", dst, buf, op.combine or "sum", table,
+                                      (pos * chunk).astype(np.int32)))
+            self.free(buf, op.name)
+            # element e of core c's chunk is element pos*chunk + e of its block buffer
+            local = pos[:, None] * chunk + np.arange(chunk)[None, :]
+            inside = local < elems
+            local = np.minimum(local, elems - 1)
+            rows = np.arange(geo.ncores)[:, None]
+            flat, valid = flat[rows, local], valid[rows, local] & inside
+            buf = dst
+            elems = chunk
+        core = np.full(numel, -1, dtype=np.int32)
+        off = np.full(numel, -1, dtype=np.int32)
+        cores = np.broadcast_to(np.arange(geo.ncores)[:, None], flat.shape)
+        offs = np.broadcast_to(np.arange(elems)[None, :], flat.shape)
+        core[flat[valid]] = cores[valid]
+        off[flat[valid]] = offs[valid]
+        if (core < 0).any():
+            raise CodegenError(f"{op.name}: {(core < 0).sum()} output elements are never "
+                               "computed")
+        return Placement(buf, core, off)
+
+    # -- whole program ----------------------------------------------------------------------
+    def build(self) -> Program:
+        graph = self.graph
+        for op in graph.ops:
+            for operand in op.inputs:
+                root = graph.root(operand.tensor)
+                if root not in graph.constants and root not in graph.inputs:
+                    self.pending[root] = self.pending.get(root, 0) + 1
+        for t in graph.outputs:
+            root = graph.root(t)
+            self.pending[root] = self.pending.get(root, 0) + 1
+        for n, op in enumerate(graph.ops):
+            try:
+                self.emit_op(n, op)
+            except CodegenError:
+                raise
+            except Exception as exc:  # pragma: no cover - a bug: say where
+                raise CodegenError(f"while generating op {op.name} ({op.source}): {exc}") from exc
+            if op.output.tensor not in self.pending:  # nobody reads it
+                self.free(self.placement[op.output.tensor].buf, op.name)
+        for t in graph.outputs:
+            root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
+            if root not in self.placement:
+                raise CodegenError(f"graph output {t} is not computed on chip")
+            place = self.placement[root]
+            self.instrs.append(Store("", "host", t, graph.tensors[t].shape, place.buf,
+                                     place.core[rflat], place.off[rflat]))
+        inputs = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs}
+        return Program(graph.name, self.chip.name, self.dtype, self.chip.cores,
+                       tuple(self.buffers), graph.ops, tuple(self.instrs), inputs, graph.outputs,
+                       self.alloc.peak)
+
+
+def generate(graph: Graph, plan: Plan, chip: Chip) -> Program:
+    """Emit the SPMD program for ``graph`` under ``plan`` (which must have been verified)."""
+    return _Builder(graph, plan, chip).build()

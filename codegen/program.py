@@ -1,0 +1,239 @@
+"""The SPMD program: buffers, instructions with per-core tables, and its text form.
+
+Every core runs the same instruction stream; per-core differences live in tables indexed by core
+(the source core of a shift, the slice a compute reads). A buffer has one SRAM address on all
+cores. Instructions name the op and the phase they belong to, for the timeline.
+
+Instructions (tables are numpy arrays whose first axis is the core, over the first ``ncores``):
+
+- ``Alloc(buf)`` / ``Free(buf)``: the buffer's bytes at its address become live / dead.
+- ``Load(buf, tensor, index)``: host -> chip before the run (weights, inputs); ``index[c, e]``
+  is the flat element of ``tensor`` for element e of core c's buffer, -1 for padding (zero).
+- ``Fill(buf, value)``: set a buffer (accumulator initialisation).
+- ``Exchange(dst, src, src_core, src_off)``: re-layout; ``dst[c, e] = src[src_core[c, e],
+  src_off[c, e]]``, zero where ``src_core`` is -1.
+- ``Compute(expr, out, ins, sub, offsets, origin, accumulate)``: one sub-task of ``expr`` per core
+  with axis sizes ``sub``; ``offsets[k][c]`` is where the sub-task starts in operand k's buffer
+  on core c (inputs then output); ``origin[c]`` is the sub-task's global position, which masks
+  padding on reduction axes.
+- ``Shift(dst, src, src_core)``: rotation; ``dst[c] = src[src_core[c]]``.
+- ``Reduce(dst, src, combine, group, offset)``: reduce-scatter; ``dst[c] = combine over g of
+  src[group[c, g], offset[c] : offset[c] + dst.elems]``.
+- ``Sync()``: bulk-synchronous barrier.
+- ``Store(tensor, src, src_core, src_off)``: chip -> host after the run (graph outputs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from t10c.ir import TensorExpr
+
+DTYPE_BYTES = {"fp16": 2, "fp32": 4, "int32": 4}
+
+
+@dataclass(frozen=True)
+class Buffer:
+    id: int
+    name: str
+    elems: int
+    dtype: str
+    offset: int  # bytes, the same on every core
+
+    @property
+    def nbytes(self) -> int:
+        return self.elems * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Instr:
+    op: str
+    phase: str
+
+
+@dataclass(frozen=True)
+class Alloc(Instr):
+    buf: int
+
+
+@dataclass(frozen=True)
+class Free(Instr):
+    buf: int
+
+
+@dataclass(frozen=True)
+class Load(Instr):
+    buf: int
+    tensor: str
+    index: np.ndarray
+
+
+@dataclass(frozen=True)
+class Fill(Instr):
+    buf: int
+    value: float
+    ncores: int
+
+
+@dataclass(frozen=True)
+class Exchange(Instr):
+    dst: int
+    src: int
+    src_core: np.ndarray
+    src_off: np.ndarray
+
+
+@dataclass(frozen=True)
+class Compute(Instr):
+    expr: int  # index into Program.exprs
+    out: int
+    ins: tuple[int, ...]
+    sub: tuple[int, ...]
+    tiles: tuple[tuple[int, ...], ...]  # buffer shape of each operand (inputs then output)
+    offsets: tuple[np.ndarray, ...]
+    origin: np.ndarray
+    accumulate: bool
+
+
+@dataclass(frozen=True)
+class Shift(Instr):
+    dst: int
+    src: int
+    src_core: np.ndarray
+
+
+@dataclass(frozen=True)
+class Reduce(Instr):
+    dst: int
+    src: int
+    combine: str
+    group: np.ndarray
+    offset: np.ndarray
+
+
+@dataclass(frozen=True)
+class Sync(Instr):
+    pass
+
+
+@dataclass(frozen=True)
+class Store(Instr):
+    tensor: str
+    shape: tuple[int, ...]
+    src: int
+    src_core: np.ndarray
+    src_off: np.ndarray
+
+
+@dataclass(frozen=True)
+class Program:
+    """An SPMD program for one chip, ready for the emulator."""
+
+    name: str
+    chip: str
+    dtype: str
+    cores: int
+    buffers: tuple[Buffer, ...]
+    exprs: tuple[TensorExpr, ...]
+    instrs: tuple[Instr, ...]
+    inputs: dict[str, tuple[tuple[int, ...], str]]
+    outputs: tuple[str, ...]
+    peak_sram_bytes_per_core: int  # highest address in use, from the allocator
+
+    def for_core(self, core: int) -> list[str]:
+        """Core ``core``'s own instruction list as readable assembly."""
+        if not 0 <= core < self.cores:
+            raise ValueError(f"core {core} does not exist (the chip has {self.cores} cores)")
+        return [line for ins in self.instrs if (line := _asm(self, ins, core)) is not None]
+
+    def save(self, directory: Path) -> None:
+        """Write ``program.json`` (instructions) and ``program.npz`` (their tables)."""
+        arrays: dict[str, np.ndarray] = {}
+        records = []
+        for n, ins in enumerate(self.instrs):
+            rec: dict[str, object] = {"kind": type(ins).__name__}
+            for f in fields(ins):
+                val = getattr(ins, f.name)
+                if isinstance(val, np.ndarray):
+                    key = f"i{n}.{f.name}"
+                    arrays[key] = val
+                    rec[f.name] = {"npz": key}
+                elif isinstance(val, tuple) and val and isinstance(val[0], np.ndarray):
+                    keys = []
+                    for k, arr in enumerate(val):
+                        keys.append(f"i{n}.{f.name}.{k}")
+                        arrays[keys[-1]] = arr
+                    rec[f.name] = {"npz": keys}
+                else:
+                    rec[f.name] = val
+            records.append(rec)
+        doc = {"format": "t10c-program/1", "name": self.name, "chip": self.chip,
+               "dtype": self.dtype, "cores": self.cores,
+               "buffers": [vars(b) for b in self.buffers],
+               "exprs": [e.name for e in self.exprs],
+               "inputs": {k: [list(s), d] for k, (s, d) in self.inputs.items()},
+               "outputs": list(self.outputs),
+               "peak_sram_bytes_per_core": self.peak_sram_bytes_per_core, "instrs": records}
+        (directory / "program.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        with open(directory / "program.npz", "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+
+
+def _asm(prog: Program, ins: Instr, core: int) -> str | None:
+    buf = prog.buffers
+
+    def b(i: int) -> str:
+        return f"%{buf[i].name}"
+
+    tag = f"  ; {ins.op}" if ins.op else ""
+    if isinstance(ins, Alloc):
+        x = buf[ins.buf]
+        return f"alloc  {b(ins.buf)} {x.dtype}[{x.elems}] @ {x.offset:#x}{tag}"
+    if isinstance(ins, Free):
+        return f"free   {b(ins.buf)}{tag}"
+    if isinstance(ins, Load):
+        if core >= len(ins.index):
+            return None
+        idx = ins.index[core]
+        valid = idx[idx >= 0]
+        span = f"{valid.min()}..{valid.max()}" if len(valid) else "padding"
+        return f"load   {b(ins.buf)} <- host:{ins.tensor}[{span}] ({len(valid)} elems){tag}"
+    if isinstance(ins, Fill):
+        return f"fill   {b(ins.buf)}, {ins.value}{tag}" if core < ins.ncores else None
+    if isinstance(ins, Exchange):
+        if core >= len(ins.src_core):
+            return None
+        srcs = ins.src_core[core]
+        cores = np.unique(srcs[srcs >= 0])
+        remote = int(((srcs >= 0) & (srcs != core)).sum())
+        return (f"exch   {b(ins.dst)} <- {b(ins.src)} from {len(cores)} cores "
+                f"({remote} remote elems){tag}")
+    if isinstance(ins, Compute):
+        if core >= len(ins.origin):
+            return None
+        expr = prog.exprs[ins.expr]
+        origin = ",".join(str(int(x)) for x in ins.origin[core])
+        sub = "x".join(str(s) for s in ins.sub)
+        ins_s = ", ".join(b(i) for i in ins.ins)
+        acc = " +=" if ins.accumulate else " ="
+        return f"comp   {b(ins.out)}{acc} {expr.kind}({ins_s}) tile {sub} at [{origin}]{tag}"
+    if isinstance(ins, Shift):
+        if core >= len(ins.src_core):
+            return None
+        return f"shift  {b(ins.dst)} <- core {int(ins.src_core[core])}:{b(ins.src)}{tag}"
+    if isinstance(ins, Reduce):
+        if core >= len(ins.group):
+            return None
+        grp = ",".join(str(int(g)) for g in ins.group[core])
+        return (f"reduce {b(ins.dst)} = {ins.combine} {b(ins.src)}[{int(ins.offset[core])}:] "
+                f"over cores {grp}{tag}")
+    if isinstance(ins, Sync):
+        return f"sync{tag}"
+    if isinstance(ins, Store):
+        held = int((ins.src_core == core).sum())
+        return f"store  host:{ins.tensor} <- {b(ins.src)} ({held} elems){tag}" if held else None
+    raise TypeError(f"unknown instruction {type(ins).__name__}")

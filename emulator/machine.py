@@ -1,0 +1,280 @@
+"""The emulator: executes a `Program` on real data, all cores at once, and times it.
+
+State is one array per live buffer shaped ``(cores, elems)`` in the buffer's dtype, and one
+flag per buffer and core saying whether it has been written. Every instruction acts on all
+cores with numpy (gathers with the program's tables); nothing loops over cores in Python.
+
+Timing follows the bulk-synchronous model of an all-to-all exchange (IPU): compute phases, then
+a barrier (``Sync``), then an exchange phase in which every core receives its bytes; the phase
+lasts as long as the busiest core needs (`Chip.transfer_cycles` on its received bytes). Local
+copies cost nothing; host loads and stores are outside the timed region and are counted apart.
+Compute and exchange do not overlap.
+
+The emulator refuses, naming the instruction and op: a read of a buffer that was never written
+on some core, a buffer outside SRAM or overlapping a live one, a transfer from a core that does
+not exist or over a link the chip lacks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.codegen.program import (
+    Alloc,
+    Compute,
+    Exchange,
+    Fill,
+    Free,
+    Instr,
+    Load,
+    Program,
+    Reduce,
+    Shift,
+    Store,
+    Sync,
+)
+from t10c.costs import compute_cycles
+
+from .kernels import IDENTITY, evaluate, gather_slices, operand_sizes
+
+NP_DTYPES = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
+
+
+class EmulatorError(RuntimeError):
+    """The program did something the chip would not allow."""
+
+
+@dataclass
+class PhaseRecord:
+    op: str
+    phase: str
+    start: int
+    cycles: int
+    bytes_per_core: int = 0
+
+
+@dataclass
+class Timeline:
+    """What the run did, in order: per op and phase, cycles and bytes; SRAM use over time."""
+
+    clock_hz: float
+    records: list[PhaseRecord] = field(default_factory=list)
+    sram_samples: list[tuple[int, int]] = field(default_factory=list)  # (cycle, bytes per core)
+    peak_sram_bytes_per_core: int = 0
+    host_bytes: int = 0
+
+    @property
+    def cycles(self) -> int:
+        return sum(r.cycles for r in self.records)
+
+    @property
+    def latency_s(self) -> float:
+        return self.cycles / self.clock_hz
+
+    def by_op(self) -> dict[str, dict[str, int]]:
+        """Cycles per op and phase, ops in program order."""
+        table: dict[str, dict[str, int]] = {}
+        for r in self.records:
+            row = table.setdefault(r.op, {})
+            row[r.phase] = row.get(r.phase, 0) + r.cycles
+        return table
+
+
+class Machine:
+    """One emulated chip running one program."""
+
+    def __init__(self, program: Program, chip: Chip) -> None:
+        if program.cores != chip.cores:
+            raise EmulatorError(f"program is for {program.cores} cores, chip {chip.name} has "
+                                f"{chip.cores}")
+        self.prog, self.chip = program, chip
+        self.mem: dict[int, np.ndarray] = {}
+        self.written: dict[int, np.ndarray] = {}
+        self.live: dict[int, tuple[int, int]] = {}
+        self.timeline = Timeline(chip.clock_hz)
+        self.now = 0
+        self.pending = np.zeros(chip.cores, dtype=np.int64)  # bytes received this exchange
+        self.pending_op = ""
+        self.pending_phase = ""
+        self.outputs: dict[str, np.ndarray] = {}
+
+    # -- timing ---------------------------------------------------------------------------
+    def record(self, op: str, phase: str, cycles: int, nbytes: int = 0) -> None:
+        if cycles or nbytes:
+            self.timeline.records.append(PhaseRecord(op, phase, self.now, cycles, nbytes))
+            self.now += cycles
+
+    def receive(self, op: str, phase: str, per_core: np.ndarray) -> None:
+        if self.pending_phase and (op, phase) != (self.pending_op, self.pending_phase):
+            self.flush()
+        self.pending_op, self.pending_phase = op, phase
+        self.pending[: len(per_core)] += per_core
+
+    def flush(self) -> None:
+        if self.pending_phase:
+            most = int(self.pending.max())
+            self.record(self.pending_op, self.pending_phase, self.chip.transfer_cycles(most), most)
+            self.pending[:] = 0
+            self.pending_phase = ""
+
+    # -- checks ---------------------------------------------------------------------------
+    def fail(self, ins: Instr, msg: str) -> EmulatorError:
+        return EmulatorError(f"while executing {type(ins).__name__} of op {ins.op or '-'}: {msg}")
+
+    def read(self, ins: Instr, buf: int, cores: np.ndarray | int) -> np.ndarray:
+        if buf not in self.mem:
+            raise self.fail(ins, f"buffer %{self.prog.buffers[buf].name} is not allocated")
+        ok = self.written[buf][:cores] if isinstance(cores, int) else self.written[buf][cores]
+        if not np.all(ok):
+            raise self.fail(ins, f"reads buffer %{self.prog.buffers[buf].name}, which some core "
+                                 "never wrote")
+        return self.mem[buf]
+
+    def check_sources(self, ins: Instr, src_core: np.ndarray) -> None:
+        if src_core.size and (src_core.max() >= self.chip.cores):
+            raise self.fail(ins, f"transfer from core {int(src_core.max())}, which does not exist")
+        # all-to-all exchange: every pair of cores is linked (mesh links come with mesh chips)
+
+    # -- execution ------------------------------------------------------------------------
+    def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray]
+            ) -> tuple[dict[str, np.ndarray], Timeline]:
+        host = {**constants, **inputs}
+        for name, (shape, _) in self.prog.inputs.items():
+            if name not in inputs:
+                raise EmulatorError(f"missing input {name!r} (shape {shape})")
+            if tuple(inputs[name].shape) != tuple(shape):
+                raise EmulatorError(f"input {name!r} has shape {inputs[name].shape}, the program "
+                                    f"was compiled for {shape}")
+        for ins in self.prog.instrs:
+            self.step(ins, host)
+        self.flush()
+        return self.outputs, self.timeline
+
+    def step(self, ins: Instr, host: dict[str, np.ndarray]) -> None:
+        chip = self.chip
+        if isinstance(ins, Alloc):
+            b = self.prog.buffers[ins.buf]
+            start, end = b.offset, b.offset + b.nbytes
+            if end > chip.sram_bytes_per_core:
+                raise self.fail(ins, f"buffer %{b.name} [{start}, {end}) overflows the "
+                                     f"{chip.sram_bytes_per_core}-byte SRAM")
+            for other, (s, e) in self.live.items():
+                if start < e and s < end:
+                    raise self.fail(ins, f"buffer %{b.name} overlaps live buffer "
+                                         f"%{self.prog.buffers[other].name}")
+            self.live[ins.buf] = (start, end)
+            self.mem[ins.buf] = np.zeros((chip.cores, b.elems), dtype=NP_DTYPES[b.dtype])
+            self.written[ins.buf] = np.zeros(chip.cores, dtype=bool)
+            in_use = sum(e - s for s, e in self.live.values())
+            self.timeline.peak_sram_bytes_per_core = max(
+                self.timeline.peak_sram_bytes_per_core, max(e for _, e in self.live.values()))
+            self.timeline.sram_samples.append((self.now, in_use))
+        elif isinstance(ins, Free):
+            self.live.pop(ins.buf)
+            self.mem.pop(ins.buf)
+            self.written.pop(ins.buf)
+            self.timeline.sram_samples.append((self.now, sum(e - s for s, e in
+                                                             self.live.values())))
+        elif isinstance(ins, Load):
+            src = np.asarray(host[ins.tensor]).reshape(-1)
+            n = len(ins.index)
+            vals = src[np.maximum(ins.index, 0)]
+            vals = np.where(ins.index >= 0, vals, 0)
+            self.mem[ins.buf][:n] = vals.astype(self.mem[ins.buf].dtype)
+            self.written[ins.buf][:n] = True
+            self.timeline.host_bytes += int((ins.index >= 0).sum()) * \
+                self.mem[ins.buf].dtype.itemsize
+        elif isinstance(ins, Fill):
+            self.mem[ins.buf][: ins.ncores] = ins.value
+            self.written[ins.buf][: ins.ncores] = True
+        elif isinstance(ins, Sync):
+            self.flush()
+            self.record(ins.op, "sync", chip.sync_cycles)
+        elif isinstance(ins, Exchange):
+            n = len(ins.src_core)
+            self.check_sources(ins, ins.src_core)
+            used = np.unique(ins.src_core[ins.src_core >= 0])
+            src = self.read(ins, ins.src, used)
+            dst = self.mem[ins.dst]
+            vals = src[np.maximum(ins.src_core, 0), np.maximum(ins.src_off, 0)]
+            dst[:n] = np.where(ins.src_core >= 0, vals, 0).astype(dst.dtype)
+            self.written[ins.dst][:n] = True
+            remote = ((ins.src_core >= 0) & (ins.src_core != np.arange(n)[:, None])).sum(axis=1)
+            self.receive(ins.op, "relayout", remote * dst.dtype.itemsize)
+        elif isinstance(ins, Shift):
+            n = len(ins.src_core)
+            self.check_sources(ins, ins.src_core)
+            src = self.read(ins, ins.src, ins.src_core)
+            dst = self.mem[ins.dst]
+            dst[:n] = src[ins.src_core]
+            self.written[ins.dst][:n] = True
+            moved = (ins.src_core != np.arange(n)) * dst.shape[1] * dst.dtype.itemsize
+            self.receive(ins.op, "shift", moved)
+        elif isinstance(ins, Reduce):
+            self.flush()
+            n = len(ins.group)
+            self.check_sources(ins, ins.group)
+            src = self.read(ins, ins.src, ins.group.ravel())
+            dst = self.mem[ins.dst]
+            chunk = dst.shape[1]
+            group = ins.group.shape[1]
+            width = max(group * chunk - src.shape[1], 0)
+            pad = np.full((chip.cores, width), IDENTITY[ins.combine], dtype=np.float32)
+            ext = np.concatenate([src.astype(np.float32), pad], axis=1)
+            cols = ins.offset[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
+            parts = ext[ins.group[:, :, None], cols[:, None, :]]  # (n, G, chunk)
+            red = parts.sum(axis=1) if ins.combine == "sum" else parts.max(axis=1)
+            dst[:n] = red.astype(dst.dtype)
+            self.written[ins.dst][:n] = True
+            remote = (group - 1) * chunk * dst.dtype.itemsize
+            self.record(ins.op, "reduce", chip.transfer_cycles(remote)
+                        + chip.vector_cycles((group - 1) * chunk, self.prog.dtype), remote)
+        elif isinstance(ins, Compute):
+            self.flush()
+            self.compute(ins)
+        elif isinstance(ins, Store):
+            src = self.read(ins, ins.src, np.unique(ins.src_core))
+            self.outputs[ins.tensor] = src[ins.src_core, ins.src_off].astype(np.float32).reshape(
+                ins.shape)
+        else:  # pragma: no cover
+            raise self.fail(ins, "unknown instruction")
+
+    def compute(self, ins: Compute) -> None:
+        expr = self.prog.exprs[ins.expr]
+        sub = dict(zip(expr.axis_names, ins.sub))
+        n = len(ins.origin)
+        tiles = ins.tiles
+        values = []
+        for k, bid in enumerate(ins.ins):
+            buf = self.read(ins, bid, n)
+            sizes = operand_sizes(expr, k, sub, tiles[k])
+            values.append(gather_slices(buf, tiles[k], ins.offsets[k], sizes)[0])
+        result = evaluate(expr, values, sub, ins.origin)
+        out = self.mem[ins.out]
+        k = len(ins.ins)
+        if ins.accumulate:
+            self.read(ins, ins.out, n)
+        view, idx = gather_slices(out, tiles[k], ins.offsets[k],
+                                  operand_sizes(expr, k, sub, tiles[k]))
+        if ins.accumulate:
+            combine = np.add if expr.combine == "sum" else np.maximum
+            result = combine(view.astype(np.float32), result)
+        full = out[:n].reshape((n, *tiles[k]))
+        if idx is None:
+            full[...] = result
+        else:
+            full[idx] = result
+        self.written[ins.out][:n] = True
+        self.record(expr.name, "compute", compute_cycles(expr, sub, self.chip, self.prog.dtype))
+
+
+def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
+            constants: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Timeline, float]:
+    """Run ``program`` on ``chip``; returns outputs, timeline and wall seconds."""
+    start = time.perf_counter()
+    outputs, timeline = Machine(program, chip).run(inputs, constants)
+    return outputs, timeline, time.perf_counter() - start

@@ -1,0 +1,164 @@
+"""Partition: `Graph` + `Chip` -> `Plan` (per-op rTensor search, then whole-graph CP-SAT choice).
+
+This stage sees only tensor expressions; it never looks at ONNX op types.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from t10c.chips import Chip
+from t10c.ir import Graph, TensorExpr
+
+from .cost import element_bytes, plan_cost, relayout_cycles
+from .plan import Cycles, Geometry, OpPlan
+from .search import SearchOptions, enumerate_plans, pareto_front, smallest_plan
+from .solve import SolverOptions, choose_plans
+from .verify import PlanError, verify_plan
+
+__all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
+           "DoesNotFitError", "plan_graph", "verify_plan", "geometry", "search_op", "plan_cost"]
+
+
+class DoesNotFitError(PlanError):
+    """No choice of plans fits the chip's SRAM; the message says by how much and where."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen plan of every op of a graph, with the solver's account of the choice."""
+
+    model: str
+    chip: str
+    dtype: str
+    ops: tuple[OpPlan, ...]
+    relayout_cycles: tuple[int, ...]  # predicted re-layout cycles before each op
+    front_sizes: tuple[int, ...]
+    solver: dict[str, object]
+    search_wall_s: float
+
+    @property
+    def total_cycles(self) -> int:
+        return sum(p.cycles.total for p in self.ops) + sum(self.relayout_cycles)
+
+
+def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
+    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes)
+
+
+def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
+    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
+    return ints, consts
+
+
+def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
+              opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
+    """Every plan of one op of ``graph`` that survives pruning (not yet reduced to a front)."""
+    ints, consts = _tensor_sets(graph)
+    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    return enumerate_plans(op, chip, dtype, shapes, ints, consts, opts)
+
+
+def _rename(plan: OpPlan, name: str) -> OpPlan:
+    return OpPlan(name, plan.F, plan.T, plan.rot, plan.drivers, plan.cycles,
+                  plan.hot_bytes_per_core, plan.cold_bytes_per_core, plan.out_bytes_per_core)
+
+
+def _relayout_estimate(graph: Graph, op: TensorExpr, plan: OpPlan, chip: Chip, dtype: str,
+                       ints: frozenset[str], produced: set[str]) -> int:
+    geo = geometry(graph, op, plan)
+    total = 0
+    for i, operand in enumerate(op.inputs):
+        if graph.root(operand.tensor) in produced:
+            nbytes = element_bytes(op, i, dtype, ints) * math.prod(geo.tile_shape(i))
+            total += relayout_cycles(nbytes, chip)
+    return total
+
+
+def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
+               search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
+               front_limit: int = 8,
+               progress: Callable[[str, int, int], None] | None = None) -> Plan:
+    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT."""
+    start = time.perf_counter()
+    ints, consts = _tensor_sets(graph)
+    produced = {op.output.tensor for op in graph.ops}
+    cache: dict[tuple, tuple[list[OpPlan], OpPlan | None]] = {}
+    fronts: list[list[OpPlan]] = []
+    smallest: list[OpPlan | None] = []
+    for n, op in enumerate(graph.ops):
+        key = (op.signature(), tuple(o.tensor in consts for o in op.inputs),
+               tuple(o.tensor in ints for o in op.inputs))
+        if key not in cache:
+            plans = search_op(graph, op, chip, dtype, search)
+            cache[key] = (pareto_front(plans, chip.sram_bytes_per_core, front_limit),
+                          smallest_plan(plans))
+        front, small = cache[key]
+        fronts.append([_rename(p, op.name) for p in front])
+        smallest.append(small)
+        if progress:
+            progress("search", n + 1, len(graph.ops))
+    search_wall = time.perf_counter() - start
+
+    _check_fit(graph, chip, fronts, smallest)
+    relayout = [[_relayout_estimate(graph, op, p, chip, dtype, ints, produced) for p in front]
+                for op, front in zip(graph.ops, fronts)]
+    result, status = choose_plans(graph, fronts, relayout, chip.sram_bytes_per_core, solver)
+    if progress:
+        progress("solve", 1, 1)
+    if result is None:
+        raise DoesNotFitError(_diagnose(graph, chip, fronts, status, solver))
+    chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
+    return Plan(
+        model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
+        relayout_cycles=tuple(r[k] for r, k in zip(relayout, result.choice)),
+        front_sizes=tuple(len(f) for f in fronts),
+        solver={"name": "cp-sat", "status": result.status,
+                "objective_cycles": result.objective_cycles, "bound_cycles": result.bound_cycles,
+                "wall_s": round(result.wall_s, 3), "workers": solver.workers,
+                "seed": solver.seed, "time_limit_s": solver.time_limit_s},
+        search_wall_s=search_wall,
+    )
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 1024 ** 2 else f"{n / 1024 ** 2:.2f} MiB"
+
+
+def _check_fit(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
+               smallest: list[OpPlan | None]) -> None:
+    empty = [(op, s) for op, f, s in zip(graph.ops, fronts, smallest) if not f]
+    if empty:
+        lines = []
+        for op, s in empty[:10]:
+            need = f"needs at least {_fmt_bytes(s.hot_bytes_per_core)} per core" if s else \
+                "has no legal plan"
+            lines.append(f"  {op.name} ({op.source or op.kind}): {need}")
+        raise DoesNotFitError(
+            f"{len(empty)} op(s) cannot run within {_fmt_bytes(chip.sram_bytes_per_core)} of "
+            f"SRAM per core on {chip.name}:\n" + "\n".join(lines) +
+            "\nUse a chip with more SRAM per core or more cores, or a smaller model.")
+
+
+def _diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], status: str,
+              opts: SolverOptions) -> str:
+    least_cold = [min(p.cold_bytes_per_core for p in f) for f in fronts]
+    resident = sum(least_cold)
+    heavy = sorted(zip(least_cold, (op.name for op in graph.ops)), reverse=True)[:5]
+    cap = chip.sram_bytes_per_core * (1 - opts.reserve_fraction)
+    if status not in ("INFEASIBLE", "MODEL_INVALID"):
+        return (f"the solver found no plan within {opts.time_limit_s:g} s (status {status}); "
+                "raise --time-limit")
+    lines = [f"the model does not fit on {chip.name}: its weights alone need at least "
+             f"{_fmt_bytes(resident)} per core resident, next to the running op's buffers and "
+             f"live activations, against {_fmt_bytes(cap)} usable of "
+             f"{_fmt_bytes(chip.sram_bytes_per_core)} per core.",
+             "largest resident weights per core:"]
+    lines += [f"  {name}: {_fmt_bytes(b)}" for b, name in heavy]
+    lines.append("What would help: a chip with more cores or SRAM, --dtype fp16, or fewer layers.")
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""The cost model: predicted cycles and bytes per core of one plan on one chip.
+
+Formulas (all per core; the slowest core sets the pace of a bulk-synchronous step):
+
+- compute = steps x cost of one sub-task. A contraction (sum of products of two inputs) runs on
+  the matrix unit as ``batch`` products of ``m x k`` by ``k x n``, padded to the unit's (k, n)
+  granularity (`Chip.matmul_cycles`); other ops run on the vector unit at `body_ops` operations
+  per point of the sub-task (`Chip.vector_cycles`).
+- shift: at each step boundary where a rotating operand's axis advances, every core receives the
+  next partition of it from its ring neighbour: one barrier plus the bytes of all operands that
+  move (`Chip.transfer_cycles`).
+- reduce: when ``g > 1`` cores hold partial sums of the same output block, a reduce-scatter
+  leaves each with ``1/g`` of it: one barrier, ``(g - 1) x chunk`` elements received and added.
+- re-layout (priced by the whole-graph planner, measured by the emulator): one barrier plus the
+  bytes of each input buffer that a producer left elsewhere.
+
+The emulator times the program with the same `Chip` primitives from the instructions' actual
+shapes and tables, so a one-op program's measured cycles equal these predictions.
+"""
+
+from __future__ import annotations
+
+import math
+
+from t10c.chips import DTYPES, Chip
+from t10c.costs import INDEX_BYTES, compute_cycles
+from t10c.ir import TensorExpr
+
+from .plan import Cycles, Geometry
+
+
+def element_bytes(op: TensorExpr, index: int, dtype: str, int_tensors: frozenset[str]) -> int:
+    """Bytes per element of operand ``index`` on chip: accumulators of reductions are fp32."""
+    operand = op.operands[index]
+    if operand.tensor in int_tensors:
+        return INDEX_BYTES
+    if index == len(op.inputs) and op.combine is not None:
+        return 4
+    return DTYPES[dtype]
+
+
+def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
+              const_tensors: frozenset[str]) -> tuple[Cycles, int, int, int]:
+    """(cycles, hot bytes, cold bytes, output bytes) per core of one plan."""
+    op = geo.op
+    nops = len(op.operands)
+    out = nops - 1
+    tile_bytes = [element_bytes(op, i, dtype, int_tensors) * math.prod(geo.tile_shape(i))
+                  for i in range(nops)]
+
+    sub = dict(zip(geo.axes, geo.u))
+    compute = geo.steps * compute_cycles(op, sub, chip, dtype)
+
+    # Digits advance like an odometer (last axis fastest): a boundary whose outermost changing
+    # axis is J occurs prod(T[:J]) * (T[J] - 1) times, and moves every operand rotating along
+    # J or an axis after it.
+    shift = sync = 0
+    rot_axis = [geo.rotation_axis(i) for i in range(nops)]
+    for J in range(len(geo.T)):
+        if geo.T[J] == 1:
+            continue
+        count = math.prod(geo.T[:J]) * (geo.T[J] - 1)
+        moved = sum(tile_bytes[i] for i in range(nops)
+                    if rot_axis[i] is not None and rot_axis[i] >= J)
+        if moved:
+            shift += count * chip.transfer_cycles(moved)
+            sync += count * chip.sync_cycles
+
+    reduce = 0
+    group = geo.reduce_group
+    out_bytes = tile_bytes[out]
+    chunk_bytes = 0
+    if group > 1:
+        elems = math.prod(geo.tile_shape(out))
+        chunk = -(-elems // group)
+        chunk_bytes = chunk * element_bytes(op, out, dtype, int_tensors)
+        reduce = (chip.sync_cycles + chip.transfer_cycles((group - 1) * chunk_bytes)
+                  + chip.vector_cycles((group - 1) * chunk, dtype))
+        out_bytes = chunk_bytes
+
+    hot = sum(tile_bytes) + sum(tile_bytes[i] for i in range(nops) if rot_axis[i] is not None)
+    hot += chunk_bytes
+    cold = sum(tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
+    return Cycles(compute, shift, sync, reduce), hot, cold, out_bytes
+
+
+def relayout_cycles(bytes_per_core: int, chip: Chip) -> int:
+    """Estimated cycles to bring one input buffer of ``bytes_per_core`` from another layout."""
+    return chip.sync_cycles + chip.transfer_cycles(bytes_per_core)

@@ -1,0 +1,216 @@
+"""rTensor plans of one op and their geometry (DESIGN.md section 3).
+
+An `OpPlan` fixes, for an op with axes ``a_1..a_n``:
+
+- ``F[a]``: the operator partition factor. The op runs on ``prod(F)`` cores arranged as a grid
+  with one coordinate ``i_a`` per axis (row-major core numbering). Core ``i`` owns the block
+  ``[i_a * b_a, (i_a + 1) * b_a)`` of every axis, where the block ``b_a`` is the extent divided by
+  ``F[a] * T[a]``, rounded up, times ``T[a]`` (padding is counted as waste by the cost model).
+- ``T[a]``: the number of compute steps along axis a. A core's block is cut into ``T[a]``
+  sub-blocks of ``u_a = b_a / T[a]``; at step ``s`` (mixed-radix digits ``s_a``, last axis
+  fastest) core ``i`` computes sub-block ``t_a = (s_a + r_a(i)) mod T[a]`` where the skew
+  ``r_a(i) = sum of i_b over the driver axes of a``.
+- ``rot[X]``: the axes along which operand X rotates. X's temporal factor is ``f_t[a] = T[a]`` on
+  those axes and 1 on the others: a core holds X's whole block along a non-rotating axis and one
+  sub-block along a rotating one. A rotating operand must lack one of a's driver axes: the cores
+  that share X's block then hold different sub-blocks (the skew differs along the driver), and the
+  neighbour whose driver coordinate is one higher holds the sub-block needed at the next step. That
+  neighbour is where the next partition comes from, so rotation is a ring shift along the driver
+  (rings of ``T[a]`` cores; ``T[a]`` divides ``F[driver]``). The output may rotate too: its
+  partial sums then travel the ring (the driver is a reduction axis) and accumulate.
+
+Every tensor rotates along at most one axis, and rotating tensors rotate every time their axis'
+step digit changes (``f_t`` is 1 or ``T[a]``); intermediate divisibility chains are left out.
+
+After the steps, cores that differ only along reduction axes hold partial sums of the same output
+block; ``group`` of them (``prod F`` over reduction axes, divided by the output's ``f_t``) are
+combined by a reduce-scatter, each member ending with ``1/group`` of the block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from t10c.ir import INDIRECT, Operand, TensorExpr
+
+
+@dataclass(frozen=True)
+class Cycles:
+    """Predicted cycles of one op, split by phase."""
+
+    compute: int
+    shift: int
+    sync: int
+    reduce: int
+
+    @property
+    def total(self) -> int:
+        return self.compute + self.shift + self.sync + self.reduce
+
+    def as_dict(self) -> dict[str, int]:
+        return {"compute": self.compute, "shift": self.shift, "sync": self.sync,
+                "reduce": self.reduce, "total": self.total}
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    """One rTensor plan of one op: factors, rotation, predicted cost and memory."""
+
+    op: str
+    F: tuple[int, ...]
+    T: tuple[int, ...]
+    rot: tuple[tuple[str, ...], ...]  # per operand (inputs then output)
+    drivers: tuple[tuple[str, ...], ...]  # per op axis
+    cycles: Cycles
+    hot_bytes_per_core: int
+    cold_bytes_per_core: int
+    out_bytes_per_core: int  # what the result occupies after the op, until its consumers read it
+
+    @property
+    def steps(self) -> int:
+        return math.prod(self.T)
+
+    def f_t(self, op: TensorExpr, index: int) -> dict[str, int]:
+        """Temporal factor of operand ``index`` per axis it indexes."""
+        operand = op.operands[index]
+        axes = [a for a in operand.axes if a != INDIRECT]
+        return {a: (self.T[op.axis_names.index(a)] if a in self.rot[index] else 1) for a in axes}
+
+
+class Geometry:
+    """Per-core index arithmetic of one plan, vectorised over the cores it uses."""
+
+    def __init__(self, op: TensorExpr, F: tuple[int, ...], T: tuple[int, ...],
+                 rot: tuple[tuple[str, ...], ...], drivers: tuple[tuple[str, ...], ...],
+                 shapes: dict[str, tuple[int, ...]]) -> None:
+        self.op = op
+        self.axes = op.axis_names
+        self.E = tuple(e for _, e in op.axes)
+        self.F, self.T, self.rot, self.drivers = F, T, rot, drivers
+        self.shapes = shapes  # tensor shapes, for INDIRECT dimensions
+        self.ncores = math.prod(F)
+        self.b = tuple(-(-e // (f * t)) * t for e, f, t in zip(self.E, F, T))
+        self.u = tuple(b // t for b, t in zip(self.b, T))
+        self.steps = math.prod(T)
+
+    @cached_property
+    def coords(self) -> np.ndarray:
+        """(ncores, naxes): core c's coordinate on each axis of the core grid."""
+        return np.stack(np.unravel_index(np.arange(self.ncores), self.F), axis=1).astype(np.int64)
+
+    @cached_property
+    def skew(self) -> np.ndarray:
+        """(ncores, naxes): r_a of each core."""
+        skew = np.zeros((self.ncores, len(self.axes)), dtype=np.int64)
+        for j, drv in enumerate(self.drivers):
+            for d in drv:
+                skew[:, j] += self.coords[:, self.axes.index(d)]
+            skew[:, j] %= self.T[j]
+        return skew
+
+    def digits(self, step: int) -> tuple[int, ...]:
+        return tuple(int(x) for x in np.unravel_index(step, self.T))
+
+    def sub_index(self, step: int) -> np.ndarray:
+        """(ncores, naxes): the sub-block t_a each core computes at ``step``."""
+        return (np.asarray(self.digits(step)) + self.skew) % np.asarray(self.T)
+
+    def origin(self, step: int) -> np.ndarray:
+        """(ncores, naxes): global origin of each core's sub-task at ``step``."""
+        return self.coords * np.asarray(self.b) + self.sub_index(step) * np.asarray(self.u)
+
+    def dim_axes(self, index: int) -> list[int | None]:
+        """For operand ``index``, the op-axis position of each dimension (None if indirect)."""
+        return [None if a == INDIRECT else self.axes.index(a)
+                for a in self.op.operands[index].axes]
+
+    def tile_shape(self, index: int) -> tuple[int, ...]:
+        """Shape of operand ``index``'s buffer on one core."""
+        operand = self.op.operands[index]
+        shape = []
+        for d, j in enumerate(self.dim_axes(index)):
+            if j is None:
+                shape.append(self.shapes[operand.tensor][d])
+            else:
+                shape.append(self.u[j] if self.axes[j] in self.rot[index] else self.b[j])
+        return tuple(shape)
+
+    def tile_origin(self, index: int, step: int) -> np.ndarray:
+        """(ncores, ndim): global origin of operand ``index``'s buffer on each core at ``step``."""
+        sub = self.origin(step)
+        block = self.coords * np.asarray(self.b)
+        cols = []
+        for j in self.dim_axes(index):
+            if j is None:
+                cols.append(np.zeros(self.ncores, dtype=np.int64))
+            elif self.axes[j] in self.rot[index]:
+                cols.append(sub[:, j])
+            else:
+                cols.append(block[:, j])
+        return np.stack(cols, axis=1) if cols else np.zeros((self.ncores, 0), dtype=np.int64)
+
+    def slice_offsets(self, index: int, step: int) -> np.ndarray:
+        """(ncores, ndim): where the step's sub-task starts inside operand ``index``'s buffer."""
+        return self.origin_in_dims(index, step) - self.tile_origin(index, step)
+
+    def origin_in_dims(self, index: int, step: int) -> np.ndarray:
+        sub = self.origin(step)
+        cols = [np.zeros(self.ncores, dtype=np.int64) if j is None else sub[:, j]
+                for j in self.dim_axes(index)]
+        return np.stack(cols, axis=1) if cols else np.zeros((self.ncores, 0), dtype=np.int64)
+
+    def rotation_axis(self, index: int) -> int | None:
+        rot = self.rot[index]
+        return self.axes.index(rot[0]) if rot else None
+
+    def changes(self, step: int) -> set[int]:
+        """Op-axis positions whose digit changes between ``step`` and ``step + 1``."""
+        before, after = self.digits(step), self.digits(step + 1)
+        return {j for j in range(len(self.axes)) if before[j] != after[j]}
+
+    def ring_source(self, index: int) -> np.ndarray:
+        """(ncores,): the core each core receives operand ``index`` from when it rotates.
+
+        The ring runs along the operand's driver axis: the neighbour one higher (within aligned
+        groups of T cores) holds, at every step, the sub-block this core needs next.
+        """
+        j = self.rotation_axis(index)
+        assert j is not None
+        driver = self.driver_of(index)
+        k = self.axes.index(driver)
+        t = self.T[j]
+        coords = self.coords.copy()
+        base = coords[:, k] // t * t
+        coords[:, k] = base + (coords[:, k] - base + 1) % t
+        return np.ravel_multi_index(tuple(coords.T), self.F).astype(np.int64)
+
+    def driver_of(self, index: int) -> str:
+        """The driver axis operand ``index`` rotates along (one it lacks)."""
+        j = self.rotation_axis(index)
+        assert j is not None
+        own = set(self.op.operands[index].axes)
+        for d in self.drivers[j]:
+            if d not in own:
+                return d
+        raise AssertionError("rotating operand without a driver it lacks")
+
+    @cached_property
+    def reduce_group(self) -> int:
+        """How many cores hold partial sums of each output element after the steps."""
+        out = len(self.op.inputs)
+        red = [j for j, a in enumerate(self.axes) if a not in self.op.output.axes]
+        group = math.prod(self.F[j] for j in red)
+        j = self.rotation_axis(out)
+        return group // self.T[j] if j is not None else group
+
+
+def operand_bytes(dtype_bytes: int, shape: tuple[int, ...]) -> int:
+    return dtype_bytes * math.prod(shape)
+
+
+def operand_role(op: TensorExpr, operand: Operand) -> str:
+    return "output" if operand is op.output else "input"

@@ -1,0 +1,102 @@
+"""Plan verifier: run before codegen (always) and in tests.
+
+It re-derives from each plan's geometry, independently of how the search built it, that:
+
+1. the op fits the chip (``prod(F) <= cores``) and every rotation has a ring: the operand lacks
+   its driver axis and ``T`` divides the driver's factor;
+2. the sub-tasks tile the iteration space exactly once: along every axis the blocks and
+   sub-blocks cover ``[0, extent)`` once, and every core visits each sub-block combination once
+   over the steps (so every output element is computed and every reduction term is seen once);
+3. every rotation delivers what the next step reads: after each shift, a core's partition is the
+   one its ring source held;
+4. memory: each op's hot bytes, and the resident weights plus the running op and the live
+   activations, fit every core's SRAM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.ir import Graph
+
+from .plan import Geometry
+
+if TYPE_CHECKING:
+    from . import Plan
+
+
+class PlanError(ValueError):
+    """A plan that is illegal or does not fit."""
+
+
+def _check_op(geo: Geometry, chip: Chip) -> list[str]:
+    problems = []
+    if geo.ncores > chip.cores:
+        problems.append(f"uses {geo.ncores} cores, the chip has {chip.cores}")
+    for i in range(len(geo.op.operands)):
+        j = geo.rotation_axis(i)
+        if j is None:
+            continue
+        try:
+            driver = geo.driver_of(i)
+        except AssertionError:
+            problems.append(f"operand {i} rotates along {geo.axes[j]} without a driver it lacks")
+            continue
+        if geo.F[geo.axes.index(driver)] % geo.T[j]:
+            problems.append(f"T[{geo.axes[j]}]={geo.T[j]} does not divide F[{driver}]")
+    if problems:
+        return problems
+    for j, (e, f, t) in enumerate(zip(geo.E, geo.F, geo.T)):
+        starts = (np.arange(f)[:, None] * geo.b[j] + np.arange(t)[None, :] * geo.u[j]).ravel()
+        cover = np.zeros(f * geo.b[j], dtype=np.int64)
+        for s in starts:
+            cover[s:s + geo.u[j]] += 1
+        if not (cover[:e] == 1).all():
+            problems.append(f"axis {geo.axes[j]} is not covered exactly once")
+    seen = np.stack([np.ravel_multi_index(tuple(geo.sub_index(s).T), geo.T)
+                     for s in range(geo.steps)], axis=1)
+    if not (np.sort(seen, axis=1) == np.arange(geo.steps)).all():
+        problems.append("some core does not visit every sub-block exactly once")
+    for i in range(len(geo.op.operands)):
+        j = geo.rotation_axis(i)
+        if j is None:
+            continue
+        src = geo.ring_source(i)
+        for s in range(geo.steps - 1):
+            if j in geo.changes(s) and not (
+                    geo.tile_origin(i, s)[src] == geo.tile_origin(i, s + 1)).all():
+                problems.append(f"operand {i}: shift after step {s} delivers the wrong partition")
+                break
+    return problems
+
+
+def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:
+    """Raise `PlanError` listing every problem of ``plan``; return quietly when it is sound."""
+    from . import geometry
+    from .solve import liveness
+
+    problems = []
+    if len(plan.ops) != len(graph.ops):
+        raise PlanError(f"plan has {len(plan.ops)} ops, graph has {len(graph.ops)}")
+    for op, p in zip(graph.ops, plan.ops):
+        if p.op != op.name:
+            problems.append(f"{op.name}: plan is for {p.op}")
+            continue
+        for msg in _check_op(geometry(graph, op, p), chip):
+            problems.append(f"{op.name}: {msg}")
+        if p.hot_bytes_per_core > chip.sram_bytes_per_core:
+            problems.append(f"{op.name}: needs {p.hot_bytes_per_core} bytes per core, "
+                            f"SRAM is {chip.sram_bytes_per_core}")
+    resident = sum(p.cold_bytes_per_core for p in plan.ops)
+    terms = liveness(graph)
+    for i, p in enumerate(plan.ops):
+        live = sum(plan.ops[j].out_bytes_per_core for j in terms.live_across[i])
+        need = resident + p.hot_bytes_per_core - p.cold_bytes_per_core + live
+        if need > chip.sram_bytes_per_core:
+            problems.append(f"{graph.ops[i].name}: {need} bytes per core in use while it runs, "
+                            f"SRAM is {chip.sram_bytes_per_core}")
+    if problems:
+        raise PlanError("plan verification failed:\n  " + "\n  ".join(problems))

@@ -1,0 +1,228 @@
+"""The ``t10c`` command line.
+
+Exit codes: 0 success; 1 the model cannot be compiled or run, or the emulator disagrees with
+onnxruntime; 2 bad usage (unknown flag, bad chip file, unknown model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from t10c import __version__
+from t10c.chips import PRESETS, ChipError, describe, load_chip
+
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    try:
+        name, dims = text.split("=", 1)
+        return name, tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=DxDx..., e.g. input_ids=1x128, got "
+                                         f"{text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="t10c", description="Compile ONNX models for inter-core-connected AI chips.")
+    parser.add_argument("--version", action="version", version=f"t10c {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compile", help="compile a model (and optionally emulate it)",
+                       description="Compile MODEL (a zoo name or an .onnx file) for CHIP.")
+    c.add_argument("model", help="zoo name (mlp, bert-tiny, bert-mini, bert-base, bert-large) "
+                                 "or path to an .onnx file")
+    c.add_argument("--chip", default="ipu-mk2", help="preset name or chip .toml file "
+                                                      "(default: ipu-mk2)")
+    c.add_argument("-o", "--out", type=Path, help="write plan.json, program.json/.npz and "
+                                                  "run.json here")
+    c.add_argument("--run", action="store_true", help="emulate on seeded random inputs and "
+                                                      "check against onnxruntime")
+    c.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
+                   help="storage dtype for memory, timing and numerics (default: fp16)")
+    c.add_argument("--emit", choices=("asm",), help="print the program of one core")
+    c.add_argument("--core", type=int, default=0, help="core for --emit asm (default: 0)")
+    c.add_argument("--seq-len", type=int, help="sequence length of zoo transformers (128)")
+    c.add_argument("--batch", type=int, help="batch size of zoo models")
+    c.add_argument("--shape", type=_shape_arg, action="append", default=[],
+                   metavar="NAME=DxD", help="pin a dynamic input shape (repeatable)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    c.add_argument("--time-limit", type=float, default=30.0,
+                   help="CP-SAT time limit in seconds (default: 30)")
+    c.add_argument("--workers", type=int, default=1,
+                   help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
+    c.add_argument("--front", type=int, default=8,
+                   help="plans kept per op on its Pareto front (default: 8)")
+    c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
+
+    ch = sub.add_parser("chips", help="list the built-in chips and their figures")
+    ch.add_argument("chip", nargs="?", help="show one chip (preset or .toml) with sources")
+    ch.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "chips":
+            return cmd_chips(args)
+        return cmd_compile(args)
+    except ChipError as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # pragma: no cover
+        print("t10c: interrupted", file=sys.stderr)
+        return 130
+
+
+def cmd_chips(args: argparse.Namespace) -> int:
+    chips = [load_chip(args.chip)] if args.chip else list(PRESETS.values())
+    if args.json:
+        import dataclasses
+        print(json.dumps([dataclasses.asdict(c) for c in chips], indent=1))
+        return 0
+    for chip in chips:
+        print(f"{chip.name}: {chip.description}")
+        for key, value in describe(chip):
+            print(f"  {key:<17} {value}")
+        if args.chip:
+            print("  sources:")
+            for key, src in sorted(chip.sources.items()):
+                print(f"    {key}: {src}")
+    return 0
+
+
+def _progress():
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None, None
+    bar = tqdm(total=0, desc="search", unit="op", disable=None, leave=False, file=sys.stderr)
+
+    def update(stage: str, done: int, total: int) -> None:
+        if bar.disable:
+            return
+        if stage == "search":
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+        else:
+            bar.set_description("solve")
+
+    return update, bar
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from t10c import models
+    from t10c.codegen import CodegenError
+    from t10c.driver import CompileOptions, compile_model, run_compiled
+    from t10c.emulator import EmulatorError
+    from t10c.frontend import FrontendError
+    from t10c.partition import PlanError, SolverOptions
+    from t10c.planfile import plan_document, run_document, write_json
+
+    chip = load_chip(args.chip)
+    options = CompileOptions(
+        dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, pinned=dict(args.shape),
+        solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers),
+        front_limit=args.front)
+    update, bar = _progress()
+    try:
+        compiled = compile_model(args.model, chip, options, update)
+    except models.UnknownModelError as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (FrontendError, PlanError, CodegenError, ValueError) as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    finally:
+        if bar is not None:
+            bar.close()
+
+    if args.emit == "asm":
+        try:
+            lines = compiled.program.for_core(args.core)
+        except ValueError as exc:
+            print(f"t10c: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"; core {args.core} of {chip.cores}: {compiled.name} on {chip.name} "
+              f"({compiled.plan.dtype})")
+        print("\n".join(lines))
+        return 0
+
+    if not args.no_table:
+        print_table(compiled)
+    t = compiled.timings
+    plan = compiled.plan
+    print(f"model {compiled.name}: {len(compiled.graph.ops)} ops, "
+          f"{compiled.graph.flops() / 1e9:.2f} GFLOP; chip {chip.name}; dtype {plan.dtype}")
+    print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
+          f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, codegen {t['codegen_s']:.2f} s)")
+    gap = plan.solver["objective_cycles"] - plan.solver["bound_cycles"]  # type: ignore[operator]
+    print(f"solver {plan.solver['status']}: objective {plan.solver['objective_cycles']} cycles, "
+          f"bound {plan.solver['bound_cycles']} (gap {gap})")
+    print(f"predicted latency {plan.total_cycles} cycles = "
+          f"{chip.cycles_to_s(plan.total_cycles) * 1e6:.1f} us; peak SRAM "
+          f"{compiled.program.peak_sram_bytes_per_core} of {chip.sram_bytes_per_core} bytes "
+          f"per core")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / "plan.json", plan_document(compiled))
+        compiled.program.save(args.out)
+    status = 0
+    if args.run:
+        try:
+            result = run_compiled(compiled, args.seed)
+        except EmulatorError as exc:
+            print(f"t10c: error: emulation failed: {exc}", file=sys.stderr)
+            return EXIT_FAIL
+        tl = result.timeline
+        print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
+              f"{tl.peak_sram_bytes_per_core} bytes per core")
+        print(f"max relative error vs onnxruntime {result.max_rel_err:.2e} "
+              f"(tolerance {result.tolerance:.0e}): {'OK' if result.ok else 'MISMATCH'}")
+        print(f"emulation wall time {result.emulate_wall_s:.2f} s; onnxruntime "
+              f"{result.reference_wall_s:.3f} s")
+        if args.out:
+            write_json(args.out / "run.json", run_document(compiled, result, args.seed))
+        if not result.ok:
+            print("t10c: error: the emulator's outputs differ from onnxruntime's beyond the "
+                  "tolerance", file=sys.stderr)
+            status = EXIT_FAIL
+    if args.out:
+        print(f"wrote {args.out}/plan.json, program.json, program.npz"
+              + (", run.json" if args.run else ""))
+    return status
+
+
+def _ft(op, p) -> str:
+    parts = []
+    for i in range(len(op.operands)):
+        for axis, f in p.f_t(op, i).items():
+            if f > 1:
+                role = "out" if i == len(op.inputs) else f"in{i}"
+                parts.append(f"{role}:{axis}/{f}")
+    return " ".join(parts) or "-"
+
+
+def print_table(c) -> None:
+    rows = [("op", "kind", "F_op", "f_t", "steps", "cycles", "bytes/core")]
+    for op, p, r in zip(c.graph.ops, c.plan.ops, c.plan.relayout_cycles):
+        F = ",".join(f"{a}={f}" for a, f in zip(op.axis_names, p.F) if f > 1) or "1"
+        rows.append((op.name, op.kind, F, _ft(op, p), str(p.steps), str(p.cycles.total + r),
+                     str(p.hot_bytes_per_core)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        print("  ".join(cell.ljust(w) if i < 4 else cell.rjust(w)
+                        for i, (cell, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""What one sub-task costs on one core: shared by the planner's cost model and the emulator.
+
+Both price the same work with these functions, the planner from a plan's geometry and the
+emulator from a program's instructions, so that predictions and measurements agree by design
+and differ only where the program does something the plan did not foresee.
+"""
+
+from __future__ import annotations
+
+import math
+
+from t10c.chips import Chip
+from t10c.ir import TensorExpr, is_contraction
+
+#: vector-unit operations per evaluation of each body function; transcendental functions are
+#: software sequences on these cores (t10c modelling assumption)
+FN_OPS = {"exp": 4, "log": 4, "erf": 8, "tanh": 8, "sigmoid": 6, "pow": 8, "sqrt": 4,
+          "rsqrt": 4, "recip": 2, "div": 2}
+INDEX_BYTES = 4  # integer operands (embedding indices) live on chip as int32
+
+
+def body_ops(op: TensorExpr) -> int:
+    """Vector operations per point of the op's iteration space (at least one: the store)."""
+
+    def count(node: tuple) -> int:
+        head = node[0]
+        if head in ("in", "const"):
+            return 0
+        if head == "take":
+            return 1
+        return FN_OPS.get(head, 1) + sum(count(arg) for arg in node[1:])
+
+    return max(1, count(op.body) + (1 if op.combine else 0))
+
+
+def contraction_dims(op: TensorExpr, sub: dict[str, int]) -> tuple[int, int, int, int]:
+    """(m, k, n, batch) of a contraction's sub-task with axis sizes ``sub``."""
+    a, b = (set(x.axes) for x in op.inputs)
+    out = set(op.output.axes)
+    m = k = n = batch = 1
+    for axis, size in sub.items():
+        if axis not in out:
+            k *= size
+        elif axis in a and axis in b:
+            batch *= size
+        elif axis in a:
+            m *= size
+        else:
+            n *= size
+    return m, k, n, batch
+
+
+def compute_cycles(op: TensorExpr, sub: dict[str, int], chip: Chip, dtype: str) -> int:
+    """Cycles of one sub-task of ``op`` with axis sizes ``sub`` on one core."""
+    if is_contraction(op):
+        m, k, n, batch = contraction_dims(op, sub)
+        return chip.matmul_cycles(m, k, n, batch, dtype)
+    return chip.vector_cycles(math.prod(sub.values()) * body_ops(op), dtype)
+
+

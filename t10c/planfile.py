@@ -1,0 +1,75 @@
+"""The on-disk formats: ``plan.json`` (format "t10c-plan/1") and ``run.json``.
+
+``plan.json`` is meant for other tools; its fields are documented in the README ("Files").
+Keys are sorted and numbers are integers except where a field says seconds, so the same compile
+gives the same file apart from the solver's wall time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from t10c.driver import Compiled, RunResult
+from t10c.ir import INDIRECT
+
+PLAN_FORMAT = "t10c-plan/1"
+RUN_FORMAT = "t10c-run/1"
+
+
+def plan_document(c: Compiled) -> dict[str, Any]:
+    graph, plan = c.graph, c.plan
+    ops = []
+    for op, p, relayout, front in zip(graph.ops, plan.ops, plan.relayout_cycles,
+                                      plan.front_sizes):
+        operands = []
+        for i, o in enumerate(op.operands):
+            operands.append({
+                "tensor": o.tensor,
+                "role": "output" if i == len(op.inputs) else "input",
+                "axes": list(o.axes),
+                "f_t": p.f_t(op, i),
+            })
+        ops.append({
+            "name": op.name, "kind": op.kind, "source": op.source,
+            "axes": dict(op.axes), "F_op": dict(zip(op.axis_names, p.F)),
+            "T": dict(zip(op.axis_names, p.T)), "operands": operands, "steps": p.steps,
+            "cycles": p.cycles.as_dict(), "relayout_cycles": relayout,
+            "hot_bytes_per_core": p.hot_bytes_per_core,
+            "cold_bytes_per_core": p.cold_bytes_per_core,
+            "cores": _prod(p.F), "front_size": front,
+        })
+    return {
+        "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,
+        "cores": c.chip.cores, "sram_bytes_per_core": c.chip.sram_bytes_per_core,
+        "indirect_axis": INDIRECT,
+        "ops": ops, "total_cycles": plan.total_cycles,
+        "peak_sram_bytes_per_core": c.program.peak_sram_bytes_per_core,
+        "solver": dict(plan.solver),
+    }
+
+
+def run_document(c: Compiled, r: RunResult, seed: int) -> dict[str, Any]:
+    tl = r.timeline
+    return {
+        "format": RUN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": c.plan.dtype,
+        "seed": seed, "cycles": tl.cycles, "latency_s": tl.latency_s,
+        "predicted_cycles": c.plan.total_cycles,
+        "max_rel_err": r.max_rel_err, "tolerance": r.tolerance, "ok": r.ok,
+        "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core,
+        "host_bytes": tl.host_bytes,
+        "emulate_wall_s": r.emulate_wall_s, "reference_wall_s": r.reference_wall_s,
+        "ops": tl.by_op(),
+    }
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out

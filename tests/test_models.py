@@ -1,0 +1,226 @@
+"""Zoo tests: every small model passes the checker, runs on onnxruntime, reproduces.
+
+bert-base and bert-large are never built here (bert-large is ~1.3 GB of weights).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from t10c.models import (
+    BERT_SIZES,
+    ZOO_NAMES,
+    UnknownModelError,
+    build,
+    build_bert,
+    is_zoo_name,
+)
+from t10c.models._builder import GraphBuilder
+
+VOCAB = 30522
+
+
+@dataclass(frozen=True)
+class Case:
+    """One small zoo build and what its graph must look like."""
+
+    name: str
+    seq_len: int
+    batch: int | None
+    input_name: str
+    input_shape: tuple[int, ...]
+    output_name: str
+    output_shape: tuple[int, ...]
+    op_types: frozenset[str]
+
+
+CASES = [
+    Case(
+        "mlp", 128, None, "x", (16, 784), "logits", (16, 10),
+        frozenset({"MatMul", "Add", "Relu"}),
+    ),
+    Case(
+        "mlp", 128, 3, "x", (3, 784), "logits", (3, 10),
+        frozenset({"MatMul", "Add", "Relu"}),
+    ),
+    Case(
+        "bert-tiny", 16, None, "input_ids", (1, 16), "last_hidden_state", (1, 16, 128),
+        frozenset({
+            "Gather", "Slice", "Add", "LayerNormalization", "MatMul", "Reshape",
+            "Transpose", "Mul", "Softmax", "Div", "Erf",
+        }),
+    ),
+    Case(
+        "bert-tiny", 8, 2, "input_ids", (2, 8), "last_hidden_state", (2, 8, 128),
+        frozenset({
+            "Gather", "Slice", "Add", "LayerNormalization", "MatMul", "Reshape",
+            "Transpose", "Mul", "Softmax", "Div", "Erf",
+        }),
+    ),
+]  # fmt: skip
+
+
+def _random_input(case: Case, rng: np.random.Generator) -> np.ndarray:
+    if case.input_name == "input_ids":
+        return rng.integers(0, VOCAB, size=case.input_shape, dtype=np.int64)
+    return rng.standard_normal(case.input_shape, dtype=np.float32)
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c.name}-b{c.batch}-s{c.seq_len}"
+)
+def test_builds_checks_and_runs(case: Case) -> None:
+    model = build(case.name, seq_len=case.seq_len, batch=case.batch)
+    onnx.checker.check_model(model, full_check=True)
+    assert model.ir_version == 8
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    assert {n.op_type for n in model.graph.node} == case.op_types
+    names = [n.name for n in model.graph.node]
+    assert all(names) and len(set(names)) == len(names)
+    assert [i.name for i in model.graph.input] == [case.input_name]
+    assert [o.name for o in model.graph.output] == [case.output_name]
+
+    feed = _random_input(case, np.random.default_rng(1))
+    (out,) = _run(model, {case.input_name: feed})
+    assert out.shape == case.output_shape
+    assert out.dtype == np.float32
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize(("name", "seq_len"), [("mlp", 128), ("bert-tiny", 16)])
+def test_build_is_deterministic(name: str, seq_len: int) -> None:
+    first = build(name, seq_len=seq_len).SerializeToString()
+    assert build(name, seq_len=seq_len).SerializeToString() == first
+    assert build(name, seq_len=seq_len, seed=1).SerializeToString() != first
+
+
+def test_unknown_name_lists_known_models() -> None:
+    with pytest.raises(UnknownModelError) as info:
+        build("resnet-50")
+    assert isinstance(info.value, ValueError)
+    for known in ZOO_NAMES:
+        assert known in str(info.value)
+
+
+def test_zoo_names() -> None:
+    assert ZOO_NAMES == ("mlp", "bert-tiny", "bert-mini", "bert-base", "bert-large")
+    assert set(ZOO_NAMES) == {"mlp", *BERT_SIZES}
+    assert all(is_zoo_name(n) for n in ZOO_NAMES)
+    assert not is_zoo_name("model.onnx")
+
+
+def test_bert_layer_structure() -> None:
+    """Each extra layer adds the same fixed set of nodes and readable names."""
+    one = Counter(
+        n.op_type for n in build_bert(32, 1, 2, 64, vocab=50, seq_len=4).graph.node
+    )
+    two = Counter(
+        n.op_type for n in build_bert(32, 2, 2, 64, vocab=50, seq_len=4).graph.node
+    )
+    per_layer = two - one
+    assert per_layer == Counter(
+        MatMul=8, Add=9, Reshape=4, Transpose=4, Mul=3, Softmax=1, Div=1, Erf=1,
+        LayerNormalization=2,
+    )  # fmt: skip
+    model = build_bert(32, 2, 2, 64, vocab=50, seq_len=4)
+    inits = {t.name for t in model.graph.initializer}
+    assert {
+        "layer1.attn.q.weight",
+        "layer1.ffn.down.bias",
+        "position_embeddings",
+    } <= inits
+    assert "layer1/attn/k/Transpose" in {n.name for n in model.graph.node}
+
+
+def _reference_bert(
+    model: onnx.ModelProto, ids: np.ndarray, layers: int, heads: int
+) -> np.ndarray:
+    """BERT in plain numpy (float64) from the model's own initializers."""
+    w = {
+        t.name: numpy_helper.to_array(t).astype(np.float64)
+        for t in model.graph.initializer
+    }
+
+    def ln(x: np.ndarray, p: str) -> np.ndarray:
+        mu = x.mean(-1, keepdims=True)
+        var = x.var(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-12) * w[f"{p}.scale"] + w[f"{p}.bias"]
+
+    def lin(x: np.ndarray, p: str) -> np.ndarray:
+        return x @ w[f"{p}.weight"] + w[f"{p}.bias"]
+
+    batch, seq = ids.shape
+    x = w["word_embeddings"][ids] + w["position_embeddings"][:seq]
+    x = ln(x, "embeddings.ln")
+    hidden = x.shape[-1]
+    d = hidden // heads
+    for i in range(layers):
+        p = f"layer{i}.attn"
+        q, k, v = (
+            lin(x, f"{p}.{n}").reshape(batch, seq, heads, d).transpose(0, 2, 1, 3)
+            for n in "qkv"
+        )
+        s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        ctx = (s / s.sum(-1, keepdims=True)) @ v
+        ctx = ctx.transpose(0, 2, 1, 3).reshape(batch, seq, hidden)
+        x = ln(lin(ctx, f"{p}.out") + x, f"{p}.ln")
+        p = f"layer{i}.ffn"
+        u = lin(x, f"{p}.up")
+        g = u * 0.5 * (1.0 + np.vectorize(math.erf)(u / math.sqrt(2.0)))
+        x = ln(lin(g, f"{p}.down") + x, f"{p}.ln")
+    return x
+
+
+def test_bert_tiny_matches_numpy_reference() -> None:
+    size = BERT_SIZES["bert-tiny"]
+    model = build("bert-tiny", seq_len=8, batch=2)
+    ids = np.random.default_rng(2).integers(0, VOCAB, size=(2, 8), dtype=np.int64)
+    (out,) = _run(model, {"input_ids": ids})
+    ref = _reference_bert(model, ids, size.layers, size.heads)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"seq_len": 513}, "seq_len"),
+        ({"seq_len": 0}, "seq_len"),
+        ({"batch": 0}, "batch"),
+    ],
+)
+def test_bert_rejects_bad_shapes(kwargs: dict[str, int], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build("bert-tiny", **kwargs)
+
+
+def test_bert_rejects_indivisible_heads() -> None:
+    with pytest.raises(ValueError, match="divisible"):
+        build_bert(30, 1, 4, 64)
+
+
+def test_builder_rejects_duplicate_names() -> None:
+    b = GraphBuilder()
+    x = b.graph_input("x", onnx.TensorProto.FLOAT, [2])
+    b.node("Relu", [x], "act/Relu")
+    with pytest.raises(ValueError, match="node name"):
+        b.node("Relu", [x], "act/Relu")
+    with pytest.raises(ValueError, match="tensor name"):
+        b.initializer("x", np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="not produced"):
+        b.graph_output("y", onnx.TensorProto.FLOAT, [2])
