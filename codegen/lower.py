@@ -135,7 +135,7 @@ class _Builder:
         return (np.broadcast_to(flat, (n, *tile)).reshape(full),
                 np.broadcast_to(valid, (n, *tile)).reshape(full))
 
-    def bring_input(self, op: TensorExpr, geo: Geometry, index: int, sync_done: list[bool]
+    def bring_input(self, op: TensorExpr, geo: Geometry, index: int, moves: list[Exchange]
                     ) -> tuple[int, bool]:
         """Emit what puts input ``index`` in place; returns (buffer, owned by this op)."""
         operand = op.inputs[index]
@@ -165,24 +165,26 @@ class _Builder:
                     and (src_off == np.arange(elems)[None, :]).all())
         if in_place:
             return place.buf, False
-        if not sync_done[0]:
-            self.instrs.append(Sync(op.name, "relayout"))
-            sync_done[0] = True
         bid = self.new_buffer(name, elems, dtype, op.name, "relayout")
-        self.instrs.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off))
+        moves.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off))
         return bid, True
 
     # -- one op ---------------------------------------------------------------------------
     def emit_op(self, n: int, op: TensorExpr) -> None:
         geo = geometry(self.graph, op, self.plan.ops[n])
         nin = len(op.inputs)
-        sync_done = [False]
+        moves: list[Exchange] = []
         cur: list[int] = []
         owned: list[bool] = []
         for i in range(nin):
-            bid, own = self.bring_input(op, geo, i, sync_done)
+            bid, own = self.bring_input(op, geo, i, moves)
             cur.append(bid)
             owned.append(own)
+        # one barrier before the exchange phase, unless every copy stays on its core
+        here = np.arange(geo.ncores, dtype=np.int32)[:, None]
+        if any(((m.src_core >= 0) & (m.src_core != here)).any() for m in moves):
+            self.instrs.append(Sync(op.name, "relayout"))
+        self.instrs.extend(moves)
         # inputs are in place: producers whose last reader this was can go
         for operand in op.inputs:
             root = self.graph.root(operand.tensor)

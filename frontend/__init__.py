@@ -19,6 +19,7 @@ from t10c.ir import Graph, TensorInfo
 
 from . import ops as _ops  # noqa: F401  (registers the lowerings)
 from .context import REGISTRY, Context, Unsupported, attrs, pick
+from .fuse import fuse_elementwise
 from .loader import FrontendError, check_and_infer, load_model
 
 __all__ = ["FrontendError", "UnsupportedModelError", "UnsupportedNode", "load_model",
@@ -89,8 +90,11 @@ def _fold(node: onnx.NodeProto, ctx: Context, opset: int) -> None:
 
 
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
-             name: str | None = None) -> Graph:
-    """Lower a model (zoo name, path or ModelProto) to the device graph."""
+             name: str | None = None, fuse: bool = True) -> Graph:
+    """Lower a model (zoo name, path or ModelProto) to the device graph.
+
+    With ``fuse`` (the default), single-reader elementwise ops are inlined into their reader.
+    """
     model = load_model(source)
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
@@ -161,9 +165,10 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
     used = {o.tensor for op in ctx.ops for o in op.operands} | set(ctx.views)
     used |= {v.source for v in ctx.views.values()}
     consts = {k: v for k, v in ctx.constants.items() if k in used}
-    return Graph(name=name or model.graph.name or "model", tensors=dict(ctx.tensors),
-                 ops=tuple(ctx.ops), views=dict(ctx.views), constants=consts,
-                 inputs=tuple(inputs), outputs=tuple(outputs))
+    graph = Graph(name=name or model.graph.name or "model", tensors=dict(ctx.tensors),
+                  ops=tuple(ctx.ops), views=dict(ctx.views), constants=consts,
+                  inputs=tuple(inputs), outputs=tuple(outputs))
+    return fuse_elementwise(graph) if fuse else graph
 
 
 def _renamed(node: onnx.NodeProto, name: str) -> onnx.NodeProto:

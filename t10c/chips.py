@@ -120,9 +120,9 @@ PRESETS: dict[str, Chip] = {
     ),
     "test16": Chip(
         name="test16",
-        description="A 16-core all-to-all test chip with 1 MiB per core, MK2-like rates",
+        description="A 16-core all-to-all test chip with 640 KiB per core, MK2-like rates",
         cores=16, topology="all-to-all", grid=(4, 4),
-        sram_bytes_per_core=1024 * 1024, clock_hz=1.0e9,
+        sram_bytes_per_core=640 * 1024, clock_hz=1.0e9,
         matmul_macs_per_cycle={"fp16": 64, "fp32": 16}, matmul_unit=(16, 4),
         vector_ops_per_cycle={"fp16": 4, "fp32": 2}, compute_overhead_cycles=32,
         link_bytes_per_cycle=4, hop_latency_cycles=16, sync_cycles=118,
