@@ -18,7 +18,8 @@ Instructions (tables are numpy arrays whose first axis is the core, over the fir
   padding on reduction axes.
 - ``Shift(dst, src, src_core)``: rotation; ``dst[c] = src[src_core[c]]``.
 - ``Reduce(dst, src, combine, group, offset)``: reduce-scatter; ``dst[c] = combine over g of
-  src[group[c, g], offset[c] : offset[c] + dst.elems]``.
+  src[group[c, g], offset[c] : offset[c] + dst.elems]``, the combine's identity
+  past the end of src.
 - ``Sync()``: bulk-synchronous barrier.
 - ``Store(tensor, src, src_core, src_off)``: chip -> host after the run (graph outputs).
 """

@@ -222,7 +222,7 @@ class Machine:
             dst = self.mem[ins.dst]
             chunk = dst.shape[1]
             group = ins.group.shape[1]
-            width = max(group * chunk - src.shape[1], 0)
+            width = max(int(ins.offset.max(initial=0)) + chunk - src.shape[1], 0)
             pad = np.full((chip.cores, width), IDENTITY[ins.combine], dtype=np.float32)
             ext = np.concatenate([src.astype(np.float32), pad], axis=1)
             cols = ins.offset[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
@@ -253,7 +253,8 @@ class Machine:
             buf = self.read(ins, bid, n)
             sizes = operand_sizes(expr, k, sub, tiles[k])
             values.append(gather_slices(buf, tiles[k], ins.offsets[k], sizes)[0])
-        result = evaluate(expr, values, sub, ins.origin)
+        with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
+            result = evaluate(expr, values, sub, ins.origin)
         out = self.mem[ins.out]
         k = len(ins.ins)
         if ins.accumulate:

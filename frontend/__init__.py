@@ -20,10 +20,10 @@ from t10c.ir import Graph, TensorInfo
 from . import ops as _ops  # noqa: F401  (registers the lowerings)
 from .context import REGISTRY, Context, Unsupported, attrs, pick
 from .fuse import fuse_elementwise
-from .loader import FrontendError, check_and_infer, load_model
+from .loader import FrontendError, ModelNotFoundError, check_and_infer, load_model
 
-__all__ = ["FrontendError", "UnsupportedModelError", "UnsupportedNode", "load_model",
-           "to_graph", "supported_ops"]
+__all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
+           "load_model", "to_graph", "supported_ops"]
 
 ELEM_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64",
               onnx.TensorProto.INT32: "int64"}
@@ -157,9 +157,16 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
         raise UnsupportedModelError(problems)
 
     outputs = [o.name for o in model.graph.output]
+    produced = {op.output.tensor for op in ctx.ops}
     for out in outputs:
         if out in ctx.constants or out not in ctx.tensors:
             raise FrontendError(f"output {out!r} is a constant; nothing to compute on chip")
+        root = out
+        while root in ctx.views:
+            root = ctx.views[root].source
+        if root not in produced:
+            raise FrontendError(f"output {out!r} is its input {root!r} reshaped or transposed; "
+                                "there is nothing to compute on chip")
     for inp in inputs:
         ctx.tensors.setdefault(inp, TensorInfo(inp, shapes[inp], dtypes[inp]))
     used = {o.tensor for op in ctx.ops for o in op.operands} | set(ctx.views)

@@ -14,6 +14,10 @@ class FrontendError(ValueError):
     """A model t10c cannot read or compile; the message says what to do."""
 
 
+class ModelNotFoundError(FrontendError):
+    """The model argument names neither a file nor a zoo model (a usage error)."""
+
+
 def load_model(source: str | Path | onnx.ModelProto, *, seq_len: int | None = None,
                batch: int | None = None) -> onnx.ModelProto:
     """A model from a zoo name (``bert-tiny``), an ``.onnx`` path, or a ModelProto."""
@@ -27,7 +31,7 @@ def load_model(source: str | Path | onnx.ModelProto, *, seq_len: int | None = No
         return models.build(name, **kwargs)
     path = Path(name)
     if not path.exists():
-        raise FrontendError(f"{name!r} is neither a file nor a zoo model (zoo: "
+        raise ModelNotFoundError(f"{name!r} is neither a file nor a zoo model (zoo: "
                             f"{', '.join(models.ZOO_NAMES)})")
     if path.is_dir():
         raise FrontendError(f"{name!r} is a directory; give the path of an .onnx file")
@@ -82,7 +86,7 @@ def check_and_infer(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] |
             problems.append(f"input {inp.name!r} has dynamic dimension(s) {', '.join(dyn)}; pin "
                             f"them with --shape {inp.name}={example} (N a number)")
     if problems:
-        raise FrontendError("cannot compile with dynamic shapes:\n  " + "\n  ".join(problems))
+        raise FrontendError("cannot compile with these input shapes:\n  " + "\n  ".join(problems))
     try:
         onnx.checker.check_model(model_copy)
     except onnx.checker.ValidationError as exc:

@@ -122,7 +122,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.codegen import CodegenError
     from t10c.driver import CompileOptions, compile_model, run_compiled
     from t10c.emulator import EmulatorError
-    from t10c.frontend import FrontendError
+    from t10c.frontend import FrontendError, ModelNotFoundError
     from t10c.partition import PlanError, SolverOptions
     from t10c.planfile import plan_document, run_document, write_json
 
@@ -134,7 +134,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     update, bar = _progress()
     try:
         compiled = compile_model(args.model, chip, options, update)
-    except models.UnknownModelError as exc:
+    except (models.UnknownModelError, ModelNotFoundError) as exc:
         print(f"t10c: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (FrontendError, PlanError, CodegenError, ValueError) as exc:
@@ -153,9 +153,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"; core {args.core} of {chip.cores}: {compiled.name} on {chip.name} "
               f"({compiled.plan.dtype})")
         print("\n".join(lines))
-        return 0
 
-    if not args.no_table:
+    if not args.no_table and args.emit is None:
         print_table(compiled)
     t = compiled.timings
     plan = compiled.plan

@@ -127,11 +127,14 @@ def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
 
 
 def max_rel_err(outputs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
+    """Max |got - want| over max |want|, across outputs; infinite if anything is not finite."""
     worst = 0.0
     for name, want in ref.items():
-        got = outputs[name]
+        got = outputs[name].astype(np.float64)
+        if not (np.isfinite(got).all() and np.isfinite(want).all()):
+            return float("inf")
         scale = max(float(np.abs(want).max()), 1e-30)
-        worst = max(worst, float(np.abs(got.astype(np.float64) - want).max()) / scale)
+        worst = max(worst, float(np.abs(got - want).max()) / scale)
     return worst
 
 
