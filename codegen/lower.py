@@ -45,6 +45,7 @@ from .program import (
     Shift,
     Store,
     Sync,
+    tile_elements,
 )
 
 ALIGN = 8
@@ -112,45 +113,33 @@ class _Builder:
 
     # -- element tables -------------------------------------------------------------------
     def element_map(self, geo: Geometry, index: int, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """(flat element of the operand's tensor per buffer element, validity), per core.
-
-        Built dimension by dimension with broadcasting: (ncores, *tile) then flattened.
-        """
-        op = geo.op
-        shape = self.graph.tensors[op.operands[index].tensor].shape
-        tile = geo.tile_shape(index)
-        origin = geo.tile_origin(index, step)
-        n = geo.ncores
-        flat = np.zeros((n,) + (1,) * len(tile), dtype=np.int64)
-        valid = np.ones((n,) + (1,) * len(tile), dtype=bool)
-        stride = 1
-        for d in reversed(range(len(tile))):
-            view = [n] + [1] * len(tile)
-            view[d + 1] = tile[d]
-            coord = (origin[:, d][:, None] + np.arange(tile[d])[None, :]).reshape(view)
-            valid = valid & (coord < shape[d])
-            flat = flat + np.minimum(coord, shape[d] - 1) * stride
-            stride *= shape[d]
-        full = (n, math.prod(tile))
-        return (np.broadcast_to(flat, (n, *tile)).reshape(full),
-                np.broadcast_to(valid, (n, *tile)).reshape(full))
+        """(flat element of the operand's tensor per buffer element, validity), per core."""
+        shape = self.graph.tensors[geo.op.operands[index].tensor].shape
+        return tile_elements(geo.tile_origin(index, step), geo.tile_shape(index), shape)
 
     def bring_input(self, op: TensorExpr, geo: Geometry, index: int, moves: list[Exchange]
                     ) -> tuple[int, bool]:
         """Emit what puts input ``index`` in place; returns (buffer, owned by this op)."""
         operand = op.inputs[index]
+        dtype = self.storage(operand.tensor)
+        name = f"{op.name}.in{index}"
+        root = self.graph.root(operand.tensor)
+        if root in self.graph.constants or root in self.graph.inputs:
+            phase = "resident" if root in self.graph.constants else "host"
+            tile = geo.tile_shape(index)
+            bid = self.new_buffer(name, math.prod(tile), dtype, op.name, phase)
+            shape = self.graph.tensors[root].shape
+            origin = geo.tile_origin(index, 0).astype(np.int32)
+            table = None
+            if root != operand.tensor:  # through a view: spell out every element
+                flat, valid = self.element_map(geo, index, 0)
+                table = np.full(flat.shape, -1, dtype=np.int32)
+                table[valid] = map_to_root(self.graph, operand.tensor, flat[valid])[1]
+            self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, table))
+            return bid, root not in self.graph.constants
         flat, valid = self.element_map(geo, index, 0)
         root, rflat = map_to_root(self.graph, operand.tensor, flat[valid])
         elems = flat.shape[1]
-        dtype = self.storage(operand.tensor)
-        name = f"{op.name}.in{index}"
-        if root in self.graph.constants or root in self.graph.inputs:
-            table = np.full(flat.shape, -1, dtype=np.int32)
-            table[valid] = rflat
-            phase = "resident" if root in self.graph.constants else "host"
-            bid = self.new_buffer(name, elems, dtype, op.name, phase)
-            self.instrs.append(Load(op.name, phase, bid, root, table))
-            return bid, root not in self.graph.constants
         if root not in self.placement:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
         place = self.placement[root]

@@ -7,8 +7,10 @@ cores. Instructions name the op and the phase they belong to, for the timeline.
 Instructions (tables are numpy arrays whose first axis is the core, over the first ``ncores``):
 
 - ``Alloc(buf)`` / ``Free(buf)``: the buffer's bytes at its address become live / dead.
-- ``Load(buf, tensor, index)``: host -> chip before the run (weights, inputs); ``index[c, e]``
-  is the flat element of ``tensor`` for element e of core c's buffer, -1 for padding (zero).
+- ``Load(buf, tensor, shape, tile, origin, index)``: host -> chip before the run (weights,
+  inputs). Core c's buffer is the ``tile``-shaped block of ``tensor`` (of ``shape``) starting at
+  ``origin[c]``, zero outside the tensor (`tile_elements`); or, when ``index`` is given,
+  ``index[c, e]`` is the flat element of ``tensor`` for element e, -1 for padding (zero).
 - ``Fill(buf, value)``: set a buffer (accumulator initialisation).
 - ``Exchange(dst, src, src_core, src_off)``: re-layout; ``dst[c, e] = src[src_core[c, e],
   src_off[c, e]]``, zero where ``src_core`` is -1.
@@ -70,7 +72,44 @@ class Free(Instr):
 class Load(Instr):
     buf: int
     tensor: str
-    index: np.ndarray
+    shape: tuple[int, ...]
+    tile: tuple[int, ...]
+    origin: np.ndarray
+    index: np.ndarray | None = None
+
+    @property
+    def ncores(self) -> int:
+        return len(self.origin)
+
+    def elements(self) -> tuple[np.ndarray, np.ndarray]:
+        """(flat tensor element, valid) for every buffer element of every core."""
+        if self.index is not None:
+            return np.maximum(self.index, 0), self.index >= 0
+        return tile_elements(self.origin, self.tile, self.shape)
+
+
+def tile_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Flat indices into a tensor of ``shape`` of each core's ``tile`` at ``origin[c]``.
+
+    Returns (flat, valid), both (ncores, prod(tile)); positions outside the tensor are not
+    valid (their flat index is clamped inside it). Built one dimension at a time with
+    broadcasting, never materialising (ncores, elems, ndim).
+    """
+    n = len(origin)
+    flat = np.zeros((n,) + (1,) * len(tile), dtype=np.int64)
+    valid = np.ones((n,) + (1,) * len(tile), dtype=bool)
+    stride = 1
+    for d in reversed(range(len(tile))):
+        view = [n] + [1] * len(tile)
+        view[d + 1] = tile[d]
+        coord = (origin[:, d][:, None] + np.arange(tile[d])[None, :]).reshape(view)
+        valid = valid & (coord < shape[d])
+        flat = flat + np.minimum(coord, shape[d] - 1) * stride
+        stride *= shape[d]
+    full = (n, int(np.prod(tile, dtype=np.int64)))
+    return (np.broadcast_to(flat, (n, *tile)).reshape(full),
+            np.broadcast_to(valid, (n, *tile)).reshape(full))
 
 
 @dataclass(frozen=True)
@@ -197,10 +236,12 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
     if isinstance(ins, Free):
         return f"free   {b(ins.buf)}{tag}"
     if isinstance(ins, Load):
-        if core >= len(ins.index):
+        if core >= ins.ncores:
             return None
-        idx = ins.index[core]
-        valid = idx[idx >= 0]
+        flat, ok = ins.elements() if ins.index is not None else tile_elements(
+            ins.origin[core:core + 1], ins.tile, ins.shape)
+        row = 0 if ins.index is None else core
+        valid = flat[row][ok[row]]
         span = f"{valid.min()}..{valid.max()}" if len(valid) else "padding"
         return f"load   {b(ins.buf)} <- host:{ins.tensor}[{span}] ({len(valid)} elems){tag}"
     if isinstance(ins, Fill):

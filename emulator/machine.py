@@ -180,14 +180,16 @@ class Machine:
             self.timeline.sram_samples.append((self.now, sum(e - s for s, e in
                                                              self.live.values())))
         elif isinstance(ins, Load):
-            src = np.asarray(host[ins.tensor]).reshape(-1)
-            n = len(ins.index)
-            vals = src[np.maximum(ins.index, 0)]
-            vals = np.where(ins.index >= 0, vals, 0)
+            src = np.asarray(host[ins.tensor])
+            if tuple(src.shape) != tuple(ins.shape):
+                raise self.fail(ins, f"host tensor {ins.tensor} has shape {src.shape}, the "
+                                     f"program expects {ins.shape}")
+            n = ins.ncores
+            flat, valid = ins.elements()
+            vals = np.where(valid, src.reshape(-1)[flat], 0)
             self.mem[ins.buf][:n] = vals.astype(self.mem[ins.buf].dtype)
             self.written[ins.buf][:n] = True
-            self.timeline.host_bytes += int((ins.index >= 0).sum()) * \
-                self.mem[ins.buf].dtype.itemsize
+            self.timeline.host_bytes += int(valid.sum()) * self.mem[ins.buf].dtype.itemsize
         elif isinstance(ins, Fill):
             self.mem[ins.buf][: ins.ncores] = ins.value
             self.written[ins.buf][: ins.ncores] = True

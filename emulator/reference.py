@@ -73,10 +73,19 @@ def _step(program: Program, mem: Memory, host: dict[str, np.ndarray],
     elif isinstance(ins, Sync):
         pass
     elif isinstance(ins, Load):
-        flat = np.asarray(host[ins.tensor]).reshape(-1)
-        for c in range(len(ins.index)):
-            idx = ins.index[c]
-            mem[c][ins.buf][:] = np.where(idx >= 0, flat[np.maximum(idx, 0)], 0)
+        value = np.asarray(host[ins.tensor])
+        flat = value.reshape(-1)
+        for c in range(ins.ncores):
+            if ins.index is not None:
+                idx = ins.index[c]
+                mem[c][ins.buf][:] = np.where(idx >= 0, flat[np.maximum(idx, 0)], 0)
+                continue
+            # the tile at origin[c], cut at the tensor's edge, zero beyond it
+            block = np.zeros(ins.tile, dtype=mem[c][ins.buf].dtype)
+            start = ins.origin[c]
+            part = value[tuple(slice(int(s), int(s) + t) for s, t in zip(start, ins.tile))]
+            block[tuple(slice(0, n) for n in part.shape)] = part
+            mem[c][ins.buf][:] = block.reshape(-1)
     elif isinstance(ins, Fill):
         for c in range(ins.ncores):
             mem[c][ins.buf][:] = ins.value

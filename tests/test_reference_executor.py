@@ -87,7 +87,8 @@ def _hand_program(chip: Chip) -> Program:
     nxt = (np.arange(4) + 1) % 4
     instrs = (
         *(Alloc("", "", b.id) for b in bufs),
-        Load("", "", 0, "x", np.array([[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, -1]])),
+        Load("", "", 0, "x", (4, 3), (3,), np.zeros((4, 1), dtype=np.int32),
+             np.array([[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, -1]])),
         Exchange("", "", 1, 0, np.stack([nxt, nxt, np.full(4, -1)], axis=1),
                  np.tile([0, 2, 0], (4, 1))),
         Shift("", "", 2, 1, np.array([3, 0, 1, 2])),
