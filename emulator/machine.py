@@ -36,6 +36,7 @@ from t10c.codegen.program import (
     Shift,
     Store,
     Sync,
+    tile_elements,
 )
 from t10c.costs import compute_cycles
 
@@ -185,11 +186,20 @@ class Machine:
                 raise self.fail(ins, f"host tensor {ins.tensor} has shape {src.shape}, the "
                                      f"program expects {ins.shape}")
             n = ins.ncores
-            flat, valid = ins.elements()
-            vals = np.where(valid, src.reshape(-1)[flat], 0)
-            self.mem[ins.buf][:n] = vals.astype(self.mem[ins.buf].dtype)
+            dst = self.mem[ins.buf]
+            if ins.index is None:
+                # replicated tiles are gathered once and copied to every core that holds them
+                uniq, inverse = np.unique(ins.origin, axis=0, return_inverse=True)
+                flat, valid = tile_elements(uniq, ins.tile, ins.shape)
+                tiles = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
+                dst[:n] = tiles[inverse.reshape(-1)]
+                loaded = int(valid.sum(axis=1)[inverse.reshape(-1)].sum())
+            else:
+                flat, valid = ins.elements()
+                dst[:n] = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
+                loaded = int(valid.sum())
             self.written[ins.buf][:n] = True
-            self.timeline.host_bytes += int(valid.sum()) * self.mem[ins.buf].dtype.itemsize
+            self.timeline.host_bytes += loaded * dst.dtype.itemsize
         elif isinstance(ins, Fill):
             self.mem[ins.buf][: ins.ncores] = ins.value
             self.written[ins.buf][: ins.ncores] = True
@@ -199,8 +209,7 @@ class Machine:
         elif isinstance(ins, Exchange):
             n = len(ins.src_core)
             self.check_sources(ins, ins.src_core)
-            used = np.unique(ins.src_core[ins.src_core >= 0])
-            src = self.read(ins, ins.src, used)
+            src = self.read(ins, ins.src, _cores_in(ins.src_core, self.chip.cores))
             dst = self.mem[ins.dst]
             vals = src[np.maximum(ins.src_core, 0), np.maximum(ins.src_off, 0)]
             dst[:n] = np.where(ins.src_core >= 0, vals, 0).astype(dst.dtype)
@@ -239,7 +248,7 @@ class Machine:
             self.flush()
             self.compute(ins)
         elif isinstance(ins, Store):
-            src = self.read(ins, ins.src, np.unique(ins.src_core))
+            src = self.read(ins, ins.src, _cores_in(ins.src_core, self.chip.cores))
             self.outputs[ins.tensor] = src[ins.src_core, ins.src_off].astype(np.float32).reshape(
                 ins.shape)
         else:  # pragma: no cover
@@ -273,6 +282,12 @@ class Machine:
             full[idx] = result
         self.written[ins.out][:n] = True
         self.record(expr.name, "compute", compute_cycles(expr, sub, self.chip, self.prog.dtype))
+
+
+def _cores_in(table: np.ndarray, cores: int) -> np.ndarray:
+    """The distinct cores a table refers to (-1 entries ignored), in O(size)."""
+    counts = np.bincount(table.ravel().astype(np.int64) + 1, minlength=cores + 1)
+    return np.flatnonzero(counts[1:])
 
 
 def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
