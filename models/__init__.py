@@ -15,6 +15,7 @@ from types import MappingProxyType
 import onnx
 
 from .bert import BERT_SIZES, BertSize, build_bert
+from .matmul import build_matmul, parse_matmul
 from .mlp import build_mlp
 
 __all__ = [
@@ -49,14 +50,18 @@ class UnknownModelError(ValueError):
 
     def __init__(self, name: str) -> None:
         super().__init__(
-            f"unknown model {name!r}; known models: {', '.join(ZOO_NAMES)}"
+            f"unknown model {name!r}; known models: {', '.join(ZOO_NAMES)}, "
+            "matmul-MxKxN"
         )
         self.name = name
 
 
 def is_zoo_name(name: str) -> bool:
-    """Tell whether `build` knows ``name`` (as opposed to, say, an .onnx path)."""
-    return name in ZOO_NAMES
+    """Tell whether `build` knows ``name`` (as opposed to, say, an .onnx path).
+
+    Besides `ZOO_NAMES`, single-op models ``matmul-MxKxN`` are built on demand.
+    """
+    return name in ZOO_NAMES or parse_matmul(name) is not None
 
 
 def build(
@@ -72,6 +77,9 @@ def build(
     """
     if not is_zoo_name(name):
         raise UnknownModelError(name)
+    dims = parse_matmul(name)
+    if dims is not None:
+        return build_matmul(*dims, seed=seed)
     batch = DEFAULT_BATCH[name] if batch is None else batch
     if name == "mlp":
         return build_mlp(batch=batch, seed=seed)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from t10c import __version__
 from t10c.chips import PRESETS, ChipError, describe, load_chip
+from t10c.partition.search import SearchOptions
 
 EXIT_FAIL = 1
 EXIT_USAGE = 2
@@ -43,14 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "run.json here")
     c.add_argument("--run", action="store_true", help="emulate on seeded random inputs and "
                                                       "check against onnxruntime")
-    c.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
-                   help="storage dtype for memory, timing and numerics (default: fp16)")
+    _model_args(c)
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")
     c.add_argument("--core", type=int, default=0, help="core for --emit asm (default: 0)")
-    c.add_argument("--seq-len", type=int, help="sequence length of zoo transformers (128)")
-    c.add_argument("--batch", type=int, help="batch size of zoo models")
-    c.add_argument("--shape", type=_shape_arg, action="append", default=[],
-                   metavar="NAME=DxD", help="pin a dynamic input shape (repeatable)")
     c.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     c.add_argument("--time-limit", type=float, default=30.0,
                    help="CP-SAT time limit in seconds (default: 30)")
@@ -60,10 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plans kept per op on its Pareto front (default: 8)")
     c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
 
+    e = sub.add_parser("explain", help="print one op's Pareto front of plans",
+                       description="Search every plan of one op of MODEL and print its Pareto "
+                                   "front: cycles by phase, hot and idle bytes per core.")
+    e.add_argument("model", help="zoo name (also matmul-MxKxN) or .onnx file")
+    e.add_argument("--op", required=True, help="op name, or a part of it that is unique")
+    e.add_argument("--chip", default="ipu-mk2", help="preset name or chip .toml file")
+    _model_args(e)
+
     ch = sub.add_parser("chips", help="list the built-in chips and their figures")
     ch.add_argument("chip", nargs="?", help="show one chip (preset or .toml) with sources")
     ch.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
+                   help="storage dtype for memory, timing and numerics (default: fp16)")
+    p.add_argument("--seq-len", type=int, help="sequence length of zoo transformers (128)")
+    p.add_argument("--batch", type=int, help="batch size of zoo models")
+    p.add_argument("--shape", type=_shape_arg, action="append", default=[],
+                   metavar="NAME=DxD", help="pin a dynamic input shape (repeatable)")
+    d = SearchOptions()
+    p.add_argument("--min-util", type=float, default=d.min_util,
+                   help=f"keep plans using at least this share of the cores (default: "
+                        f"{d.min_util})")
+    p.add_argument("--max-pad", type=float, default=d.max_pad,
+                   help=f"keep plans padding the iteration space by at most this share "
+                        f"(default: {d.max_pad})")
+    p.add_argument("--max-steps", type=int, default=d.max_steps,
+                   help=f"at most this many compute steps per op (default: {d.max_steps})")
+
+
+def _search_options(args: argparse.Namespace) -> SearchOptions:
+    return SearchOptions(min_util=args.min_util, max_pad=args.max_pad, max_steps=args.max_steps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "chips":
             return cmd_chips(args)
+        if args.command == "explain":
+            return cmd_explain(args)
         return cmd_compile(args)
     except ChipError as exc:
         print(f"t10c: error: {exc}", file=sys.stderr)
@@ -95,6 +123,30 @@ def cmd_chips(args: argparse.Namespace) -> int:
             for key, src in sorted(chip.sources.items()):
                 print(f"    {key}: {src}")
     return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from t10c import frontend, models
+    from t10c.explain import OpNotFoundError, explain_op, find_op, format_explanation
+
+    chip = load_chip(args.chip)
+    try:
+        model = frontend.load_model(args.model, seq_len=args.seq_len, batch=args.batch)
+        graph = frontend.to_graph(model, pinned=dict(args.shape))
+    except (models.UnknownModelError, frontend.ModelNotFoundError) as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except frontend.FrontendError as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    try:
+        op = find_op(graph, args.op)
+    except OpNotFoundError as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    explanation = explain_op(graph, op, chip, args.dtype, _search_options(args))
+    print(format_explanation(explanation, chip, args.dtype))
+    return 0 if explanation.front else EXIT_FAIL
 
 
 def _progress():
@@ -129,6 +181,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     chip = load_chip(args.chip)
     options = CompileOptions(
         dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, pinned=dict(args.shape),
+        search=_search_options(args),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers),
         front_limit=args.front)
     update, bar = _progress()

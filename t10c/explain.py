@@ -1,0 +1,91 @@
+"""`t10c explain`: one op's Pareto front of rTensor plans, as a table."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from t10c.chips import Chip
+from t10c.ir import Graph, TensorExpr
+from t10c.partition import OpPlan, SearchOptions, search_op
+from t10c.partition.search import pareto_front
+
+
+@dataclass(frozen=True)
+class Explanation:
+    op: TensorExpr
+    front: list[OpPlan]
+    enumerated: int
+    search_s: float
+
+
+class OpNotFoundError(LookupError):
+    pass
+
+
+def find_op(graph: Graph, name: str) -> TensorExpr:
+    """The op called ``name``, or the only op whose name contains it."""
+    exact = [op for op in graph.ops if op.name == name]
+    if exact:
+        return exact[0]
+    partial = [op for op in graph.ops if name in op.name]
+    if len(partial) == 1:
+        return partial[0]
+    names = [op.name for op in (partial or graph.ops)]
+    shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+    what = "matches several ops" if partial else "matches no op"
+    raise OpNotFoundError(f"--op {name!r} {what}: {shown}")
+
+
+def explain_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
+               opts: SearchOptions = SearchOptions()) -> Explanation:
+    start = time.perf_counter()
+    plans = search_op(graph, op, chip, dtype, opts)
+    front = pareto_front(plans, chip.sram_bytes_per_core, limit=len(plans) + 1)
+    return Explanation(op, front, len(plans), time.perf_counter() - start)
+
+
+def format_explanation(e: Explanation, chip: Chip, dtype: str) -> str:
+    op = e.op
+    axes = " ".join(f"{a}={n}" for a, n in op.axes)
+    roles = [f"in{i}={o.tensor}" for i, o in enumerate(op.inputs)] + [f"out={op.output.tensor}"]
+    lines = [f"op {op.name} ({op.kind}, {op.source or 'synthetic'}): {axes}",
+             f"operands: {', '.join(roles)}",
+             f"{e.enumerated} plans enumerated in {e.search_s:.3f} s on {chip.name} ({dtype}); "
+             f"Pareto front in (hot bytes, cycles): {len(e.front)} plans, fastest first"]
+    if not e.front:
+        lines.append(f"no plan fits {chip.sram_bytes_per_core} bytes per core")
+        return "\n".join(lines)
+    header = ("#", "F_op", "f_t", "steps", "compute", "shift", "sync", "reduce", "total",
+              "hot B/core", "idle B/core")
+    rows = [header]
+    for n, p in enumerate(e.front):
+        F = ",".join(f"{a}={f}" for a, f in zip(op.axis_names, p.F) if f > 1) or "1"
+        ft = []
+        for i in range(len(op.operands)):
+            role = "out" if i == len(op.inputs) else f"in{i}"
+            parts = [f"{a}/{f}" for a, f in p.f_t(op, i).items() if f > 1]
+            if parts:
+                ft.append(f"{role}:{'.'.join(parts)}")
+        c = p.cycles
+        rows.append((str(n), F, " ".join(ft) or "-", str(p.steps), str(c.compute), str(c.shift),
+                     str(c.sync), str(c.reduce), str(c.total), str(p.hot_bytes_per_core),
+                     str(p.cold_bytes_per_core)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for n, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) if i < 3 else cell.rjust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    best = e.front[0]
+    lines.append(f"fastest plan that fits: #0, {best.cycles.total} cycles = "
+                 f"{chip.cycles_to_s(best.cycles.total) * 1e6:.2f} us, "
+                 f"{best.hot_bytes_per_core} bytes per core on {best_cores(best)} cores")
+    return "\n".join(lines)
+
+
+def best_cores(p: OpPlan) -> int:
+    n = 1
+    for f in p.F:
+        n *= f
+    return n
