@@ -104,8 +104,8 @@ def tile_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, .
         view = [n] + [1] * len(tile)
         view[d + 1] = tile[d]
         coord = (origin[:, d][:, None] + np.arange(tile[d])[None, :]).reshape(view)
-        valid = valid & (coord < shape[d])
-        flat = flat + np.minimum(coord, shape[d] - 1) * stride
+        valid = valid & (coord >= 0) & (coord < shape[d])
+        flat = flat + np.clip(coord, 0, shape[d] - 1) * stride
         stride *= shape[d]
     full = (n, int(np.prod(tile, dtype=np.int64)))
     return (np.broadcast_to(flat, (n, *tile)).reshape(full),

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from t10c.ir import INDIRECT, TensorExpr, is_contraction
+from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 IDENTITY = {"sum": 0.0, "max": -np.inf}
 
@@ -62,20 +62,54 @@ def gather_slices(buf: np.ndarray, tile: tuple[int, ...], offsets: np.ndarray,
 
 def operand_sizes(expr: TensorExpr, k: int, sub: dict[str, int], tile: tuple[int, ...]
                   ) -> tuple[int, ...]:
-    return tuple(t if a == INDIRECT else sub[a] for a, t in zip(expr.operands[k].axes, tile))
+    """Shape of the part of operand k's buffer that a sub-task with axis sizes ``sub`` reads."""
+    out = []
+    for d, t in zip(expr.operands[k].axes, tile):
+        if isinstance(d, Window):
+            out.append(sum(c * (sub[a] - 1) for a, c in d.terms) + 1)
+        else:
+            out.append(t if d == INDIRECT else sub[d])
+    return tuple(out)
+
+
+def expand(expr: TensorExpr, k: int, v: np.ndarray, sub: dict[str, int]
+           ) -> tuple[np.ndarray, list[str]]:
+    """Operand k's sub-block as an array over the axes it depends on, in op order.
+
+    Plain dimensions are a transpose; windowed ones (and repeated axes) a gather, which for a
+    convolution is the im2col expansion.
+    """
+    operand = expr.operands[k]
+    axes = [a for a in expr.axis_names if a in operand.axis_set]
+    dims = operand.axes
+    if all(isinstance(d, str) for d in dims) and len(set(dims)) == len(dims):
+        return np.transpose(v, [0] + [dims.index(a) + 1 for a in axes]), axes
+    n = v.shape[0]
+    rank = len(axes) + 1
+    index = [np.arange(n).reshape([n] + [1] * len(axes))]
+    for d in dims:
+        terms = d.terms if isinstance(d, Window) else ((d, 1),)
+        idx = np.zeros([1] * rank, dtype=np.int64)
+        for a, c in terms:
+            shape = [1] * rank
+            shape[axes.index(a) + 1] = sub[a]
+            idx = idx + c * np.arange(sub[a]).reshape(shape)
+        index.append(idx)
+    return v[tuple(index)], axes
 
 
 def evaluate(expr: TensorExpr, values: list[np.ndarray], sub: dict[str, int],
              origin: np.ndarray) -> np.ndarray:
     """The sub-task's result, (ncores, *output sub-block) in the output operand's axis order."""
     n = values[0].shape[0] if values else len(origin)
-    if is_contraction(expr):
-        return _contract(expr, [v.astype(np.float32) for v in values])
     if expr.body[0] == "take":
         return _take(expr, values, n)
+    expanded = [expand(expr, k, v.astype(np.float32, copy=False), sub)
+                for k, v in enumerate(values)]
+    if is_contraction(expr):
+        return _contract(expr, expanded)
     axes = expr.axis_names
-    full = [v.astype(np.float32) if v.dtype != np.float32 else v for v in values]
-    full = [_to_op_order(expr, k, v) for k, v in enumerate(full)]
+    full = [v.reshape([n] + [sub[a] if a in have else 1 for a in axes]) for v, have in expanded]
     result = _eval_body(expr.body, full)
     result = np.broadcast_to(result, (n, *(sub[a] for a in axes)))
     red = expr.reduction_axes
@@ -98,20 +132,18 @@ def evaluate(expr: TensorExpr, values: list[np.ndarray], sub: dict[str, int],
     return np.transpose(result, perm)
 
 
-def _contract(expr: TensorExpr, values: list[np.ndarray]) -> np.ndarray:
+def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray, list[str]]]) -> np.ndarray:
     """Batched matmul over the core axis: (Z, batch, m, k) @ (Z, batch, k, n)."""
-    a_axes, b_axes = (list(o.axes) for o in expr.inputs)
+    (a, a_axes), (b, b_axes) = expanded
     out_axes = list(expr.output.axes)
-    red = [x for x in expr.reduction_axes]
-    if not all(x in a_axes and x in b_axes for x in red) or len(set(a_axes)) != len(a_axes) \
-            or len(set(b_axes)) != len(b_axes):
+    red = list(expr.reduction_axes)
+    if not all(x in a_axes and x in b_axes for x in red):
         letters = {x: chr(ord("a") + i) for i, x in enumerate(expr.axis_names)}
-        spec = ",".join("Z" + "".join(letters[x] for x in o.axes) for o in expr.inputs)
-        return np.einsum(f"{spec}->Z" + "".join(letters[x] for x in out_axes), *values)
+        spec = ",".join("Z" + "".join(letters[x] for x in have) for have in (a_axes, b_axes))
+        return np.einsum(f"{spec}->Z" + "".join(letters[x] for x in out_axes), a, b)
     batch = [x for x in out_axes if x in a_axes and x in b_axes]
     m = [x for x in out_axes if x in a_axes and x not in b_axes]
     n = [x for x in out_axes if x in b_axes and x not in a_axes]
-    a, b = values
     size = dict(zip(a_axes, a.shape[1:])) | dict(zip(b_axes, b.shape[1:]))
     z = a.shape[0]
 
@@ -123,17 +155,6 @@ def _contract(expr: TensorExpr, values: list[np.ndarray]) -> np.ndarray:
     b2 = arrange(b, b_axes, batch + red + n).reshape(z * nb, nk, nn)
     c = np.matmul(a2, b2).reshape([z] + [size[x] for x in batch + m + n])
     return arrange(c, batch + m + n, out_axes)
-
-
-def _to_op_order(expr: TensorExpr, k: int, v: np.ndarray) -> np.ndarray:
-    """Broadcastable view of operand k over the op's axes: (ncores, one dim per op axis)."""
-    axes = expr.axis_names
-    own = expr.operands[k].axes
-    perm = [0] + sorted(range(1, len(own) + 1), key=lambda d: axes.index(own[d - 1]))
-    v = np.transpose(v, perm)
-    present = sorted(own, key=axes.index)
-    shape = [v.shape[0]] + [v.shape[1 + present.index(a)] if a in present else 1 for a in axes]
-    return v.reshape(shape)
 
 
 def _eval_body(node: tuple, full: list[np.ndarray]) -> np.ndarray:

@@ -31,9 +31,8 @@ from t10c.codegen.program import (
     Store,
     Sync,
 )
-from t10c.ir import INDIRECT
 
-from .kernels import IDENTITY, evaluate
+from .kernels import IDENTITY, evaluate, operand_sizes
 
 NP_DTYPES = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
 POISON = {"fp16": np.nan, "fp32": np.nan, "int32": np.iinfo(np.int32).min}
@@ -140,7 +139,7 @@ def _compute(program: Program, mem: Memory, ins: Compute) -> None:
     def block(c: int, k: int) -> tuple[np.ndarray, tuple[slice, ...]]:
         """Core c's operand k as its tile (a view), and the slices of its sub-task."""
         tile = mem[c][buffers[k]].reshape(ins.tiles[k])
-        sizes = [t if a == INDIRECT else sub[a] for a, t in zip(expr.operands[k].axes, tile.shape)]
+        sizes = operand_sizes(expr, k, sub, tile.shape)
         region = tuple(slice(int(o), int(o) + s) for o, s in zip(ins.offsets[k][c], sizes))
         if tile[region].shape != tuple(sizes):
             raise IndexError(f"operand {k} block {region} falls outside its tile {tile.shape}")

@@ -57,6 +57,8 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6) -> Graph:
                 pi = position.get(operand.tensor)
                 if pi is None or readers[operand.tensor] != 1 or operand.tensor in keep:
                     continue
+                if not all(isinstance(d, str) for d in operand.axes):
+                    continue  # read through a window: inlining would recompute the halo
                 producer = ops[pi]
                 if producer.combine is not None or producer.body[0] == "take":
                     continue

@@ -35,7 +35,7 @@ from functools import cached_property
 
 import numpy as np
 
-from t10c.ir import INDIRECT, Operand, TensorExpr
+from t10c.ir import INDIRECT, Operand, TensorExpr, Window
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,8 @@ class OpPlan:
 
     def f_t(self, op: TensorExpr, index: int) -> dict[str, int]:
         """Temporal factor of operand ``index`` per axis it indexes."""
-        operand = op.operands[index]
-        axes = [a for a in operand.axes if a != INDIRECT]
-        return {a: (self.T[op.axis_names.index(a)] if a in self.rot[index] else 1) for a in axes}
+        return {a: (self.T[op.axis_names.index(a)] if a in self.rot[index] else 1)
+                for a in op.operands[index].plain_axes}
 
 
 class Geometry:
@@ -123,45 +122,71 @@ class Geometry:
         """(ncores, naxes): global origin of each core's sub-task at ``step``."""
         return self.coords * np.asarray(self.b) + self.sub_index(step) * np.asarray(self.u)
 
-    def dim_axes(self, index: int) -> list[int | None]:
-        """For operand ``index``, the op-axis position of each dimension (None if indirect)."""
-        return [None if a == INDIRECT else self.axes.index(a)
-                for a in self.op.operands[index].axes]
+    def dim_axes(self, index: int) -> list[int | Window | None]:
+        """Per dimension of operand ``index``: its op-axis position, its window, or None for
+        a dimension indexed by data."""
+        out: list[int | Window | None] = []
+        for d in self.op.operands[index].axes:
+            out.append(d if isinstance(d, Window) else None if d == INDIRECT
+                       else self.axes.index(d))
+        return out
+
+    def _window(self, w: Window, sizes: tuple[int, ...]) -> int:
+        return sum(c * (sizes[self.axes.index(a)] - 1) for a, c in w.terms) + 1
 
     def tile_shape(self, index: int) -> tuple[int, ...]:
-        """Shape of operand ``index``'s buffer on one core."""
+        """Shape of operand ``index``'s buffer on one core (a window's whole block, halo
+        included)."""
         operand = self.op.operands[index]
         shape = []
         for d, j in enumerate(self.dim_axes(index)):
             if j is None:
                 shape.append(self.shapes[operand.tensor][d])
+            elif isinstance(j, Window):
+                shape.append(self._window(j, self.b))
             else:
                 shape.append(self.u[j] if self.axes[j] in self.rot[index] else self.b[j])
         return tuple(shape)
 
-    def tile_origin(self, index: int, step: int) -> np.ndarray:
-        """(ncores, ndim): global origin of operand ``index``'s buffer on each core at ``step``."""
-        sub = self.origin(step)
-        block = self.coords * np.asarray(self.b)
+    def slice_shape(self, index: int) -> tuple[int, ...]:
+        """Shape of the part of operand ``index``'s buffer one step's sub-task reads."""
+        operand = self.op.operands[index]
+        shape = []
+        for d, j in enumerate(self.dim_axes(index)):
+            if j is None:
+                shape.append(self.shapes[operand.tensor][d])
+            elif isinstance(j, Window):
+                shape.append(self._window(j, self.u))
+            else:
+                shape.append(self.u[j])
+        return tuple(shape)
+
+    def _dims(self, index: int, per_axis: np.ndarray) -> np.ndarray:
         cols = []
         for j in self.dim_axes(index):
             if j is None:
                 cols.append(np.zeros(self.ncores, dtype=np.int64))
-            elif self.axes[j] in self.rot[index]:
-                cols.append(sub[:, j])
+            elif isinstance(j, Window):
+                col = np.full(self.ncores, j.offset, dtype=np.int64)
+                for a, c in j.terms:
+                    col = col + c * per_axis[:, self.axes.index(a)]
+                cols.append(col)
             else:
-                cols.append(block[:, j])
+                cols.append(per_axis[:, j])
         return np.stack(cols, axis=1) if cols else np.zeros((self.ncores, 0), dtype=np.int64)
+
+    def tile_origin(self, index: int, step: int) -> np.ndarray:
+        """(ncores, ndim): global origin of operand ``index``'s buffer on each core at ``step``
+        (negative where a window starts in the padding)."""
+        block = self.coords * np.asarray(self.b)
+        rot = self.rotation_axis(index)
+        if rot is not None:
+            block[:, rot] = self.origin(step)[:, rot]
+        return self._dims(index, block)
 
     def slice_offsets(self, index: int, step: int) -> np.ndarray:
         """(ncores, ndim): where the step's sub-task starts inside operand ``index``'s buffer."""
-        return self.origin_in_dims(index, step) - self.tile_origin(index, step)
-
-    def origin_in_dims(self, index: int, step: int) -> np.ndarray:
-        sub = self.origin(step)
-        cols = [np.zeros(self.ncores, dtype=np.int64) if j is None else sub[:, j]
-                for j in self.dim_axes(index)]
-        return np.stack(cols, axis=1) if cols else np.zeros((self.ncores, 0), dtype=np.int64)
+        return self._dims(index, self.origin(step)) - self.tile_origin(index, step)
 
     def rotation_axis(self, index: int) -> int | None:
         rot = self.rot[index]
@@ -192,7 +217,7 @@ class Geometry:
         """The driver axis operand ``index`` rotates along (one it lacks)."""
         j = self.rotation_axis(index)
         assert j is not None
-        own = set(self.op.operands[index].axes)
+        own = set(self.op.operands[index].axis_set)
         for d in self.drivers[j]:
             if d not in own:
                 return d

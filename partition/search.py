@@ -65,11 +65,12 @@ def _rotation_options(op: TensorExpr, F: tuple[int, ...], opts: SearchOptions):
     """Yield (T, rot, drivers) for one F: no rotation first, then every legal rotation."""
     axes = op.axis_names
     extents = [e for _, e in op.axes]
-    operand_axes = [set(o.axes) for o in op.operands]
+    operand_axes = [set(o.axis_set) for o in op.operands]
+    plain = [set(o.plain_axes) for o in op.operands]
     per_axis: list[list[tuple[int, int, tuple[int, ...], tuple[str, ...]]]] = []
     for j, a in enumerate(axes):
         opts_a = []
-        users = [i for i, ax in enumerate(operand_axes) if a in ax]
+        users = [i for i, ax in enumerate(plain) if a in ax]
         block = -(-extents[j] // F[j])
         for size in range(1, len(users) + 1):
             for subset in itertools.combinations(users, size):

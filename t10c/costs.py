@@ -35,7 +35,7 @@ def body_ops(op: TensorExpr) -> int:
 
 def contraction_dims(op: TensorExpr, sub: dict[str, int]) -> tuple[int, int, int, int]:
     """(m, k, n, batch) of a contraction's sub-task with axis sizes ``sub``."""
-    a, b = (set(x.axes) for x in op.inputs)
+    a, b = (set(x.axis_set) for x in op.inputs)
     out = set(op.output.axes)
     m = k = n = batch = 1
     for axis, size in sub.items():

@@ -53,11 +53,54 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class Window:
+    """A tensor dimension indexed by ``sum(coef * axis) + offset`` (convolution, pooling).
+
+    ``x[n, c, oh*2 + kh - 1]`` is ``Window((("oh", 2), ("kh", 1)), -1)``. Coordinates outside
+    the tensor read as zero (zero padding). A windowed dimension is never rotated; a split
+    output axis makes each core's tile of the input overlap its neighbours' (the halo).
+    """
+
+    terms: tuple[tuple[str, int], ...]
+    offset: int = 0
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.terms)
+
+    def __str__(self) -> str:
+        text = "+".join(a if c == 1 else f"{a}*{c}" for a, c in self.terms)
+        return text + (f"{self.offset:+d}" if self.offset else "")
+
+
+Dim = str | Window
+
+
+@dataclass(frozen=True)
 class Operand:
-    """One tensor as an op reads or writes it: the op axis that indexes each tensor dimension."""
+    """One tensor as an op reads or writes it: how op axes index each tensor dimension.
+
+    A dimension is indexed by one axis (a name), by a `Window` over several, or by data
+    (`INDIRECT`).
+    """
 
     tensor: str
-    axes: tuple[str, ...]
+    axes: tuple[Dim, ...]
+
+    @property
+    def axis_set(self) -> tuple[str, ...]:
+        """Every op axis this operand depends on, in order of first appearance."""
+        seen: list[str] = []
+        for d in self.axes:
+            for a in (d.axes if isinstance(d, Window) else (d,)):
+                if a != INDIRECT and a not in seen:
+                    seen.append(a)
+        return tuple(seen)
+
+    @property
+    def plain_axes(self) -> tuple[str, ...]:
+        """Axes that index a dimension on their own (the ones an operand can rotate along)."""
+        return tuple(d for d in self.axes if isinstance(d, str) and d != INDIRECT)
 
 
 @dataclass(frozen=True)
@@ -105,7 +148,13 @@ class TensorExpr:
         """Everything that determines plans and costs; equal for repeated layers."""
         rename = {a: f"x{i}" for i, (a, _) in enumerate(self.axes)}
         rename[INDIRECT] = INDIRECT
-        ops = tuple(tuple(rename[a] for a in o.axes) for o in self.operands)
+
+        def dim(d: Dim) -> object:
+            if isinstance(d, Window):
+                return (tuple((rename[a], c) for a, c in d.terms), d.offset)
+            return rename[d]
+
+        ops = tuple(tuple(dim(d) for d in o.axes) for o in self.operands)
         return (tuple(e for _, e in self.axes), ops, self.combine, self.body)
 
 

@@ -28,7 +28,7 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             operands.append({
                 "tensor": o.tensor,
                 "role": "output" if i == len(op.inputs) else "input",
-                "axes": list(o.axes),
+                "axes": [str(d) for d in o.axes],
                 "f_t": p.f_t(op, i),
             })
         ops.append({
