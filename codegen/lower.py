@@ -194,7 +194,6 @@ class _Builder:
             if geo.rotation_axis(i) is not None:
                 b = self.buffers[cur[i]]
                 recv[i] = self.new_buffer(f"{op.name}.rx{i}", b.elems, b.dtype, op.name, "shift")
-        sources = {i: geo.ring_source(i).astype(np.int32) for i in recv}
 
         for s in range(geo.steps):
             self.instrs.append(Compute(
@@ -209,7 +208,8 @@ class _Builder:
             if movers:
                 self.instrs.append(Sync(op.name, "sync"))
             for i in movers:
-                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], sources[i]))
+                source = geo.shift_source(i, s).astype(np.int32)
+                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], source))
                 cur[i], recv[i] = recv[i], cur[i]
 
         for i in recv:

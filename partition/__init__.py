@@ -5,6 +5,7 @@ This stage sees only tensor expressions; it never looks at ONNX op types.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ class Plan:
 
 def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
     shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
-    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes)
+    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain)
 
 
 def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
@@ -65,8 +66,7 @@ def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
 
 
 def _rename(plan: OpPlan, name: str) -> OpPlan:
-    return OpPlan(name, plan.F, plan.T, plan.rot, plan.drivers, plan.cycles,
-                  plan.hot_bytes_per_core, plan.cold_bytes_per_core, plan.out_bytes_per_core)
+    return dataclasses.replace(plan, op=name)
 
 
 def _relayout_estimate(graph: Graph, op: TensorExpr, plan: OpPlan, chip: Chip, dtype: str,

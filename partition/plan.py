@@ -19,8 +19,14 @@ An `OpPlan` fixes, for an op with axes ``a_1..a_n``:
   (rings of ``T[a]`` cores; ``T[a]`` divides ``F[driver]``). The output may rotate too: its
   partial sums then travel the ring (the driver is a reduction axis) and accumulate.
 
-Every tensor rotates along at most one axis, and rotating tensors rotate every time their axis'
-step digit changes (``f_t`` is 1 or ``T[a]``); intermediate divisibility chains are left out.
+Every tensor rotates along at most one axis. An input may rotate at a slower pace than the
+axis' steps (a divisibility chain, ``f_t = chain[X]`` dividing ``T[a]``): it then holds
+``T[a] / f_t`` consecutive sub-blocks and a core fetches the next partition only when its
+sub-block index crosses a partition boundary. Because the rings are skewed, different rings
+cross at different steps, so under bulk-synchronous timing such a plan pays a shift at every
+step like the full rotation (``f_t = T[a]``) while holding more: it is legal but dominated,
+and enumerated only on request (`SearchOptions.chains`). The output never chain-rotates: a
+partial sum must move, not be copied, or it would be counted twice.
 
 After the steps, cores that differ only along reduction axes hold partial sums of the same output
 block; ``group`` of them (``prod F`` over reduction axes, divided by the output's ``f_t``) are
@@ -65,6 +71,7 @@ class OpPlan:
     T: tuple[int, ...]
     rot: tuple[tuple[str, ...], ...]  # per operand (inputs then output)
     drivers: tuple[tuple[str, ...], ...]  # per op axis
+    chain: tuple[int, ...]  # per operand: its f_t along its rotation axis (1 if it does not rotate)
     cycles: Cycles
     hot_bytes_per_core: int
     cold_bytes_per_core: int
@@ -76,7 +83,7 @@ class OpPlan:
 
     def f_t(self, op: TensorExpr, index: int) -> dict[str, int]:
         """Temporal factor of operand ``index`` per axis it indexes."""
-        return {a: (self.T[op.axis_names.index(a)] if a in self.rot[index] else 1)
+        return {a: (self.chain[index] if a in self.rot[index] else 1)
                 for a in op.operands[index].plain_axes}
 
 
@@ -85,11 +92,15 @@ class Geometry:
 
     def __init__(self, op: TensorExpr, F: tuple[int, ...], T: tuple[int, ...],
                  rot: tuple[tuple[str, ...], ...], drivers: tuple[tuple[str, ...], ...],
-                 shapes: dict[str, tuple[int, ...]]) -> None:
+                 shapes: dict[str, tuple[int, ...]], chain: tuple[int, ...] | None = None
+                 ) -> None:
         self.op = op
         self.axes = op.axis_names
         self.E = tuple(e for _, e in op.axes)
         self.F, self.T, self.rot, self.drivers = F, T, rot, drivers
+        if chain is None:  # full rotation: f_t is the axis' step count
+            chain = tuple(T[self.axes.index(r[0])] if r else 1 for r in rot)
+        self.chain = chain
         self.shapes = shapes  # tensor shapes, for INDIRECT dimensions
         self.ncores = math.prod(F)
         self.b = tuple(-(-e // (f * t)) * t for e, f, t in zip(self.E, F, T))
@@ -144,8 +155,10 @@ class Geometry:
                 shape.append(self.shapes[operand.tensor][d])
             elif isinstance(j, Window):
                 shape.append(self._window(j, self.b))
+            elif self.axes[j] in self.rot[index]:
+                shape.append(self.u[j] * (self.T[j] // self.chain[index]))
             else:
-                shape.append(self.u[j] if self.axes[j] in self.rot[index] else self.b[j])
+                shape.append(self.b[j])
         return tuple(shape)
 
     def slice_shape(self, index: int) -> tuple[int, ...]:
@@ -181,8 +194,23 @@ class Geometry:
         block = self.coords * np.asarray(self.b)
         rot = self.rotation_axis(index)
         if rot is not None:
-            block[:, rot] = self.origin(step)[:, rot]
+            # the partition holding this step's sub-block: T / f_t consecutive sub-blocks
+            per = self.T[rot] // self.chain[index]
+            part = self.sub_index(step)[:, rot] // per
+            block[:, rot] += part * per * self.u[rot]
         return self._dims(index, block)
+
+    def partition(self, index: int, step: int) -> np.ndarray:
+        """(ncores,): which partition of its block operand ``index`` holds at ``step``."""
+        rot = self.rotation_axis(index)
+        assert rot is not None
+        return self.sub_index(step)[:, rot] // (self.T[rot] // self.chain[index])
+
+    def shift_source(self, index: int, step: int) -> np.ndarray:
+        """(ncores,): where each core gets operand ``index`` from after ``step``: its ring
+        neighbour when its partition changes, itself otherwise."""
+        moves = self.partition(index, step) != self.partition(index, step + 1)
+        return np.where(moves, self.ring_source(index), np.arange(self.ncores))
 
     def slice_offsets(self, index: int, step: int) -> np.ndarray:
         """(ncores, ndim): where the step's sub-task starts inside operand ``index``'s buffer."""

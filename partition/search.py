@@ -36,6 +36,9 @@ class SearchOptions:
     max_pad: float = 0.25  # keep plans whose padded iteration space is at most 1.25x the real one
     max_rot_axes: int = 2  # rotate along at most this many axes in one plan
     max_steps: int = 64  # at most this many compute steps
+    #: also enumerate inputs rotating at a slower pace than their axis' steps (divisibility
+    #: chains); under bulk-synchronous timing they are dominated, see `plan.py`
+    chains: bool = False
 
 
 def _axis_candidates(extent: int, cores: int) -> list[int]:
@@ -130,10 +133,31 @@ def enumerate_plans(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tu
     for row in grids:
         F = tuple(int(x) for x in row)
         for T, rot, drivers in _rotation_options(op, F, opts):
-            geo = Geometry(op, F, T, rot, drivers, shapes)
-            cycles, hot, cold, out = plan_cost(geo, chip, dtype, int_tensors, const_tensors)
-            plans.append(OpPlan(op.name, F, T, rot, drivers, cycles, hot, cold, out))
+            for chain in _chains(op, T, rot, opts):
+                geo = Geometry(op, F, T, rot, drivers, shapes, chain)
+                cycles, hot, cold, out = plan_cost(geo, chip, dtype, int_tensors, const_tensors)
+                plans.append(OpPlan(op.name, F, T, rot, drivers, chain, cycles, hot, cold, out))
     return plans
+
+
+def _chains(op: TensorExpr, T: tuple[int, ...], rot: tuple[tuple[str, ...], ...],
+            opts: SearchOptions):
+    """The full rotation, then (with ``opts.chains``) every slower pace of rotating inputs."""
+    axes = op.axis_names
+    full = tuple(T[axes.index(r[0])] if r else 1 for r in rot)
+    yield full
+    if not opts.chains:
+        return
+    choices = []
+    for i, r in enumerate(rot):
+        t = full[i]
+        if r and i < len(op.inputs):
+            choices.append([f for f in range(2, t + 1) if t % f == 0])
+        else:
+            choices.append([t])
+    for combo in itertools.product(*choices):
+        if combo != full:
+            yield combo
 
 
 def pareto_front(plans: list[OpPlan], sram_bytes: int, limit: int) -> list[OpPlan]:
@@ -143,7 +167,7 @@ def pareto_front(plans: list[OpPlan], sram_bytes: int, limit: int) -> list[OpPla
     the smallest survive.
     """
     fits = [p for p in plans if p.hot_bytes_per_core <= sram_bytes]
-    fits.sort(key=lambda p: (p.cycles.total, p.hot_bytes_per_core, p.F, p.T, p.rot))
+    fits.sort(key=lambda p: (p.cycles.total, p.hot_bytes_per_core, p.F, p.T, p.rot, p.chain))
     front: list[OpPlan] = []
     for p in fits:
         if not front or p.hot_bytes_per_core < front[-1].hot_bytes_per_core:

@@ -64,8 +64,13 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
         j = geo.rotation_axis(i)
         if j is None:
             continue
-        src = geo.ring_source(i)
+        if not 1 < geo.chain[i] <= geo.T[j] or geo.T[j] % geo.chain[i]:
+            problems.append(f"operand {i}: f_t {geo.chain[i]} does not divide T={geo.T[j]}")
+            continue
+        if i == len(geo.op.inputs) and geo.chain[i] != geo.T[j]:
+            problems.append("the output must rotate at its axis' pace (partial sums move)")
         for s in range(geo.steps - 1):
+            src = geo.shift_source(i, s)
             if j in geo.changes(s) and not (
                     geo.tile_origin(i, s)[src] == geo.tile_origin(i, s + 1)).all():
                 problems.append(f"operand {i}: shift after step {s} delivers the wrong partition")

@@ -86,10 +86,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         f"(default: {d.max_pad})")
     p.add_argument("--max-steps", type=int, default=d.max_steps,
                    help=f"at most this many compute steps per op (default: {d.max_steps})")
+    p.add_argument("--chains", action="store_true",
+                   help="also enumerate inputs rotating slower than their axis' steps "
+                        "(legal, but dominated under bulk-synchronous timing)")
 
 
 def _search_options(args: argparse.Namespace) -> SearchOptions:
-    return SearchOptions(min_util=args.min_util, max_pad=args.max_pad, max_steps=args.max_steps)
+    return SearchOptions(min_util=args.min_util, max_pad=args.max_pad, max_steps=args.max_steps,
+                         chains=args.chains)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from t10c.chips import PRESETS
 from t10c.codegen import generate
 from t10c.emulator import emulate
 from t10c.ir import Graph, Operand, TensorExpr, TensorInfo, Window
-from t10c.partition import Plan, search_op, verify_plan
+from t10c.partition import Plan, SearchOptions, search_op, verify_plan
 
 CORES = st.sampled_from([1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16])
 SETTINGS = settings(max_examples=15, deadline=None,
@@ -36,7 +36,7 @@ def check_plans(graph: Graph, values: dict[str, np.ndarray], want: np.ndarray, c
                 limit: int = 24) -> None:
     chip = dataclasses.replace(PRESETS["test16"], cores=cores)
     op = graph.ops[0]
-    plans = search_op(graph, op, chip, "fp32")
+    plans = search_op(graph, op, chip, "fp32", SearchOptions(chains=True))
     assert plans
     if len(plans) > limit:
         plans = [plans[i] for i in np.linspace(0, len(plans) - 1, limit).astype(int)]

@@ -14,7 +14,7 @@ from t10c.chips import PRESETS
 from t10c.codegen import generate
 from t10c.emulator import emulate
 from t10c.ir import Graph, Operand, TensorExpr, TensorInfo
-from t10c.partition import Plan, search_op, verify_plan
+from t10c.partition import Plan, SearchOptions, search_op, verify_plan
 
 BASE = PRESETS["test16"]
 
@@ -43,7 +43,7 @@ def one_op_plan(graph: Graph, p) -> Plan:
 def check_all_plans(graph: Graph, chip, dtype: str = "fp32", limit: int = 60) -> int:
     """Emulate every enumerated plan (an evenly spaced sample past ``limit``)."""
     op = graph.ops[0]
-    plans = search_op(graph, op, chip, dtype)
+    plans = search_op(graph, op, chip, dtype, SearchOptions(chains=True))
     assert plans, "no plan enumerated"
     if len(plans) > limit:
         plans = [plans[i] for i in np.linspace(0, len(plans) - 1, limit).astype(int)]
@@ -101,3 +101,27 @@ def test_verifier_rejects_a_broken_plan() -> None:
     too_big = dataclasses.replace(rot, hot_bytes_per_core=BASE.sram_bytes_per_core + 1)
     with pytest.raises(PlanError, match="SRAM"):
         verify_plan(graph, one_op_plan(graph, too_big), BASE)
+
+
+def test_divisibility_chains_are_legal_and_dominated() -> None:
+    """An input rotating at a slower pace than its axis' steps computes the right thing, and
+    costs as much time as the full rotation while holding more (so fronts never keep it)."""
+    graph = matmul_graph(8, 48, 8)
+    chip = dataclasses.replace(BASE, cores=16)
+    plans = search_op(graph, graph.ops[0], chip, "fp32", SearchOptions(chains=True))
+    chains = [p for p in plans if any(1 < f < t for f, t in
+                                      zip(p.chain, (max(p.T),) * len(p.chain)))]
+    assert chains
+    full = {(p.F, p.T, p.rot, p.drivers): p for p in plans
+            if p.chain == tuple(p.T[graph.ops[0].axis_names.index(r[0])] if r else 1
+                                for r in p.rot)}
+    for p in chains:
+        twin = full[(p.F, p.T, p.rot, p.drivers)]
+        assert p.cycles.total >= twin.cycles.total
+        assert p.hot_bytes_per_core >= twin.hot_bytes_per_core
+    a = np.random.default_rng(3).standard_normal((8, 48)).astype(np.float32)
+    for p in chains[:40]:
+        out, timeline, _ = emulate(generate(graph, one_op_plan(graph, p), chip), chip, {"A": a},
+                                   graph.constants)
+        np.testing.assert_allclose(out["C"], a @ graph.constants["B"], rtol=1e-4, atol=1e-4)
+        assert abs(timeline.cycles - p.cycles.total) <= 0.05 * p.cycles.total
