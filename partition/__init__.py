@@ -16,12 +16,13 @@ from t10c.ir import Graph, TensorExpr
 
 from .cost import element_bytes, plan_cost, relayout_cycles
 from .plan import Cycles, Geometry, OpPlan
-from .search import SearchOptions, enumerate_plans, pareto_front, smallest_plan
+from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import SolverOptions, choose_plans
 from .verify import PlanError, verify_plan
 
 __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
-           "DoesNotFitError", "plan_graph", "verify_plan", "geometry", "search_op", "plan_cost"]
+           "DoesNotFitError", "plan_graph", "verify_plan", "geometry", "search_op",
+           "search_op_front", "plan_cost"]
 
 
 class DoesNotFitError(PlanError):
@@ -65,6 +66,15 @@ def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
     return enumerate_plans(op, chip, dtype, shapes, ints, consts, opts)
 
 
+def search_op_front(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
+                    opts: SearchOptions = SearchOptions(), limit: int | None = None
+                    ) -> SearchResult:
+    """One op's Pareto front (and smallest plan), computed without materialising every plan."""
+    ints, consts = _tensor_sets(graph)
+    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    return search_front(op, chip, dtype, shapes, ints, consts, opts, limit)
+
+
 def _rename(plan: OpPlan, name: str) -> OpPlan:
     return dataclasses.replace(plan, op=name)
 
@@ -95,9 +105,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         key = (op.signature(), tuple(o.tensor in consts for o in op.inputs),
                tuple(o.tensor in ints for o in op.inputs))
         if key not in cache:
-            plans = search_op(graph, op, chip, dtype, search)
-            cache[key] = (pareto_front(plans, chip.sram_bytes_per_core, front_limit),
-                          smallest_plan(plans))
+            found = search_op_front(graph, op, chip, dtype, search, front_limit)
+            cache[key] = (found.front, found.smallest)
         front, small = cache[key]
         fronts.append([_rename(p, op.name) for p in front])
         smallest.append(small)

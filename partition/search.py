@@ -3,20 +3,25 @@
 Enumeration (see `plan.py` for what a plan means):
 
 1. ``F``: per axis, the candidate factors are the divisors of the extent and the powers of two
-   below it (capped at the core count); the grid product keeps those with ``prod(F) <= cores``,
+   below it (capped at the core count); to their grid product come, for each row and axis, the
+   largest factor that still fits beside the others (so that odd core counts get used). It
+   keeps the rows with ``prod(F) <= cores``,
    at least ``min_util`` of the usable cores busy, and at most ``max_pad`` padding waste.
 2. Rotation: for each axis ``a`` and each non-empty set ``S`` of operands indexed by ``a``, and
    each step count ``T > 1`` that divides ``F`` of an axis every member of ``S`` lacks (the ring
    driver), the operands in ``S`` rotate along ``a`` in ``T`` steps. Up to ``max_rot_axes`` axes
    rotate in one plan; an operand rotates along one axis at most.
-3. Every plan is costed (`cost.plan_cost`); the front keeps the plans that no other plan beats in
-   both hot bytes and cycles, each with its idle (cold) bytes.
+3. Every plan is costed with numpy over all factor rows of a rotation template at once
+   (`vcost.costs_for`, the vectorised `cost.plan_cost`); the front keeps the plans that no other
+   plan beats in both hot bytes and cycles, each with its idle (cold) bytes, and only those are
+   built as `OpPlan` objects.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +29,8 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.ir import INDIRECT, TensorExpr
 
-from .cost import plan_cost
-from .plan import Geometry, OpPlan
+from .plan import Cycles, OpPlan
+from .vcost import CostArrays, Template, costs_for
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class SearchOptions:
 
 
 def _axis_candidates(extent: int, cores: int) -> list[int]:
+    """Divisors of the extent and powers of two below it: factors that split evenly or make
+    rings (a step count must divide its driver's factor)."""
     cands = {d for d in range(1, min(extent, cores) + 1) if extent % d == 0}
     p = 1
     while p <= min(extent, cores):
@@ -56,6 +63,8 @@ def _factor_grids(extents: tuple[int, ...], splittable: list[bool], cores: int,
     per_axis = [np.array(_axis_candidates(e, cores) if s else [1], dtype=np.int64)
                 for e, s in zip(extents, splittable)]
     grid = np.stack([g.ravel() for g in np.meshgrid(*per_axis, indexing="ij")], axis=1)
+    grid = np.unique(np.concatenate([grid, _fill(grid, np.asarray(extents), splittable, cores)]),
+                     axis=0)
     used = grid.prod(axis=1)
     best = min(cores, math.prod(e for e, s in zip(extents, splittable) if s))
     padded = np.prod(-(-np.asarray(extents) // grid) * grid, axis=1)
@@ -64,79 +73,141 @@ def _factor_grids(extents: tuple[int, ...], splittable: list[bool], cores: int,
     return grid[keep]
 
 
-def _rotation_options(op: TensorExpr, F: tuple[int, ...], opts: SearchOptions):
-    """Yield (T, rot, drivers) for one F: no rotation first, then every legal rotation."""
+def _fill(grid: np.ndarray, extents: np.ndarray, splittable: list[bool], cores: int
+          ) -> np.ndarray:
+    """Rows that stretch one axis of a grid row to use as many of the cores as fit.
+
+    The even factors rarely multiply up to the core count (1472 = 2^6 x 23 on an MK2); for each
+    row and axis this adds the largest factor that fits beside the others, lowered to the fewest
+    cores giving the same block (a larger factor with the same block only adds idle cores).
+    """
+    rows = []
+    for j in range(grid.shape[1]):
+        if not splittable[j]:
+            continue
+        others = np.prod(np.delete(grid, j, axis=1), axis=1)
+        f = np.minimum(extents[j], cores // others)
+        f = np.maximum(f, 1)
+        f = -(-extents[j] // -(-extents[j] // f))  # fewest cores with the same block size
+        stretched = grid.copy()
+        stretched[:, j] = f
+        rows.append(stretched)
+    return np.concatenate(rows) if rows else grid[:0]
+
+
+@dataclass(frozen=True)
+class _AxisRotation:
+    """Operands ``members`` rotate along axis ``j`` in ``t`` steps."""
+
+    j: int
+    t: int
+    members: tuple[int, ...]
+
+
+def _lacks(op: TensorExpr) -> list[list[int]]:
+    """Per operand, the op axes it does not depend on (its possible ring drivers)."""
     axes = op.axis_names
-    extents = [e for _, e in op.axes]
-    operand_axes = [set(o.axis_set) for o in op.operands]
+    return [[k for k, a in enumerate(axes) if a not in o.axis_set] for o in op.operands]
+
+
+def _axis_rotations(op: TensorExpr, grid: np.ndarray, opts: SearchOptions
+                    ) -> list[_AxisRotation]:
+    axes = op.axis_names
+    lacks = _lacks(op)
     plain = [set(o.plain_axes) for o in op.operands]
-    per_axis: list[list[tuple[int, int, tuple[int, ...], tuple[str, ...]]]] = []
+    found = []
     for j, a in enumerate(axes):
-        opts_a = []
         users = [i for i, ax in enumerate(plain) if a in ax]
-        block = -(-extents[j] // F[j])
+        longest = int((-(-op.axes[j][1] // grid[:, j])).max()) if len(grid) else 0
         for size in range(1, len(users) + 1):
             for subset in itertools.combinations(users, size):
-                # candidate driver axes: each member must lack at least one
-                lacks = [[k for k, b in enumerate(axes) if b not in operand_axes[i] and F[k] > 1]
-                         for i in subset]
-                if not all(lacks):
+                if not all(lacks[i] for i in subset):
                     continue
-                common = set.union(*(set(x) for x in lacks))
-                ts = sorted({t for k in common for t in range(2, F[k] + 1) if F[k] % t == 0
-                             and t <= block})
-                for t in ts:
-                    drivers = []
-                    for cand in lacks:
-                        k = next((k for k in cand if F[k] % t == 0), None)
-                        if k is None:
-                            break
-                        drivers.append(axes[k])
-                    else:
-                        opts_a.append((j, t, subset, tuple(sorted(set(drivers),
-                                                                  key=axes.index))))
-        per_axis.append(opts_a)
+                drivers = sorted({k for i in subset for k in lacks[i]})
+                values = np.unique(grid[:, drivers])
+                ts = sorted({t for t in range(2, min(opts.max_steps, longest) + 1)
+                             if (values % t == 0).any()})
+                found.extend(_AxisRotation(j, t, subset) for t in ts)
+    return found
 
-    nops = len(op.operands)
-    yield (1,) * len(axes), ((),) * nops, ((),) * len(axes)
-    flat = [o for opts_a in per_axis for o in opts_a]
+
+def _templates(op: TensorExpr, grid: np.ndarray, opts: SearchOptions):
+    """No rotation first, then every combination of axis rotations (and paces, with chains)."""
+    naxes, nops = len(op.axes), len(op.operands)
+    yield Template((1,) * naxes, ((),) * nops, (1,) * nops), ()
+    rotations = _axis_rotations(op, grid, opts)
     for count in range(1, opts.max_rot_axes + 1):
-        for combo in itertools.combinations(flat, count):
-            if len({c[0] for c in combo}) != count:
+        for combo in itertools.combinations(rotations, count):
+            if len({r.j for r in combo}) != count:
                 continue
-            members = [i for c in combo for i in c[2]]
+            members = [i for r in combo for i in r.members]
             if len(members) != len(set(members)):
                 continue
-            T = [1] * len(axes)
-            rot: list[tuple[str, ...]] = [()] * nops
-            drivers: list[tuple[str, ...]] = [()] * len(axes)
-            for j, t, subset, drv in combo:
-                T[j] = t
-                drivers[j] = drv
-                for i in subset:
-                    rot[i] = (axes[j],)
-            if math.prod(T) > opts.max_steps:
+            if math.prod(r.t for r in combo) > opts.max_steps:
                 continue
-            yield tuple(T), tuple(rot), tuple(drivers)
+            T = [1] * naxes
+            rot: list[tuple[str, ...]] = [()] * nops
+            for r in combo:
+                T[r.j] = r.t
+                for i in r.members:
+                    rot[i] = (op.axis_names[r.j],)
+            for chain in _chains(op, tuple(T), tuple(rot), opts):
+                yield Template(tuple(T), tuple(rot), chain), combo
+
+
+def _feasible(op: TensorExpr, combo: tuple[_AxisRotation, ...], grid: np.ndarray
+              ) -> np.ndarray:
+    """Rows of ``grid`` on which every rotation has a ring: a driver whose factor ``t``
+    divides, and at least ``t`` elements per block along the axis."""
+    lacks = _lacks(op)
+    mask = np.ones(len(grid), dtype=bool)
+    for r in combo:
+        mask &= -(-op.axes[r.j][1] // grid[:, r.j]) >= r.t
+        for i in r.members:
+            mask &= (grid[:, lacks[i]] % r.t == 0).any(axis=1)
+    return mask
+
+
+def _drivers(op: TensorExpr, combo: tuple[_AxisRotation, ...], F: tuple[int, ...]
+             ) -> tuple[tuple[str, ...], ...]:
+    """Each rotating operand's ring runs along the first axis it lacks whose factor ``t``
+    divides; the skew of axis j sums those drivers."""
+    axes = op.axis_names
+    lacks = _lacks(op)
+    drivers: list[tuple[str, ...]] = [()] * len(axes)
+    for r in combo:
+        chosen = {next(k for k in lacks[i] if F[k] % r.t == 0) for i in r.members}
+        drivers[r.j] = tuple(axes[k] for k in sorted(chosen))
+    return tuple(drivers)
+
+
+def _search(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
+            int_tensors: frozenset[str], const_tensors: frozenset[str], opts: SearchOptions):
+    """Yield (template, rotations, F rows, costs) for every template with legal rows."""
+    extents = tuple(e for _, e in op.axes)
+    grid = _factor_grids(extents, [True] * len(extents), chip.cores, opts)
+    for tpl, combo in _templates(op, grid, opts):
+        rows = grid[_feasible(op, combo, grid)]
+        if len(rows):
+            yield tpl, combo, rows, costs_for(op, tpl, rows, chip, dtype, shapes, int_tensors,
+                                              const_tensors)
+
+
+def _plan(op: TensorExpr, tpl: Template, combo, F: np.ndarray, c: CostArrays, r: int
+          ) -> OpPlan:
+    f = tuple(int(x) for x in F)
+    return OpPlan(op.name, f, tpl.T, tpl.rot, _drivers(op, combo, f), tpl.chain,
+                  Cycles(int(c.compute[r]), int(c.shift[r]), int(c.sync[r]), int(c.reduce[r])),
+                  int(c.hot[r]), int(c.cold[r]), int(c.out[r]))
 
 
 def enumerate_plans(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
                     int_tensors: frozenset[str], const_tensors: frozenset[str],
                     opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
-    """Every legal plan of ``op`` that survives pruning, costed."""
-    extents = tuple(e for _, e in op.axes)
-    # an axis that indexes the table dimension of a lookup together with data is never split;
-    # every other axis may be
-    splittable = [True] * len(extents)
-    grids = _factor_grids(extents, splittable, chip.cores, opts)
+    """Every legal plan of ``op`` that survives pruning, costed (all of them materialised)."""
     plans = []
-    for row in grids:
-        F = tuple(int(x) for x in row)
-        for T, rot, drivers in _rotation_options(op, F, opts):
-            for chain in _chains(op, T, rot, opts):
-                geo = Geometry(op, F, T, rot, drivers, shapes, chain)
-                cycles, hot, cold, out = plan_cost(geo, chip, dtype, int_tensors, const_tensors)
-                plans.append(OpPlan(op.name, F, T, rot, drivers, chain, cycles, hot, cold, out))
+    for tpl, combo, rows, c in _search(op, chip, dtype, shapes, int_tensors, const_tensors, opts):
+        plans.extend(_plan(op, tpl, combo, rows[r], c, r) for r in range(len(rows)))
     return plans
 
 
@@ -158,6 +229,45 @@ def _chains(op: TensorExpr, T: tuple[int, ...], rot: tuple[tuple[str, ...], ...]
     for combo in itertools.product(*choices):
         if combo != full:
             yield combo
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    front: list[OpPlan]  # fastest first, at most `limit`
+    smallest: OpPlan | None  # the plan with the fewest hot bytes, fitting or not
+    enumerated: int
+    wall_s: float
+
+
+def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
+                 int_tensors: frozenset[str], const_tensors: frozenset[str],
+                 opts: SearchOptions = SearchOptions(), limit: int | None = None
+                 ) -> SearchResult:
+    """The Pareto front in (hot bytes, cycles) of ``op``'s plans, computed on arrays: only the
+    plans on it are materialised."""
+    start = time.perf_counter()
+    parts = list(_search(op, chip, dtype, shapes, int_tensors, const_tensors, opts))
+    if not parts:
+        return SearchResult([], None, 0, time.perf_counter() - start)
+    total = np.concatenate([c.total for *_, c in parts])
+    hot = np.concatenate([c.hot for *_, c in parts])
+    part = np.concatenate([np.full(len(rows), k) for k, (_, _, rows, _) in enumerate(parts)])
+    row = np.concatenate([np.arange(len(rows)) for _, _, rows, _ in parts])
+
+    def make(n: int) -> OpPlan:
+        tpl, combo, rows, c = parts[part[n]]
+        return _plan(op, tpl, combo, rows[row[n]], c, row[n])
+
+    smallest = make(int(np.lexsort((part, total, hot))[0]))
+    fits = np.flatnonzero(hot <= chip.sram_bytes_per_core)
+    order = fits[np.lexsort((row[fits], part[fits], hot[fits], total[fits]))]
+    best_before = np.minimum.accumulate(np.concatenate([[np.iinfo(np.int64).max], hot[order]]))
+    on_front = order[hot[order] < best_before[:-1]]
+    if limit is not None and len(on_front) > limit:
+        picks = sorted({round(i * (len(on_front) - 1) / (limit - 1)) for i in range(limit)})
+        on_front = on_front[picks]
+    return SearchResult([make(int(n)) for n in on_front], smallest, len(total),
+                        time.perf_counter() - start)
 
 
 def pareto_front(plans: list[OpPlan], sram_bytes: int, limit: int) -> list[OpPlan]:
@@ -182,4 +292,5 @@ def smallest_plan(plans: list[OpPlan]) -> OpPlan | None:
     return min(plans, key=lambda p: (p.hot_bytes_per_core, p.cycles.total), default=None)
 
 
-__all__ = ["SearchOptions", "enumerate_plans", "pareto_front", "smallest_plan", "INDIRECT"]
+__all__ = ["SearchOptions", "SearchResult", "enumerate_plans", "search_front", "pareto_front",
+           "smallest_plan", "INDIRECT"]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
-from t10c.partition import OpPlan, SearchOptions, search_op
-from t10c.partition.search import pareto_front
+from t10c.partition import OpPlan, SearchOptions, search_op_front
 
 
 @dataclass(frozen=True)
@@ -39,10 +37,8 @@ def find_op(graph: Graph, name: str) -> TensorExpr:
 
 def explain_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
                opts: SearchOptions = SearchOptions()) -> Explanation:
-    start = time.perf_counter()
-    plans = search_op(graph, op, chip, dtype, opts)
-    front = pareto_front(plans, chip.sram_bytes_per_core, limit=len(plans) + 1)
-    return Explanation(op, front, len(plans), time.perf_counter() - start)
+    found = search_op_front(graph, op, chip, dtype, opts)
+    return Explanation(op, found.front, found.enumerated, found.wall_s)
 
 
 def format_explanation(e: Explanation, chip: Chip, dtype: str) -> str:

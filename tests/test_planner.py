@@ -125,3 +125,32 @@ def test_divisibility_chains_are_legal_and_dominated() -> None:
                                    graph.constants)
         np.testing.assert_allclose(out["C"], a @ graph.constants["B"], rtol=1e-4, atol=1e-4)
         assert abs(timeline.cycles - p.cycles.total) <= 0.05 * p.cycles.total
+
+
+def test_vectorised_costs_equal_the_scalar_definition() -> None:
+    """`vcost.costs_for` (numpy over factor rows) prices every plan exactly as `plan_cost`."""
+    from t10c.partition import geometry, plan_cost
+
+    graph = matmul_graph(12, 40, 20, batch=2)
+    chip = dataclasses.replace(BASE, cores=12)
+    plans = search_op(graph, graph.ops[0], chip, "fp16", SearchOptions(chains=True))
+    consts = frozenset(graph.constants)
+    for p in plans:
+        cycles, hot, cold, out = plan_cost(geometry(graph, graph.ops[0], p), chip, "fp16",
+                                           frozenset(), consts)
+        assert (cycles, hot, cold, out) == (p.cycles, p.hot_bytes_per_core,
+                                            p.cold_bytes_per_core, p.out_bytes_per_core), p
+
+
+def test_front_search_agrees_with_full_enumeration() -> None:
+    from t10c.partition import search_op_front
+    from t10c.partition.search import pareto_front
+
+    graph = matmul_graph(16, 64, 24)
+    op = graph.ops[0]
+    every = search_op(graph, op, BASE, "fp16")
+    found = search_op_front(graph, op, BASE, "fp16")
+    assert found.enumerated == len(every)
+    slow = pareto_front(every, BASE.sram_bytes_per_core, len(every))
+    assert [(p.cycles.total, p.hot_bytes_per_core) for p in found.front] == \
+        [(p.cycles.total, p.hot_bytes_per_core) for p in slow]

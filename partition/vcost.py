@@ -1,0 +1,142 @@
+"""The cost model of `cost.py`, vectorised over many factor vectors ``F`` at once.
+
+For one op and one rotation template (step counts ``T``, rotating operands, their paces),
+`costs_for` prices every row of an ``(N, naxes)`` array of ``F`` with numpy. It implements the
+same formulas as the scalar `cost.plan_cost`, which stays the readable definition; a test checks
+that both agree on every plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.costs import body_ops
+from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
+
+from .cost import element_bytes
+
+
+@dataclass(frozen=True)
+class Template:
+    """A rotation choice that does not depend on ``F``: where and how operands rotate."""
+
+    T: tuple[int, ...]
+    rot: tuple[tuple[str, ...], ...]
+    chain: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CostArrays:
+    compute: np.ndarray
+    shift: np.ndarray
+    sync: np.ndarray
+    reduce: np.ndarray
+    hot: np.ndarray
+    cold: np.ndarray
+    out: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.compute + self.shift + self.sync + self.reduce
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _transfer(chip: Chip, nbytes: np.ndarray) -> np.ndarray:
+    cycles = chip.hop_latency_cycles + _ceil_div(nbytes, chip.link_bytes_per_cycle)
+    return np.where(nbytes > 0, cycles, 0)
+
+
+def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: str,
+              shapes: dict[str, tuple[int, ...]], int_tensors: frozenset[str],
+              const_tensors: frozenset[str]) -> CostArrays:
+    axes = op.axis_names
+    E = np.asarray([e for _, e in op.axes], dtype=np.int64)
+    T = np.asarray(tpl.T, dtype=np.int64)
+    b = _ceil_div(E[None, :], F * T[None, :]) * T[None, :]
+    u = b // T[None, :]
+    n = len(F)
+    nops = len(op.operands)
+    out_index = nops - 1
+    ones = np.ones(n, dtype=np.int64)
+
+    def tile_elems(i: int) -> np.ndarray:
+        operand = op.operands[i]
+        elems = ones
+        for d, dim in enumerate(operand.axes):
+            if isinstance(dim, Window):
+                size = ones + sum(c * (b[:, axes.index(a)] - 1) for a, c in dim.terms)
+            elif dim == INDIRECT:
+                size = ones * shapes[operand.tensor][d]
+            else:
+                j = axes.index(dim)
+                size = u[:, j] * (tpl.T[j] // tpl.chain[i]) if dim in tpl.rot[i] else b[:, j]
+            elems = elems * size
+        return elems
+
+    elems = [tile_elems(i) for i in range(nops)]
+    tile_bytes = [element_bytes(op, i, dtype, int_tensors) * elems[i] for i in range(nops)]
+    steps = math.prod(tpl.T)
+
+    if is_contraction(op):
+        a_set, b_set = (set(x.axis_set) for x in op.inputs)
+        out_set = set(op.output.axes)
+        m = k = nn = batch = ones
+        for j, a in enumerate(axes):
+            if a not in out_set:
+                k = k * u[:, j]
+            elif a in a_set and a in b_set:
+                batch = batch * u[:, j]
+            elif a in a_set:
+                m = m * u[:, j]
+            else:
+                nn = nn * u[:, j]
+        uk, un = chip.matmul_unit
+        macs = batch * m * (_ceil_div(k, uk) * uk) * (_ceil_div(nn, un) * un)
+        per_step = chip.compute_overhead_cycles + _ceil_div(
+            macs, chip.matmul_macs_per_cycle[dtype])
+    else:
+        points = np.prod(u, axis=1)
+        per_step = chip.compute_overhead_cycles + _ceil_div(
+            points * body_ops(op), chip.vector_ops_per_cycle[dtype])
+    compute = steps * per_step
+
+    rot_axis = [axes.index(r[0]) if r else None for r in tpl.rot]
+    shift = np.zeros(n, dtype=np.int64)
+    sync = np.zeros(n, dtype=np.int64)
+    for J in range(len(axes)):
+        if tpl.T[J] == 1:
+            continue
+        movers = [i for i in range(nops) if rot_axis[i] is not None and rot_axis[i] >= J]
+        if not movers:
+            continue
+        count = math.prod(tpl.T[:J]) * (tpl.T[J] - 1)
+        moved = sum(tile_bytes[i] for i in movers)
+        shift = shift + count * _transfer(chip, moved)
+        sync = sync + count * np.where(moved > 0, chip.sync_cycles, 0)
+
+    red = [j for j, a in enumerate(axes) if a not in op.output.axes]
+    group = np.prod(F[:, red], axis=1) if red else ones
+    if rot_axis[out_index] is not None:
+        group = group // tpl.T[rot_axis[out_index]]
+    out_elem = element_bytes(op, out_index, dtype, int_tensors)
+    chunk = _ceil_div(elems[out_index], group)
+    chunk_bytes = np.where(group > 1, chunk * out_elem, 0)
+    vec = chip.compute_overhead_cycles + _ceil_div((group - 1) * chunk,
+                                                    chip.vector_ops_per_cycle[dtype])
+    reduce = np.where(group > 1, chip.sync_cycles
+                      + _transfer(chip, (group - 1) * chunk * out_elem) + vec, 0)
+    out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
+
+    hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
+                                np.zeros(n, dtype=np.int64))
+    hot = hot + chunk_bytes
+    cold = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
+               np.zeros(n, dtype=np.int64))
+    return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes)
