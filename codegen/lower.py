@@ -2,8 +2,8 @@
 
 Per op, in order:
 
-1. bring each input into the plan's layout: weights are loaded once before the run and stay
-   resident; graph inputs are loaded from the host; activations are re-laid out from wherever
+1. bring each input into the plan's layout: weights are loaded once before the run (all of
+   them first, at the bottom of SRAM) and stay resident; graph inputs are loaded from the host; activations are re-laid out from wherever
    their producer left them by one ``Exchange`` per input after one barrier (the element tables
    are computed here, through any Reshape/Transpose views in between). When the producer's
    buffer already is the wanted layout on every core, it is used in place;
@@ -95,6 +95,7 @@ class _Builder:
         self.alloc = _Allocator(chip.sram_bytes_per_core)
         self.placement: dict[str, Placement] = {}
         self.pending: dict[str, int] = {}  # consumer reads left of each activation
+        self.weights: dict[tuple[int, int], int] = {}  # (op, input) -> resident buffer
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
@@ -159,14 +160,29 @@ class _Builder:
         return bid, True
 
     # -- one op ---------------------------------------------------------------------------
+    def load_weights(self, n: int, op: TensorExpr) -> None:
+        """Load op n's constant inputs once, before the run: they stay resident at the bottom
+        of SRAM, below everything that comes and goes."""
+        geo = geometry(self.graph, op, self.plan.ops[n])
+        for i, operand in enumerate(op.inputs):
+            if self.graph.root(operand.tensor) in self.graph.constants:
+                self.weights[n, i] = self.bring_input(op, geo, i, [])[0]
+
     def emit_op(self, n: int, op: TensorExpr) -> None:
         geo = geometry(self.graph, op, self.plan.ops[n])
         nin = len(op.inputs)
+        # the result first: it outlives the inputs, so it goes below them
+        out_dtype = "fp32" if op.combine else self.storage(op.output.tensor)
+        out_elems = math.prod(geo.tile_shape(nin))
+        out = self.new_buffer(f"{op.name}.out", out_elems, out_dtype, op.name, "compute")
         moves: list[Exchange] = []
         cur: list[int] = []
         owned: list[bool] = []
         for i in range(nin):
-            bid, own = self.bring_input(op, geo, i, moves)
+            if (n, i) in self.weights:
+                bid, own = self.weights[n, i], False
+            else:
+                bid, own = self.bring_input(op, geo, i, moves)
             cur.append(bid)
             owned.append(own)
         # one barrier before the exchange phase, unless every copy stays on its core
@@ -182,9 +198,6 @@ class _Builder:
                 if self.pending[root] == 0 and self.placement[root].buf not in cur:
                     self.free(self.placement[root].buf, op.name)
 
-        out_dtype = "fp32" if op.combine else self.storage(op.output.tensor)
-        out_elems = math.prod(geo.tile_shape(nin))
-        out = self.new_buffer(f"{op.name}.out", out_elems, out_dtype, op.name, "compute")
         if op.combine:
             self.instrs.append(Fill(op.name, "compute", out, IDENTITY[op.combine], geo.ncores))
         cur.append(out)
@@ -212,6 +225,17 @@ class _Builder:
                 self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], source))
                 cur[i], recv[i] = recv[i], cur[i]
 
+        # resident weights that rotated go back to where they started, into their own buffer,
+        # so that the program leaves them as it found them (one more ring shift)
+        restore = [i for i in recv if (n, i) in self.weights]
+        if restore:
+            self.instrs.append(Sync(op.name, "sync"))
+        for i in restore:
+            home = self.weights[n, i]
+            source = geo.restore_source(i).astype(np.int32)
+            self.instrs.append(Shift(op.name, "shift", home, cur[i], source))
+            if cur[i] != home:
+                cur[i], recv[i] = home, cur[i]
         for i in recv:
             self.free(recv[i], op.name)
         for i in range(nin):
@@ -279,6 +303,8 @@ class _Builder:
             root = graph.root(t)
             self.pending[root] = self.pending.get(root, 0) + 1
         for n, op in enumerate(graph.ops):
+            self.load_weights(n, op)
+        for n, op in enumerate(graph.ops):
             try:
                 self.emit_op(n, op)
             except CodegenError:
@@ -294,6 +320,11 @@ class _Builder:
             place = self.placement[root]
             self.instrs.append(Store("", "host", t, graph.tensors[t].shape, place.buf,
                                      place.core[rflat], place.off[rflat]))
+        if self.alloc.peak > self.chip.sram_bytes_per_core:
+            raise CodegenError(
+                f"the SRAM layout needs {self.alloc.peak} bytes per core, {self.chip.name} has "
+                f"{self.chip.sram_bytes_per_core}: the plan fits by bytes in use, but the buffers' "
+                "lifetimes fragment the address space; lower --front or use a bigger chip")
         inputs = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs}
         return Program(graph.name, self.chip.name, self.dtype, self.chip.cores,
                        tuple(self.buffers), graph.ops, tuple(self.instrs), inputs, graph.outputs,

@@ -65,6 +65,12 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         if moved:
             shift += count * chip.transfer_cycles(moved)
             sync += count * chip.sync_cycles
+    # rotated weights return home after the last step: one more shift of each
+    home = sum(tile_bytes[i] for i, o in enumerate(op.inputs)
+               if rot_axis[i] is not None and o.tensor in const_tensors)
+    if home:
+        shift += chip.transfer_cycles(home)
+        sync += chip.sync_cycles
 
     reduce = 0
     group = geo.reduce_group
@@ -78,9 +84,13 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
                   + chip.vector_cycles((group - 1) * chunk, dtype))
         out_bytes = chunk_bytes
 
-    hot = sum(tile_bytes) + sum(tile_bytes[i] for i in range(nops) if rot_axis[i] is not None)
-    hot += chunk_bytes
+    # while computing: every operand's tile and a receive buffer per rotating one; during the
+    # reduce-scatter the activation inputs and receive buffers are gone, and the weights, the
+    # partial sums and the chunk remain
     cold = sum(tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
+    hot = sum(tile_bytes) + sum(tile_bytes[i] for i in range(nops) if rot_axis[i] is not None)
+    if group > 1:
+        hot = max(hot, cold + tile_bytes[out] + chunk_bytes)
     return Cycles(compute, shift, sync, reduce), hot, cold, out_bytes
 
 

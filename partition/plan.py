@@ -206,6 +206,12 @@ class Geometry:
         assert rot is not None
         return self.sub_index(step)[:, rot] // (self.T[rot] // self.chain[index])
 
+    def restore_source(self, index: int) -> np.ndarray:
+        """(ncores,): the shift after the last step that brings operand ``index`` back to its
+        step-0 placement (the odometer wraps: one more ring shift)."""
+        moves = self.partition(index, self.steps - 1) != self.partition(index, 0)
+        return np.where(moves, self.ring_source(index), np.arange(self.ncores))
+
     def shift_source(self, index: int, step: int) -> np.ndarray:
         """(ncores,): where each core gets operand ``index`` from after ``step``: its ring
         neighbour when its partition changes, itself otherwise."""

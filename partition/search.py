@@ -70,6 +70,8 @@ def _factor_grids(extents: tuple[int, ...], splittable: list[bool], cores: int,
     padded = np.prod(-(-np.asarray(extents) // grid) * grid, axis=1)
     keep = (used <= cores) & (used >= opts.min_util * best) & (
         padded <= (1 + opts.max_pad) * math.prod(extents))
+    if not keep.any():  # the thresholds must prune, never leave an op without a plan
+        keep = used <= cores
     return grid[keep]
 
 

@@ -120,6 +120,12 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         moved = sum(tile_bytes[i] for i in movers)
         shift = shift + count * _transfer(chip, moved)
         sync = sync + count * np.where(moved > 0, chip.sync_cycles, 0)
+    homing = [i for i, o in enumerate(op.inputs)
+              if rot_axis[i] is not None and o.tensor in const_tensors]
+    if homing:
+        home = sum(tile_bytes[i] for i in homing)
+        shift = shift + _transfer(chip, home)
+        sync = sync + np.where(home > 0, chip.sync_cycles, 0)
 
     red = [j for j, a in enumerate(axes) if a not in op.output.axes]
     group = np.prod(F[:, red], axis=1) if red else ones
@@ -134,9 +140,9 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
                       + _transfer(chip, (group - 1) * chunk * out_elem) + vec, 0)
     out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
 
-    hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
-                                np.zeros(n, dtype=np.int64))
-    hot = hot + chunk_bytes
     cold = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
                np.zeros(n, dtype=np.int64))
+    hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
+                                np.zeros(n, dtype=np.int64))
+    hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + chunk_bytes), hot)
     return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes)

@@ -49,6 +49,12 @@ def check_plans(graph: Graph, values: dict[str, np.ndarray], want: np.ndarray, c
         scale = max(1.0, float(np.abs(want).max()))
         assert np.abs(got - want).max() <= 1e-4 * scale, (p, np.abs(got - want).max())
         assert abs(timeline.cycles - p.cycles.total) <= 0.05 * p.cycles.total, (p, timeline.cycles)
+        # memory counted right: the program never needs more than the plan says (up to the
+        # allocator's 8-byte alignment of each buffer), and exactly that without a reduction
+        slack = 8 * (2 * len(op.operands) + 1)
+        assert timeline.peak_sram_bytes_per_core <= p.hot_bytes_per_core + slack, p
+        if p.cycles.reduce == 0:
+            assert timeline.peak_sram_bytes_per_core >= p.hot_bytes_per_core, p
 
 
 @SETTINGS

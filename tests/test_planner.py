@@ -154,3 +154,23 @@ def test_front_search_agrees_with_full_enumeration() -> None:
     slow = pareto_front(every, BASE.sram_bytes_per_core, len(every))
     assert [(p.cycles.total, p.hot_bytes_per_core) for p in found.front] == \
         [(p.cycles.total, p.hot_bytes_per_core) for p in slow]
+
+
+def test_rotated_weights_return_home() -> None:
+    """A program leaves resident weights where it loaded them, so it can run again."""
+    from t10c.codegen.program import Load
+    from t10c.emulator import Machine
+
+    graph = matmul_graph(16, 32, 16)
+    plans = [p for p in search_op(graph, graph.ops[0], BASE, "fp32") if p.rot[1]]
+    assert plans
+    a = np.random.default_rng(4).standard_normal((16, 32)).astype(np.float32)
+    for p in plans[:10]:
+        prog = generate(graph, one_op_plan(graph, p), BASE)
+        machine = Machine(prog, BASE)
+        loads = [i for i in prog.instrs if isinstance(i, Load) and i.phase == "resident"]
+        machine.run({"A": a}, graph.constants)
+        for ld in loads:
+            flat, valid = ld.elements()
+            want = np.where(valid, graph.constants[ld.tensor].reshape(-1)[flat], 0)
+            np.testing.assert_array_equal(machine.mem[ld.buf][:ld.ncores], want)
