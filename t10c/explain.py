@@ -61,10 +61,9 @@ def format_explanation(e: Explanation, chip: Chip, dtype: str) -> str:
         for i in range(len(op.operands)):
             role = "out" if i == len(op.inputs) else f"in{i}"
             parts = [f"{a}/{f}" for a, f in p.f_t(op, i).items() if f > 1]
-            if parts:
-                ft.append(f"{role}:{'.'.join(parts)}")
+            ft.append(f"{role}:{'.'.join(parts) or '1'}")
         c = p.cycles
-        rows.append((str(n), F, " ".join(ft) or "-", str(p.steps), str(c.compute), str(c.shift),
+        rows.append((str(n), F, " ".join(ft), str(p.steps), str(c.compute), str(c.shift),
                      str(c.sync), str(c.reduce), str(c.total), str(p.hot_bytes_per_core),
                      str(p.cold_bytes_per_core)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
