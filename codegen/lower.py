@@ -2,13 +2,15 @@
 
 Per op, in order:
 
-1. bring each input into the plan's layout: weights are loaded once before the run (all of
-   them first, at the bottom of SRAM) and stay resident; graph inputs are loaded from the host; activations are re-laid out from wherever
-   their producer left them by one ``Exchange`` per input after one barrier (the element tables
-   are computed here, through any Reshape/Transpose views in between). When the producer's
-   buffer already is the wanted layout on every core, it is used in place;
-2. allocate (and for reductions initialise) the output accumulator and a receive buffer per
-   rotating operand;
+1. allocate the output accumulator (below the inputs: it lives longer), then bring each input
+   into the plan's layout: weights are loaded once before the run (all of them first, at the
+   bottom of SRAM) and stay resident; graph inputs are loaded from the host; activations are
+   re-laid out from wherever their producer left them by one ``Exchange`` per input after one
+   barrier (the element tables are computed here, through any Reshape/Transpose views in
+   between). When the producer's buffer already is the wanted layout on every core, it is used
+   in place;
+2. initialise the accumulator of a reduction and allocate a receive buffer per rotating
+   operand;
 3. for each step: one ``Compute`` per core; then, where a rotating operand's axis advances, a
    barrier and one ``Shift`` per moving operand from its ring source;
 4. when several cores hold partial sums of the same output block, a barrier and a
