@@ -6,7 +6,6 @@ This stage sees only tensor expressions; it never looks at ONNX op types.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,10 +13,11 @@ from dataclasses import dataclass
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
-from .cost import element_bytes, plan_cost, relayout_cycles
-from .plan import Cycles, Geometry, OpPlan
+from .cost import plan_cost
+from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
-from .solve import SolverOptions, choose_plans
+from .solve import Edge, SolverOptions, choose_plans
+from .transitions import edge_cost
 from .verify import PlanError, verify_plan
 
 __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
@@ -47,11 +47,6 @@ class Plan:
         return sum(p.cycles.total for p in self.ops) + sum(self.relayout_cycles)
 
 
-def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
-    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain)
-
-
 def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
     ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
     consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
@@ -79,17 +74,6 @@ def _rename(plan: OpPlan, name: str) -> OpPlan:
     return dataclasses.replace(plan, op=name)
 
 
-def _relayout_estimate(graph: Graph, op: TensorExpr, plan: OpPlan, chip: Chip, dtype: str,
-                       ints: frozenset[str], produced: set[str]) -> int:
-    geo = geometry(graph, op, plan)
-    total = 0
-    for i, operand in enumerate(op.inputs):
-        if graph.root(operand.tensor) in produced:
-            nbytes = element_bytes(op, i, dtype, ints) * math.prod(geo.tile_shape(i))
-            total += relayout_cycles(nbytes, chip)
-    return total
-
-
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
                front_limit: int = 8,
@@ -97,13 +81,12 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     """Search every op's plans (once per distinct op), then choose one per op with CP-SAT."""
     start = time.perf_counter()
     ints, consts = _tensor_sets(graph)
-    produced = {op.output.tensor for op in graph.ops}
+    keys = [(op.signature(), tuple(o.tensor in consts for o in op.inputs),
+             tuple(o.tensor in ints for o in op.inputs)) for op in graph.ops]
     cache: dict[tuple, tuple[list[OpPlan], OpPlan | None]] = {}
     fronts: list[list[OpPlan]] = []
     smallest: list[OpPlan | None] = []
-    for n, op in enumerate(graph.ops):
-        key = (op.signature(), tuple(o.tensor in consts for o in op.inputs),
-               tuple(o.tensor in ints for o in op.inputs))
+    for n, (op, key) in enumerate(zip(graph.ops, keys)):
         if key not in cache:
             found = search_op_front(graph, op, chip, dtype, search, front_limit)
             cache[key] = (found.front, found.smallest)
@@ -115,24 +98,51 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     search_wall = time.perf_counter() - start
 
     _check_fit(graph, chip, fronts, smallest)
-    relayout = [[_relayout_estimate(graph, op, p, chip, dtype, ints, produced) for p in front]
-                for op, front in zip(graph.ops, fronts)]
-    result, status = choose_plans(graph, fronts, relayout, chip.sram_bytes_per_core, solver)
+    edges = _edges(graph, keys, fronts, chip, dtype, ints)
+    no_extra = [[0] * len(f) for f in fronts]
+    result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
+                                  solver)
     if progress:
         progress("solve", 1, 1)
     if result is None:
         raise DoesNotFitError(_diagnose(graph, chip, fronts, status, solver))
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
+    relayout = [0] * len(graph.ops)
+    for e in edges:
+        relayout[e.dst] += e.cost[result.choice[e.src]][result.choice[e.dst]]
+    gap = result.objective_cycles - result.bound_cycles
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
-        relayout_cycles=tuple(r[k] for r, k in zip(relayout, result.choice)),
+        relayout_cycles=tuple(relayout),
         front_sizes=tuple(len(f) for f in fronts),
-        solver={"name": "cp-sat", "status": result.status,
+        solver={"name": solver.planner, "status": result.status,
                 "objective_cycles": result.objective_cycles, "bound_cycles": result.bound_cycles,
+                "gap": round(gap / max(result.objective_cycles, 1), 6),
+                "greedy_objective_cycles": result.greedy_objective_cycles,
                 "wall_s": round(result.wall_s, 3), "workers": solver.workers,
                 "seed": solver.seed, "time_limit_s": solver.time_limit_s},
         search_wall_s=search_wall,
     )
+
+
+def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
+           dtype: str, ints: frozenset[str]) -> list[Edge]:
+    """Every producer -> consumer edge with its re-layout costs; repeated layers share them."""
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    cache: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+    edges = []
+    for i, op in enumerate(graph.ops):
+        for slot, operand in enumerate(op.inputs):
+            j = producer.get(graph.root(operand.tensor))
+            if j is None:
+                continue
+            direct = operand.tensor == graph.ops[j].output.tensor
+            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape)
+            if key not in cache:
+                cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
+                                       ints)
+            edges.append(Edge(j, i, slot, cache[key]))
+    return edges
 
 
 def _fmt_bytes(n: float) -> str:

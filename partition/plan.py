@@ -41,7 +41,7 @@ from functools import cached_property
 
 import numpy as np
 
-from t10c.ir import INDIRECT, Operand, TensorExpr, Window
+from t10c.ir import INDIRECT, Graph, Operand, TensorExpr, Window
 
 
 @dataclass(frozen=True)
@@ -273,3 +273,8 @@ def operand_bytes(dtype_bytes: int, shape: tuple[int, ...]) -> int:
 
 def operand_role(op: TensorExpr, operand: Operand) -> str:
     return "output" if operand is op.output else "input"
+
+
+def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
+    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain)

@@ -1,21 +1,31 @@
-"""Whole-graph plan choice with OR-Tools CP-SAT.
+"""Whole-graph plan choice: T10's greedy memory reconciliation, and an exact CP-SAT model.
 
-The model (built by `build_model`, solved by `solve_model`, decoded by `decode`):
+Both choose one plan per op from its Pareto front so that the SRAM of every core suffices at
+every point of the schedule, minimising the total predicted cycles. The formulation (the CP-SAT
+model is built by `build_model`, solved by `solve_model` and decoded by `decode`):
 
-- variables: ``x[i, p]`` is 1 when op ``i`` runs plan ``p`` of its Pareto front.
-- (C1) exactly one plan per op: ``sum_p x[i, p] = 1``.
-- (C2) memory while op ``i`` computes, for every core:
-  ``sum_j cold_j(x_j) + (hot_i(x_i) - cold_i(x_i)) + sum_{t live across i} out_t(x_prod(t))
-  <= SRAM - reserve``: the weights of every op stay resident (no off-chip memory), the running
-  op needs its hot buffers, and activations produced earlier and still awaited stay where their
-  producer left them.
-- (C3) memory while op ``i`` re-lays out its inputs: as (C2), but with the producers' outputs
-  of i's inputs still live next to i's input buffers instead of i's hot buffers.
-- objective: ``sum_i sum_p x[i, p] * (cycles_ip + relayout_ip)`` where ``relayout_ip`` prices
-  bringing each activation input into plan p's layout (`cost.relayout_cycles`).
+- variables: ``x[i, p]`` is 1 when op ``i`` runs plan ``p`` of its front.
+- (C1) one plan per op: ``sum_p x[i, p] = 1``.
+- (C2) memory at op ``i``, for every core (the SPMD program has one layout for all cores):
+  ``sum_j cold_j + (hot_i - cold_i) + sum_{j live after i} out_j + sum_{j feeds i last} out_j
+  <= SRAM - reserve``, where each term is ``sum_p bytes_jp * x[j, p]``: the weights of every
+  op stay resident (no off-chip memory); the running op needs its hot buffers beyond its
+  weights; activations produced before ``i`` and read after it stay where their producer left
+  them; and while ``i`` re-lays out its inputs, the producers whose last reader is ``i`` are
+  still there. (This bounds both the exchange phase and, with fewer terms, the compute phase.)
+- (C3) transitions: for every edge ``e`` from producer ``j`` to consumer ``i`` whose re-layout
+  cost depends on the pair of plans, booleans ``y[e, p, q]`` mark the pair in use:
+  ``sum_q y[e, p, q] = x[j, p]`` and ``sum_p y[e, p, q] = x[i, q]`` (the tight, "marginal"
+  linearisation of ``x[j, p] * x[i, q]``, whose relaxation already prices most edges right).
+- objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]``.
 
-The solve is deterministic: one worker and a fixed seed unless asked otherwise, and a time limit.
-The hint is the fastest plan per op when that fits, which the solver then improves or repairs.
+The greedy starts from every op's fastest plan and, while some op's memory (C2) is exceeded,
+moves one op contributing there to its next smaller plan, the one that adds the fewest cycles
+per byte saved. Its choice is the solver's hint, and a solver result worse than it (possible
+only when the time limit stops the search early) is replaced by it, so CP-SAT never returns a
+worse plan. Solves are deterministic: one worker and a fixed seed unless asked otherwise, and
+a time limit; on timeout the best plan so far is used (status FEASIBLE, with the gap to the
+bound).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from t10c.ir import Graph
@@ -35,7 +46,11 @@ class SolverOptions:
     time_limit_s: float = 30.0
     workers: int = 1
     seed: int = 0
-    reserve_fraction: float = 0.05  # SRAM kept free for allocator fragmentation
+    reserve_fraction: float = 0.05  # SRAM kept free for the allocator's fragmentation
+    #: stop once the objective is proven within this fraction of the optimum (CP-SAT then
+    #: reports OPTIMAL; the plan records the remaining gap)
+    relative_gap: float = 0.001
+    planner: str = "cp-sat"  # or "greedy"
 
 
 @dataclass(frozen=True)
@@ -45,14 +60,26 @@ class SolverResult:
     objective_cycles: int
     bound_cycles: int
     wall_s: float
+    greedy_objective_cycles: int | None
 
 
 @dataclass(frozen=True)
 class MemoryTerms:
-    """Per-op byte terms of (C2)/(C3), precomputed from the graph's liveness."""
+    """Which producers' outputs are in SRAM at each op, from the graph's liveness."""
 
-    live_across: tuple[tuple[int, ...], ...]  # producers of activations live across op i
-    act_inputs: tuple[tuple[int, ...], ...]  # producers of op i's activation inputs
+    live_after: tuple[tuple[int, ...], ...]  # produced before op i, read after it
+    dying_inputs: tuple[tuple[int, ...], ...]  # producers whose last reader is op i
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Producer op ``src`` feeds input ``slot`` of consumer op ``dst``; ``cost[p][q]`` is the
+    re-layout cycles from producer plan p to consumer plan q."""
+
+    src: int
+    dst: int
+    slot: int
+    cost: tuple[tuple[int, ...], ...]
 
 
 def liveness(graph: Graph) -> MemoryTerms:
@@ -68,40 +95,109 @@ def liveness(graph: Graph) -> MemoryTerms:
     for t in graph.outputs:
         if graph.root(t) in producer:
             last_use[producer[graph.root(t)]] = len(graph.ops)
-    live = []
+    live, dying = [], []
     for i in range(len(graph.ops)):
-        live.append(tuple(p for p, last in last_use.items() if p < i and last > i
-                          and p not in inputs_of[i]))
-    return MemoryTerms(tuple(live), tuple(inputs_of))
+        live.append(tuple(p for p, last in sorted(last_use.items()) if p < i < last))
+        dying.append(tuple(p for p in inputs_of[i] if last_use.get(p) == i))
+    return MemoryTerms(tuple(live), tuple(dying))
 
 
-def build_model(graph: Graph, fronts: list[list[OpPlan]], relayout: list[list[int]],
-                sram_bytes: int, opts: SolverOptions, hint: list[int] | None):
+class _Arrays:
+    """Per-op front figures as arrays, for the greedy and for checking a choice."""
+
+    def __init__(self, fronts: list[list[OpPlan]], relayout_in: list[list[int]]) -> None:
+        self.cold = [np.array([p.cold_bytes_per_core for p in f], dtype=np.int64) for f in fronts]
+        self.extra = [np.array([p.hot_bytes_per_core - p.cold_bytes_per_core for p in f],
+                               dtype=np.int64) for f in fronts]
+        self.out = [np.array([p.out_bytes_per_core for p in f], dtype=np.int64) for f in fronts]
+        self.cycles = [np.array([p.cycles.total for p in f], dtype=np.int64) + np.array(r)
+                       for f, r in zip(fronts, relayout_in)]
+
+
+def memory_use(terms: MemoryTerms, arrays: _Arrays, choice: list[int] | tuple[int, ...]
+               ) -> np.ndarray:
+    """(C2)'s left-hand side at every op for one choice of plans."""
+    cold = np.array([a[k] for a, k in zip(arrays.cold, choice)])
+    extra = np.array([a[k] for a, k in zip(arrays.extra, choice)])
+    out = np.array([a[k] for a, k in zip(arrays.out, choice)])
+    use = cold.sum() + extra
+    for i in range(len(choice)):
+        use[i] += out[list(terms.live_after[i])].sum() + out[list(terms.dying_inputs[i])].sum()
+    return use
+
+
+def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int) -> list[int] | None:
+    """T10-style memory reconciliation: fastest plans first, then shrink where memory runs
+    out, always taking the step that costs the fewest cycles per byte saved."""
+    n = len(arrays.cold)
+    choice = [0] * n
+    last = [len(c) - 1 for c in arrays.cold]
+    while True:
+        use = memory_use(terms, arrays, choice)
+        over = np.flatnonzero(use > cap)
+        if not len(over):
+            return choice
+        i = int(over[np.argmax(use[over])])
+        best: tuple[float, int] | None = None
+        around = set(terms.live_after[i]) | set(terms.dying_inputs[i])
+        for j in range(n):
+            k = choice[j]
+            if k == last[j]:
+                continue
+            saved = arrays.cold[j][k] - arrays.cold[j][k + 1]
+            if j == i:
+                saved += arrays.extra[j][k] - arrays.extra[j][k + 1]
+            if j in around:
+                saved += arrays.out[j][k] - arrays.out[j][k + 1]
+            if saved <= 0:
+                continue
+            added = max(int(arrays.cycles[j][k + 1] - arrays.cycles[j][k]), 0)
+            score = added / saved
+            if best is None or score < best[0]:
+                best = (score, j)
+        if best is None:
+            return None
+        choice[best[1]] += 1
+
+
+def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...]) -> int:
+    total = sum(int(a[k]) for a, k in zip(arrays.cycles, choice))
+    return total + sum(e.cost[choice[e.src]][choice[e.dst]] for e in edges)
+
+
+def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
+                edges: list[Edge], cap: int, hint: list[int] | None):
     model = cp_model.CpModel()
     x = [[model.NewBoolVar(f"x[{i},{p}]") for p in range(len(front))]
          for i, front in enumerate(fronts)]
-    # (C1) exactly one plan per op
+    # (C1) one plan per op
     for xs in x:
         model.AddExactlyOne(xs)
-    cap = int(sram_bytes * (1 - opts.reserve_fraction))
-    terms = liveness(graph)
 
-    def term(i: int, attr: str):
-        return sum(getattr(p, attr) * x[i][k] for k, p in enumerate(fronts[i]))
+    def term(values: np.ndarray, i: int):
+        return sum(int(v) * x[i][k] for k, v in enumerate(values) if v)
 
-    resident = sum(term(i, "cold_bytes_per_core") for i in range(len(fronts)))
+    # (C2) resident weights + the running op + live activations fit the SRAM at every op
+    resident = sum(term(arrays.cold[i], i) for i in range(len(fronts)))
     for i in range(len(fronts)):
-        live = sum(term(j, "out_bytes_per_core") for j in terms.live_across[i])
-        hot_extra = sum((p.hot_bytes_per_core - p.cold_bytes_per_core) * x[i][k]
-                        for k, p in enumerate(fronts[i]))
-        # (C2) weights resident + running op + live activations fit the SRAM
-        model.Add(resident + hot_extra + live <= cap)
-        # (C3) during re-layout, producers' outputs and i's input buffers coexist
-        feeding = sum(term(j, "out_bytes_per_core") for j in terms.act_inputs[i])
-        model.Add(resident + live + feeding + hot_extra <= cap)
-    objective = sum((p.cycles.total + relayout[i][k]) * x[i][k]
-                    for i, front in enumerate(fronts) for k, p in enumerate(front))
-    model.Minimize(objective)
+        live = sum(term(arrays.out[j], j)
+                   for j in (*terms.live_after[i], *terms.dying_inputs[i]))
+        model.Add(resident + term(arrays.extra[i], i) + live <= cap)
+    # (C3) re-layout between a producer's plan and its consumer's
+    transitions = []
+    for n, e in enumerate(edges):
+        if all(r == 0 for row in e.cost for r in row):
+            continue
+        y = [[model.NewBoolVar(f"y[{n},{p},{q}]") for q in range(len(e.cost[0]))]
+             for p in range(len(e.cost))]
+        for p, row in enumerate(y):
+            model.Add(sum(row) == x[e.src][p])
+        for q in range(len(e.cost[0])):
+            model.Add(sum(y[p][q] for p in range(len(y))) == x[e.dst][q])
+        transitions.extend(r * y[p][q] for p, row in enumerate(e.cost)
+                           for q, r in enumerate(row) if r)
+    model.Minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
+                   + sum(transitions))
     if hint is not None:
         for i, k in enumerate(hint):
             for kk, var in enumerate(x[i]):
@@ -114,24 +210,45 @@ def solve_model(model: cp_model.CpModel, opts: SolverOptions) -> tuple[cp_model.
     solver.parameters.max_time_in_seconds = opts.time_limit_s
     solver.parameters.num_workers = opts.workers
     solver.parameters.random_seed = opts.seed
+    solver.parameters.relative_gap_limit = opts.relative_gap
     status = solver.Solve(model)
     return solver, status
 
 
-def decode(solver: cp_model.CpSolver, status: int, x, wall_s: float) -> SolverResult | None:
+def decode(solver: cp_model.CpSolver, status: int, x) -> tuple[int, ...] | None:
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    choice = tuple(next(k for k, v in enumerate(xs) if solver.Value(v)) for xs in x)
-    return SolverResult(choice, solver.StatusName(status), int(round(solver.ObjectiveValue())),
-                        int(round(solver.BestObjectiveBound())), wall_s)
+    return tuple(next(k for k, v in enumerate(xs) if solver.Value(v)) for xs in x)
 
 
-def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout: list[list[int]],
-                 sram_bytes: int, opts: SolverOptions) -> tuple[SolverResult | None, str]:
-    """Solve the whole-graph choice; returns the result (None when infeasible) and the status."""
-    hint = [0] * len(fronts)
+def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
+                 edges: list[Edge], sram_bytes: int, opts: SolverOptions
+                 ) -> tuple[SolverResult | None, str]:
+    """Choose one plan per op; returns the result (None when nothing fits) and the status."""
     start = time.perf_counter()
-    model, x = build_model(graph, fronts, relayout, sram_bytes, opts, hint)
+    terms = liveness(graph)
+    arrays = _Arrays(fronts, relayout_in)
+    cap = int(sram_bytes * (1 - opts.reserve_fraction))
+    warm = greedy(terms, arrays, cap)
+    warm_obj = objective(arrays, edges, warm) if warm is not None else None
+    if opts.planner == "greedy":
+        if warm is None:
+            return None, "INFEASIBLE"
+        assert warm_obj is not None
+        return SolverResult(tuple(warm), "FEASIBLE", warm_obj, 0, time.perf_counter() - start,
+                            warm_obj), "FEASIBLE"
+    model, x = build_model(terms, fronts, arrays, edges, cap, warm)
     solver, status = solve_model(model, opts)
-    result = decode(solver, status, x, time.perf_counter() - start)
-    return result, solver.StatusName(status)
+    name = solver.StatusName(status)
+    choice = decode(solver, status, x)
+    wall = time.perf_counter() - start
+    if choice is None:
+        if warm is None or warm_obj is None:
+            return None, name
+        return SolverResult(tuple(warm), "FEASIBLE", warm_obj, int(solver.BestObjectiveBound()),
+                            wall, warm_obj), name
+    value = objective(arrays, edges, choice)
+    if warm is not None and warm_obj is not None and warm_obj < value:
+        choice, value = tuple(warm), warm_obj
+    bound = min(int(round(solver.BestObjectiveBound())), value)
+    return SolverResult(tuple(choice), name, value, bound, wall, warm_obj), name

@@ -80,7 +80,7 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
 
 def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:
     """Raise `PlanError` listing every problem of ``plan``; return quietly when it is sound."""
-    from . import geometry
+    from .plan import geometry
     from .solve import liveness
 
     problems = []
@@ -98,10 +98,11 @@ def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:
     resident = sum(p.cold_bytes_per_core for p in plan.ops)
     terms = liveness(graph)
     for i, p in enumerate(plan.ops):
-        live = sum(plan.ops[j].out_bytes_per_core for j in terms.live_across[i])
+        live = sum(plan.ops[j].out_bytes_per_core
+                   for j in (*terms.live_after[i], *terms.dying_inputs[i]))
         need = resident + p.hot_bytes_per_core - p.cold_bytes_per_core + live
         if need > chip.sram_bytes_per_core:
-            problems.append(f"{graph.ops[i].name}: {need} bytes per core in use while it runs, "
-                            f"SRAM is {chip.sram_bytes_per_core}")
+            problems.append(f"{graph.ops[i].name}: {need} bytes per core in use while it runs "
+                            f"and re-lays out its inputs, SRAM is {chip.sram_bytes_per_core}")
     if problems:
         raise PlanError("plan verification failed:\n  " + "\n  ".join(problems))

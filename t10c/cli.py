@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CP-SAT time limit in seconds (default: 30)")
     c.add_argument("--workers", type=int, default=1,
                    help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
+    c.add_argument("--planner", choices=("cp-sat", "greedy"), default="cp-sat",
+                   help="whole-graph choice: CP-SAT (warm-started by the greedy) or T10's "
+                        "greedy memory reconciliation alone (default: cp-sat)")
+    c.add_argument("--gap", type=float, default=0.001,
+                   help="stop CP-SAT once within this fraction of the optimum (default: 0.001)")
     c.add_argument("--front", type=int, default=8,
                    help="plans kept per op on its Pareto front (default: 8)")
     c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
@@ -186,7 +191,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     options = CompileOptions(
         dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, pinned=dict(args.shape),
         search=_search_options(args),
-        solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers),
+        solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
+                             planner=args.planner, relative_gap=args.gap),
         front_limit=args.front)
     update, bar = _progress()
     try:
@@ -219,9 +225,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
           f"{compiled.graph.flops() / 1e9:.2f} GFLOP; chip {chip.name}; dtype {plan.dtype}")
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
           f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, codegen {t['codegen_s']:.2f} s)")
-    gap = plan.solver["objective_cycles"] - plan.solver["bound_cycles"]  # type: ignore[operator]
-    print(f"solver {plan.solver['status']}: objective {plan.solver['objective_cycles']} cycles, "
-          f"bound {plan.solver['bound_cycles']} (gap {gap})")
+    s = plan.solver
+    if s["name"] == "greedy":
+        print(f"planner greedy: objective {s['objective_cycles']} cycles")
+    else:
+        print(f"solver {s['status']}: objective {s['objective_cycles']} cycles, bound "
+              f"{s['bound_cycles']} (gap {100 * float(s['gap']):.2f}%), greedy "  # type: ignore
+              f"{s['greedy_objective_cycles']} cycles, {s['wall_s']} s")
     print(f"predicted latency {plan.total_cycles} cycles = "
           f"{chip.cycles_to_s(plan.total_cycles) * 1e6:.1f} us; peak SRAM "
           f"{compiled.program.peak_sram_bytes_per_core} of {chip.sram_bytes_per_core} bytes "
