@@ -98,6 +98,7 @@ class _Builder:
         self.placement: dict[str, Placement] = {}
         self.pending: dict[str, int] = {}  # consumer reads left of each activation
         self.weights: dict[tuple[int, int], int] = {}  # (op, input) -> resident buffer
+        self.view_tables: dict[str, np.ndarray] = {}
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
@@ -115,6 +116,13 @@ class _Builder:
         return "int32" if self.graph.tensors[tensor].dtype != "float32" else self.dtype
 
     # -- element tables -------------------------------------------------------------------
+    def to_root(self, tensor: str) -> np.ndarray:
+        """For a view, the flat index in its root of each of its elements (cached)."""
+        if tensor not in self.view_tables:
+            numel = self.graph.tensors[tensor].numel
+            self.view_tables[tensor] = map_to_root(self.graph, tensor, np.arange(numel))[1]
+        return self.view_tables[tensor]
+
     def element_map(self, geo: Geometry, index: int, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(flat element of the operand's tensor per buffer element, validity), per core."""
         shape = self.graph.tensors[geo.op.operands[index].tensor].shape
@@ -136,20 +144,18 @@ class _Builder:
             table = None
             if root != operand.tensor:  # through a view: spell out every element
                 flat, valid = self.element_map(geo, index, 0)
-                table = np.full(flat.shape, -1, dtype=np.int32)
-                table[valid] = map_to_root(self.graph, operand.tensor, flat[valid])[1]
+                table = np.where(valid, self.to_root(operand.tensor)[flat], -1).astype(np.int32)
             self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, table))
             return bid, root not in self.graph.constants
         flat, valid = self.element_map(geo, index, 0)
-        root, rflat = map_to_root(self.graph, operand.tensor, flat[valid])
+        if root != operand.tensor:
+            flat = self.to_root(operand.tensor)[flat]
         elems = flat.shape[1]
         if root not in self.placement:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
         place = self.placement[root]
-        src_core = np.full(flat.shape, -1, dtype=np.int32)
-        src_off = np.full(flat.shape, -1, dtype=np.int32)
-        src_core[valid] = place.core[rflat]
-        src_off[valid] = place.off[rflat]
+        src_core = np.where(valid, place.core[flat], -1).astype(np.int32, copy=False)
+        src_off = np.where(valid, place.off[flat], -1).astype(np.int32, copy=False)
         src = self.buffers[place.buf]
         in_place = (valid.all() and src.elems == elems and src.dtype == dtype
                     and geo.rotation_axis(index) is None

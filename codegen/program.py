@@ -97,13 +97,15 @@ def tile_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, .
     broadcasting, never materialising (ncores, elems, ndim).
     """
     n = len(origin)
-    flat = np.zeros((n,) + (1,) * len(tile), dtype=np.int64)
+    itype = np.int32 if int(np.prod(shape, dtype=np.int64)) < 2 ** 31 else np.int64
+    origin = origin.astype(itype, copy=False)
+    flat = np.zeros((n,) + (1,) * len(tile), dtype=itype)
     valid = np.ones((n,) + (1,) * len(tile), dtype=bool)
     stride = 1
     for d in reversed(range(len(tile))):
         view = [n] + [1] * len(tile)
         view[d + 1] = tile[d]
-        coord = (origin[:, d][:, None] + np.arange(tile[d])[None, :]).reshape(view)
+        coord = (origin[:, d][:, None] + np.arange(tile[d], dtype=itype)[None, :]).reshape(view)
         valid = valid & (coord >= 0) & (coord < shape[d])
         flat = flat + np.clip(coord, 0, shape[d] - 1) * stride
         stride *= shape[d]
