@@ -23,6 +23,7 @@ every core, as the program is SPMD).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 
+from .memory import ALIGN, Layout, Rect, layout
 from .program import (
     DTYPE_BYTES,
     Alloc,
@@ -50,7 +52,6 @@ from .program import (
     tile_elements,
 )
 
-ALIGN = 8
 IDENTITY = {"sum": 0.0, "max": -np.inf}
 
 
@@ -328,15 +329,34 @@ class _Builder:
             place = self.placement[root]
             self.instrs.append(Store("", "host", t, graph.tensors[t].shape, place.buf,
                                      place.core[rflat], place.off[rflat]))
-        if self.alloc.peak > self.chip.sram_bytes_per_core:
-            raise CodegenError(
-                f"the SRAM layout needs {self.alloc.peak} bytes per core, {self.chip.name} has "
-                f"{self.chip.sram_bytes_per_core}: the plan fits by bytes in use, but the buffers' "
-                "lifetimes fragment the address space; lower --front or use a bigger chip")
+        buffers, sram = self.place_buffers()
         inputs = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs}
+        peak = max((b.offset + b.nbytes for b in buffers), default=0)
         return Program(graph.name, self.chip.name, self.dtype, self.chip.cores,
-                       tuple(self.buffers), graph.ops, tuple(self.instrs), inputs, graph.outputs,
-                       self.alloc.peak)
+                       buffers, graph.ops, tuple(self.instrs), inputs, graph.outputs,
+                       peak, sram.live, sram.method)
+
+    def place_buffers(self) -> tuple[tuple[Buffer, ...], Layout]:
+        """Final SRAM addresses: the better of the online first-fit and the offline best-fit,
+        repaired by CP-SAT if neither fits (`memory.py`)."""
+        start = {i.buf: n for n, i in enumerate(self.instrs) if isinstance(i, Alloc)}
+        end = {i.buf: n for n, i in enumerate(self.instrs) if isinstance(i, Free)}
+        rects = [Rect(start[b.id], end.get(b.id, len(self.instrs)),
+                      -(-max(b.nbytes, 1) // ALIGN) * ALIGN) for b in self.buffers]
+        capacity = self.chip.sram_bytes_per_core
+        sram = layout(rects, capacity)
+        online = tuple(b.offset for b in self.buffers)
+        if self.alloc.peak <= sram.peak and (self.alloc.peak <= capacity or sram.peak > capacity):
+            sram = Layout(online, self.alloc.peak, sram.live, "first-fit")
+        if sram.peak > capacity:
+            raise CodegenError(
+                f"the SRAM layout needs {sram.peak} bytes per core ({sram.method}), "
+                f"{self.chip.name} has {capacity}; at most {sram.live} bytes are alive at once, "
+                f"so {100 * sram.fragmentation:.1f}% is lost to fragmentation. Use a chip with "
+                "more SRAM, --dtype fp16, or compile with --front 4 for smaller plans")
+        buffers = tuple(dataclasses.replace(b, offset=o) for b, o in zip(self.buffers,
+                                                                         sram.offsets))
+        return buffers, sram
 
 
 def generate(graph: Graph, plan: Plan, chip: Chip) -> Program:

@@ -184,7 +184,9 @@ class Program:
     instrs: tuple[Instr, ...]
     inputs: dict[str, tuple[tuple[int, ...], str]]
     outputs: tuple[str, ...]
-    peak_sram_bytes_per_core: int  # highest address in use, from the allocator
+    peak_sram_bytes_per_core: int  # highest address in use
+    live_sram_bytes_per_core: int = 0  # the most bytes alive at once (the layout's lower bound)
+    sram_layout: str = ""  # how the addresses were found
 
     def for_core(self, core: int) -> list[str]:
         """Core ``core``'s own instruction list as readable assembly."""
@@ -219,7 +221,9 @@ class Program:
                "exprs": [e.name for e in self.exprs],
                "inputs": {k: [list(s), d] for k, (s, d) in self.inputs.items()},
                "outputs": list(self.outputs),
-               "peak_sram_bytes_per_core": self.peak_sram_bytes_per_core, "instrs": records}
+               "peak_sram_bytes_per_core": self.peak_sram_bytes_per_core,
+               "live_sram_bytes_per_core": self.live_sram_bytes_per_core,
+               "sram_layout": self.sram_layout, "instrs": records}
         (directory / "program.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         with open(directory / "program.npz", "wb") as fh:
             np.savez_compressed(fh, **arrays)

@@ -232,10 +232,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"solver {s['status']}: objective {s['objective_cycles']} cycles, bound "
               f"{s['bound_cycles']} (gap {100 * float(s['gap']):.2f}%), greedy "  # type: ignore
               f"{s['greedy_objective_cycles']} cycles, {s['wall_s']} s")
+    prog = compiled.program
+    frag = prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1
     print(f"predicted latency {plan.total_cycles} cycles = "
           f"{chip.cycles_to_s(plan.total_cycles) * 1e6:.1f} us; peak SRAM "
-          f"{compiled.program.peak_sram_bytes_per_core} of {chip.sram_bytes_per_core} bytes "
-          f"per core")
+          f"{prog.peak_sram_bytes_per_core} of {chip.sram_bytes_per_core} bytes per core "
+          f"({prog.sram_layout}, {100 * frag:.1f}% fragmentation)")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_json(args.out / "plan.json", plan_document(compiled))

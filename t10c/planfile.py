@@ -46,6 +46,11 @@ def plan_document(c: Compiled) -> dict[str, Any]:
         "indirect_axis": INDIRECT,
         "ops": ops, "total_cycles": plan.total_cycles,
         "peak_sram_bytes_per_core": c.program.peak_sram_bytes_per_core,
+        "sram": {"peak_bytes_per_core": c.program.peak_sram_bytes_per_core,
+                 "live_bytes_per_core": c.program.live_sram_bytes_per_core,
+                 "fragmentation": round(c.program.peak_sram_bytes_per_core
+                                        / max(c.program.live_sram_bytes_per_core, 1) - 1, 6),
+                 "layout": c.program.sram_layout},
         "solver": dict(plan.solver),
     }
 

@@ -1,0 +1,108 @@
+"""SRAM layout: one address per buffer, valid on every core (the program is SPMD).
+
+Buffers are rectangles in (time, address): alive from their ``Alloc`` to their ``Free`` (or
+the end), ``size`` bytes tall. Two buffers alive at the same time must not overlap in address.
+
+1. ``best_fit``: the largest buffers first, each at the lowest address where it overlaps no
+   placed buffer that shares its lifetime (a classic offline heuristic; usually within a few
+   percent of the lower bound, the most bytes alive at once).
+2. When that peak exceeds the SRAM, CP-SAT repairs it: ``AddNoOverlap2D`` over the rectangles
+   with every address in ``[0, SRAM - size]``, the heuristic's layout as the hint, a time limit.
+
+The lower bound, the peak and the fragmentation (peak over lower bound, minus one) are reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+ALIGN = 8
+
+
+@dataclass(frozen=True)
+class Rect:
+    start: int  # index of the Alloc instruction
+    end: int  # index of the Free instruction (exclusive bound of the lifetime)
+    size: int  # bytes, aligned
+
+
+@dataclass(frozen=True)
+class Layout:
+    offsets: tuple[int, ...]
+    peak: int
+    live: int  # the most bytes alive at once: no layout can do better
+    method: str
+
+    @property
+    def fragmentation(self) -> float:
+        return self.peak / self.live - 1 if self.live else 0.0
+
+
+def max_live(rects: list[Rect]) -> int:
+    events = sorted([(r.start, r.size) for r in rects] + [(r.end, -r.size) for r in rects],
+                    key=lambda e: (e[0], e[1]))
+    live = best = 0
+    for _, delta in events:
+        live += delta
+        best = max(best, live)
+    return best
+
+
+def best_fit(rects: list[Rect]) -> tuple[int, ...]:
+    n = len(rects)
+    start = np.array([r.start for r in rects])
+    end = np.array([r.end for r in rects])
+    size = np.array([r.size for r in rects])
+    offset = np.full(n, -1, dtype=np.int64)
+    for i in sorted(range(n), key=lambda k: (-rects[k].size, rects[k].start, k)):
+        placed = (offset >= 0) & (start < end[i]) & (start[i] < end)
+        lo = offset[placed]
+        hi = lo + size[placed]
+        order = np.argsort(lo, kind="stable")
+        at = 0
+        for a, b in zip(lo[order], hi[order]):
+            if a - at >= size[i]:
+                break
+            at = max(at, int(b))
+        offset[i] = at
+    return tuple(int(x) for x in offset)
+
+
+def repair(rects: list[Rect], hint: tuple[int, ...], capacity: int, time_limit_s: float,
+           seed: int = 0) -> tuple[int, ...] | None:
+    """A layout within ``capacity`` bytes by CP-SAT, or None if none was found in time."""
+    model = cp_model.CpModel()
+    xs, ys, offs = [], [], []
+    for n, r in enumerate(rects):
+        if r.size > capacity:
+            return None
+        off = model.NewIntVar(0, capacity - r.size, f"off{n}")
+        xs.append(model.NewFixedSizeIntervalVar(r.start, max(r.end - r.start, 1), f"t{n}"))
+        ys.append(model.NewFixedSizeIntervalVar(off, r.size, f"a{n}"))
+        model.AddHint(off, min(hint[n], capacity - r.size))
+        offs.append(off)
+    model.AddNoOverlap2D(xs, ys)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = seed
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return tuple(int(solver.Value(o)) for o in offs)
+
+
+def layout(rects: list[Rect], capacity: int, time_limit_s: float = 10.0) -> Layout:
+    live = max_live(rects)
+    offsets = best_fit(rects)
+    peak = max((o + r.size for o, r in zip(offsets, rects)), default=0)
+    if peak <= capacity or live > capacity:
+        return Layout(offsets, peak, live, "best-fit")
+    repaired = repair(rects, offsets, capacity, time_limit_s)
+    if repaired is None:
+        return Layout(offsets, peak, live, "best-fit (CP-SAT found no repair in time)")
+    peak = max(o + r.size for o, r in zip(repaired, rects))
+    return Layout(repaired, peak, live, "best-fit + CP-SAT repair")
