@@ -83,21 +83,26 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     ints, consts = _tensor_sets(graph)
     keys = [(op.signature(), tuple(o.tensor in consts for o in op.inputs),
              tuple(o.tensor in ints for o in op.inputs)) for op in graph.ops]
-    cache: dict[tuple, tuple[list[OpPlan], OpPlan | None]] = {}
+    cache: dict[tuple, SearchResult] = {}
     fronts: list[list[OpPlan]] = []
     smallest: list[OpPlan | None] = []
+    least_cold: list[int] = []
     for n, (op, key) in enumerate(zip(graph.ops, keys)):
         if key not in cache:
-            found = search_op_front(graph, op, chip, dtype, search, front_limit)
-            cache[key] = (found.front, found.smallest)
-        front, small = cache[key]
-        fronts.append([_rename(p, op.name) for p in front])
-        smallest.append(small)
+            cache[key] = search_op_front(graph, op, chip, dtype, search, front_limit)
+        found = cache[key]
+        fronts.append([_rename(p, op.name) for p in found.front])
+        smallest.append(found.smallest)
+        least_cold.append(found.least_cold)
         if progress:
             progress("search", n + 1, len(graph.ops))
     search_wall = time.perf_counter() - start
 
     _check_fit(graph, chip, fronts, smallest)
+    if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
+        # the weights alone cannot be resident: no need to ask the solver
+        raise DoesNotFitError(_diagnose(graph, chip, fronts, least_cold, smallest, "RESIDENT",
+                                        solver, dtype))
     edges = _edges(graph, keys, fronts, chip, dtype, ints)
     no_extra = [[0] * len(f) for f in fronts]
     result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
@@ -105,7 +110,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     if progress:
         progress("solve", 1, 1)
     if result is None:
-        raise DoesNotFitError(_diagnose(graph, chip, fronts, status, solver))
+        raise DoesNotFitError(_diagnose(graph, chip, fronts, least_cold, smallest, status,
+                                        solver, dtype))
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     relayout = [0] * len(graph.ops)
     for e in edges:
@@ -164,20 +170,40 @@ def _check_fit(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
             "\nUse a chip with more SRAM per core or more cores, or a smaller model.")
 
 
-def _diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], status: str,
-              opts: SolverOptions) -> str:
-    least_cold = [min(p.cold_bytes_per_core for p in f) for f in fronts]
+def _diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
+              least_cold: list[int], smallest: list[OpPlan | None], status: str,
+              opts: SolverOptions, dtype: str) -> str:
+    """Why nothing fits, in numbers, and what would help."""
+    if status not in ("INFEASIBLE", "MODEL_INVALID", "RESIDENT"):
+        return (f"the solver found no plan within {opts.time_limit_s:g} s (status {status}) and "
+                "the greedy found none either; raise --time-limit")
+    sram = chip.sram_bytes_per_core
+    cap = int(sram * (1 - opts.reserve_fraction))
     resident = sum(least_cold)
+    running = max((s.hot_bytes_per_core - s.cold_bytes_per_core for s in smallest if s),
+                  default=0)
+    need = resident + running
+    weights = sorted(((graph.tensors[t].numel, t) for t in graph.constants
+                      if t in graph.tensors), reverse=True)
+    total_weight_bytes = sum(n for n, _ in weights) * (2 if dtype == "fp16" else 4)
     heavy = sorted(zip(least_cold, (op.name for op in graph.ops)), reverse=True)[:5]
-    cap = chip.sram_bytes_per_core * (1 - opts.reserve_fraction)
-    if status not in ("INFEASIBLE", "MODEL_INVALID"):
-        return (f"the solver found no plan within {opts.time_limit_s:g} s (status {status}); "
-                "raise --time-limit")
-    lines = [f"the model does not fit on {chip.name}: its weights alone need at least "
-             f"{_fmt_bytes(resident)} per core resident, next to the running op's buffers and "
-             f"live activations, against {_fmt_bytes(cap)} usable of "
-             f"{_fmt_bytes(chip.sram_bytes_per_core)} per core.",
-             "largest resident weights per core:"]
+    lines = [
+        f"the model does not fit on {chip.name}: it needs at least {_fmt_bytes(need)} per core "
+        f"({_fmt_bytes(resident)} of resident weights in their least replicated layouts, plus "
+        f"{_fmt_bytes(running)} for the largest op's working buffers), and "
+        f"{_fmt_bytes(cap)} of {_fmt_bytes(sram)} per core are usable.",
+        f"the weights alone are {total_weight_bytes / 1e6:.1f} MB in {dtype}; the chip has "
+        f"{chip.total_sram_bytes / 1e6:.1f} MB of SRAM in all.",
+        "ops with the most resident bytes per core:"]
     lines += [f"  {name}: {_fmt_bytes(b)}" for b, name in heavy]
-    lines.append("What would help: a chip with more cores or SRAM, --dtype fp16, or fewer layers.")
+    lines.append("largest weight tensors:")
+    lines += [f"  {name}: {n * (2 if dtype == 'fp16' else 4) / 1e6:.1f} MB" for n, name in
+              weights[:5]]
+    chips = -(-need // cap)
+    helps = [f"a chip with at least {_fmt_bytes(need / (1 - opts.reserve_fraction))} of SRAM "
+             f"per core or about {chips}x the cores", f"splitting the layers over {chips} chips"]
+    if dtype == "fp32":
+        helps.insert(0, "--dtype fp16 (halves every byte)")
+    helps.append("a chip with off-chip memory for the weights (not supported yet)")
+    lines.append("What would help: " + "; ".join(helps) + ".")
     return "\n".join(lines)

@@ -237,6 +237,7 @@ def _chains(op: TensorExpr, T: tuple[int, ...], rot: tuple[tuple[str, ...], ...]
 class SearchResult:
     front: list[OpPlan]  # fastest first, at most `limit`
     smallest: OpPlan | None  # the plan with the fewest hot bytes, fitting or not
+    least_cold: int  # the fewest resident (weight) bytes per core of any plan
     enumerated: int
     wall_s: float
 
@@ -250,7 +251,7 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     start = time.perf_counter()
     parts = list(_search(op, chip, dtype, shapes, int_tensors, const_tensors, opts))
     if not parts:
-        return SearchResult([], None, 0, time.perf_counter() - start)
+        return SearchResult([], None, 0, 0, time.perf_counter() - start)
     total = np.concatenate([c.total for *_, c in parts])
     hot = np.concatenate([c.hot for *_, c in parts])
     part = np.concatenate([np.full(len(rows), k) for k, (_, _, rows, _) in enumerate(parts)])
@@ -268,7 +269,8 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     if limit is not None and len(on_front) > limit:
         picks = sorted({round(i * (len(on_front) - 1) / (limit - 1)) for i in range(limit)})
         on_front = on_front[picks]
-    return SearchResult([make(int(n)) for n in on_front], smallest, len(total),
+    least_cold = int(min(int(c.cold.min()) for *_, c in parts))
+    return SearchResult([make(int(n)) for n in on_front], smallest, least_cold, len(total),
                         time.perf_counter() - start)
 
 

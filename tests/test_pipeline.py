@@ -76,3 +76,16 @@ def test_bert_tiny_on_prime_and_full_core_counts(cores: int) -> None:
     assert all(1 <= p.steps and max(p.F) >= 1 for p in compiled.plan.ops)
     result = run_compiled(compiled)
     assert result.ok, result.max_rel_err
+
+
+def test_a_model_that_cannot_fit_gets_a_diagnosis() -> None:
+    import dataclasses
+
+    from t10c.partition import DoesNotFitError
+
+    chip = dataclasses.replace(TEST16, name="mid", sram_bytes_per_core=1_100_000)
+    with pytest.raises(DoesNotFitError) as err:
+        compile_model("bert-tiny", chip, CompileOptions(dtype="fp32", seq_len=16))
+    text = str(err.value)
+    assert "does not fit on mid" in text and "per core" in text
+    assert "word_embeddings" in text and "What would help" in text and "--dtype fp16" in text
