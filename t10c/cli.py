@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "run.json here")
     c.add_argument("--run", action="store_true", help="emulate on seeded random inputs and "
                                                       "check against onnxruntime")
+    c.add_argument("--trace", type=Path, metavar="FILE",
+                   help="with --run, write the timeline as a Chrome trace (Perfetto opens it)")
     _model_args(c)
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")
     c.add_argument("--core", type=int, default=0, help="core for --emit asm (default: 0)")
@@ -258,6 +260,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
               f"{result.reference_wall_s:.3f} s")
         if args.out:
             write_json(args.out / "run.json", run_document(compiled, result, args.seed))
+        if args.trace:
+            from t10c.emulator.trace import write_trace
+            write_trace(tl, args.trace, f"{compiled.name} on {chip.name}")
+            print(f"wrote trace {args.trace}")
         if not result.ok:
             print("t10c: error: the emulator's outputs differ from onnxruntime's beyond the "
                   "tolerance", file=sys.stderr)
