@@ -76,7 +76,7 @@ def _rename(plan: OpPlan, name: str) -> OpPlan:
 
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
-               front_limit: int = 8,
+               front_limit: int = 16,
                progress: Callable[[str, int, int], None] | None = None) -> Plan:
     """Search every op's plans (once per distinct op), then choose one per op with CP-SAT."""
     start = time.perf_counter()

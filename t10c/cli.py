@@ -54,13 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CP-SAT time limit in seconds (default: 30)")
     c.add_argument("--workers", type=int, default=1,
                    help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
+    c.add_argument("--strategy", choices=("t10", "no-rotation"), default="t10",
+                   help="t10: compute-shift plans (default); no-rotation: the baseline that "
+                        "replicates every shared sub-tensor (all f_t = 1)")
     c.add_argument("--planner", choices=("cp-sat", "greedy"), default="cp-sat",
                    help="whole-graph choice: CP-SAT (warm-started by the greedy) or T10's "
                         "greedy memory reconciliation alone (default: cp-sat)")
     c.add_argument("--gap", type=float, default=0.001,
                    help="stop CP-SAT once within this fraction of the optimum (default: 0.001)")
-    c.add_argument("--front", type=int, default=8,
-                   help="plans kept per op on its Pareto front (default: 8)")
+    c.add_argument("--front", type=int, default=16,
+                   help="plans kept per op on its Pareto front (default: 16)")
     c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
 
     e = sub.add_parser("explain", help="print one op's Pareto front of plans",
@@ -99,8 +102,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _search_options(args: argparse.Namespace) -> SearchOptions:
+    # the no-rotation baseline replicates every shared sub-tensor: all f_t = 1
+    rotate = getattr(args, "strategy", "t10") == "t10"
     return SearchOptions(min_util=args.min_util, max_pad=args.max_pad, max_steps=args.max_steps,
-                         chains=args.chains)
+                         chains=args.chains, max_rot_axes=2 if rotate else 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ class CompileOptions:
     pinned: dict[str, tuple[int, ...]] = field(default_factory=dict)
     search: SearchOptions = SearchOptions()
     solver: SolverOptions = SolverOptions()
-    front_limit: int = 8
+    front_limit: int = 16
 
 
 @dataclass(frozen=True)
