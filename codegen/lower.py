@@ -100,6 +100,7 @@ class _Builder:
         self.pending: dict[str, int] = {}  # consumer reads left of each activation
         self.weights: dict[tuple[int, int], int] = {}  # (op, input) -> resident buffer
         self.view_tables: dict[str, np.ndarray] = {}
+        self.home: dict[str, Placement] = {}  # vgm: where each weight lives
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
@@ -136,7 +137,8 @@ class _Builder:
         dtype = self.storage(operand.tensor)
         name = f"{op.name}.in{index}"
         root = self.graph.root(operand.tensor)
-        if root in self.graph.constants or root in self.graph.inputs:
+        home = root in self.home
+        if not home and (root in self.graph.constants or root in self.graph.inputs):
             phase = "resident" if root in self.graph.constants else "host"
             tile = geo.tile_shape(index)
             bid = self.new_buffer(name, math.prod(tile), dtype, op.name, phase)
@@ -152,9 +154,12 @@ class _Builder:
         if root != operand.tensor:
             flat = self.to_root(operand.tensor)[flat]
         elems = flat.shape[1]
-        if root not in self.placement:
+        if home:
+            place = self.home[root]
+        elif root not in self.placement:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
-        place = self.placement[root]
+        else:
+            place = self.placement[root]
         src_core = np.where(valid, place.core[flat], -1).astype(np.int32, copy=False)
         src_off = np.where(valid, place.off[flat], -1).astype(np.int32, copy=False)
         src = self.buffers[place.buf]
@@ -162,20 +167,42 @@ class _Builder:
                     and geo.rotation_axis(index) is None
                     and (src_core == np.arange(len(src_core))[:, None]).all()
                     and (src_off == np.arange(elems)[None, :]).all())
-        if in_place:
+        if in_place and not home:
             return place.buf, False
-        bid = self.new_buffer(name, elems, dtype, op.name, "relayout")
-        moves.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off))
+        phase = "fetch" if home else "relayout"
+        bid = self.new_buffer(name, elems, dtype, op.name, phase)
+        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off))
         return bid, True
 
     # -- one op ---------------------------------------------------------------------------
     def load_weights(self, n: int, op: TensorExpr) -> None:
         """Load op n's constant inputs once, before the run: they stay resident at the bottom
-        of SRAM, below everything that comes and goes."""
-        geo = geometry(self.graph, op, self.plan.ops[n])
+        of SRAM, below everything that comes and goes. With ``weights_home`` (vgm) each weight
+        is loaded once, spread evenly over all cores, and ops fetch from there."""
         for i, operand in enumerate(op.inputs):
-            if self.graph.root(operand.tensor) in self.graph.constants:
+            root = self.graph.root(operand.tensor)
+            if root not in self.graph.constants:
+                continue
+            if self.plan.weights_home:
+                if root not in self.home:
+                    self.home[root] = self.load_home(root, op.name)
+            else:
+                geo = geometry(self.graph, op, self.plan.ops[n])
                 self.weights[n, i] = self.bring_input(op, geo, i, [])[0]
+
+    def load_home(self, tensor: str, op: str) -> Placement:
+        """Element e of ``tensor`` on core e // chunk at offset e % chunk."""
+        numel = self.graph.tensors[tensor].numel
+        cores = self.chip.cores
+        chunk = -(-numel // cores)
+        bid = self.new_buffer(f"{tensor}.home", chunk, self.storage(tensor), op, "resident")
+        flat = np.arange(cores * chunk, dtype=np.int64).reshape(cores, chunk)
+        table = np.where(flat < numel, flat, -1).astype(np.int32)
+        shape = self.graph.tensors[tensor].shape
+        self.instrs.append(Load(op, "resident", bid, tensor, shape, (chunk,),
+                                np.zeros((cores, 1), dtype=np.int32), table))
+        idx = np.arange(numel)
+        return Placement(bid, (idx // chunk).astype(np.int32), (idx % chunk).astype(np.int32))
 
     def emit_op(self, n: int, op: TensorExpr) -> None:
         geo = geometry(self.graph, op, self.plan.ops[n])

@@ -31,12 +31,17 @@ UNARY = {
     "rsqrt": lambda x: 1.0 / np.sqrt(x), "recip": lambda x: 1.0 / x,
     "erf": lambda x: erf(x).astype(np.float32), "tanh": np.tanh,
     "relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "abs": np.abs, "square": np.square,
+    "abs": np.abs, "square": np.square, "sin": np.sin, "cos": np.cos,
+    "not": lambda x: x == 0, "floor": np.floor,
 }
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "max": np.maximum, "min": np.minimum, "pow": np.power,
+    "eq": np.equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "and": lambda a, b: (a != 0) & (b != 0),
+    "or": lambda a, b: (a != 0) | (b != 0),
 }
+TERNARY = {"where": lambda c, a, b: np.where(c != 0, a, b)}
 
 
 def gather_slices(buf: np.ndarray, tile: tuple[int, ...], offsets: np.ndarray,
@@ -166,6 +171,8 @@ def _eval_body(node: tuple, full: list[np.ndarray]) -> np.ndarray:
     args = [_eval_body(a, full) for a in node[1:]]
     if head in UNARY:
         return np.asarray(UNARY[head](args[0]), dtype=np.float32)
+    if head in TERNARY:
+        return np.asarray(TERNARY[head](*args), dtype=np.float32)
     return np.asarray(BINARY[head](args[0], args[1]), dtype=np.float32)
 
 

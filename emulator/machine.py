@@ -215,7 +215,7 @@ class Machine:
             dst[:n] = np.where(ins.src_core >= 0, vals, 0).astype(dst.dtype)
             self.written[ins.dst][:n] = True
             remote = ((ins.src_core >= 0) & (ins.src_core != np.arange(n)[:, None])).sum(axis=1)
-            self.receive(ins.op, "relayout", remote * dst.dtype.itemsize)
+            self.receive(ins.op, ins.phase, remote * dst.dtype.itemsize)
         elif isinstance(ins, Shift):
             n = len(ins.src_core)
             self.check_sources(ins, ins.src_core)

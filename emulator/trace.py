@@ -13,7 +13,7 @@ from typing import Any
 
 from .machine import Timeline
 
-LANES = ("compute", "shift", "sync", "reduce", "relayout")
+LANES = ("compute", "shift", "sync", "reduce", "relayout", "fetch")
 
 
 def trace_events(timeline: Timeline, name: str = "t10c") -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ class Plan:
     front_sizes: tuple[int, ...]
     solver: dict[str, object]
     search_wall_s: float
+    weights_home: bool = False  # vgm baseline: weights fetched from an even home layout
 
     @property
     def total_cycles(self) -> int:
@@ -127,7 +128,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                 "greedy_objective_cycles": result.greedy_objective_cycles,
                 "wall_s": round(result.wall_s, 3), "workers": solver.workers,
                 "seed": solver.seed, "time_limit_s": solver.time_limit_s},
-        search_wall_s=search_wall,
+        search_wall_s=search_wall, weights_home=search.weights_home,
     )
 
 

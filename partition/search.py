@@ -44,6 +44,9 @@ class SearchOptions:
     #: also enumerate inputs rotating at a slower pace than their axis' steps (divisibility
     #: chains); under bulk-synchronous timing they are dominated, see `plan.py`
     chains: bool = False
+    #: virtual global memory (the vgm baseline): weights live spread evenly over all cores and
+    #: every op fetches the tiles it needs before it computes, as shared-memory compilers do
+    weights_home: bool = False
 
 
 def _axis_candidates(extent: int, cores: int) -> list[int]:
@@ -192,7 +195,7 @@ def _search(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int,
         rows = grid[_feasible(op, combo, grid)]
         if len(rows):
             yield tpl, combo, rows, costs_for(op, tpl, rows, chip, dtype, shapes, int_tensors,
-                                              const_tensors)
+                                              const_tensors, opts.weights_home)
 
 
 def _plan(op: TensorExpr, tpl: Template, combo, F: np.ndarray, c: CostArrays, r: int

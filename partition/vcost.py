@@ -17,7 +17,7 @@ from t10c.chips import Chip
 from t10c.costs import body_ops
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
-from .cost import element_bytes
+from .cost import element_bytes, home_bytes
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def _transfer(chip: Chip, nbytes: np.ndarray) -> np.ndarray:
 
 def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: str,
               shapes: dict[str, tuple[int, ...]], int_tensors: frozenset[str],
-              const_tensors: frozenset[str]) -> CostArrays:
+              const_tensors: frozenset[str], weights_home: bool = False) -> CostArrays:
     axes = op.axis_names
     E = np.asarray([e for _, e in op.axes], dtype=np.int64)
     T = np.asarray(tpl.T, dtype=np.int64)
@@ -127,6 +127,12 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         shift = shift + _transfer(chip, home)
         sync = sync + np.where(home > 0, chip.sync_cycles, 0)
 
+    fetched = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
+                  np.zeros(n, dtype=np.int64))
+    if weights_home:
+        shift = shift + _transfer(chip, fetched)
+        sync = sync + np.where(fetched > 0, chip.sync_cycles, 0)
+
     red = [j for j, a in enumerate(axes) if a not in op.output.axes]
     group = np.prod(F[:, red], axis=1) if red else ones
     if rot_axis[out_index] is not None:
@@ -145,4 +151,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
                                 np.zeros(n, dtype=np.int64))
     hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + chunk_bytes), hot)
+    if weights_home:
+        cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
+        hot = hot + cold
     return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes)

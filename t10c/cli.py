@@ -54,9 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CP-SAT time limit in seconds (default: 30)")
     c.add_argument("--workers", type=int, default=1,
                    help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
-    c.add_argument("--strategy", choices=("t10", "no-rotation"), default="t10",
+    c.add_argument("--strategy", choices=("t10", "no-rotation", "vgm"), default="t10",
                    help="t10: compute-shift plans (default); no-rotation: the baseline that "
-                        "replicates every shared sub-tensor (all f_t = 1)")
+                        "replicates every shared sub-tensor (all f_t = 1); vgm: virtual global "
+                        "memory, weights spread over all cores and fetched by every op")
     c.add_argument("--planner", choices=("cp-sat", "greedy"), default="cp-sat",
                    help="whole-graph choice: CP-SAT (warm-started by the greedy) or T10's "
                         "greedy memory reconciliation alone (default: cp-sat)")
@@ -103,9 +104,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _search_options(args: argparse.Namespace) -> SearchOptions:
     # the no-rotation baseline replicates every shared sub-tensor: all f_t = 1
-    rotate = getattr(args, "strategy", "t10") == "t10"
+    strategy = getattr(args, "strategy", "t10")
     return SearchOptions(min_util=args.min_util, max_pad=args.max_pad, max_steps=args.max_steps,
-                         chains=args.chains, max_rot_axes=2 if rotate else 0)
+                         chains=args.chains, max_rot_axes=2 if strategy == "t10" else 0,
+                         weights_home=strategy == "vgm")
 
 
 def main(argv: list[str] | None = None) -> int:

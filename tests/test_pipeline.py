@@ -89,3 +89,23 @@ def test_a_model_that_cannot_fit_gets_a_diagnosis() -> None:
     text = str(err.value)
     assert "does not fit on mid" in text and "per core" in text
     assert "word_embeddings" in text and "What would help" in text and "--dtype fp16" in text
+
+
+@pytest.mark.parametrize("strategy", ["t10", "no-rotation", "vgm"])
+def test_every_strategy_matches_onnxruntime(strategy: str) -> None:
+    """The baselines are compiled and emulated like t10c's own plans, and checked the same."""
+    from t10c.partition import SearchOptions
+
+    search = SearchOptions(max_rot_axes=2 if strategy == "t10" else 0,
+                           weights_home=strategy == "vgm")
+    import dataclasses
+
+    chip = dataclasses.replace(TEST16, sram_bytes_per_core=2 * 1024 * 1024)  # vgm keeps 2 copies
+    compiled = compile_model("bert-tiny", chip, CompileOptions(seq_len=16, search=search))
+    result = run_compiled(compiled)
+    assert result.ok, result.max_rel_err
+    if strategy != "t10":
+        assert all(not any(p.rot) for p in compiled.plan.ops)
+    if strategy == "vgm":
+        phases = {r.phase for r in result.timeline.records}
+        assert "fetch" in phases

@@ -133,13 +133,14 @@ def test_vectorised_costs_equal_the_scalar_definition() -> None:
 
     graph = matmul_graph(12, 40, 20, batch=2)
     chip = dataclasses.replace(BASE, cores=12)
-    plans = search_op(graph, graph.ops[0], chip, "fp16", SearchOptions(chains=True))
     consts = frozenset(graph.constants)
-    for p in plans:
-        cycles, hot, cold, out = plan_cost(geometry(graph, graph.ops[0], p), chip, "fp16",
-                                           frozenset(), consts)
-        assert (cycles, hot, cold, out) == (p.cycles, p.hot_bytes_per_core,
-                                            p.cold_bytes_per_core, p.out_bytes_per_core), p
+    for home in (False, True):
+        opts = SearchOptions(chains=True, weights_home=home)
+        for p in search_op(graph, graph.ops[0], chip, "fp16", opts):
+            cycles, hot, cold, out = plan_cost(geometry(graph, graph.ops[0], p), chip, "fp16",
+                                               frozenset(), consts, home)
+            assert (cycles, hot, cold, out) == (p.cycles, p.hot_bytes_per_core,
+                                                p.cold_bytes_per_core, p.out_bytes_per_core), p
 
 
 def test_front_search_agrees_with_full_enumeration() -> None:
