@@ -75,6 +75,30 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--chip", default="ipu-mk2", help="preset name or chip .toml file")
     _model_args(e)
 
+    cp = sub.add_parser("compare", help="compare strategies and chips on one model",
+                        description="Compile and emulate MODEL under each strategy on each chip "
+                                    "and report latency, roofline, speedups, SRAM and compile "
+                                    "time.")
+    cp.add_argument("model")
+    cp.add_argument("--chip", default="ipu-mk2", help="chip (default: ipu-mk2)")
+    cp.add_argument("--chips", help="comma-separated chips, instead of --chip")
+    cp.add_argument("--strategies", default="t10,no-rotation,vgm",
+                    help="comma-separated strategies (default: t10,no-rotation,vgm)")
+    cp.add_argument("-o", "--out", type=Path, help="write the report here (default: stdout)")
+    cp.add_argument("--format", choices=("html", "md", "json"),
+                    help="report format (default: html for -o FILE.html, else md)")
+    _model_args(cp)
+
+    b = sub.add_parser("bench", help="the benchmark matrix: models x chips x strategies",
+                       description="Compile time, emulated latency per strategy, speedups over "
+                                   "the baselines, fraction of the roofline, and emulation wall "
+                                   "time next to onnxruntime's, as a Markdown table.")
+    b.add_argument("--models", default="mlp,bert-mini", help="comma-separated (default: "
+                                                              "mlp,bert-mini)")
+    b.add_argument("--chips", default="ipu-mk2", help="comma-separated (default: ipu-mk2)")
+    b.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
+    _model_args(b)
+
     ch = sub.add_parser("chips", help="list the built-in chips and their figures")
     ch.add_argument("chip", nargs="?", help="show one chip (preset or .toml) with sources")
     ch.add_argument("--json", action="store_true", help="machine-readable output")
@@ -117,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_chips(args)
         if args.command == "explain":
             return cmd_explain(args)
+        if args.command == "compare":
+            return cmd_compare(args)
+        if args.command == "bench":
+            return cmd_bench(args)
         return cmd_compile(args)
     except ChipError as exc:
         print(f"t10c: error: {exc}", file=sys.stderr)
@@ -165,6 +193,98 @@ def cmd_explain(args: argparse.Namespace) -> int:
     explanation = explain_op(graph, op, chip, args.dtype, _search_options(args))
     print(format_explanation(explanation, chip, args.dtype))
     return 0 if explanation.front else EXIT_FAIL
+
+
+def _base_options(args: argparse.Namespace):
+    from t10c.driver import CompileOptions
+
+    return CompileOptions(dtype=args.dtype, seq_len=args.seq_len, batch=args.batch,
+                          pinned=dict(args.shape), search=_search_options(args))
+
+
+def _entries(models: list[str], chips: list[str], strategies: list[str],
+             args: argparse.Namespace):
+    from t10c.compare import STRATEGIES, run_entry
+
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise ChipError(f"unknown strategy {', '.join(bad)}: use {', '.join(STRATEGIES)}")
+    loaded = [load_chip(c) for c in chips]
+    entries = []
+    for model in models:
+        for chip in loaded:
+            for strategy in strategies:
+                print(f"[{model} on {chip.name}: {strategy}]", file=sys.stderr)
+                entries.append(run_entry(model, chip, strategy, _base_options(args)))
+    return entries
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from t10c import report
+
+    chips = args.chips.split(",") if args.chips else [args.chip]
+    entries = _entries([args.model], chips, args.strategies.split(","), args)
+    fmt = args.format or ("html" if args.out and args.out.suffix == ".html" else "md")
+    if fmt == "html":
+        try:
+            text = report.to_html(entries)
+        except ImportError:
+            print("t10c: error: the HTML report needs matplotlib: pip install 't10c[report]'",
+                  file=sys.stderr)
+            return EXIT_FAIL
+    else:
+        text = report.to_json(entries) if fmt == "json" else report.to_markdown(entries)
+    if args.out:
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}")
+    else:
+        print(text)
+    bad = [e for e in entries if e.result is not None and not e.result.ok]
+    return EXIT_FAIL if bad else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import math
+
+    from t10c.compare import STRATEGIES, speedup
+
+    entries = _entries(args.models.split(","), args.chips.split(","), list(STRATEGIES), args)
+    head = ["model", "chip", "compile (s)", "t10 (us)", "no-rotation (us)", "vgm (us)",
+            "vs no-rotation", "vs vgm", "of roofline", "emulation (s)", "onnxruntime (s)",
+            "matches"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
+    groups: dict[tuple[str, str], dict[str, object]] = {}
+    for e in entries:
+        groups.setdefault((e.model, e.chip.name), {})[e.strategy] = e
+    for (model, chip), by in groups.items():
+        t10 = by["t10"]
+
+        def us(e) -> str:
+            return f"{e.latency_s * 1e6:.1f}" if e.result else "does not fit"
+
+        def x(v: float) -> str:
+            return "-" if math.isnan(v) else f"{v:.2f}x"
+
+        ok = all(e.result is None or e.result.ok for e in by.values())
+        row = [model, chip, f"{t10.compile_s:.2f}", us(t10), us(by["no-rotation"]),
+               us(by["vgm"]), x(speedup(entries, t10, "no-rotation")),
+               x(speedup(entries, t10, "vgm")),
+               f"{100 * t10.roofline_fraction:.1f}%" if t10.result else "-",
+               f"{t10.result.emulate_wall_s:.2f}" if t10.result else "-",
+               f"{t10.result.reference_wall_s:.3f}" if t10.result else "-",
+               "yes" if ok else "NO"]
+        lines.append("| " + " | ".join(row) + " |")
+        rows.append(dict(zip(head, row)))
+    print("\n".join(lines))
+    if args.json:
+        from t10c import report
+
+        args.json.write_text(json.dumps({"format": "t10c-bench/1", "table": rows,
+                                         "runs": json.loads(report.to_json(entries))["rows"]},
+                                        indent=1) + "\n")
+    bad = [e for e in entries if e.result is not None and not e.result.ok]
+    return EXIT_FAIL if bad else 0
 
 
 def _progress():

@@ -46,6 +46,7 @@ class Compiled:
     plan: Plan
     program: Program
     timings: dict[str, float]
+    options: CompileOptions = CompileOptions()
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                "solve_s": float(plan.solver["wall_s"]),  # type: ignore[arg-type]
                "plan_s": t_plan - t_front, "codegen_s": t_code - t_plan,
                "total_s": t_code - start}
-    return Compiled(_short(name), model, graph, chip, plan, program, timings)
+    return Compiled(_short(name), model, graph, chip, plan, program, timings, options)
 
 
 def _short(name: str) -> str:

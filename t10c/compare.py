@@ -1,0 +1,119 @@
+"""Compare plans: compile and emulate a model under several strategies and chips, side by side.
+
+Strategies (all compiled by the same pipeline, executed by the same emulator and checked
+against onnxruntime like t10c's own plans):
+
+- ``t10``: compute-shift plans (rotation), chosen for the whole graph by CP-SAT;
+- ``no-rotation``: every shared sub-tensor replicated, all ``f_t = 1``;
+- ``vgm``: virtual global memory: weights spread evenly over all cores and fetched by every op
+  before it computes, as shared-memory compilers do on these chips.
+
+The roofline of a run is the model's FLOPs at the chip's peak matrix rate in the storage dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.driver import Compiled, CompileOptions, RunResult, compile_model, run_compiled
+from t10c.partition import SearchOptions
+
+STRATEGIES = ("t10", "no-rotation", "vgm")
+
+
+def strategy_options(strategy: str, base: CompileOptions = CompileOptions()) -> CompileOptions:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: use {', '.join(STRATEGIES)}")
+    s = base.search
+    search = SearchOptions(min_util=s.min_util, max_pad=s.max_pad, max_steps=s.max_steps,
+                           chains=s.chains, max_rot_axes=s.max_rot_axes if strategy == "t10"
+                           else 0, weights_home=strategy == "vgm")
+    return CompileOptions(dtype=base.dtype, seq_len=base.seq_len, batch=base.batch,
+                          pinned=base.pinned, search=search, solver=base.solver,
+                          front_limit=base.front_limit)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model compiled for one chip under one strategy, and its run."""
+
+    model: str
+    chip: Chip
+    strategy: str
+    compiled: Compiled | None
+    result: RunResult | None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and self.result.ok
+
+    @property
+    def latency_s(self) -> float:
+        return self.result.timeline.latency_s if self.result else math.nan
+
+    @property
+    def roofline_s(self) -> float:
+        if not self.compiled:
+            return math.nan
+        return self.compiled.graph.flops() / self.chip.peak_flops(self.compiled.plan.dtype)
+
+    @property
+    def roofline_fraction(self) -> float:
+        return self.roofline_s / self.latency_s if self.result else math.nan
+
+    @property
+    def compile_s(self) -> float:
+        return self.compiled.timings["total_s"] if self.compiled else math.nan
+
+
+def run_entry(model: str, chip: Chip, strategy: str, options: CompileOptions, seed: int = 0
+              ) -> Entry:
+    """Compile and emulate; a failure (say the baseline does not fit) is recorded, not raised."""
+    try:
+        compiled = compile_model(model, chip, strategy_options(strategy, options))
+    except ValueError as exc:  # frontend and planner errors are ValueErrors
+        return Entry(model, chip, strategy, None, None, str(exc).splitlines()[0])
+    result = run_compiled(compiled, seed)
+    return Entry(model, chip, strategy, compiled, result)
+
+
+def speedup(entries: list[Entry], entry: Entry, over: str) -> float:
+    """How much faster ``entry`` is than strategy ``over`` on the same model and chip."""
+    for other in entries:
+        if (other.model, other.chip.name, other.strategy) == (entry.model, entry.chip.name, over):
+            return other.latency_s / entry.latency_s if other.result and entry.result \
+                else math.nan
+    return math.nan
+
+
+def sram_per_core(compiled: Compiled) -> np.ndarray:
+    """Peak bytes each core holds: a buffer counts on the cores its instructions use."""
+    from t10c.codegen.program import Alloc, Compute, Exchange, Free, Load, Reduce, Shift
+
+    prog = compiled.program
+    used = np.zeros(len(prog.buffers), dtype=np.int64)
+    for ins in prog.instrs:
+        n = (ins.ncores if isinstance(ins, Load) else len(ins.origin) if isinstance(ins, Compute)
+             else len(ins.src_core) if isinstance(ins, (Exchange, Shift))
+             else len(ins.group) if isinstance(ins, Reduce) else 0)
+        for name in ("buf", "dst", "out"):
+            if hasattr(ins, name):
+                used[getattr(ins, name)] = max(used[getattr(ins, name)], n)
+        if isinstance(ins, Compute):
+            for b in ins.ins:
+                used[b] = max(used[b], n)
+    cores = prog.cores
+    now = np.zeros(cores, dtype=np.int64)
+    peak = np.zeros(cores, dtype=np.int64)
+    for ins in prog.instrs:
+        if isinstance(ins, Alloc):
+            now[:used[ins.buf]] += prog.buffers[ins.buf].nbytes
+            np.maximum(peak, now, out=peak)
+        elif isinstance(ins, Free):
+            now[:used[ins.buf]] -= prog.buffers[ins.buf].nbytes
+    return peak
