@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from t10c.ir import TensorExpr
+from t10c.ir import TensorExpr, expr_from_json, expr_to_json
 
 DTYPE_BYTES = {"fp16": 2, "fp32": 4, "int32": 4}
 
@@ -218,7 +218,7 @@ class Program:
         doc = {"format": "t10c-program/1", "name": self.name, "chip": self.chip,
                "dtype": self.dtype, "cores": self.cores,
                "buffers": [vars(b) for b in self.buffers],
-               "exprs": [e.name for e in self.exprs],
+               "exprs": [expr_to_json(e) for e in self.exprs],
                "inputs": {k: [list(s), d] for k, (s, d) in self.inputs.items()},
                "outputs": list(self.outputs),
                "peak_sram_bytes_per_core": self.peak_sram_bytes_per_core,
@@ -227,6 +227,37 @@ class Program:
         (directory / "program.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         with open(directory / "program.npz", "wb") as fh:
             np.savez_compressed(fh, **arrays)
+
+    @staticmethod
+    def load(directory: Path) -> Program:
+        """Read a program written by `save`."""
+        doc = json.loads((directory / "program.json").read_text())
+        if doc.get("format") != "t10c-program/1":
+            raise ValueError(f"{directory}/program.json is not a t10c-program/1 file")
+        with np.load(directory / "program.npz") as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        kinds = {cls.__name__: cls for cls in (Alloc, Free, Load, Fill, Exchange, Compute, Shift,
+                                                Reduce, Sync, Store)}
+
+        def value(v: object) -> object:
+            if isinstance(v, dict) and "npz" in v:
+                ref = v["npz"]
+                return tuple(arrays[k] for k in ref) if isinstance(ref, list) else arrays[ref]
+            if isinstance(v, list):
+                return tuple(value(x) for x in v)
+            return v
+
+        instrs = []
+        for rec in doc["instrs"]:
+            cls = kinds[rec["kind"]]
+            instrs.append(cls(**{f.name: value(rec[f.name]) for f in fields(cls)}))
+        return Program(
+            doc["name"], doc["chip"], doc["dtype"], doc["cores"],
+            tuple(Buffer(**b) for b in doc["buffers"]),
+            tuple(expr_from_json(e) for e in doc["exprs"]), tuple(instrs),
+            {k: (tuple(s), d) for k, (s, d) in doc["inputs"].items()}, tuple(doc["outputs"]),
+            doc["peak_sram_bytes_per_core"], doc.get("live_sram_bytes_per_core", 0),
+            doc.get("sram_layout", ""))
 
 
 def _asm(prog: Program, ins: Instr, core: int) -> str | None:

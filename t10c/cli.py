@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
     _model_args(b)
 
+    r = sub.add_parser("run", help="emulate a compiled directory (compile -o DIR) again",
+                       description="Load DIR's program, emulate it on seeded random inputs, "
+                                   "check it against onnxruntime and write DIR/run.json.")
+    r.add_argument("dir", type=Path)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--trace", type=Path, metavar="FILE", help="write a Chrome trace")
+
     ch = sub.add_parser("chips", help="list the built-in chips and their figures")
     ch.add_argument("chip", nargs="?", help="show one chip (preset or .toml) with sources")
     ch.add_argument("--json", action="store_true", help="machine-readable output")
@@ -141,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_chips(args)
         if args.command == "explain":
             return cmd_explain(args)
+        if args.command == "run":
+            return cmd_run(args)
         if args.command == "compare":
             return cmd_compare(args)
         if args.command == "bench":
@@ -217,6 +226,52 @@ def _entries(models: list[str], chips: list[str], strategies: list[str],
                 print(f"[{model} on {chip.name}: {strategy}]", file=sys.stderr)
                 entries.append(run_entry(model, chip, strategy, _base_options(args)))
     return entries
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from t10c import frontend
+    from t10c.chips import chip_from_dict
+    from t10c.codegen import Program
+    from t10c.driver import TOLERANCE, make_inputs, max_rel_err, reference
+    from t10c.emulator import EmulatorError, emulate
+    from t10c.planfile import write_json
+
+    meta_path = args.dir / "compile.json"
+    if not meta_path.is_file():
+        print(f"t10c: error: {args.dir} has no compile.json; write one with "
+              f"t10c compile MODEL -o {args.dir}", file=sys.stderr)
+        return EXIT_USAGE
+    meta = json.loads(meta_path.read_text())
+    chip = chip_from_dict({k: v for k, v in meta["chip"].items()}, origin=str(meta_path))
+    source = args.dir / meta["model_file"] if meta["model_file"] else meta["source"]
+    model = frontend.load_model(str(source), seq_len=meta["seq_len"], batch=meta["batch"])
+    graph = frontend.to_graph(model, pinned={k: tuple(v) for k, v in meta["pinned"].items()})
+    program = Program.load(args.dir)
+    inputs = make_inputs(graph, args.seed)
+    try:
+        outputs, tl, wall = emulate(program, chip, inputs, graph.constants)
+    except EmulatorError as exc:
+        print(f"t10c: error: emulation failed: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    ref, ref_wall = reference(model, inputs)
+    err = max_rel_err(outputs, ref)
+    tol = TOLERANCE[program.dtype]
+    print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
+          f"{tl.peak_sram_bytes_per_core} bytes per core")
+    print(f"max relative error vs onnxruntime {err:.2e} (tolerance {tol:.0e}): "
+          f"{'OK' if err <= tol else 'MISMATCH'}")
+    print(f"emulation wall time {wall:.2f} s; onnxruntime {ref_wall:.3f} s")
+    write_json(args.dir / "run.json", {
+        "format": "t10c-run/1", "model": meta["model"], "chip": chip.name,
+        "dtype": program.dtype, "seed": args.seed, "cycles": tl.cycles,
+        "latency_s": tl.latency_s, "max_rel_err": err, "tolerance": tol, "ok": err <= tol,
+        "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core, "host_bytes": tl.host_bytes,
+        "emulate_wall_s": wall, "reference_wall_s": ref_wall, "ops": tl.by_op()})
+    if args.trace:
+        from t10c.emulator.trace import write_trace
+        write_trace(tl, args.trace, f"{meta['model']} on {chip.name}")
+        print(f"wrote trace {args.trace}")
+    return 0 if err <= tol else EXIT_FAIL
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -314,7 +369,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.emulator import EmulatorError
     from t10c.frontend import FrontendError, ModelNotFoundError
     from t10c.partition import PlanError, SolverOptions
-    from t10c.planfile import plan_document, run_document, write_json
+    from t10c.planfile import compile_document, plan_document, run_document, write_json
 
     chip = load_chip(args.chip)
     options = CompileOptions(
@@ -371,6 +426,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         write_json(args.out / "plan.json", plan_document(compiled))
         compiled.program.save(args.out)
+        model_file = None
+        if not models.is_zoo_name(args.model):  # keep the model next to its program
+            import shutil
+            model_file = "model.onnx"
+            if Path(args.model).resolve() != (args.out / model_file).resolve():
+                shutil.copyfile(args.model, args.out / model_file)
+        write_json(args.out / "compile.json", compile_document(
+            compiled, args.model, args.seq_len, args.batch, dict(args.shape), model_file))
     status = 0
     if args.run:
         try:
@@ -396,7 +459,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   "tolerance", file=sys.stderr)
             status = EXIT_FAIL
     if args.out:
-        print(f"wrote {args.out}/plan.json, program.json, program.npz"
+        print(f"wrote {args.out}/plan.json, compile.json, program.json, program.npz"
               + (", run.json" if args.run else ""))
     return status
 

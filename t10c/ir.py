@@ -14,7 +14,9 @@ A body is a small expression tree of tuples, evaluated elementwise over the op's
 - ``("const", x)``: a float constant;
 - ``("take", i, j)``: input i, whose one dimension marked ``INDIRECT`` is indexed by the integer
   value of input j (an embedding lookup); only valid as the whole body;
-- ``(fn, arg, ...)``: one of `UNARY_FNS` or `BINARY_FNS`.
+- ``(fn, arg, ...)``: one of `UNARY_FNS`, `BINARY_FNS` or `TERNARY_FNS`. Comparisons and logic
+  (``eq``, ``lt``, ``not``, ``and``, ...) give 1.0 for true and 0.0 for false and read any
+  nonzero value as true; ``("where", c, a, b)`` is ``a`` where ``c`` is nonzero, else ``b``.
 
 Reshape and Transpose of a tensor are `View`s, not ops: they cost nothing by themselves and are
 folded into the re-layout that feeds the next op (codegen maps element indices through them).
@@ -34,8 +36,10 @@ Body = tuple[Any, ...]
 INDIRECT = "@"
 
 UNARY_FNS = ("neg", "exp", "log", "sqrt", "rsqrt", "recip", "erf", "tanh", "relu", "sigmoid",
-             "abs", "square")
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "pow")
+             "abs", "square", "sin", "cos", "not", "floor")
+BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "pow",
+              "eq", "lt", "le", "gt", "ge", "and", "or")
+TERNARY_FNS = ("where",)
 COMBINES = ("sum", "max")
 
 
@@ -233,3 +237,37 @@ def view_value(graph: Graph, tensor: str, root_value: np.ndarray) -> np.ndarray:
         else:
             value = value.reshape(view.shape)
     return value
+
+
+def expr_to_json(op: TensorExpr) -> dict[str, Any]:
+    """A JSON-ready form of an expression (windows as {terms, offset})."""
+
+    def dim(d: Dim) -> Any:
+        return {"terms": [list(t) for t in d.terms], "offset": d.offset} \
+            if isinstance(d, Window) else d
+
+    def operand(o: Operand) -> dict[str, Any]:
+        return {"tensor": o.tensor, "axes": [dim(d) for d in o.axes]}
+
+    def body(b: Any) -> Any:
+        return [body(x) for x in b] if isinstance(b, tuple) else b
+
+    return {"name": op.name, "axes": [list(a) for a in op.axes], "output": operand(op.output),
+            "inputs": [operand(o) for o in op.inputs], "combine": op.combine,
+            "body": body(op.body), "source": op.source}
+
+
+def expr_from_json(d: dict[str, Any]) -> TensorExpr:
+    def dim(x: Any) -> Dim:
+        return Window(tuple((a, int(c)) for a, c in x["terms"]), int(x["offset"])) \
+            if isinstance(x, dict) else x
+
+    def operand(o: dict[str, Any]) -> Operand:
+        return Operand(o["tensor"], tuple(dim(x) for x in o["axes"]))
+
+    def body(b: Any) -> Any:
+        return tuple(body(x) for x in b) if isinstance(b, list) else b
+
+    return TensorExpr(d["name"], tuple((a, int(e)) for a, e in d["axes"]), operand(d["output"]),
+                      tuple(operand(o) for o in d["inputs"]), d["combine"], body(d["body"]),
+                      d.get("source", ""))

@@ -69,6 +69,26 @@ def run_document(c: Compiled, r: RunResult, seed: int) -> dict[str, Any]:
     }
 
 
+COMPILE_FORMAT = "t10c-compile/1"
+
+
+def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int | None,
+                     pinned: dict[str, tuple[int, ...]], model_file: str | None
+                     ) -> dict[str, Any]:
+    """What `t10c run DIR` needs to run the saved program again: where the model comes from,
+    the chip (every field), and the options; plus the stage wall times of this compile."""
+    import dataclasses
+
+    return {
+        "format": COMPILE_FORMAT, "model": c.name, "source": source,
+        "model_file": model_file, "seq_len": seq_len, "batch": batch,
+        "pinned": {k: list(v) for k, v in pinned.items()},
+        "chip": {k: (list(v) if isinstance(v, tuple) else v)
+                 for k, v in dataclasses.asdict(c.chip).items()},
+        "dtype": c.plan.dtype, "timings_s": {k: round(v, 4) for k, v in c.timings.items()},
+    }
+
+
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 

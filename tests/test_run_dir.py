@@ -1,0 +1,38 @@
+"""`t10c compile -o DIR` then `t10c run DIR`: the saved program runs again, from disk."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+
+from t10c.cli import main
+from t10c.models import build
+
+
+def test_run_a_compiled_zoo_model(tmp_path, capsys) -> None:
+    out = tmp_path / "bt"
+    assert main(["compile", "bert-tiny", "--chip", "test16", "--seq-len", "16", "-o", str(out),
+                 "--no-table"]) == 0
+    assert main(["run", str(out), "--trace", str(out / "trace.json")]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["ok"] and run["cycles"] > 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["chip"] == "test16"
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert sum(e["args"]["cycles"] for e in events if e["ph"] == "X") == run["cycles"]
+    assert "OK" in capsys.readouterr().out
+
+
+def test_run_a_compiled_file_model(tmp_path) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build("mlp", batch=2), path)
+    out = tmp_path / "mlp"
+    assert main(["compile", str(path), "--chip", "test16", "-o", str(out), "--no-table"]) == 0
+    assert (out / "model.onnx").is_file()
+    assert main(["run", str(out)]) == 0
+
+
+def test_run_needs_a_compiled_directory(tmp_path, capsys) -> None:
+    assert main(["run", str(tmp_path)]) == 2
+    assert "compile.json" in capsys.readouterr().err
