@@ -128,7 +128,8 @@ def memory_use(terms: MemoryTerms, arrays: _Arrays, choice: list[int] | tuple[in
 
 def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int) -> list[int] | None:
     """T10-style memory reconciliation: fastest plans first, then shrink where memory runs
-    out, always taking the step that costs the fewest cycles per byte saved."""
+    out, always taking the move (any smaller plan of any op that holds bytes there) that costs
+    the fewest cycles per byte saved."""
     n = len(arrays.cold)
     choice = [0] * n
     last = [len(c) - 1 for c in arrays.cold]
@@ -138,26 +139,29 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int) -> list[int] | None:
         if not len(over):
             return choice
         i = int(over[np.argmax(use[over])])
-        best: tuple[float, int] | None = None
+        best: tuple[float, int, int] | None = None
         around = set(terms.live_after[i]) | set(terms.dying_inputs[i])
         for j in range(n):
             k = choice[j]
             if k == last[j]:
                 continue
-            saved = arrays.cold[j][k] - arrays.cold[j][k + 1]
+            # any smaller plan of j, not just the next: fronts are not convex
+            saved = arrays.cold[j][k] - arrays.cold[j][k + 1:]
             if j == i:
-                saved += arrays.extra[j][k] - arrays.extra[j][k + 1]
+                saved = saved + arrays.extra[j][k] - arrays.extra[j][k + 1:]
             if j in around:
-                saved += arrays.out[j][k] - arrays.out[j][k + 1]
-            if saved <= 0:
+                saved = saved + arrays.out[j][k] - arrays.out[j][k + 1:]
+            added = np.maximum(arrays.cycles[j][k + 1:] - arrays.cycles[j][k], 0)
+            useful = saved > 0
+            if not useful.any():
                 continue
-            added = max(int(arrays.cycles[j][k + 1] - arrays.cycles[j][k]), 0)
-            score = added / saved
-            if best is None or score < best[0]:
-                best = (score, j)
+            score = np.where(useful, added / np.maximum(saved, 1), np.inf)
+            m = int(np.argmin(score))
+            if best is None or score[m] < best[0]:
+                best = (float(score[m]), j, k + 1 + m)
         if best is None:
             return None
-        choice[best[1]] += 1
+        choice[best[1]] = best[2]
 
 
 def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...]) -> int:
@@ -177,8 +181,10 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
     def term(values: np.ndarray, i: int):
         return sum(int(v) * x[i][k] for k, v in enumerate(values) if v)
 
-    # (C2) resident weights + the running op + live activations fit the SRAM at every op
-    resident = sum(term(arrays.cold[i], i) for i in range(len(fronts)))
+    # (C2) resident weights + the running op + live activations fit the SRAM at every op; the
+    # resident bytes are one variable, so each op's constraint stays short
+    resident = model.NewIntVar(0, cap, "resident")
+    model.Add(resident == sum(term(arrays.cold[i], i) for i in range(len(fronts))))
     for i in range(len(fronts)):
         live = sum(term(arrays.out[j], j)
                    for j in (*terms.live_after[i], *terms.dying_inputs[i]))

@@ -417,7 +417,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
               f"{s['bound_cycles']} (gap {100 * float(s['gap']):.2f}%), greedy "  # type: ignore
               f"{s['greedy_objective_cycles']} cycles, {s['wall_s']} s")
     prog = compiled.program
-    frag = prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1
+    frag = max(prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1, 0.0)
     print(f"predicted latency {plan.total_cycles} cycles = "
           f"{chip.cycles_to_s(plan.total_cycles) * 1e6:.1f} us; peak SRAM "
           f"{prog.peak_sram_bytes_per_core} of {chip.sram_bytes_per_core} bytes per core "

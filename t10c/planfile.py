@@ -48,8 +48,9 @@ def plan_document(c: Compiled) -> dict[str, Any]:
         "peak_sram_bytes_per_core": c.program.peak_sram_bytes_per_core,
         "sram": {"peak_bytes_per_core": c.program.peak_sram_bytes_per_core,
                  "live_bytes_per_core": c.program.live_sram_bytes_per_core,
-                 "fragmentation": round(c.program.peak_sram_bytes_per_core
-                                        / max(c.program.live_sram_bytes_per_core, 1) - 1, 6),
+                 "fragmentation": round(max(c.program.peak_sram_bytes_per_core
+                                            / max(c.program.live_sram_bytes_per_core, 1) - 1,
+                                            0.0), 6),
                  "layout": c.program.sram_layout},
         "solver": dict(plan.solver),
     }
