@@ -1,29 +1,45 @@
 """Frontend: ONNX `ModelProto` -> `Graph` of tensor expressions.
 
-Steps: load (`load_model`), check and infer shapes (`check_and_infer`), fold every node whose
-inputs are all constant with the ONNX reference evaluator, then lower the rest one node at a
-time through the op table in `ops.py`. Every node that cannot be lowered is collected, and one
-`UnsupportedModelError` lists them all.
+The pipeline, as `to_graph` runs it:
+
+1. `load_model`: a zoo name, a path or a ModelProto;
+2. `check_and_infer`: pin dynamic input dimensions (``--shape``), check, infer every shape;
+3. `fold_batchnorm` (`rewrite.py`): BatchNormalization after a Conv with constant weights is
+   folded into the Conv;
+4. `lower`, node by node in order: a node whose inputs are all constant is evaluated with the
+   ONNX reference evaluator (shape arithmetic, masks, RoPE tables: Shape and Size of any tensor
+   are constants too, since shapes are static); the others go through the op table, one
+   lowering per (op type, opset) in `ops.py` (elementwise, matmul), `layout.py` (views and
+   copies), `nn.py` (convolution, pooling, normalisation, softmax, reductions) and
+   `shapes.py`. Every node that cannot be lowered is collected, and one
+   `UnsupportedModelError` lists them all;
+5. `fuse_elementwise` (`fuse.py`): elementwise ops are inlined into their readers, so that
+   decomposed GELU, LayerNorm and RMSNorm become one expression chain and copies fold into
+   the ops that read them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from t10c.ir import Graph, TensorInfo
+from t10c.ir import Graph, Operand
 
-from . import ops as _ops  # noqa: F401  (registers the lowerings)
+from . import layout as _layout  # noqa: F401  (each module registers its lowerings)
+from . import nn as _nn  # noqa: F401
+from . import ops as _ops  # noqa: F401
+from . import shapes as _shapes  # noqa: F401
 from .context import REGISTRY, Context, Unsupported, attrs, pick
-from .fuse import fuse_elementwise
+from .fuse import fuse_elementwise, prune
 from .loader import FrontendError, ModelNotFoundError, check_and_infer, load_model
+from .rewrite import fold_batchnorm
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
-           "load_model", "to_graph", "supported_ops"]
+           "Lowered", "device_graph", "load_model", "lower", "to_graph", "supported_ops"]
 
 ELEM_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64",
               onnx.TensorProto.INT32: "int64"}
@@ -68,18 +84,34 @@ def _value_types(skel: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dic
     dtypes: dict[str, str] = {}
     for vi in [*skel.graph.input, *skel.graph.value_info, *skel.graph.output]:
         t = vi.type.tensor_type
+        if t.elem_type:
+            dtypes[vi.name] = ELEM_TYPES.get(t.elem_type, onnx.helper.tensor_dtype_to_np_dtype(
+                t.elem_type).name)
         if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
             continue
         shapes[vi.name] = tuple(d.dim_value for d in t.shape.dim)
-        dtypes[vi.name] = ELEM_TYPES.get(t.elem_type, onnx.helper.tensor_dtype_to_np_dtype(
-            t.elem_type).name if t.elem_type else "unknown")
     return shapes, dtypes
 
 
+def _gather_elements(data: np.ndarray, indices: np.ndarray, axis: int = 0) -> list[np.ndarray]:
+    axis %= data.ndim
+    indices = np.where(indices < 0, indices + data.shape[axis], indices)
+    return [np.take_along_axis(data, indices, axis=axis)]
+
+
+#: numpy folds for ops whose reference implementation fails on inputs exporters produce
+#: (onnx 1.17-1.23's GatherElements cannot take a [1, n] data tensor with [1, m] indices)
+FOLDS = {"GatherElements": _gather_elements}
+
+
 def _fold(node: onnx.NodeProto, ctx: Context, opset: int) -> None:
+    args = [ctx.constants[n] for n in node.input if n]
     try:
-        evaluator = ReferenceEvaluator(node, opsets={"": opset})
-        values = evaluator.run(None, {n: ctx.constants[n] for n in node.input if n})
+        if node.op_type in FOLDS:
+            values = FOLDS[node.op_type](*args, **attrs(node))
+        else:
+            evaluator = ReferenceEvaluator(node, opsets={"": opset})
+            values = evaluator.run(None, {n: ctx.constants[n] for n in node.input if n})
     except Exception as exc:  # the reference evaluator raises many kinds
         raise Unsupported(f"constant folding failed: {exc}") from None
     for name, value in zip(node.output, values):
@@ -89,13 +121,23 @@ def _fold(node: onnx.NodeProto, ctx: Context, opset: int) -> None:
         ctx.constants[name] = value
 
 
-def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
-             name: str | None = None, fuse: bool = True) -> Graph:
-    """Lower a model (zoo name, path or ModelProto) to the device graph.
+@dataclass
+class Lowered:
+    """What lowering a model produced: the context (ops, views, constants, tensors), every
+    node that could not be lowered, and the model's opset. ``problems`` empty means the graph
+    is complete."""
 
-    With ``fuse`` (the default), single-reader elementwise ops are inlined into their reader.
-    """
-    model = load_model(source)
+    model: onnx.ModelProto
+    ctx: Context
+    problems: list[UnsupportedNode]
+    opset: int
+    inputs: list[str]
+
+
+def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = None
+          ) -> Lowered:
+    """Lower every node that can be lowered, collecting the ones that cannot (no exception
+    for unsupported nodes; `to_graph` raises them all at once)."""
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
     shapes, dtypes = _value_types(skel)
@@ -113,9 +155,11 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
                                 "and int64 inputs")
         ctx.declare(inp, shapes[inp], dtype)
 
+    outputs = {o.name for o in model.graph.output}
+    nodes = fold_batchnorm(list(model.graph.node), ctx.constants, outputs)
     poisoned: set[str] = set()
     used_names: set[str] = set()
-    for index, node in enumerate(model.graph.node):
+    for index, node in enumerate(nodes):
         if not node.name or node.name in used_names:
             node = _renamed(node, f"{node.op_type}_{index}")
         used_names.add(node.name)
@@ -141,7 +185,9 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
             problems.append(UnsupportedNode(node.op_type, node.name, opset, reason))
             poisoned.update(node.output)
             continue
-        if poisoned.intersection(ins):
+        # the shape of a tensor that could not be computed is still known
+        shape_only = node.op_type in ("Shape", "Size") and ins[0] in ctx.shapes
+        if poisoned.intersection(ins) and not shape_only:
             poisoned.update(node.output)
             continue
         try:
@@ -153,9 +199,33 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
             problems.append(UnsupportedNode(node.op_type, node.name, opset,
                                             f"unsupported attribute ({exc})"))
             poisoned.update(node.output)
-    if problems:
-        raise UnsupportedModelError(problems)
+    return Lowered(model, ctx, problems, opset, inputs)
 
+
+def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
+             name: str | None = None, fuse: bool = True) -> Graph:
+    """Lower a model (zoo name, path or ModelProto) to the device graph.
+
+    With ``fuse`` (the default), single-reader elementwise ops are inlined into their reader.
+    Raises `UnsupportedModelError` listing every node that cannot be lowered.
+    """
+    model = load_model(source)
+    low = lower(model, pinned)
+    if low.problems:
+        raise UnsupportedModelError(low.problems)
+    return device_graph(low, name, fuse)
+
+
+def device_graph(low: Lowered, name: str | None = None, fuse: bool = True) -> Graph:
+    """The device graph of a completely lowered model (``low.problems`` must be empty)."""
+    if low.problems:
+        raise UnsupportedModelError(low.problems)
+    graph = _graph(low, name)
+    return fuse_elementwise(graph) if fuse else prune(graph)
+
+
+def _graph(low: Lowered, name: str | None) -> Graph:
+    ctx, model, inputs = low.ctx, low.model, low.inputs
     outputs = [o.name for o in model.graph.output]
     produced = {op.output.tensor for op in ctx.ops}
     for out in outputs:
@@ -165,17 +235,30 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
         while root in ctx.views:
             root = ctx.views[root].source
         if root not in produced:
-            raise FrontendError(f"output {out!r} is its input {root!r} reshaped or transposed; "
-                                "there is nothing to compute on chip")
-    for inp in inputs:
-        ctx.tensors.setdefault(inp, TensorInfo(inp, shapes[inp], dtypes[inp]))
+            _copy_out(ctx, out)  # an input reshaped or transposed: one on-chip re-layout
     used = {o.tensor for op in ctx.ops for o in op.operands} | set(ctx.views)
     used |= {v.source for v in ctx.views.values()}
     consts = {k: v for k, v in ctx.constants.items() if k in used}
-    graph = Graph(name=name or model.graph.name or "model", tensors=dict(ctx.tensors),
-                  ops=tuple(ctx.ops), views=dict(ctx.views), constants=consts,
-                  inputs=tuple(inputs), outputs=tuple(outputs))
-    return fuse_elementwise(graph) if fuse else graph
+    return Graph(name=name or model.graph.name or "model", tensors=dict(ctx.tensors),
+                 ops=tuple(ctx.ops), views=dict(ctx.views), constants=consts,
+                 inputs=tuple(inputs), outputs=tuple(outputs))
+
+
+def _copy_out(ctx: Context, out: str) -> None:
+    """Make output ``out``, a view of an input (or the input itself), a copy computed on chip."""
+    source = ctx.fresh(out)
+    if out in ctx.views:
+        view = ctx.views.pop(out)
+        ctx.views[source] = replace(view, name=source)
+        ctx.tensors[source] = replace(ctx.tensors[out], name=source)
+        ctx.shapes[source] = ctx.shapes[out]
+    else:
+        raise FrontendError(f"output {out!r} is an input; there is nothing to compute on chip")
+    shape = ctx.shapes[out]
+    axes = [f"d{i}" for i in range(len(shape))]
+    node = onnx.helper.make_node("Identity", [source], [out], name=f"{out}/copy")
+    ctx.emit(node, f"{out}/copy", list(zip(axes, shape)), Operand(out, tuple(axes)),
+             [Operand(source, tuple(axes))], None, ("in", 0))
 
 
 def _renamed(node: onnx.NodeProto, name: str) -> onnx.NodeProto:

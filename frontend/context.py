@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from t10c.ir import Body, Operand, TensorExpr, TensorInfo, View
+from t10c.ir import Body, Operand, TensorExpr, TensorInfo, View, Window
 
 
 class Unsupported(Exception):
@@ -47,7 +47,12 @@ def pick(op_type: str, opset: int) -> Lowering | None:
 
 
 def attrs(node: onnx.NodeProto) -> dict[str, object]:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    """The node's attributes as Python values (strings decoded)."""
+    out = {}
+    for a in node.attribute:
+        value = onnx.helper.get_attribute_value(a)
+        out[a.name] = value.decode() if isinstance(value, bytes) else value
+    return out
 
 
 class Context:
@@ -57,6 +62,9 @@ class Context:
                  constants: dict[str, np.ndarray], opset: int) -> None:
         self.shapes = shapes
         self.dtypes = dtypes
+        #: element types as ONNX declares them ("bool", "int64", "float32", ...): on chip every
+        #: computed tensor is float32, so bool and integer values are stored as floats
+        self.onnx_dtypes = dict(dtypes)
         self.constants = constants
         self.opset = opset
         self.ops: list[TensorExpr] = []
@@ -77,6 +85,12 @@ class Context:
             return str(self.constants[name].dtype)
         return self.dtypes.get(name, "float32")
 
+    def onnx_dtype(self, name: str) -> str:
+        """The element type the model gives ``name`` (bool stays bool, unlike `dtype`)."""
+        if name in self.constants:
+            return str(self.constants[name].dtype)
+        return self.onnx_dtypes.get(name, self.dtypes.get(name, "float32"))
+
     def is_const(self, name: str) -> bool:
         return name in self.constants
 
@@ -88,6 +102,20 @@ class Context:
     def fresh(self, base: str) -> str:
         self._fresh += 1
         return f"{base}~{self._fresh}"
+
+    def constant(self, base: str, value: np.ndarray) -> str:
+        """A new constant (float values as float32); returns its name."""
+        name = self.fresh(base)
+        value = np.asarray(value)
+        self.constants[name] = value.astype(np.float32) if value.dtype.kind in "fb" else value
+        return name
+
+    def float_operand(self, name: str) -> str:
+        """``name`` itself, or for a bool or integer constant a float32 copy of it: on chip,
+        elementwise operands are floats."""
+        if name in self.constants and self.constants[name].dtype != np.float32:
+            return self.constant(name, self.constants[name].astype(np.float32))
+        return name
 
     # -- emission -------------------------------------------------------------------------
     def declare(self, name: str, shape: tuple[int, ...], dtype: str = "float32") -> None:
@@ -108,8 +136,30 @@ class Context:
     def emit(self, node: onnx.NodeProto, name: str, axes: list[tuple[str, int]],
              output: Operand, inputs: list[Operand], combine: str | None, body: Body,
              out_dtype: str = "float32") -> None:
+        """Append one op. Axes of extent one are left out (the tensors they index are viewed
+        without those dimensions, the output written squeezed and viewed back), and operands
+        read through views that do not move anything read the underlying tensor, so that
+        a batch of one or a ``keepdims`` reduction never stands between two ops."""
+        full = output
+        ones = {a for a, e in axes if e == 1}
+        if not [a for a in output.axes if a not in ones]:
+            # a scalar result: one-dimensional, [1], on a unit axis of its own
+            unit = "u"
+            axes = [(unit, 1), *axes]
+            inputs = [self._lifted(o, unit) if not o.axes else o for o in inputs]
+            output = Operand(self.fresh(full.tensor), (unit,))
+        if ones:
+            axes = [(a, e) for a, e in axes if a not in ones]
+            inputs = [self._squeezed(o, ones) for o in inputs]
+            if output is full:
+                output = self._squeezed(output, ones, declare=False)
+            if combine is not None and set(output.axes) >= {a for a, _ in axes}:
+                combine = None  # only unit axes were reduced
         shape = tuple(dict(axes)[a] for a in output.axes)
         self.declare(output.tensor, shape, out_dtype)
+        if output.tensor != full.tensor:
+            self.view(full.tensor, output.tensor, self._full_shape(full, dict(axes)))
+        inputs = [Operand(self._unviewed(o.tensor), o.axes) for o in inputs]
         for o in inputs:
             if o.tensor in self.constants and o.tensor not in self.tensors:
                 value = self.constants[o.tensor]
@@ -118,6 +168,57 @@ class Context:
                                                     else "float32")
         self.ops.append(TensorExpr(name, tuple(axes), output, tuple(inputs), combine, body,
                                    source=f"{node.op_type} node {node.name!r}"))
+
+    @staticmethod
+    def _full_shape(full: Operand, extents: dict[str, int]) -> tuple[int, ...]:
+        return tuple(extents.get(d, 1) if isinstance(d, str) else 1 for d in full.axes)
+
+    def _squeezed(self, operand: Operand, ones: set[str], declare: bool = True) -> Operand:
+        """``operand`` without its dimensions indexed by the unit axes ``ones`` (a view of the
+        tensor, or for the output a fresh name to be viewed back)."""
+        dims: list = []
+        keep: list[int] = []
+        for i, d in enumerate(operand.axes):
+            if isinstance(d, Window):
+                dims.append(Window(tuple((a, c) for a, c in d.terms if a not in ones),
+                                   d.offset))
+                keep.append(i)
+            elif d not in ones:
+                dims.append(d)
+                keep.append(i)
+        if len(keep) == len(operand.axes):
+            return Operand(operand.tensor, tuple(dims))
+        if not declare:
+            return Operand(self.fresh(operand.tensor), tuple(dims))
+        shape = self.shape(operand.tensor)
+        squeezed = self.fresh(operand.tensor)
+        self.view(squeezed, operand.tensor, tuple(shape[i] for i in keep))
+        return Operand(squeezed, tuple(dims))
+
+    def _lifted(self, operand: Operand, unit: str) -> Operand:
+        """A rank-0 operand as a [1] view indexed by ``unit``."""
+        lifted = self.fresh(operand.tensor)
+        self.view(lifted, operand.tensor, (1,))
+        return Operand(lifted, (unit,))
+
+    def _unviewed(self, tensor: str) -> str:
+        """The farthest tensor ``tensor`` is a view of with the same shape and the same element
+        order (reshapes, and transposes that move only unit dimensions): the same data."""
+        if tensor not in self.views:
+            return tensor
+        best, cur = tensor, tensor
+        shape = self.shape(tensor)
+        while cur in self.views:
+            v = self.views[cur]
+            if v.perm is not None:
+                src = self.shape(v.source)
+                moved = [p for p in v.perm if src[p] != 1]
+                if moved != sorted(moved):
+                    break
+            cur = v.source
+            if self.shape(cur) == shape:
+                best = cur
+        return best
 
     def broadcast_operands(self, names: list[str], out_shape: tuple[int, ...],
                            axes: list[str]) -> tuple[list[Operand], list[Body]]:
@@ -134,6 +235,7 @@ class Context:
             if name in self.constants and self.constants[name].size == 1:
                 leaves.append(("const", float(self.constants[name].reshape(-1)[0])))
                 continue
+            name = self.float_operand(name)
             if len(shape) > rank:
                 raise Unsupported(f"{name!r} of shape {shape} does not broadcast to {out_shape}")
             lead = rank - len(shape)
@@ -142,6 +244,31 @@ class Context:
             if len(keep) != len(shape):
                 tensor = self.fresh(name)
                 self.view(tensor, name, tuple(shape[d] for d in keep))
+            operand = Operand(tensor, tuple(axes[lead + d] for d in keep))
+            if operand in operands:  # the same tensor twice (x * x): one operand
+                leaves.append(("in", operands.index(operand)))
+                continue
             leaves.append(("in", len(operands)))
-            operands.append(Operand(tensor, tuple(axes[lead + d] for d in keep)))
+            operands.append(operand)
         return operands, leaves
+
+    def elementwise(self, node: onnx.NodeProto, names: list[str],
+                    body: Callable[..., Body], out: str | None = None,
+                    name: str | None = None) -> None:
+        """Emit ``out = body(*leaves)`` over ``names`` broadcast numpy-style (one op)."""
+        out_shape = broadcast_shape(*(self.shape(n) for n in names))
+        axes = [f"d{i}" for i in range(len(out_shape))]
+        operands, leaves = self.broadcast_operands(names, out_shape, axes)
+        if not operands:
+            raise Unsupported("all inputs are constant (should have been folded)")
+        out = out or node.output[0]
+        self.emit(node, name or node.name or out, list(zip(axes, out_shape)),
+                  Operand(out, tuple(axes)), operands, None, body(*leaves))
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy's broadcast of ``shapes``, or `Unsupported` when they do not broadcast."""
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise Unsupported(f"shapes {', '.join(map(str, shapes))} do not broadcast") from None

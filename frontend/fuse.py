@@ -1,19 +1,41 @@
-"""Elementwise fusion: an elementwise op whose only reader is the next op is inlined into it.
+"""Elementwise fusion: elementwise ops are inlined into the ops that read them.
 
-Only where the consumer's iteration space is the producer's: no point is computed twice.
 The producer's body replaces the consumer's ``("in", k)`` leaf, with the producer's axes renamed
-to the consumer's through the operand that read it, and its inputs appended to the consumer's
-(identical operands merged). The intermediate tensor then never exists on chip: GELU written as
-five ONNX nodes becomes one expression, and the normalising step of a LayerNorm absorbs the
-scale and shift.
+to the consumer's through the operand that read it (windows in the producer's own operands are
+renamed term by term), and its inputs appended to the consumer's (identical operands merged).
+The intermediate tensor then never exists on chip: GELU written as five ONNX nodes becomes one
+expression, a LayerNorm or RMSNorm written as ReduceMean, Sub, Pow, Sqrt and Div becomes a
+reduce, a reduce and one elementwise step, and a Slice or Concat read by an elementwise op
+becomes windows in that op's operands.
+
+An elementwise producer P is inlined into its reader C (which must read P point by point, not
+through a window, and must not be an embedding lookup) when:
+
+1. P has one reader and C's iteration space is P's (no point computed twice); or
+2. P is a pure copy (a Slice, Expand, Split piece: body ``in0``): an index map costs nothing
+   to compose, so it folds into any reader, a matmul included; or
+3. P is cheap and C is not a contraction: C may be wider than P (a row statistic such as
+   ``1/sqrt(var + eps)`` recomputed for every element of the row, as the LayerNormalization
+   lowering does), and P may have several such readers when it is a normalising step, i.e. it
+   reads a computed tensor broadcast along some of its axes (``x - mean``, ``exp(x - max)``);
+   each reader then recomputes it instead of P being materialised.
+
+A producer that is not cheap is not inlined where the reader's body reads it several times
+(``where(isnan(p), 0, p)``): the body has no shared subexpressions. Never into a contraction
+otherwise: that would recompute P for every point of the extra axes and
+take the matmul off the matrix unit.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from dataclasses import replace
 
-from t10c.ir import Body, Graph, Operand, TensorExpr
+from t10c.costs import FN_OPS
+from t10c.ir import Body, Dim, Graph, Operand, TensorExpr, Window, is_contraction
+
+#: vector operations per point up to which a producer counts as cheap (rule 3)
+CHEAP_OPS = 8
 
 
 def _reindex(body: Body, mapping: dict[int, Body]) -> Body:
@@ -24,13 +46,36 @@ def _reindex(body: Body, mapping: dict[int, Body]) -> Body:
     return (body[0], *(_reindex(arg, mapping) for arg in body[1:]))
 
 
+def _cost(body: Body) -> int:
+    if body[0] in ("in", "const"):
+        return 0
+    return FN_OPS.get(body[0], 1) + sum(_cost(arg) for arg in body[1:])
+
+
+def _uses(body: Body, slot: int) -> int:
+    if body[0] == "in":
+        return int(body[1] == slot)
+    if body[0] == "const":
+        return 0
+    return sum(_uses(arg, slot) for arg in body[1:])
+
+
+def _rename(d: Dim, rename: dict[str, str]) -> Dim:
+    if not isinstance(d, Window):
+        return rename[d]
+    coefs: dict[str, int] = {}
+    for a, c in d.terms:
+        coefs[rename[a]] = coefs.get(rename[a], 0) + c
+    return Window(tuple(coefs.items()), d.offset)
+
+
 def _inline(producer: TensorExpr, consumer: TensorExpr, slot: int) -> TensorExpr:
     read = consumer.inputs[slot]
     rename = dict(zip(producer.output.axes, read.axes))
     inputs = [o for k, o in enumerate(consumer.inputs) if k != slot]
     leaves: dict[int, Body] = {}
     for k, o in enumerate(producer.inputs):
-        moved = Operand(o.tensor, tuple(rename[a] for a in o.axes))
+        moved = Operand(o.tensor, tuple(_rename(d, rename) for d in o.axes))
         if moved not in inputs:
             inputs.append(moved)
         leaves[k] = ("in", inputs.index(moved))
@@ -41,41 +86,81 @@ def _inline(producer: TensorExpr, consumer: TensorExpr, slot: int) -> TensorExpr
     return replace(consumer, inputs=tuple(inputs), body=_reindex(consumer.body, mapping))
 
 
+def _is_copy(op: TensorExpr) -> bool:
+    return op.body == ("in", 0) and len(op.inputs) == 1
+
+
+def _normalising(op: TensorExpr, computed: set[str]) -> bool:
+    """Reads a computed tensor along fewer axes than it has (``x - mean``)."""
+    return any(o.tensor in computed and len(o.axis_set) < len(op.axes) for o in op.inputs)
+
+
+def _may_inline(producer: TensorExpr, consumer: TensorExpr, slot: int, readers: int,
+                computed: set[str], max_inputs: int) -> bool:
+    read = consumer.inputs[slot]
+    if consumer.body[0] == "take" or not all(isinstance(d, str) for d in read.axes):
+        return False  # read through a window: inlining would recompute the halo
+    if len(set(read.axes)) != len(read.axes):
+        return False
+    if len(consumer.inputs) - 1 + len(producer.inputs) > max_inputs:
+        return False
+    if _is_copy(producer):
+        return True
+    if _uses(consumer.body, slot) > 1 and _cost(producer.body) > 2:
+        return False  # read several times in one body: each read would recompute it
+    same_space = set(read.axes) == set(consumer.axis_names)
+    if readers == 1 and same_space:
+        return True
+    if is_contraction(consumer) or _cost(producer.body) > CHEAP_OPS:
+        return False
+    return readers == 1 or _normalising(producer, computed)
+
+
 def fuse_elementwise(graph: Graph, max_inputs: int = 6) -> Graph:
-    """Inline single-reader elementwise producers into their reader, repeatedly."""
+    """Inline elementwise producers into their readers (rules in the module doc), repeatedly."""
     ops = list(graph.ops)
-    keep = set(graph.outputs) | {v.source for v in graph.views.values()}
+    # tensors read through a view (or output through one) must exist as they are
+    viewed = {o.tensor for op in ops for o in op.inputs if o.tensor in graph.views}
+    keep = {graph.root(t) for t in (*graph.outputs, *viewed)}
     changed = True
     while changed:
         changed = False
-        readers = Counter(o.tensor for op in ops for o in op.inputs)
-        position = {op.output.tensor: i for i, op in enumerate(ops)}
-        for ci, consumer in enumerate(ops):
-            if consumer.body[0] == "take":
+        reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for ci, op in enumerate(ops):
+            for slot, o in enumerate(op.inputs):
+                reads[o.tensor].append((ci, slot))
+        produced = {op.output.tensor for op in ops}
+        # computed tensors, views of them included (constants and inputs are not)
+        computed = produced | {v for v in graph.views if graph.root(v) in produced}
+        for pi, producer in enumerate(ops):
+            out = producer.output.tensor
+            if producer.combine is not None or producer.body[0] == "take" or out in keep:
                 continue
-            for slot, operand in enumerate(consumer.inputs):
-                pi = position.get(operand.tensor)
-                if pi is None or readers[operand.tensor] != 1 or operand.tensor in keep:
-                    continue
-                if not all(isinstance(d, str) for d in operand.axes):
-                    continue  # read through a window: inlining would recompute the halo
-                producer = ops[pi]
-                if producer.combine is not None or producer.body[0] == "take":
-                    continue
-                # only where every point of the consumer reads one point of the producer:
-                # inlining into a wider iteration space (a matmul) would recompute the producer
-                # for every point of the extra axes and take the matmul off the matrix unit
-                if set(operand.axes) != set(consumer.axis_names):
-                    continue
-                if len(consumer.inputs) - 1 + len(producer.inputs) > max_inputs:
-                    continue
-                ops[ci] = _inline(producer, consumer, slot)
-                del ops[pi]
-                changed = True
-                break
-            if changed:
-                break
-    used = {o.tensor for op in ops for o in op.operands} | set(graph.views) | set(graph.inputs)
-    used |= {v.source for v in graph.views.values()}
-    tensors = {k: v for k, v in graph.tensors.items() if k in used}
-    return replace(graph, ops=tuple(ops), tensors=tensors)
+            sites = reads.get(out, [])
+            if not sites or len({ci for ci, _ in sites}) != len(sites):
+                continue  # one reader reading it twice
+            if not all(_may_inline(producer, ops[ci], slot, len(sites), computed, max_inputs)
+                       for ci, slot in sites):
+                continue
+            for ci, slot in sites:
+                ops[ci] = _inline(producer, ops[ci], slot)
+            del ops[pi]
+            changed = True
+            break
+    return prune(replace(graph, ops=tuple(ops)))
+
+
+def prune(graph: Graph) -> Graph:
+    """Drop the views and tensors that no op reads and no output is (chains included)."""
+    used = {o.tensor for op in graph.ops for o in op.operands} | set(graph.outputs)
+    used |= set(graph.inputs)
+    frontier = [t for t in used if t in graph.views]
+    while frontier:
+        source = graph.views[frontier.pop()].source
+        if source not in used:
+            used.add(source)
+            if source in graph.views:
+                frontier.append(source)
+    return replace(graph, tensors={k: v for k, v in graph.tensors.items() if k in used},
+                   views={k: v for k, v in graph.views.items() if k in used},
+                   constants={k: v for k, v in graph.constants.items() if k in used})

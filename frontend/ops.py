@@ -1,72 +1,309 @@
-"""ONNX op lowerings: one function per op, registered by (op_type, since_version).
+"""ONNX op lowerings, elementwise and contraction ops: one function per op, registered by
+(op_type, since_version).
 
 Each takes the context, the node and the node's attributes as keyword arguments with the ONNX
-defaults, and emits tensor expressions and views. Semantics follow the ONNX operator docs.
+defaults, and emits tensor expressions and views. Semantics follow the ONNX operator docs. The
+other lowerings live in `layout` (views and copies), `nn` (convolution, pooling, normalisation,
+reductions) and `shapes` (what is decided at compile time); importing this module registers
+them all.
+
+Booleans are 0.0/1.0 floats on chip: comparisons produce them, and ``where``, ``and`` and
+``not`` read any nonzero value as true.
 """
 
 from __future__ import annotations
 
+import math
+import string
+
 import numpy as np
 import onnx
 
-from t10c.ir import INDIRECT, Operand
+from t10c.ir import Body, Operand
 
-from .context import Context, Unsupported, register
+from .context import Context, Unsupported, broadcast_shape, register
 
 
 def _axes(rank: int, prefix: str = "d") -> list[str]:
     return [f"{prefix}{i}" for i in range(rank)]
 
 
-def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    try:
-        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise Unsupported(f"shapes {', '.join(map(str, shapes))} do not broadcast") from None
+def _const(x: float) -> Body:
+    return ("const", float(x))
 
 
-def _elementwise(ctx: Context, node: onnx.NodeProto, fn: str) -> None:
-    names = list(node.input)
-    out_shape = _broadcast_shape(*(ctx.shape(n) for n in names))
-    axes = _axes(len(out_shape))
-    operands, leaves = ctx.broadcast_operands(names, out_shape, axes)
-    if not operands:
-        raise Unsupported("all inputs are constant (should have been folded)")
-    body = (fn, *leaves)
-    ctx.emit(node, node.name or node.output[0], list(zip(axes, out_shape)),
-             Operand(node.output[0], tuple(axes)), operands, None, body)
-
+# -- arithmetic -----------------------------------------------------------------------------
 
 def _binary(fn: str):
     def lower(ctx: Context, node: onnx.NodeProto) -> None:
-        _elementwise(ctx, node, fn)
+        ctx.elementwise(node, list(node.input), lambda a, b: (fn, a, b))
+    lower.__name__ = fn
+    return lower
+
+
+def _legacy_binary(fn: str):
+    """Opset 1-6 arithmetic: no numpy broadcasting, but ``broadcast=1`` aligns B with A at
+    ``axis`` (by default at A's trailing dimensions)."""
+
+    def lower(ctx: Context, node: onnx.NodeProto, broadcast: int = 0, axis: int | None = None,
+              consumed_inputs: list[int] | None = None) -> None:
+        a, b = node.input
+        sa, sb = ctx.shape(a), ctx.shape(b)
+        if broadcast and len(sb) < len(sa) and sb:
+            start = len(sa) - len(sb) if axis is None else axis % len(sa)
+            trailing = len(sa) - start - len(sb)
+            if trailing:
+                shaped = ctx.fresh(b)
+                ctx.view(shaped, b, tuple(sb) + (1,) * trailing)
+                b = shaped
+        elif not broadcast and sa != sb and int(np.prod(sb)) != 1:
+            raise Unsupported(f"shapes {sa} and {sb} differ and broadcast=0")
+        ctx.elementwise(node, [a, b], lambda x, y: (fn, x, y))
+    lower.__name__ = fn
     return lower
 
 
 def _unary(fn: str):
     def lower(ctx: Context, node: onnx.NodeProto) -> None:
-        _elementwise(ctx, node, fn)
+        ctx.elementwise(node, [node.input[0]], lambda x: (fn, x))
+    lower.__name__ = fn
     return lower
 
 
-for _op, _fn in (("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div"),
-                 ("Pow", "pow")):
+for _op, _fn in (("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div")):
+    register(_op, 1)(_legacy_binary(_fn))
     register(_op, 7)(_binary(_fn))
+@register("Pow", 1)
+def Pow_1(ctx: Context, node: onnx.NodeProto, broadcast: int = 0,
+          axis: int | None = None) -> None:
+    if broadcast:
+        _legacy_binary("pow")(ctx, node, broadcast=broadcast, axis=axis)
+    else:
+        Pow(ctx, node)
+
+
+@register("Pow", 7)
+def Pow(ctx: Context, node: onnx.NodeProto) -> None:
+    base, exponent = node.input
+    if ctx.is_const(exponent) and ctx.constants[exponent].size == 1:
+        e = float(ctx.constants[exponent].reshape(-1)[0])
+        simple = {1.0: lambda x: x, 2.0: lambda x: ("square", x), 0.5: lambda x: ("sqrt", x),
+                  3.0: lambda x: ("mul", x, ("square", x)), -1.0: lambda x: ("recip", x)}
+        if e in simple:  # the common exponents as cheaper functions
+            ctx.elementwise(node, [base], simple[e])
+            return
+    ctx.elementwise(node, [base, exponent], lambda a, b: ("pow", a, b))
 for _op, _fn in (("Relu", "relu"), ("Erf", "erf"), ("Tanh", "tanh"), ("Sigmoid", "sigmoid"),
                  ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"),
                  ("Abs", "abs"), ("Reciprocal", "recip")):
     register(_op, 6)(_unary(_fn))
+register("Sin", 7)(_unary("sin"))
+register("Cos", 7)(_unary("cos"))
 
 
-@register("MatMul", 9)
-def MatMul(ctx: Context, node: onnx.NodeProto) -> None:
-    a, b = node.input
+def _variadic(fn: str, scale: float | None = None):
+    """Max, Min, Sum, Mean: a left fold of the binary function over every input."""
+
+    def lower(ctx: Context, node: onnx.NodeProto) -> None:
+        names = [n for n in node.input if n]
+
+        def body(*leaves: Body) -> Body:
+            acc = leaves[0]
+            for leaf in leaves[1:]:
+                acc = (fn, acc, leaf)
+            return ("mul", acc, _const(scale / len(leaves))) if scale else acc
+
+        if len(names) == 1:
+            ctx.view(node.output[0], names[0], ctx.shape(names[0]))
+            return
+        ctx.elementwise(node, names, body)
+    return lower
+
+
+for _since in (6, 8):  # opset 8 added numpy broadcasting, which `elementwise` always does
+    register("Max", _since)(_variadic("max"))
+    register("Min", _since)(_variadic("min"))
+    register("Sum", _since)(_variadic("add"))
+    register("Mean", _since)(_variadic("add", 1.0))
+
+
+# -- activations ----------------------------------------------------------------------------
+
+@register("LeakyRelu", 6)
+def LeakyRelu(ctx: Context, node: onnx.NodeProto, alpha: float = 0.01) -> None:
+    ctx.elementwise(node, [node.input[0]],
+                    lambda x: ("where", ("lt", x, _const(0)), ("mul", x, _const(alpha)), x))
+
+
+@register("PRelu", 6)
+def PRelu(ctx: Context, node: onnx.NodeProto) -> None:
+    x, slope = node.input
+    sx, ss = ctx.shape(x), ctx.shape(slope)
+    if ctx.opset < 7 and len(ss) == 1 and len(sx) >= 2 and ss[0] == sx[1] and ss[0] != sx[-1]:
+        # opset 6: a 1-D slope holds one value per channel (dimension 1)
+        shaped = ctx.fresh(slope)
+        ctx.view(shaped, slope, (ss[0],) + (1,) * (len(sx) - 2))
+        slope = shaped
+    ctx.elementwise(node, [x, slope],
+                    lambda a, s: ("where", ("lt", a, _const(0)), ("mul", a, s), a))
+
+
+@register("Elu", 6)
+def Elu(ctx: Context, node: onnx.NodeProto, alpha: float = 1.0) -> None:
+    ctx.elementwise(node, [node.input[0]], lambda x: (
+        "where", ("lt", x, _const(0)), ("mul", _const(alpha), ("sub", ("exp", x), _const(1))),
+        x))
+
+
+@register("Selu", 6)
+def Selu(ctx: Context, node: onnx.NodeProto, alpha: float = 1.67326319217681884765625,
+         gamma: float = 1.05070102214813232421875) -> None:
+    ctx.elementwise(node, [node.input[0]], lambda x: ("mul", _const(gamma), (
+        "where", ("le", x, _const(0)), ("sub", ("mul", _const(alpha), ("exp", x)),
+                                        _const(alpha)), x)))
+
+
+@register("Softplus", 1)
+def Softplus(ctx: Context, node: onnx.NodeProto) -> None:
+    # log(1 + exp(x)) = relu(x) + log(1 + exp(-|x|)): no overflow for large x
+    ctx.elementwise(node, [node.input[0]], lambda x: (
+        "add", ("relu", x), ("log", ("add", _const(1), ("exp", ("neg", ("abs", x)))))))
+
+
+@register("Softsign", 1)
+def Softsign(ctx: Context, node: onnx.NodeProto) -> None:
+    ctx.elementwise(node, [node.input[0]],
+                    lambda x: ("div", x, ("add", _const(1), ("abs", x))))
+
+
+def _hard_sigmoid(x: Body, alpha: float, beta: float) -> Body:
+    return ("max", _const(0), ("min", _const(1), ("add", ("mul", _const(alpha), x),
+                                                   _const(beta))))
+
+
+@register("HardSigmoid", 6)
+def HardSigmoid(ctx: Context, node: onnx.NodeProto, alpha: float = 0.2,
+                beta: float = 0.5) -> None:
+    ctx.elementwise(node, [node.input[0]], lambda x: _hard_sigmoid(x, alpha, beta))
+
+
+@register("HardSwish", 14)
+def HardSwish(ctx: Context, node: onnx.NodeProto) -> None:
+    ctx.elementwise(node, [node.input[0]], lambda x: ("mul", x, _hard_sigmoid(x, 1 / 6, 0.5)))
+
+
+def gelu_body(x: Body, approximate: str = "none") -> Body:
+    """GELU as the exporters' decomposition computes it (erf, or the tanh approximation)."""
+    if approximate == "tanh":
+        inner = ("mul", _const(math.sqrt(2 / math.pi)),
+                 ("add", x, ("mul", _const(0.044715), ("mul", x, ("mul", x, x)))))
+        return ("mul", ("mul", _const(0.5), x), ("add", _const(1), ("tanh", inner)))
+    return ("mul", ("mul", _const(0.5), x),
+            ("add", _const(1), ("erf", ("mul", x, _const(1 / math.sqrt(2))))))
+
+
+@register("Gelu", 20)
+def Gelu(ctx: Context, node: onnx.NodeProto, approximate: str = "none") -> None:
+    if approximate not in ("none", "tanh"):
+        raise Unsupported(f"approximate={approximate!r}")
+    ctx.elementwise(node, [node.input[0]], lambda x: gelu_body(x, approximate))
+
+
+@register("Clip", 6)
+def Clip_6(ctx: Context, node: onnx.NodeProto, min: float = -3.4028234663852886e38,
+           max: float = 3.4028234663852886e38) -> None:
+    ctx.elementwise(node, [node.input[0]],
+                    lambda x: ("min", ("max", x, _const(min)), _const(max)))
+
+
+@register("Clip", 11)
+def Clip(ctx: Context, node: onnx.NodeProto) -> None:
+    names = list(node.input) + [""] * (3 - len(node.input))
+    present = [n for n in names if n]
+
+    def body(*leaves: Body) -> Body:
+        it = iter(leaves)
+        x = next(it)
+        if names[1]:
+            x = ("max", x, next(it))
+        if names[2]:
+            x = ("min", x, next(it))
+        return x
+
+    if len(present) == 1:
+        ctx.view(node.output[0], names[0], ctx.shape(names[0]))
+        return
+    ctx.elementwise(node, present, body)
+
+
+# -- comparisons and logic: 0/1 floats ------------------------------------------------------
+
+for _op, _fn, _since in (("Equal", "eq", 7), ("Less", "lt", 7), ("Greater", "gt", 7),
+                         ("LessOrEqual", "le", 12), ("GreaterOrEqual", "ge", 12),
+                         ("And", "and", 7), ("Or", "or", 7)):
+    register(_op, _since)(_binary(_fn))
+register("Not", 1)(_unary("not"))
+
+
+@register("IsNaN", 9)
+def IsNaN(ctx: Context, node: onnx.NodeProto) -> None:
+    ctx.elementwise(node, [node.input[0]], lambda x: ("not", ("eq", x, x)))  # NaN != NaN
+
+
+@register("IsInf", 10)
+def IsInf(ctx: Context, node: onnx.NodeProto, detect_negative: int = 1,
+          detect_positive: int = 1) -> None:
+    def body(x: Body) -> Body:
+        tests = ([("eq", x, _const(math.inf))] if detect_positive else []) + \
+                ([("eq", x, _const(-math.inf))] if detect_negative else [])
+        if not tests:
+            return ("mul", x, _const(0))
+        return tests[0] if len(tests) == 1 else ("or", tests[0], tests[1])
+
+    ctx.elementwise(node, [node.input[0]], body)
+
+
+@register("Where", 9)
+def Where(ctx: Context, node: onnx.NodeProto) -> None:
+    ctx.elementwise(node, list(node.input), lambda c, a, b: ("where", c, a, b))
+
+
+FLOAT_TYPES = {"float32", "float64", "float16", "bfloat16"}
+INT_TYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+
+
+@register("Cast", 6)
+def Cast(ctx: Context, node: onnx.NodeProto, to: int = 1, saturate: int = 1,
+         round_mode: str = "up") -> None:
+    """Every computed tensor is float32 on chip; a cast changes values only when it rounds a
+    float to an integer (towards zero) or maps a number to bool (nonzero is true)."""
+    x = node.input[0]
+    src = ctx.onnx_dtype(x)
+    dst = onnx.helper.tensor_dtype_to_np_dtype(to).name
+    if dst in FLOAT_TYPES and src in FLOAT_TYPES | {"bool"}:
+        ctx.view(node.output[0], x, ctx.shape(x))
+    elif dst in FLOAT_TYPES and src in INT_TYPES:
+        ctx.elementwise(node, [x], lambda v: v)  # an integer input becomes a float activation
+    elif dst == "bool":
+        ctx.elementwise(node, [x], lambda v: ("not", ("not", v)))
+    elif dst in INT_TYPES and src in INT_TYPES | {"bool"}:
+        ctx.view(node.output[0], x, ctx.shape(x))  # already integral values
+    elif dst in INT_TYPES and src in FLOAT_TYPES:
+        ctx.elementwise(node, [x], lambda v: (  # truncation towards zero
+            "where", ("lt", v, _const(0)), ("neg", ("floor", ("neg", v))), ("floor", v)))
+    else:
+        raise Unsupported(f"Cast from {src} to {dst} on chip (tensors there are float32; "
+                          "integer tensors only as model inputs indexing a Gather)")
+
+
+# -- contractions ---------------------------------------------------------------------------
+
+def matmul(ctx: Context, node: onnx.NodeProto, a: str, b: str, out: str, name: str) -> None:
+    """``out = a @ b`` with numpy's batch broadcasting (both at least 2-D)."""
     sa, sb = ctx.shape(a), ctx.shape(b)
-    if len(sa) < 2 or len(sb) < 2:
-        raise Unsupported("MatMul with a 1-D operand is not supported yet")
     if sa[-1] != sb[-2]:
         raise Unsupported(f"MatMul shapes {sa} and {sb} do not agree")
-    batch = _broadcast_shape(sa[:-2], sb[:-2])
+    batch = broadcast_shape(sa[:-2], sb[:-2])
     baxes = _axes(len(batch), "b")
     axes = list(zip(baxes, batch)) + [("m", sa[-2]), ("k", sa[-1]), ("n", sb[-1])]
 
@@ -74,121 +311,137 @@ def MatMul(ctx: Context, node: onnx.NodeProto) -> None:
         lead = len(batch) - (len(shape) - 2)
         keep = [d for d in range(len(shape) - 2)
                 if not (shape[d] == 1 and batch[lead + d] > 1)]
-        tensor = name
+        tensor = ctx.float_operand(name)
         if len(keep) != len(shape) - 2:
-            tensor = ctx.fresh(name)
-            ctx.view(tensor, name, tuple(shape[d] for d in keep) + shape[-2:])
+            squeezed = ctx.fresh(name)
+            ctx.view(squeezed, tensor, tuple(shape[d] for d in keep) + shape[-2:])
+            tensor = squeezed
         return Operand(tensor, tuple(baxes[lead + d] for d in keep) + last)
 
-    ctx.emit(node, node.name or node.output[0], axes,
-             Operand(node.output[0], (*baxes, "m", "n")),
+    ctx.emit(node, name, axes, Operand(out, (*baxes, "m", "n")),
              [operand(a, sa, ("m", "k")), operand(b, sb, ("k", "n"))], "sum",
              ("mul", ("in", 0), ("in", 1)))
 
 
-@register("Gather", 1)
-def Gather(ctx: Context, node: onnx.NodeProto, axis: int = 0) -> None:
-    data, indices = node.input
-    if not ctx.is_const(data):
-        raise Unsupported("Gather from a computed tensor is not supported yet (only lookups in "
-                          "a constant table)")
-    shape = ctx.shape(data)
-    axis = axis % len(shape)
-    if axis != 0:
-        raise Unsupported(f"Gather along axis {axis} is not supported yet (only axis 0)")
-    ishape = ctx.shape(indices)
-    out_shape = tuple(ishape) + tuple(shape[1:])
-    axes = _axes(len(out_shape))
-    ni = len(ishape)
-    table = ctx.constants[data].astype(np.float32)
-    ctx.constants[data] = table
-    ctx.emit(node, node.name or node.output[0], list(zip(axes, out_shape)),
-             Operand(node.output[0], tuple(axes)),
-             [Operand(data, (INDIRECT, *axes[ni:])), Operand(indices, tuple(axes[:ni]))],
-             None, ("take", 0, 1))
+@register("MatMul", 1)
+def MatMul(ctx: Context, node: onnx.NodeProto) -> None:
+    a, b = node.input
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    out = node.output[0]
+    base = node.name or out
+    if len(sa) >= 2 and len(sb) >= 2:
+        matmul(ctx, node, a, b, out, base)
+        return
+    # numpy's 1-D rules: a vector a is a row [1, K], a vector b a column [K, 1], and the
+    # added dimension is dropped from the result
+    if len(sa) == 1:
+        a2 = ctx.fresh(a)
+        ctx.view(a2, a, (1, sa[0]))
+        a = a2
+    if len(sb) == 1:
+        b2 = ctx.fresh(b)
+        ctx.view(b2, b, (sb[0], 1))
+        b = b2
+    full = ctx.fresh(out)
+    matmul(ctx, node, a, b, full, base)
+    shape = ctx.shape(full)
+    drop = ([len(shape) - 2] if len(sa) == 1 else []) + ([len(shape) - 1] if len(sb) == 1 else [])
+    ctx.view(out, full, tuple(d for i, d in enumerate(shape) if i not in drop))
 
 
-@register("Reshape", 5)
-def Reshape(ctx: Context, node: onnx.NodeProto, allowzero: int = 0) -> None:
-    data, shape_name = node.input
-    target = [int(x) for x in ctx.const(shape_name, "the target shape of Reshape")]
-    src = ctx.shape(data)
-    out = []
-    for i, d in enumerate(target):
-        out.append(src[i] if d == 0 and not allowzero else d)
-    if -1 in out:
-        known = int(np.prod([d for d in out if d != -1]))
-        out[out.index(-1)] = int(np.prod(src)) // max(known, 1)
-    if int(np.prod(out)) != int(np.prod(src)):
-        raise Unsupported(f"cannot reshape {src} to {tuple(out)}")
-    ctx.view(node.output[0], data, tuple(out))
-
-
-@register("Transpose", 1)
-def Transpose(ctx: Context, node: onnx.NodeProto, perm: list[int] | None = None) -> None:
-    src = ctx.shape(node.input[0])
-    p = tuple(perm) if perm is not None else tuple(reversed(range(len(src))))
-    ctx.view(node.output[0], node.input[0], tuple(src[i] for i in p), p)
-
-
-@register("Identity", 1)
-def Identity(ctx: Context, node: onnx.NodeProto) -> None:
-    ctx.view(node.output[0], node.input[0], ctx.shape(node.input[0]))
-
-
-@register("Dropout", 12)
-def Dropout(ctx: Context, node: onnx.NodeProto, seed: int = 0) -> None:
-    if len(node.output) > 1 and node.output[1]:
-        raise Unsupported("Dropout's mask output is not supported (inference only)")
-    ctx.view(node.output[0], node.input[0], ctx.shape(node.input[0]))
-
-
-@register("Softmax", 13)
-def Softmax(ctx: Context, node: onnx.NodeProto, axis: int = -1) -> None:
-    x = node.input[0]
-    shape = ctx.shape(x)
-    axis %= len(shape)
-    axes = _axes(len(shape))
-    full = list(zip(axes, shape))
-    kept = tuple(a for i, a in enumerate(axes) if i != axis)
+@register("Gemm", 6)
+def Gemm(ctx: Context, node: onnx.NodeProto, alpha: float = 1.0, beta: float = 1.0,
+         transA: int = 0, transB: int = 0, broadcast: int = 0) -> None:
+    a, b = node.input[:2]
+    c = node.input[2] if len(node.input) > 2 and node.input[2] else None
     base = node.name or node.output[0]
-    mx, total = f"{base}/max", f"{base}/sum"
-    xin = Operand(x, tuple(axes))
-    ctx.emit(node, mx, full, Operand(mx, kept), [xin], "max", ("in", 0))
-    shifted = ("exp", ("sub", ("in", 0), ("in", 1)))
-    ctx.emit(node, total, full, Operand(total, kept), [xin, Operand(mx, kept)], "sum", shifted)
-    ctx.emit(node, base, full, Operand(node.output[0], tuple(axes)),
-             [xin, Operand(mx, kept), Operand(total, kept)], None, ("div", shifted, ("in", 2)))
+    if transA:
+        at = ctx.fresh(a)
+        ctx.view(at, a, tuple(reversed(ctx.shape(a))), (1, 0))
+        a = at
+    if transB:
+        bt = ctx.fresh(b)
+        ctx.view(bt, b, tuple(reversed(ctx.shape(b))), (1, 0))
+        b = bt
+    if alpha != 1.0 and ctx.is_const(b):  # fold alpha into a constant B
+        b = ctx.constant(b, ctx.constants[b].astype(np.float32) * np.float32(alpha))
+        alpha = 1.0
+    if c is None and alpha == 1.0:
+        matmul(ctx, node, a, b, node.output[0], base)
+        return
+    product = ctx.fresh(node.output[0])
+    matmul(ctx, node, a, b, product, base)
+    names = [product] + ([c] if c is not None else [])
+
+    def body(y: Body, *bias: Body) -> Body:
+        y = ("mul", y, _const(alpha)) if alpha != 1.0 else y
+        if bias:
+            y = ("add", y, ("mul", bias[0], _const(beta)) if beta != 1.0 else bias[0])
+        return y
+
+    ctx.elementwise(node, names, body, name=f"{base}/bias")
 
 
-@register("LayerNormalization", 17)
-def LayerNormalization(ctx: Context, node: onnx.NodeProto, axis: int = -1,
-                       epsilon: float = 1e-5, stash_type: int = 1) -> None:
-    if len(node.output) > 1 and any(node.output[1:]):
-        raise Unsupported("LayerNormalization's Mean and InvStdDev outputs are not supported")
-    x = node.input[0]
-    shape = ctx.shape(x)
-    axis %= len(shape)
-    axes = _axes(len(shape))
-    full = list(zip(axes, shape))
-    kept = tuple(axes[:axis])
-    count = float(np.prod(shape[axis:]))
-    base = node.name or node.output[0]
-    mean, var = f"{base}/mean", f"{base}/var"
-    xin = Operand(x, tuple(axes))
-    ctx.emit(node, mean, full, Operand(mean, kept), [xin], "sum",
-             ("mul", ("in", 0), ("const", 1.0 / count)))
-    centred = ("sub", ("in", 0), ("in", 1))
-    ctx.emit(node, var, full, Operand(var, kept), [xin, Operand(mean, kept)], "sum",
-             ("mul", ("square", centred), ("const", 1.0 / count)))
-    extra = list(node.input[1:3])
-    extra = [n for n in extra if n]
-    operands, leaves = ctx.broadcast_operands(extra, shape, axes)
-    inputs = [xin, Operand(mean, kept), Operand(var, kept)]
-    shift = len(inputs)
-    leaves = [(leaf[0], leaf[1] + shift) if leaf[0] == "in" else leaf for leaf in leaves]
-    body = ("mul", centred, ("rsqrt", ("add", ("in", 2), ("const", float(epsilon)))))
-    body = ("mul", body, leaves[0]) if leaves else body
-    body = ("add", body, leaves[1]) if len(leaves) > 1 else body
-    ctx.emit(node, base, full, Operand(node.output[0], tuple(axes)), inputs + operands, None,
-             body)
+def _parse_einsum(equation: str, ranks: list[int]) -> tuple[list[str], str]:
+    eq = equation.replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise Unsupported(f"equation {equation!r} has {len(terms)} operands, node has "
+                          f"{len(ranks)}")
+    if "." in eq:
+        # spell the ellipsis out with letters the equation does not use
+        free = [c for c in string.ascii_letters if c not in eq]
+        width = max(r - (len(t) - 3) for t, r in zip(terms, ranks) if "..." in t)
+        dots = "".join(free[:width])
+        terms = [t.replace("...", dots[width - (r - (len(t) - 3)):]) for t, r in
+                 zip(terms, ranks)]
+        if "->" in eq:
+            rhs = rhs.replace("...", dots)
+        else:
+            rhs = dots + "".join(sorted(c for c in set("".join(terms)) if c not in dots and
+                                        "".join(terms).count(c) == 1))
+    elif "->" not in eq:
+        joined = "".join(terms)
+        rhs = "".join(sorted(c for c in set(joined) if joined.count(c) == 1))
+    return terms, rhs
+
+
+@register("Einsum", 12)
+def Einsum(ctx: Context, node: onnx.NodeProto, equation: str = "") -> None:
+    names = list(node.input)
+    shapes = [ctx.shape(n) for n in names]
+    terms, rhs = _parse_einsum(equation, [len(s) for s in shapes])
+    extents: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        if len(term) != len(shape):
+            raise Unsupported(f"equation term {term!r} does not match the rank of {shape}")
+        if len(set(term)) != len(term):
+            raise Unsupported(f"a repeated index within one operand ({term!r}: a diagonal)")
+        for letter, extent in zip(term, shape):
+            if extents.get(letter, 1) not in (1, extent) and extent != 1:
+                raise Unsupported(f"index {letter!r} has extents {extents[letter]} and {extent}")
+            extents[letter] = max(extent, extents.get(letter, 1))
+    operands = []
+    for name, term, shape in zip(names, terms, shapes):
+        keep = [c for c, e in zip(term, shape) if e == extents[c]]  # drop broadcast dims
+        tensor = ctx.float_operand(name)
+        if len(keep) != len(term):
+            squeezed = ctx.fresh(name)
+            ctx.view(squeezed, tensor, tuple(extents[c] for c in keep))
+            tensor = squeezed
+        operands.append(Operand(tensor, tuple(f"e_{c}" for c in keep)))
+    if len(set(rhs)) != len(rhs) or any(c not in extents for c in rhs):
+        raise Unsupported(f"output {rhs!r} of {equation!r}")
+    order = list(rhs) + [c for c in extents if c not in rhs]
+    axes = [(f"e_{c}", extents[c]) for c in order]
+    out = Operand(node.output[0], tuple(f"e_{c}" for c in rhs))
+    reduce = len(order) > len(rhs)
+    if len(operands) == 1:
+        body: Body = ("in", 0)
+    elif len(operands) == 2:
+        body = ("mul", ("in", 0), ("in", 1))
+    else:
+        raise Unsupported("Einsum of more than two operands")
+    ctx.emit(node, node.name or node.output[0], axes, out, operands,
+             "sum" if reduce else None, body)

@@ -3,6 +3,10 @@
 >>> from t10c.models import build
 >>> model = build("bert-tiny", seq_len=16)   # onnx.ModelProto, opset 17, IR version 8
 
+Families: ``mlp``; BERT encoders; GPT-2 and LLaMA causal language models (``seq_len`` sizes
+them); ViT and ResNet image classifiers (their image size is part of the name's size). Each
+family has a tiny size for tests and its standard small size. Nothing is ever downloaded.
+
 Every model is checked with ``onnx.checker.check_model`` and runs on onnxruntime.
 Building the same name with the same arguments gives a byte-identical
 ``SerializeToString()``, so a zoo model needs no file on disk to be reproducible.
@@ -15,18 +19,30 @@ from types import MappingProxyType
 import onnx
 
 from .bert import BERT_SIZES, BertSize, build_bert
+from .gpt2 import GPT2_SIZES, build_gpt2
+from .llama import LLAMA_SIZES, build_llama
 from .matmul import build_matmul, parse_matmul
 from .mlp import build_mlp
+from .resnet import RESNET_SIZES, build_resnet
+from .vit import VIT_SIZES, build_vit
 
 __all__ = [
     "BERT_SIZES",
     "DEFAULT_BATCH",
+    "GPT2_SIZES",
+    "LLAMA_SIZES",
+    "RESNET_SIZES",
+    "VIT_SIZES",
     "ZOO_NAMES",
     "BertSize",
     "UnknownModelError",
     "build",
     "build_bert",
+    "build_gpt2",
+    "build_llama",
     "build_mlp",
+    "build_resnet",
+    "build_vit",
     "is_zoo_name",
 ]
 
@@ -36,11 +52,20 @@ ZOO_NAMES: tuple[str, ...] = (
     "bert-mini",
     "bert-base",
     "bert-large",
+    "gpt2-tiny",
+    "gpt2",
+    "vit-tiny",
+    "vit-base",
+    "llama-tiny",
+    "llama-135m",
+    "llama-360m",
+    "resnet-tiny",
+    "resnet50",
 )
-"""Every name `build` accepts, smallest first."""
+"""Every name `build` accepts, smallest first within each family."""
 
 DEFAULT_BATCH: MappingProxyType[str, int] = MappingProxyType(
-    {"mlp": 16} | {name: 1 for name in BERT_SIZES}
+    {"mlp": 16} | {name: 1 for name in ZOO_NAMES if name != "mlp"}
 )
 """Batch size `build` uses when the caller passes ``batch=None``."""
 
@@ -69,8 +94,8 @@ def build(
 ) -> onnx.ModelProto:
     """Build the zoo model ``name`` with weights drawn from ``default_rng(seed)``.
 
-    ``batch=None`` picks the model's default (`DEFAULT_BATCH`: 16 for mlp, 1 for BERT).
-    ``seq_len`` applies to the BERT models only; the mlp ignores it.
+    ``batch=None`` picks the model's default (`DEFAULT_BATCH`: 16 for mlp, 1 for the others).
+    ``seq_len`` applies to the BERT, GPT-2 and LLaMA models; the others ignore it.
 
     Raises:
         UnknownModelError: ``name`` is not in `ZOO_NAMES`; the message lists them.
@@ -83,6 +108,24 @@ def build(
     batch = DEFAULT_BATCH[name] if batch is None else batch
     if name == "mlp":
         return build_mlp(batch=batch, seed=seed)
+    common = {"batch": batch, "seed": seed, "name": name}
+    if name in GPT2_SIZES:
+        g = GPT2_SIZES[name]
+        return build_gpt2(g.hidden, g.layers, g.heads, vocab=g.vocab, positions=g.positions,
+                          seq_len=seq_len, **common)
+    if name in LLAMA_SIZES:
+        ll = LLAMA_SIZES[name]
+        return build_llama(ll.hidden, ll.layers, ll.heads, ll.kv_heads, ll.intermediate,
+                           vocab=ll.vocab, rope_theta=ll.rope_theta, tied=ll.tied,
+                           seq_len=seq_len, **common)
+    if name in VIT_SIZES:
+        v = VIT_SIZES[name]
+        return build_vit(v.hidden, v.layers, v.heads, v.mlp, image=v.image, patch=v.patch,
+                         classes=v.classes, **common)
+    if name in RESNET_SIZES:
+        r = RESNET_SIZES[name]
+        return build_resnet(r.depths, r.widths, stem=r.stem, image=r.image, classes=r.classes,
+                            **common)
     size = BERT_SIZES[name]
     return build_bert(
         size.hidden,

@@ -86,7 +86,8 @@ class GraphBuilder:
     def initializer(self, name: str, array: np.ndarray) -> str:
         """Add a constant tensor stored as raw little-endian bytes; return its name."""
         self._claim_tensor(name)
-        tensor = numpy_helper.from_array(np.ascontiguousarray(array), name=name)
+        # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them [1])
+        tensor = numpy_helper.from_array(np.asarray(array, order="C"), name=name)
         self.model.graph.initializer.add().CopyFrom(tensor)
         return name
 
@@ -108,6 +109,19 @@ class GraphBuilder:
         node = helper.make_node(op_type, list(inputs), [out], name=name, **attrs)
         self.model.graph.node.append(node)
         return out
+
+    def node_outputs(self, op_type: str, inputs: Sequence[str], name: str, count: int,
+                     **attrs: object) -> list[str]:
+        """Append a node with ``count`` outputs (``<name>_output_<i>``); return them."""
+        if name in self._node_names:
+            raise ValueError(f"node name {name!r} is already used in this graph")
+        self._node_names.add(name)
+        outs = [f"{name}_output_{i}" for i in range(count)]
+        for out in outs:
+            self._claim_tensor(out)
+        node = helper.make_node(op_type, list(inputs), outs, name=name, **attrs)
+        self.model.graph.node.append(node)
+        return outs
 
     def finish(self, graph_name: str, doc: str = "") -> onnx.ModelProto:
         """Stamp name, opset and IR version, run ``check_model``, return the model."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from t10c import __version__
 from t10c.chips import PRESETS, ChipError, describe, load_chip
+from t10c.models import ZOO_NAMES as ZOO
 from t10c.partition.search import SearchOptions
 
 EXIT_FAIL = 1
@@ -36,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile a model (and optionally emulate it)",
                        description="Compile MODEL (a zoo name or an .onnx file) for CHIP.")
-    c.add_argument("model", help="zoo name (mlp, bert-tiny, bert-mini, bert-base, bert-large) "
-                                 "or path to an .onnx file")
+    c.add_argument("model", help="zoo name (see `t10c compile --help`: "
+                                 f"{', '.join(ZOO)}, matmul-MxKxN) or path to an .onnx file")
     c.add_argument("--chip", default="ipu-mk2", help="preset name or chip .toml file "
                                                       "(default: ipu-mk2)")
     c.add_argument("-o", "--out", type=Path, help="write plan.json, program.json/.npz and "
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--trace", type=Path, metavar="FILE", help="write a Chrome trace")
 
+    from t10c.check import add_check_parser
+    add_check_parser(sub)
+
     ch = sub.add_parser("chips", help="list the built-in chips and their figures")
     ch.add_argument("chip", nargs="?", help="show one chip (preset or .toml) with sources")
     ch.add_argument("--json", action="store_true", help="machine-readable output")
@@ -150,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_explain(args)
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "check":
+            from t10c.check import cmd_check
+            return cmd_check(args)
         if args.command == "compare":
             return cmd_compare(args)
         if args.command == "bench":

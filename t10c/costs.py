@@ -15,7 +15,7 @@ from t10c.ir import TensorExpr, is_contraction
 #: vector-unit operations per evaluation of each body function; transcendental functions are
 #: software sequences on these cores (t10c modelling assumption)
 FN_OPS = {"exp": 4, "log": 4, "erf": 8, "tanh": 8, "sigmoid": 6, "pow": 8, "sqrt": 4,
-          "rsqrt": 4, "recip": 2, "div": 2}
+          "rsqrt": 4, "recip": 2, "div": 2, "sin": 8, "cos": 8}
 INDEX_BYTES = 4  # integer operands (embedding indices) live on chip as int32
 
 

@@ -56,9 +56,9 @@ def dynamic_model(path: Path) -> Path:
 
 
 def unsupported_model(path: Path) -> Path:
-    """Cos, Sin and Floor of the input (not constants, so nothing folds), summed."""
-    nodes = [helper.make_node("Cos", ["feats"], ["a"], name="my_cos"),
-             helper.make_node("Sin", ["feats"], ["b"], name="my_sin"),
+    """Round, Sign and Floor of the input (not constants, so nothing folds), summed."""
+    nodes = [helper.make_node("Round", ["feats"], ["a"], name="my_round"),
+             helper.make_node("Sign", ["feats"], ["b"], name="my_sign"),
              helper.make_node("Floor", ["feats"], ["c"], name="my_floor"),
              helper.make_node("Add", ["a", "b"], ["ab"], name="sum1"),
              helper.make_node("Add", ["ab", "c"], ["y"], name="sum2")]
@@ -275,9 +275,9 @@ ERROR_CASES = [
               lambda tmp: ["compile", "mlp", "--chip", str(tmp / "absent.toml")],
               EXIT_USAGE, ("absent.toml", "does not exist")),
     ErrorCase("unsupported-ops",
-              lambda tmp: ["compile", str(unsupported_model(tmp / "trig.onnx")), "--chip",
+              lambda tmp: ["compile", str(unsupported_model(tmp / "rounding.onnx")), "--chip",
                            "test16"],
-              EXIT_FAIL, ("3 unsupported", "my_cos", "my_sin", "my_floor", "Supported ops")),
+              EXIT_FAIL, ("3 unsupported", "my_round", "my_sign", "my_floor", "Supported ops")),
     ErrorCase("dynamic-shape",
               lambda tmp: ["compile", str(dynamic_model(tmp / "dyn.onnx")), "--chip", "test16"],
               EXIT_FAIL, ("--shape", "feats=Nx8")),

@@ -1,6 +1,7 @@
 """Zoo tests: every small model passes the checker, runs on onnxruntime, reproduces.
 
-bert-base and bert-large are never built here (bert-large is ~1.3 GB of weights).
+Only the tiny sizes are built here (bert-large is ~1.3 GB of weights, llama-360m ~1.4 GB);
+``tests/test_zoo.py`` compiles and emulates them.
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from onnx import numpy_helper
 
 from t10c.models import (
     BERT_SIZES,
+    GPT2_SIZES,
+    LLAMA_SIZES,
+    RESNET_SIZES,
+    VIT_SIZES,
     ZOO_NAMES,
     UnknownModelError,
     build,
     build_bert,
+    build_llama,
     is_zoo_name,
 )
 from t10c.models._builder import GraphBuilder
@@ -68,9 +74,53 @@ CASES = [
 ]  # fmt: skip
 
 
+CASES += [
+    Case(
+        "gpt2-tiny", 16, None, "input_ids", (1, 16), "logits", (1, 16, 50257),
+        frozenset({
+            "Range", "Gather", "Add", "LayerNormalization", "MatMul", "Split", "Reshape",
+            "Transpose", "Mul", "ConstantOfShape", "Trilu", "Cast", "Where", "Softmax", "Pow",
+            "Tanh",
+        }),
+    ),
+    Case(
+        "gpt2-tiny", 8, 2, "input_ids", (2, 8), "logits", (2, 8, 50257),
+        frozenset({
+            "Range", "Gather", "Add", "LayerNormalization", "MatMul", "Split", "Reshape",
+            "Transpose", "Mul", "ConstantOfShape", "Trilu", "Cast", "Where", "Softmax", "Pow",
+            "Tanh",
+        }),
+    ),
+    Case(
+        "vit-tiny", 0, None, "pixel_values", (1, 3, 32, 32), "logits", (1, 10),
+        frozenset({
+            "Conv", "Reshape", "Transpose", "Expand", "Concat", "Add", "LayerNormalization",
+            "MatMul", "Mul", "Softmax", "Div", "Erf", "Gather",
+        }),
+    ),
+    Case(
+        "llama-tiny", 16, None, "input_ids", (1, 16), "logits", (1, 16, 32000),
+        frozenset({
+            "Gather", "Range", "Cast", "Unsqueeze", "Mul", "Concat", "Cos", "Sin",
+            "ConstantOfShape", "Trilu", "Pow", "ReduceMean", "Add", "Sqrt", "Reciprocal",
+            "MatMul", "Reshape", "Transpose", "Slice", "Neg", "Expand", "Where", "Softmax",
+            "Sigmoid",
+        }),
+    ),
+    Case(
+        "resnet-tiny", 0, 2, "pixel_values", (2, 3, 64, 64), "logits", (2, 10),
+        frozenset({
+            "Conv", "BatchNormalization", "Relu", "MaxPool", "Add", "GlobalAveragePool",
+            "Flatten", "Gemm",
+        }),
+    ),
+]  # fmt: skip
+
+
 def _random_input(case: Case, rng: np.random.Generator) -> np.ndarray:
     if case.input_name == "input_ids":
-        return rng.integers(0, VOCAB, size=case.input_shape, dtype=np.int64)
+        vocab = 32000 if case.name.startswith("llama") else VOCAB
+        return rng.integers(0, vocab, size=case.input_shape, dtype=np.int64)
     return rng.standard_normal(case.input_shape, dtype=np.float32)
 
 
@@ -102,7 +152,10 @@ def test_builds_checks_and_runs(case: Case) -> None:
     assert np.isfinite(out).all()
 
 
-@pytest.mark.parametrize(("name", "seq_len"), [("mlp", 128), ("bert-tiny", 16)])
+@pytest.mark.parametrize(("name", "seq_len"), [
+    ("mlp", 128), ("bert-tiny", 16), ("gpt2-tiny", 8), ("vit-tiny", 8), ("llama-tiny", 8),
+    ("resnet-tiny", 8),
+])
 def test_build_is_deterministic(name: str, seq_len: int) -> None:
     first = build(name, seq_len=seq_len).SerializeToString()
     assert build(name, seq_len=seq_len).SerializeToString() == first
@@ -111,15 +164,18 @@ def test_build_is_deterministic(name: str, seq_len: int) -> None:
 
 def test_unknown_name_lists_known_models() -> None:
     with pytest.raises(UnknownModelError) as info:
-        build("resnet-50")
+        build("resnet-51")
     assert isinstance(info.value, ValueError)
     for known in ZOO_NAMES:
         assert known in str(info.value)
 
 
 def test_zoo_names() -> None:
-    assert ZOO_NAMES == ("mlp", "bert-tiny", "bert-mini", "bert-base", "bert-large")
-    assert set(ZOO_NAMES) == {"mlp", *BERT_SIZES}
+    assert ZOO_NAMES == ("mlp", "bert-tiny", "bert-mini", "bert-base", "bert-large",
+                         "gpt2-tiny", "gpt2", "vit-tiny", "vit-base", "llama-tiny",
+                         "llama-135m", "llama-360m", "resnet-tiny", "resnet50")
+    assert set(ZOO_NAMES) == {"mlp", *BERT_SIZES, *GPT2_SIZES, *VIT_SIZES, *LLAMA_SIZES,
+                              *RESNET_SIZES}
     assert all(is_zoo_name(n) for n in ZOO_NAMES)
     assert not is_zoo_name("model.onnx")
 
@@ -224,3 +280,67 @@ def test_builder_rejects_duplicate_names() -> None:
         b.initializer("x", np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="not produced"):
         b.graph_output("y", onnx.TensorProto.FLOAT, [2])
+
+
+@pytest.mark.parametrize(("name", "size", "params"), [  # name: the family's formula
+    ("gpt2", GPT2_SIZES["gpt2"], 124_439_808),
+    ("vit-base", VIT_SIZES["vit-base"], 86_567_656),
+    ("llama-360m", LLAMA_SIZES["llama-135m"], 134_515_008),
+    ("llama-360m", LLAMA_SIZES["llama-360m"], 361_821_120),
+    ("resnet50", RESNET_SIZES["resnet50"], 25_557_032),
+])
+def test_standard_sizes_have_their_parameter_counts(name: str, size: object,
+                                                    params: int) -> None:
+    """The standard sizes, counted from their shapes without building them (tests never build
+    the big models): the published parameter counts."""
+    assert _count(name, size) == params
+
+
+@pytest.mark.parametrize(("family", "tiny", "size"), [
+    ("gpt2", "gpt2-tiny", GPT2_SIZES["gpt2-tiny"]),
+    ("vit-base", "vit-tiny", VIT_SIZES["vit-tiny"]),
+    ("llama-360m", "llama-tiny", LLAMA_SIZES["llama-tiny"]),
+    ("resnet50", "resnet-tiny", RESNET_SIZES["resnet-tiny"]),
+])
+def test_parameter_formula_matches_the_builders(family: str, tiny: str, size: object) -> None:
+    """The formula above counts what the builders make (checked on the tiny sizes): learned
+    weights, not BatchNorm statistics, RoPE frequencies or scalar constants."""
+    model = build(tiny, seq_len=8)
+    weights = sum(int(np.prod(t.dims)) for t in model.graph.initializer
+                  if t.data_type == onnx.TensorProto.FLOAT and int(np.prod(t.dims)) > 1
+                  and "running" not in t.name and "inv_freq" not in t.name)
+    assert weights == _count(family, size)
+
+
+def _count(name: str, s) -> int:  # noqa: ANN001
+    if name == "gpt2":
+        h = s.hidden
+        per_layer = 2 * 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) \
+            + (4 * h * h + h)
+        return s.vocab * h + s.positions * h + s.layers * per_layer + 2 * h
+    if name == "vit-base":
+        h, tokens = s.hidden, (s.image // s.patch) ** 2 + 1
+        per_layer = 4 * h + 4 * (h * h + h) + (h * s.mlp + s.mlp) + (s.mlp * h + h)
+        return (3 * s.patch * s.patch * h + h) + h + tokens * h + s.layers * per_layer + 2 * h \
+            + h * s.classes + s.classes
+    if name == "llama-360m":
+        h, d = s.hidden, s.hidden // s.heads
+        per_layer = 2 * h + h * h + 2 * h * s.kv_heads * d + h * h + 3 * h * s.intermediate
+        return s.vocab * h + s.layers * per_layer + h
+    width_in, total = s.stem, 3 * 49 * s.stem + 2 * s.stem  # stem conv and its BN (scale, bias)
+    for stage, (depth, width) in enumerate(zip(s.depths, s.widths)):
+        for block in range(depth):
+            out = 4 * width
+            total += width_in * width + 9 * width * width + width * out + 2 * (2 * width + out)
+            if block == 0:
+                total += width_in * out + 2 * out
+            width_in = out
+        del stage
+    return total + width_in * s.classes + s.classes
+
+
+def test_build_llama_and_gpt2_reject_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="divisible"):
+        build_llama(32, 1, 4, 3, 64)
+    with pytest.raises(ValueError, match="seq_len"):
+        build("gpt2-tiny", seq_len=2048)

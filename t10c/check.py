@@ -1,0 +1,202 @@
+"""``t10c check MODEL [--chip CHIP]``: can this model be compiled at all, and what is in it.
+
+Without planning anything, it lowers the model and prints, at once:
+
+- every node t10c cannot compile (op type, node name, opset, reason);
+- the device graph: ops by kind, parameters, FLOPs (of the supported part, when some nodes are
+  not supported);
+- whether the weights can fit on the chip at all: their bytes in the storage dtype against the
+  SRAM of all cores together (a necessary condition; ``t10c compile`` then finds out whether a
+  plan fits next to the activations).
+
+Exit codes: 0 the model can go to ``t10c compile``; 1 it cannot (unsupported nodes, weights
+larger than the chip, a shape to pin, a malformed model); 2 bad usage (unknown model or chip).
+
+The CLI wires it as ``add_check_parser(subparsers)`` and ``cmd_check(args)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from t10c.chips import DTYPES, Chip, ChipError, load_chip
+from t10c.ir import TensorExpr, is_contraction
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What `check_model` found; `ok` says whether the model can be compiled."""
+
+    model: str
+    opset: int
+    nodes: Counter[str]
+    unsupported: list[str]
+    ops_by_kind: Counter[str]
+    parameters: int
+    flops: int
+    weight_bytes: int
+    chip: Chip
+    dtype: str
+    complete: bool
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.weight_bytes <= self.chip.total_sram_bytes
+
+    @property
+    def ok(self) -> bool:
+        return not self.unsupported and not self.errors and self.fits and self.complete
+
+
+def _flops(ops: list[TensorExpr] | tuple[TensorExpr, ...]) -> int:
+    total = 0
+    for op in ops:
+        points = int(np.prod([e for _, e in op.axes], dtype=np.int64))
+        total += 2 * points if is_contraction(op) else points
+    return total
+
+
+def _parameters(model: onnx.ModelProto) -> int:
+    """Elements of the model's floating-point initializers (shape constants excluded)."""
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+              onnx.TensorProto.BFLOAT16}
+    return sum(int(np.prod(t.dims, dtype=np.int64)) for t in model.graph.initializer
+               if t.data_type in floats)
+
+
+def check_model(source: str | onnx.ModelProto, chip: Chip, dtype: str = "fp16",
+                pinned: dict[str, tuple[int, ...]] | None = None, seq_len: int | None = None,
+                batch: int | None = None) -> CheckReport:
+    """Lower ``source`` and report (raises `FrontendError` for a model that cannot be read,
+    `UnknownModelError`/`ModelNotFoundError` for a bad name)."""
+    from t10c import frontend
+
+    model = frontend.load_model(source, seq_len=seq_len, batch=batch)
+    name = source if isinstance(source, str) else (model.graph.name or "model")
+    nodes = Counter(n.op_type for n in model.graph.node)
+    params = _parameters(model)
+    low = frontend.lower(model, pinned)
+    unsupported = [str(n) for n in low.problems]
+    errors: list[str] = []
+    if low.problems:
+        ops = list(low.ctx.ops)  # the supported part, before fusion
+        weights = sum(int(np.asarray(v).size) for v in low.ctx.constants.values()
+                      if np.asarray(v).dtype.kind == "f") * DTYPES[dtype]
+        weights = max(weights, params * DTYPES[dtype])
+        complete = False
+    else:
+        try:
+            graph = frontend.device_graph(low, name=str(name))
+        except frontend.FrontendError as exc:
+            errors.append(str(exc))
+            graph = None
+        ops = list(graph.ops) if graph else list(low.ctx.ops)
+        complete = graph is not None
+        weights = 0
+        if graph is not None:
+            for tensor, value in graph.constants.items():
+                info = graph.tensors.get(tensor)
+                per = DTYPES[dtype] if (info is None or info.dtype == "float32") else 4
+                weights += int(np.asarray(value).size) * per
+        else:
+            weights = params * DTYPES[dtype]
+    return CheckReport(str(name), low.opset, nodes, unsupported,
+                       Counter(op.kind for op in ops), params, _flops(ops), weights, chip,
+                       dtype, complete, errors)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def format_report(r: CheckReport) -> str:
+    lines = [f"model {r.model}: opset {r.opset}, {sum(r.nodes.values())} ONNX nodes "
+             f"({', '.join(f'{k} {v}' for k, v in r.nodes.most_common())})"]
+    if r.unsupported:
+        lines.append(f"{len(r.unsupported)} unsupported node(s):")
+        lines += [f"  {u}" for u in r.unsupported]
+    else:
+        lines.append("every node is supported")
+    lines += [f"  {e}" for e in r.errors]
+    part = "" if r.complete else " (the supported part, before fusion)"
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(r.ops_by_kind.items()))
+    lines.append(f"device graph{part}: {sum(r.ops_by_kind.values())} ops ({kinds or 'none'}), "
+                 f"{r.flops / 1e9:.3f} GFLOP")
+    lines.append(f"parameters: {r.parameters:,}")
+    total = r.chip.total_sram_bytes
+    verdict = "fit" if r.fits else "do NOT fit"
+    lines.append(f"weights on chip: {_mb(r.weight_bytes)} at {r.dtype} against "
+                 f"{_mb(total)} of SRAM on {r.chip.name} ({r.chip.cores} cores x "
+                 f"{r.chip.sram_bytes_per_core // 1024} KiB): they {verdict} "
+                 f"({100 * r.weight_bytes / total:.1f}% of the chip)")
+    if r.ok:
+        lines.append(f"result: {r.model} can be compiled for {r.chip.name} "
+                     f"(t10c compile {r.model} --chip {r.chip.name})")
+    else:
+        why = []
+        if r.unsupported:
+            why.append(f"{len(r.unsupported)} unsupported node(s)")
+        if r.errors:
+            why.append("the model has no computation on chip")
+        if not r.fits:
+            why.append(f"the weights need {_mb(r.weight_bytes)}, the chip has {_mb(total)}")
+        lines.append(f"result: cannot be compiled: {'; '.join(why)}")
+    return "\n".join(lines)
+
+
+def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``check`` to the CLI's subcommands."""
+    p = subparsers.add_parser(
+        "check", help="list unsupported nodes, summarise the model, check the weights fit",
+        description="Lower MODEL without planning it: list every unsupported node, summarise "
+                    "the device graph (ops by kind, parameters, FLOPs) and say whether the "
+                    "weights can fit on CHIP. Exits 1 when the model cannot be compiled.")
+    p.add_argument("model", help="zoo name or path to an .onnx file")
+    p.add_argument("--chip", default="ipu-mk2", help="preset name or chip .toml file "
+                                                      "(default: ipu-mk2)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp16",
+                   help="storage dtype of the weights (default: fp16)")
+    p.add_argument("--seq-len", type=int, help="sequence length of zoo transformers")
+    p.add_argument("--batch", type=int, help="batch size of zoo models")
+    p.add_argument("--shape", type=_shape_arg, action="append", default=[], metavar="NAME=DxD",
+                   help="pin a dynamic input shape (repeatable)")
+    return p
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    try:
+        name, dims = text.split("=", 1)
+        return name, tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=DxDx..., e.g. input_ids=1x128, got "
+                                         f"{text!r}") from None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from t10c import frontend, models
+
+    try:
+        chip = load_chip(args.chip)
+    except ChipError as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        report = check_model(args.model, chip, args.dtype, dict(args.shape), args.seq_len,
+                             args.batch)
+    except (models.UnknownModelError, frontend.ModelNotFoundError) as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (frontend.FrontendError, ValueError) as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    print(format_report(report))
+    return EXIT_OK if report.ok else EXIT_FAIL

@@ -1,0 +1,220 @@
+"""Op tests, convolution, pooling, normalisation, softmax and reductions, checked against
+onnxruntime like `test_ops`; and the shapes the frontend gives decomposed patterns (LayerNorm
+and RMSNorm written with ReduceMean, BatchNormalization after Conv).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ophelpers import CHIPS, Build, Case, G, case_model, check_case, with_fp16
+
+from t10c.frontend import to_graph
+
+
+def conv(cout: int, cin_per_group: int, *kernel: int, bias: bool = True,
+         **attrs: object) -> Build:
+    def build(g: G, x: list[str]) -> str:
+        ins = [x[0], g.weight(cout, cin_per_group, *kernel)] + ([g.weight(cout)] if bias else [])
+        return g.node("Conv", *ins, **attrs)
+    return build
+
+
+def conv_transpose(cin: int, cout_per_group: int, *kernel: int, bias: bool = True,
+                   **attrs: object) -> Build:
+    def build(g: G, x: list[str]) -> str:
+        ins = [x[0], g.weight(cin, cout_per_group, *kernel)] + ([g.weight(cout_per_group *
+                                                                         attrs.get("group", 1))]
+                                                               if bias else [])
+        return g.node("ConvTranspose", *ins, **attrs)
+    return build
+
+
+def pool(op: str, **attrs: object) -> Build:
+    return lambda g, x: g.node(op, x[0], **attrs)
+
+
+def batchnorm(channels: int) -> Build:
+    def build(g: G, x: list[str]) -> str:
+        rng = np.random.default_rng(7)
+        scale, bias, mean = (g.const(rng.standard_normal(channels)) for _ in range(3))
+        var = g.const(rng.uniform(0.5, 2.0, channels))
+        return g.node("BatchNormalization", x[0], scale, bias, mean, var, epsilon=1e-3)
+    return build
+
+
+def conv_bn_relu(g: G, x: list[str]) -> str:
+    """ResNet's stem: Conv (no bias), BatchNormalization, Relu, MaxPool."""
+    y = conv(6, 3, 3, 3, bias=False, pads=[1, 1, 1, 1], strides=[2, 2])(g, x)
+    y = g.node("Relu", batchnorm(6)(g, [y]))
+    return g.node("MaxPool", y, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+
+
+def instance_norm(g: G, x: list[str]) -> str:
+    return g.node("InstanceNormalization", x[0], g.weight(3), g.weight(3), epsilon=1e-4)
+
+
+def reduce(op: str, axes: list[int] | None, keepdims: int = 1, opset: int = 18) -> Build:
+    def build(g: G, x: list[str]) -> str:
+        if axes is None:
+            return g.node(op, x[0], keepdims=keepdims)
+        takes_input = opset >= 18 or (op == "ReduceSum" and opset >= 13)
+        if takes_input:
+            return g.node(op, x[0], g.ints(*axes), keepdims=keepdims)
+        return g.node(op, x[0], axes=axes, keepdims=keepdims)
+    return build
+
+
+def softmax(op: str, axis: int) -> Build:
+    return lambda g, x: g.node(op, x[0], axis=axis)
+
+
+def layernorm_decomposed(g: G, x: list[str]) -> str:
+    """LayerNorm as a TorchScript export writes it: ReduceMean, Sub, Pow, ReduceMean, Add,
+    Sqrt, Div, Mul, Add."""
+    mean = g.node("ReduceMean", x[0], axes=[-1])
+    centred = g.node("Sub", x[0], mean)
+    var = g.node("ReduceMean", g.node("Pow", centred, g.const(2.0)), axes=[-1])
+    std = g.node("Sqrt", g.node("Add", var, g.const(1e-5)))
+    normed = g.node("Div", centred, std)
+    return g.node("Add", g.node("Mul", normed, g.weight(8)), g.weight(8))
+
+
+def rmsnorm_decomposed(g: G, x: list[str]) -> str:
+    """LLaMA's RMSNorm: x * 1/sqrt(mean(x^2) + eps) * weight."""
+    var = g.node("ReduceMean", g.node("Pow", x[0], g.const(2.0)), axes=[-1])
+    inv = g.node("Reciprocal", g.node("Sqrt", g.node("Add", var, g.const(1e-6))))
+    return g.node("Mul", g.weight(8), g.node("Mul", x[0], inv))
+
+
+def softmax_fully_masked(g: G, x: list[str]) -> str:
+    """Rows masked with float32's lowest value, one of them entirely: uniform in float32, and
+    must stay so when fp16 storage turns the mask value into -inf."""
+    mask = g.const([[1, 1, 0, 0, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]], np.bool_)
+    scores = g.node("Where", mask, x[0], g.const(float(np.finfo(np.float32).min)))
+    return g.node("Softmax", scores, axis=-1)
+
+
+def softmax_decomposed(g: G, x: list[str]) -> str:
+    mx = g.node("ReduceMax", x[0], axes=[-1])
+    e = g.node("Exp", g.node("Sub", x[0], mx))
+    return g.node("Div", e, g.node("ReduceSum", e, g.ints(-1)))
+
+
+FP32_CASES: list[Case] = [
+    # convolution
+    Case("Conv2d", conv(4, 3, 3, 3), ((2, 3, 7, 6),)),
+    Case("Conv2d-stride-pad", conv(4, 3, 3, 3, strides=[2, 2], pads=[1, 1, 1, 1]),
+         ((1, 3, 7, 7),)),
+    Case("Conv2d-asym-pad-dilation", conv(2, 3, 3, 2, pads=[2, 0, 1, 1], dilations=[2, 1]),
+         ((1, 3, 8, 6),)),
+    Case("Conv2d-groups", conv(6, 2, 3, 3, group=2, pads=[1, 1, 1, 1]), ((1, 4, 5, 5),)),
+    Case("Conv2d-depthwise", conv(4, 1, 3, 3, group=4, strides=[2, 2], pads=[1, 1, 1, 1]),
+         ((2, 4, 6, 6),)),
+    Case("Conv2d-depthwise-multiplier", conv(8, 1, 3, 3, group=4, bias=False),
+         ((1, 4, 5, 5),)),
+    Case("Conv2d-1x1", conv(5, 3, 1, 1), ((2, 3, 4, 4),)),
+    Case("Conv2d-1x1-stride2", conv(5, 3, 1, 1, strides=[2, 2], bias=False), ((1, 3, 5, 5),)),
+    Case("Conv2d-same-upper", conv(2, 3, 3, 3, auto_pad="SAME_UPPER", strides=[2, 2]),
+         ((1, 3, 6, 5),)),
+    Case("Conv2d-same-lower", conv(2, 3, 2, 2, auto_pad="SAME_LOWER"), ((1, 3, 5, 5),)),
+    Case("Conv2d-valid", conv(2, 3, 3, 3, auto_pad="VALID", strides=[1, 2]), ((1, 3, 6, 7),)),
+    Case("Conv2d-patchify", conv(8, 3, 4, 4, strides=[4, 4]), ((1, 3, 8, 12),)),
+    Case("Conv1d", conv(4, 2, 3, pads=[1, 1]), ((2, 2, 9),)),
+    Case("Conv3d", conv(2, 2, 2, 3, 2, pads=[1, 0, 1, 1, 1, 0]), ((1, 2, 3, 4, 4),)),
+    Case("ConvTranspose2d-stride2", conv_transpose(3, 2, 3, 3, strides=[2, 2],
+                                                   pads=[1, 1, 1, 1],
+                                                   output_padding=[1, 1]), ((1, 3, 4, 5),)),
+    Case("ConvTranspose2d-stride1", conv_transpose(3, 4, 3, 2, pads=[1, 0, 1, 0]),
+         ((2, 3, 4, 4),)),
+    Case("ConvTranspose2d-dilation", conv_transpose(2, 2, 3, 3, strides=[3, 2],
+                                                    dilations=[2, 1], bias=False),
+         ((1, 2, 3, 3),)),
+    Case("ConvTranspose2d-groups", conv_transpose(4, 3, 2, 2, strides=[2, 2], group=2),
+         ((1, 4, 3, 3),)),
+    Case("ConvTranspose1d-output-shape", conv_transpose(2, 3, 4, strides=[2],
+                                                        output_shape=[9]), ((1, 2, 5),)),
+    Case("ConvTranspose2d-same-upper", conv_transpose(2, 2, 3, 3, strides=[2, 2],
+                                                      auto_pad="SAME_UPPER"), ((1, 2, 3, 4),)),
+    # pooling
+    Case("MaxPool-3x3-s2-p1", pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2],
+                                   pads=[1, 1, 1, 1]), ((2, 3, 7, 7),)),
+    Case("MaxPool-2x2", pool("MaxPool", kernel_shape=[2, 2], strides=[2, 2]), ((1, 2, 6, 4),)),
+    Case("MaxPool-ceil", pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+         ((1, 2, 6, 6),)),
+    Case("MaxPool-dilation-pad", pool("MaxPool", kernel_shape=[2, 2], dilations=[2, 2],
+                                      pads=[1, 0, 1, 1]), ((1, 2, 5, 5),)),
+    Case("MaxPool-1d-same", pool("MaxPool", kernel_shape=[3], strides=[2],
+                                 auto_pad="SAME_UPPER"), ((2, 3, 8),)),
+    Case("AveragePool-pad-exclude", pool("AveragePool", kernel_shape=[3, 3], strides=[2, 2],
+                                         pads=[1, 1, 1, 1]), ((1, 2, 7, 7),)),
+    Case("AveragePool-pad-include", pool("AveragePool", kernel_shape=[3, 3], strides=[1, 1],
+                                         pads=[1, 1, 1, 1], count_include_pad=1),
+         ((1, 2, 5, 5),)),
+    Case("AveragePool-ceil", pool("AveragePool", kernel_shape=[2, 2], strides=[2, 2],
+                                  ceil_mode=1), ((1, 2, 5, 5),)),
+    Case("AveragePool-2x2", pool("AveragePool", kernel_shape=[2, 2], strides=[2, 2]),
+         ((2, 3, 4, 6),)),
+    Case("GlobalAveragePool", "GlobalAveragePool", ((2, 3, 4, 5),)),
+    Case("GlobalMaxPool", "GlobalMaxPool", ((2, 3, 4, 5),)),
+    # normalisation
+    Case("BatchNormalization", batchnorm(3), ((2, 3, 4, 4),)),
+    Case("BatchNormalization-2d", batchnorm(3), ((4, 3),)),
+    Case("Conv-BN-Relu-MaxPool", conv_bn_relu, ((1, 3, 9, 9),)),
+    Case("InstanceNormalization", instance_norm, ((2, 3, 4, 5),)),
+    Case("LayerNorm-decomposed", layernorm_decomposed, ((2, 3, 8),), opset=13),
+    Case("RMSNorm-decomposed", rmsnorm_decomposed, ((2, 3, 8),), opset=13),
+    # reductions
+    Case("ReduceMean-keepdims", reduce("ReduceMean", [-1]), ((2, 3, 5),), opset=18),
+    Case("ReduceMean-13-attr", reduce("ReduceMean", [0, 2], 0, opset=13), ((2, 3, 5),),
+         opset=13),
+    Case("ReduceSum-13-input", reduce("ReduceSum", [1], 0, opset=13), ((2, 3, 5),), opset=13),
+    Case("ReduceSum-all", reduce("ReduceSum", None), ((2, 3, 5),), opset=18),
+    Case("ReduceMax", reduce("ReduceMax", [1], 0), ((2, 3, 5),), opset=18),
+    Case("ReduceMin", reduce("ReduceMin", [-1]), ((2, 3, 5),), opset=18),
+    Case("ReduceSumSquare", reduce("ReduceSumSquare", [0], 0), ((4, 3),), opset=18),
+    Case("ReduceL2", reduce("ReduceL2", [1]), ((4, 3),), opset=18),
+    # softmax
+    Case("Softmax-11-coerced", softmax("Softmax", 1), ((2, 3, 4),), opset=11),
+    Case("LogSoftmax", softmax("LogSoftmax", -1), ((3, 7),)),
+    Case("LogSoftmax-11-coerced", softmax("LogSoftmax", 1), ((2, 3, 4),), opset=11),
+    Case("Softmax-decomposed", softmax_decomposed, ((3, 7),)),
+    Case("Softmax-fully-masked-row", softmax_fully_masked, ((2, 3, 5),)),
+]
+
+CASES = with_fp16(FP32_CASES)
+
+
+@pytest.mark.parametrize("chip", list(CHIPS), ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_nn_op_matches_onnxruntime(case: Case, chip: str) -> None:
+    check_case(case, chip)
+
+
+def test_case_names_are_unique() -> None:
+    names = [c.name for c in CASES]
+    assert len(set(names)) == len(names)
+
+
+def _kinds(name: str) -> list[str]:
+    case = next(c for c in FP32_CASES if c.name == name)
+    return [op.kind for op in to_graph(case_model(case)).ops]
+
+
+def test_decomposed_layernorm_is_reduce_reduce_elementwise() -> None:
+    assert _kinds("LayerNorm-decomposed") == ["reduce", "reduce", "elementwise"]
+
+
+def test_decomposed_rmsnorm_is_reduce_elementwise() -> None:
+    assert _kinds("RMSNorm-decomposed") == ["reduce", "elementwise"]
+
+
+def test_decomposed_softmax_is_like_softmax() -> None:
+    assert _kinds("Softmax-decomposed") == ["reduce", "reduce", "elementwise"]
+
+
+def test_batchnorm_folds_into_conv() -> None:
+    # Conv, then one elementwise op (bias and Relu), then the pool: no BatchNormalization op
+    graph = to_graph(case_model(next(c for c in FP32_CASES if c.name == "Conv-BN-Relu-MaxPool")))
+    assert [op.kind for op in graph.ops] == ["contraction", "elementwise", "reduce"]
+    assert not any("BatchNormalization" in op.source for op in graph.ops)
