@@ -28,6 +28,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from t10c.ir import Graph, Operand
+from t10c.models._builder import UNMATERIALISED
 
 from . import layout as _layout  # noqa: F401  (each module registers its lowerings)
 from . import nn as _nn  # noqa: F401
@@ -39,7 +40,8 @@ from .loader import FrontendError, ModelNotFoundError, check_and_infer, load_mod
 from .rewrite import fold_batchnorm
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
-           "Lowered", "device_graph", "load_model", "lower", "to_graph", "supported_ops"]
+           "Lowered", "device_graph", "load_model", "lower", "to_graph", "supported_ops",
+           "has_weights"]
 
 ELEM_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64",
               onnx.TensorProto.INT32: "int64"}
@@ -117,7 +119,7 @@ def _fold(node: onnx.NodeProto, ctx: Context, opset: int) -> None:
     for name, value in zip(node.output, values):
         value = np.asarray(value)
         if value.dtype.kind == "f":
-            value = value.astype(np.float32)
+            value = value.astype(np.float32, copy=False)
         ctx.constants[name] = value
 
 
@@ -141,8 +143,8 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
     shapes, dtypes = _value_types(skel)
-    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    constants = {k: (v.astype(np.float32) if v.dtype.kind == "f" else v)
+    constants = {t.name: _initializer(t) for t in model.graph.initializer}
+    constants = {k: (v.astype(np.float32, copy=False) if v.dtype.kind == "f" else v)
                  for k, v in constants.items()}
     ctx = Context(shapes, dtypes, constants, opset)
 
@@ -259,6 +261,21 @@ def _copy_out(ctx: Context, out: str) -> None:
     node = onnx.helper.make_node("Identity", [source], [out], name=f"{out}/copy")
     ctx.emit(node, f"{out}/copy", list(zip(axes, shape)), Operand(out, tuple(axes)),
              [Operand(source, tuple(axes))], None, ("in", 0))
+
+
+def _initializer(t: onnx.TensorProto) -> np.ndarray:
+    """An initializer's value; a shape-only one (a zoo model built without weights) becomes a
+    zero-stride array of its shape, which planning and codegen need and emulation refuses."""
+    if t.data_location == onnx.TensorProto.EXTERNAL and any(
+            e.key == "location" and e.value == UNMATERIALISED for e in t.external_data):
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+        return np.broadcast_to(np.zeros((), dtype=dtype), tuple(t.dims))
+    return numpy_helper.to_array(t)
+
+
+def has_weights(graph: Graph) -> bool:
+    """False when some constant is shape-only (its values were never drawn)."""
+    return all(v.strides != (0,) * v.ndim or v.size <= 1 for v in graph.constants.values())
 
 
 def _renamed(node: onnx.NodeProto, name: str) -> onnx.NodeProto:

@@ -107,14 +107,16 @@ class Context:
         """A new constant (float values as float32); returns its name."""
         name = self.fresh(base)
         value = np.asarray(value)
-        self.constants[name] = value.astype(np.float32) if value.dtype.kind in "fb" else value
+        if value.dtype.kind in "fb":
+            value = value.astype(np.float32, copy=False)
+        self.constants[name] = value
         return name
 
     def float_operand(self, name: str) -> str:
         """``name`` itself, or for a bool or integer constant a float32 copy of it: on chip,
         elementwise operands are floats."""
         if name in self.constants and self.constants[name].dtype != np.float32:
-            return self.constant(name, self.constants[name].astype(np.float32))
+            return self.constant(name, self.constants[name].astype(np.float32, copy=False))
         return name
 
     # -- emission -------------------------------------------------------------------------

@@ -323,7 +323,7 @@ def Gather(ctx: Context, node: onnx.NodeProto, axis: int = 0) -> None:
             copy(ctx, node, node.output[0], list(out_shape), [(data, tuple(dims))])
             return
     if ctx.is_const(data):
-        ctx.constants[data] = ctx.constants[data].astype(np.float32)
+        ctx.constants[data] = ctx.constants[data].astype(np.float32, copy=False)
     table_dims = tuple(rest[:axis]) + (INDIRECT,) + tuple(rest[axis:])
     ctx.emit(node, node.name or node.output[0], list(zip(axes, out_shape)),
              Operand(node.output[0], tuple(axes)),

@@ -19,13 +19,13 @@ class ModelNotFoundError(FrontendError):
 
 
 def load_model(source: str | Path | onnx.ModelProto, *, seq_len: int | None = None,
-               batch: int | None = None) -> onnx.ModelProto:
+               batch: int | None = None, weights: bool = True) -> onnx.ModelProto:
     """A model from a zoo name (``bert-tiny``), an ``.onnx`` path, or a ModelProto."""
     if isinstance(source, onnx.ModelProto):
         return source
     name = str(source)
     if models.is_zoo_name(name):
-        kwargs = {"batch": batch}
+        kwargs: dict = {"batch": batch, "weights": weights}
         if seq_len is not None:
             kwargs["seq_len"] = seq_len
         return models.build(name, **kwargs)
@@ -116,7 +116,8 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     skel.graph.input.extend(graph.input)
     declared = {i.name for i in graph.input}
     for init in graph.initializer:
-        if _numel(init.dims) <= LARGE_INITIALIZER:
+        if _numel(init.dims) <= LARGE_INITIALIZER and \
+                init.data_location != onnx.TensorProto.EXTERNAL:
             skel.graph.initializer.append(init)
         elif init.name not in declared:
             skel.graph.input.append(onnx.helper.make_tensor_value_info(

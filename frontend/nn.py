@@ -177,7 +177,8 @@ def ConvTranspose(ctx: Context, node: onnx.NodeProto, auto_pad: str = "NOTSET",
         tables.append(table)
         m0s.append(m0)
         qs.append(-(-o // s))
-    weight = ctx.constants[w].astype(np.float32).reshape((group, cg, co) + tuple(kernel))
+    weight = ctx.constants[w].astype(np.float32, copy=False)
+    weight = weight.reshape((group, cg, co) + tuple(kernel))
     # w'[g, ci, co, t0, r0, t1, r1, ...] = sum_kh w[g, ci, co, kh...] * table_i[t_i, r_i, kh_i]
     letters = "abcdefghij"
     spec = "GIO" + letters[:nd]

@@ -364,7 +364,7 @@ def Gemm(ctx: Context, node: onnx.NodeProto, alpha: float = 1.0, beta: float = 1
         ctx.view(bt, b, tuple(reversed(ctx.shape(b))), (1, 0))
         b = bt
     if alpha != 1.0 and ctx.is_const(b):  # fold alpha into a constant B
-        b = ctx.constant(b, ctx.constants[b].astype(np.float32) * np.float32(alpha))
+        b = ctx.constant(b, ctx.constants[b].astype(np.float32, copy=False) * np.float32(alpha))
         alpha = 1.0
     if c is None and alpha == 1.0:
         matmul(ctx, node, a, b, node.output[0], base)

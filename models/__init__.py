@@ -54,6 +54,7 @@ ZOO_NAMES: tuple[str, ...] = (
     "bert-large",
     "gpt2-tiny",
     "gpt2",
+    "gpt2-xl",
     "vit-tiny",
     "vit-base",
     "llama-tiny",
@@ -63,6 +64,10 @@ ZOO_NAMES: tuple[str, ...] = (
     "resnet50",
 )
 """Every name `build` accepts, smallest first within each family."""
+
+ALIASES: MappingProxyType[str, str] = MappingProxyType({
+    "resnet": "resnet50", "vit": "vit-base", "llama": "llama-135m"})
+"""Family names that stand for the family's standard size."""
 
 DEFAULT_BATCH: MappingProxyType[str, int] = MappingProxyType(
     {"mlp": 16} | {name: 1 for name in ZOO_NAMES if name != "mlp"}
@@ -86,14 +91,17 @@ def is_zoo_name(name: str) -> bool:
 
     Besides `ZOO_NAMES`, single-op models ``matmul-MxKxN`` are built on demand.
     """
-    return name in ZOO_NAMES or parse_matmul(name) is not None
+    return name in ZOO_NAMES or name in ALIASES or parse_matmul(name) is not None
 
 
 def build(
-    name: str, *, seq_len: int = 128, batch: int | None = None, seed: int = 0
+    name: str, *, seq_len: int = 128, batch: int | None = None, seed: int = 0,
+    weights: bool = True,
 ) -> onnx.ModelProto:
     """Build the zoo model ``name`` with weights drawn from ``default_rng(seed)``.
 
+    With ``weights=False`` large weights are shape-only (`NoWeights`): enough to plan and
+    generate code, and the only way to build models past ONNX's 2 GB limit (gpt2-xl).
     ``batch=None`` picks the model's default (`DEFAULT_BATCH`: 16 for mlp, 1 for the others).
     ``seq_len`` applies to the BERT, GPT-2 and LLaMA models; the others ignore it.
 
@@ -104,11 +112,12 @@ def build(
         raise UnknownModelError(name)
     dims = parse_matmul(name)
     if dims is not None:
-        return build_matmul(*dims, seed=seed)
+        return build_matmul(*dims, seed=seed, weights=weights)
+    name = ALIASES.get(name, name)
     batch = DEFAULT_BATCH[name] if batch is None else batch
     if name == "mlp":
-        return build_mlp(batch=batch, seed=seed)
-    common = {"batch": batch, "seed": seed, "name": name}
+        return build_mlp(batch=batch, seed=seed, weights=weights)
+    common = {"batch": batch, "seed": seed, "name": name, "weights": weights}
     if name in GPT2_SIZES:
         g = GPT2_SIZES[name]
         return build_gpt2(g.hidden, g.layers, g.heads, vocab=g.vocab, positions=g.positions,
@@ -136,4 +145,5 @@ def build(
         batch=batch,
         seed=seed,
         name=name,
+        weights=weights,
     )

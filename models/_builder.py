@@ -27,13 +27,44 @@ IR_VERSION = 8
 PRODUCER_NAME = "t10c.models"
 
 
+#: where a shape-only initializer says its data is: nowhere (see `NoWeights`)
+UNMATERIALISED = "t10c:unmaterialised"
+SHAPE_ONLY_MIN_ELEMS = 4096  # smaller tensors (shapes, scalars, norms) always carry data
+
+
+class NoWeights:
+    """Stands in for the random generator when a model is built for planning only.
+
+    Planning and code generation need the weights' shapes, not their values; a model like
+    GPT-2 XL (1.5B parameters) does not even fit ONNX's 2 GB protobuf limit with them. Every
+    draw is a zero-stride array of the right shape (no memory), and `GraphBuilder` with
+    ``materialize=False`` writes large initializers as shape-only tensors whose external
+    data location is `UNMATERIALISED`.
+    """
+
+    def standard_normal(self, shape: Sequence[int], dtype: type = np.float32) -> np.ndarray:
+        return np.broadcast_to(np.zeros((), dtype=dtype), tuple(shape))
+
+    def uniform(self, low: float = 0.0, high: float = 1.0, size: int | Sequence[int] = ()
+                ) -> np.ndarray:
+        shape = (size,) if isinstance(size, int) else tuple(size)
+        return np.broadcast_to(np.float64((low + high) / 2), shape)
+
+
+def weight_rng(seed: int, weights: bool) -> np.random.Generator | NoWeights:
+    """The generator a builder draws its weights from (`NoWeights` when not materialising)."""
+    return np.random.default_rng(seed) if weights else NoWeights()
+
+
 def normal(
-    rng: np.random.Generator, shape: Sequence[int], std: float, mean: float = 0.0
+    rng: np.random.Generator | NoWeights, shape: Sequence[int], std: float, mean: float = 0.0
 ) -> np.ndarray:
     """Draw a float32 array from N(mean, std^2).
 
     The caller's draw order, not the names, fixes which values each tensor gets.
     """
+    if isinstance(rng, NoWeights):
+        return np.broadcast_to(np.float32(mean), tuple(shape))
     sample = rng.standard_normal(tuple(shape), dtype=np.float32)
     sample *= np.float32(std)
     if mean:
@@ -61,6 +92,7 @@ class GraphBuilder:
     """
 
     model: onnx.ModelProto = field(default_factory=onnx.ModelProto)
+    materialize: bool = True  # False: large initializers are written shape-only
     _node_names: set[str] = field(default_factory=set)
     _tensor_names: set[str] = field(default_factory=set)
 
@@ -86,6 +118,15 @@ class GraphBuilder:
     def initializer(self, name: str, array: np.ndarray) -> str:
         """Add a constant tensor stored as raw little-endian bytes; return its name."""
         self._claim_tensor(name)
+        if not self.materialize and array.size >= SHAPE_ONLY_MIN_ELEMS:
+            tensor = self.model.graph.initializer.add()
+            tensor.name = name
+            tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+            tensor.dims.extend(array.shape)
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            entry = tensor.external_data.add()
+            entry.key, entry.value = "location", UNMATERIALISED
+            return name
         # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them [1])
         tensor = numpy_helper.from_array(np.asarray(array, order="C"), name=name)
         self.model.graph.initializer.add().CopyFrom(tensor)
@@ -131,5 +172,19 @@ class GraphBuilder:
         model.ir_version = IR_VERSION
         model.producer_name = PRODUCER_NAME
         model.opset_import.append(helper.make_opsetid("", OPSET))
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(model if self.materialize else _without_shape_only(model))
         return model
+
+
+def _without_shape_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its shape-only initializers declared as typed inputs, for the checker
+    (which would look for their data)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    kept = [t for t in copy.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    shape_only = [t for t in copy.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    copy.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                            for t in shape_only)
+    return copy

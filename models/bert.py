@@ -28,7 +28,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal
+from ._builder import GraphBuilder, normal, weight_rng
 
 WEIGHT_STD = 0.02
 """Std of every weight, embedding and bias (BERT's ``initializer_range``)."""
@@ -199,6 +199,7 @@ def build_bert(
     batch: int = 1,
     seed: int = 0,
     name: str = "bert",
+    weights: bool = True,
 ) -> onnx.ModelProto:
     """Build a BERT encoder (see the module docstring for the exact graph).
 
@@ -222,8 +223,8 @@ def build_bert(
     if not 1 <= seq_len <= max_pos:
         raise ValueError(f"seq_len must be in [1, max_pos={max_pos}], got {seq_len}")
     head_dim = hidden // heads
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder()
+    rng = weight_rng(seed, weights)
+    b = GraphBuilder(materialize=weights)
     input_ids = b.graph_input("input_ids", onnx.TensorProto.INT64, [batch, seq_len])
     split = np.array([batch, seq_len, heads, head_dim], np.int64)
     merge = np.array([batch, seq_len, hidden], np.int64)

@@ -23,7 +23,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal
+from ._builder import GraphBuilder, normal, weight_rng
 from ._layers import attention_core, causal_mask, ints, layer_norm, linear, merge_heads, scalar
 
 
@@ -39,6 +39,7 @@ class GPT2Size:
 GPT2_SIZES: MappingProxyType[str, GPT2Size] = MappingProxyType({
     "gpt2-tiny": GPT2Size(hidden=128, layers=2, heads=2),
     "gpt2": GPT2Size(hidden=768, layers=12, heads=12),  # 124M parameters
+    "gpt2-xl": GPT2Size(hidden=1600, layers=48, heads=25),  # 1.5B parameters: build it shape-only
 })
 
 EPSILON = 1e-5
@@ -57,7 +58,7 @@ def _gelu_tanh(b: GraphBuilder, scope: str, x: str, c: dict[str, str]) -> str:
 
 def build_gpt2(hidden: int, layers: int, heads: int, *, vocab: int = 50257,
                positions: int = 1024, seq_len: int = 128, batch: int = 1, seed: int = 0,
-               name: str = "gpt2") -> onnx.ModelProto:
+               name: str = "gpt2", weights: bool = True) -> onnx.ModelProto:
     """Build GPT-2 (module doc); weights N(0, 0.02^2), position embeddings N(0, 0.01^2),
     output projections N(0, (0.02 / sqrt(2 * layers))^2), as HF initialises them.
 
@@ -72,8 +73,8 @@ def build_gpt2(hidden: int, layers: int, heads: int, *, vocab: int = 50257,
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     d = hidden // heads
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder()
+    rng = weight_rng(seed, weights)
+    b = GraphBuilder(materialize=weights)
     ids = b.graph_input("input_ids", onnx.TensorProto.INT64, [batch, seq_len])
     wte = b.initializer("wte", normal(rng, (vocab, hidden), 0.02))
     wpe = b.initializer("wpe", normal(rng, (positions, hidden), 0.01))

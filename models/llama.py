@@ -22,7 +22,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal
+from ._builder import GraphBuilder, normal, weight_rng
 from ._layers import attention_core, causal_mask, ints, linear, merge_heads, rms_norm, scalar
 
 
@@ -81,7 +81,7 @@ def _repeat_kv(b: GraphBuilder, scope: str, x: str, batch: int, kv: int, rep: in
 def build_llama(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, *,
                 vocab: int = 32000, rope_theta: float = 10000.0, tied: bool = True,
                 seq_len: int = 128, batch: int = 1, seed: int = 0,
-                name: str = "llama") -> onnx.ModelProto:
+                name: str = "llama", weights: bool = True) -> onnx.ModelProto:
     """Build a LLaMA (module doc); weights N(0, 0.02^2), norm weights N(1, 0.02^2).
 
     >>> m = build_llama(32, 1, 4, 2, 64, vocab=50, seq_len=8)
@@ -97,8 +97,8 @@ def build_llama(hidden: int, layers: int, heads: int, kv_heads: int, intermediat
     if d % 2:
         raise ValueError(f"the head size ({d}) must be even for rotary embeddings")
     rep = heads // kv_heads
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder()
+    rng = weight_rng(seed, weights)
+    b = GraphBuilder(materialize=weights)
     ids = b.graph_input("input_ids", onnx.TensorProto.INT64, [batch, seq_len])
     embed = b.initializer("embed_tokens.weight", normal(rng, (vocab, hidden), 0.02))
 

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal
+from ._builder import GraphBuilder, normal, weight_rng
 
 PATTERN = re.compile(r"^matmul-(\d+)x(\d+)x(\d+)$")
 
@@ -25,9 +25,10 @@ def parse_matmul(name: str) -> tuple[int, int, int] | None:
     return dims if min(dims) >= 1 else None  # type: ignore[return-value]
 
 
-def build_matmul(m: int, k: int, n: int, seed: int = 0) -> onnx.ModelProto:
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder()
+def build_matmul(m: int, k: int, n: int, seed: int = 0, *, weights: bool = True
+                 ) -> onnx.ModelProto:
+    rng = weight_rng(seed, weights)
+    b = GraphBuilder(materialize=weights)
     a = b.graph_input("A", onnx.TensorProto.FLOAT, [m, k])
     w = b.initializer("W", normal(rng, (k, n), 1.0 / np.sqrt(k)))
     b.node("MatMul", [a, w], "matmul", output="C")

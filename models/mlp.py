@@ -15,10 +15,9 @@ import itertools
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal
+from ._builder import GraphBuilder, normal, weight_rng
 
 MLP_DIMS: tuple[int, ...] = (784, 1024, 1024, 10)
 """Default layer widths: an MNIST-shaped classifier."""
@@ -27,7 +26,7 @@ BIAS_STD = 0.02
 
 
 def build_mlp(
-    batch: int = 16, dims: Sequence[int] = MLP_DIMS, seed: int = 0
+    batch: int = 16, dims: Sequence[int] = MLP_DIMS, seed: int = 0, *, weights: bool = True
 ) -> onnx.ModelProto:
     """Build an MLP mapping ``x`` [batch, dims[0]] to ``logits`` [batch, dims[-1]].
 
@@ -43,8 +42,8 @@ def build_mlp(
         raise ValueError(f"batch must be >= 1, got {batch}")
     if len(dims) < 2 or min(dims) < 1:
         raise ValueError(f"dims needs at least two positive widths, got {tuple(dims)}")
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder()
+    rng = weight_rng(seed, weights)
+    b = GraphBuilder(materialize=weights)
     x = b.graph_input("x", onnx.TensorProto.FLOAT, [batch, dims[0]])
     last = len(dims) - 2
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(dims)):

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal
+from ._builder import GraphBuilder, normal, weight_rng
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _conv_bn(b: GraphBuilder, rng: np.random.Generator, scope: str, x: str, cin:
 
 def build_resnet(depths: tuple[int, ...], widths: tuple[int, ...], *, stem: int = 64,
                  image: int = 224, classes: int = 1000, batch: int = 1, seed: int = 0,
-                 name: str = "resnet") -> onnx.ModelProto:
+                 name: str = "resnet", weights: bool = True) -> onnx.ModelProto:
     """Build a bottleneck ResNet (module doc).
 
     >>> m = build_resnet((1,), (4,), stem=8, image=32, classes=3)
@@ -72,8 +72,8 @@ def build_resnet(depths: tuple[int, ...], widths: tuple[int, ...], *, stem: int 
         raise ValueError("depths and widths must have the same length, depths at least 1")
     if image < 32 or batch < 1:
         raise ValueError(f"image must be >= 32 and batch >= 1, got {image} and {batch}")
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder()
+    rng = weight_rng(seed, weights)
+    b = GraphBuilder(materialize=weights)
     x = b.graph_input("pixel_values", onnx.TensorProto.FLOAT, [batch, 3, image, image])
     x = _conv_bn(b, rng, "stem", x, 3, stem, 7, stride=2)
     x = b.node("MaxPool", [x], "stem/MaxPool", kernel_shape=[3, 3], strides=[2, 2],

@@ -20,7 +20,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal
+from ._builder import GraphBuilder, normal, weight_rng
 from ._layers import (
     attention_core,
     gelu_constants,
@@ -56,7 +56,7 @@ EPSILON = 1e-12
 
 def build_vit(hidden: int, layers: int, heads: int, mlp: int, *, image: int = 224,
               patch: int = 16, classes: int = 1000, channels: int = 3, batch: int = 1,
-              seed: int = 0, name: str = "vit") -> onnx.ModelProto:
+              seed: int = 0, name: str = "vit", weights: bool = True) -> onnx.ModelProto:
     """Build a ViT (module doc); every weight N(0, 0.02^2), LayerNorm scales N(1, 0.02^2).
 
     >>> m = build_vit(32, 1, 2, 64, image=16, patch=8, classes=5)
@@ -72,8 +72,8 @@ def build_vit(hidden: int, layers: int, heads: int, mlp: int, *, image: int = 22
     grid = image // patch
     tokens = grid * grid + 1
     d = hidden // heads
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder()
+    rng = weight_rng(seed, weights)
+    b = GraphBuilder(materialize=weights)
     pixels = b.graph_input("pixel_values", onnx.TensorProto.FLOAT,
                            [batch, channels, image, image])
     c = gelu_constants(b)

@@ -384,6 +384,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         search=_search_options(args),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
                              planner=args.planner, relative_gap=args.gap),
+        weights=args.run,  # zoo weights are drawn only when the program will run
         front_limit=args.front)
     update, bar = _progress()
     try:

@@ -33,6 +33,9 @@ class CompileOptions:
     search: SearchOptions = SearchOptions()
     solver: SolverOptions = SolverOptions()
     front_limit: int = 16
+    #: draw zoo models' weights; planning and codegen need only their shapes, so a compile
+    #: that will not run skips them (and so can take models past ONNX's 2 GB limit)
+    weights: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                   progress: Callable[[str, int, int], None] | None = None) -> Compiled:
     """Compile a zoo name, ONNX path or ModelProto for ``chip``."""
     start = time.perf_counter()
-    model = frontend.load_model(source, seq_len=options.seq_len, batch=options.batch)
+    model = frontend.load_model(source, seq_len=options.seq_len, batch=options.batch,
+                                weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
     t_front = time.perf_counter()
@@ -141,6 +145,9 @@ def max_rel_err(outputs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> f
 
 def run_compiled(c: Compiled, seed: int = 0) -> RunResult:
     """Emulate the program on seeded inputs and check it against onnxruntime."""
+    if not frontend.has_weights(c.graph):
+        raise ValueError("this compile has shape-only weights (built without weights); "
+                         "compile with CompileOptions(weights=True) to run it")
     inputs = make_inputs(c.graph, seed)
     outputs, timeline, wall = emulate(c.program, c.chip, inputs, c.graph.constants)
     ref, ref_wall = reference(c.model, inputs)

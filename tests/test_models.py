@@ -172,12 +172,26 @@ def test_unknown_name_lists_known_models() -> None:
 
 def test_zoo_names() -> None:
     assert ZOO_NAMES == ("mlp", "bert-tiny", "bert-mini", "bert-base", "bert-large",
-                         "gpt2-tiny", "gpt2", "vit-tiny", "vit-base", "llama-tiny",
+                         "gpt2-tiny", "gpt2", "gpt2-xl", "vit-tiny", "vit-base", "llama-tiny",
                          "llama-135m", "llama-360m", "resnet-tiny", "resnet50")
     assert set(ZOO_NAMES) == {"mlp", *BERT_SIZES, *GPT2_SIZES, *VIT_SIZES, *LLAMA_SIZES,
                               *RESNET_SIZES}
     assert all(is_zoo_name(n) for n in ZOO_NAMES)
     assert not is_zoo_name("model.onnx")
+    assert all(is_zoo_name(n) for n in ("resnet", "vit", "llama"))
+
+
+def test_shape_only_builds_are_light_and_plannable() -> None:
+    """Without weights a model keeps its shapes (and folds, plans and compiles) but has no
+    data: gpt2-xl, 1.5B parameters, builds in a couple of megabytes."""
+    from t10c.frontend import has_weights, to_graph
+
+    model = build("gpt2-xl", weights=False, seq_len=8)
+    assert model.ByteSize() < 8_000_000
+    tiny = to_graph(build("bert-tiny", weights=False, seq_len=8))
+    assert not has_weights(tiny)
+    assert has_weights(to_graph(build("bert-tiny", seq_len=8)))
+    assert tiny.constants["word_embeddings"].shape == (30522, 128)
 
 
 def test_bert_layer_structure() -> None:
