@@ -161,19 +161,6 @@ class Geometry:
                 shape.append(self.b[j])
         return tuple(shape)
 
-    def slice_shape(self, index: int) -> tuple[int, ...]:
-        """Shape of the part of operand ``index``'s buffer one step's sub-task reads."""
-        operand = self.op.operands[index]
-        shape = []
-        for d, j in enumerate(self.dim_axes(index)):
-            if j is None:
-                shape.append(self.shapes[operand.tensor][d])
-            elif isinstance(j, Window):
-                shape.append(self._window(j, self.u))
-            else:
-                shape.append(self.u[j])
-        return tuple(shape)
-
     def _dims(self, index: int, per_axis: np.ndarray) -> np.ndarray:
         cols = []
         for j in self.dim_axes(index):

@@ -167,18 +167,11 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="storage dtype of the weights (default: fp16)")
     p.add_argument("--seq-len", type=int, help="sequence length of zoo transformers")
     p.add_argument("--batch", type=int, help="batch size of zoo models")
+    from t10c.cli import _shape_arg
+
     p.add_argument("--shape", type=_shape_arg, action="append", default=[], metavar="NAME=DxD",
                    help="pin a dynamic input shape (repeatable)")
     return p
-
-
-def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
-    try:
-        name, dims = text.split("=", 1)
-        return name, tuple(int(d) for d in dims.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NAME=DxDx..., e.g. input_ids=1x128, got "
-                                         f"{text!r}") from None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
