@@ -276,10 +276,11 @@ class Machine:
             combine = np.add if expr.combine == "sum" else np.maximum
             result = combine(view.astype(np.float32), result)
         full = out[:n].reshape((n, *tiles[k]))
-        if idx is None:
-            full[...] = result
-        else:
-            full[idx] = result
+        with np.errstate(over="ignore"):  # masks (-3.4e38) saturate to -inf in fp16 on purpose
+            if idx is None:
+                full[...] = result
+            else:
+                full[idx] = result
         self.written[ins.out][:n] = True
         self.record(expr.name, "compute", compute_cycles(expr, sub, self.chip, self.prog.dtype))
 

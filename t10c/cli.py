@@ -219,7 +219,7 @@ def _base_options(args: argparse.Namespace):
 
 
 def _entries(models: list[str], chips: list[str], strategies: list[str],
-             args: argparse.Namespace):
+             args: argparse.Namespace, slim: bool = False):
     from t10c.compare import STRATEGIES, run_entry
 
     bad = [s for s in strategies if s not in STRATEGIES]
@@ -231,7 +231,8 @@ def _entries(models: list[str], chips: list[str], strategies: list[str],
         for chip in loaded:
             for strategy in strategies:
                 print(f"[{model} on {chip.name}: {strategy}]", file=sys.stderr)
-                entries.append(run_entry(model, chip, strategy, _base_options(args)))
+                entry = run_entry(model, chip, strategy, _base_options(args))
+                entries.append(entry.slim() if slim else entry)
     return entries
 
 
@@ -310,7 +311,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from t10c.compare import STRATEGIES, speedup
 
-    entries = _entries(args.models.split(","), args.chips.split(","), list(STRATEGIES), args)
+    entries = _entries(args.models.split(","), args.chips.split(","), list(STRATEGIES), args,
+                       slim=True)
     head = ["model", "chip", "compile (s)", "t10 (us)", "no-rotation (us)", "vgm (us)",
             "vs no-rotation", "vs vgm", "of roofline", "emulation (s)", "onnxruntime (s)",
             "matches"]

@@ -13,6 +13,7 @@ The roofline of a run is the model's FLOPs at the chip's peak matrix rate in the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -47,6 +48,14 @@ class Entry:
     compiled: Compiled | None
     result: RunResult | None
     error: str = ""
+    flops: int = 0
+    dtype: str = "fp16"
+    compile_wall_s: float = math.nan
+
+    def slim(self) -> Entry:
+        """The figures without the program, model and outputs (for long benchmark runs)."""
+        result = self.result and dataclasses.replace(self.result, outputs={}, reference={})
+        return dataclasses.replace(self, compiled=None, result=result)
 
     @property
     def ok(self) -> bool:
@@ -58,9 +67,7 @@ class Entry:
 
     @property
     def roofline_s(self) -> float:
-        if not self.compiled:
-            return math.nan
-        return self.compiled.graph.flops() / self.chip.peak_flops(self.compiled.plan.dtype)
+        return self.flops / self.chip.peak_flops(self.dtype) if self.flops else math.nan
 
     @property
     def roofline_fraction(self) -> float:
@@ -68,7 +75,7 @@ class Entry:
 
     @property
     def compile_s(self) -> float:
-        return self.compiled.timings["total_s"] if self.compiled else math.nan
+        return self.compile_wall_s
 
 
 def run_entry(model: str, chip: Chip, strategy: str, options: CompileOptions, seed: int = 0
@@ -79,7 +86,8 @@ def run_entry(model: str, chip: Chip, strategy: str, options: CompileOptions, se
     except ValueError as exc:  # frontend and planner errors are ValueErrors
         return Entry(model, chip, strategy, None, None, str(exc).splitlines()[0])
     result = run_compiled(compiled, seed)
-    return Entry(model, chip, strategy, compiled, result)
+    return Entry(model, chip, strategy, compiled, result, flops=compiled.graph.flops(),
+                 dtype=compiled.plan.dtype, compile_wall_s=compiled.timings["total_s"])
 
 
 def speedup(entries: list[Entry], entry: Entry, over: str) -> float:

@@ -28,7 +28,7 @@ def summary_rows(entries: list[Entry]) -> list[dict[str, Any]]:
     rows = []
     for e in entries:
         row: dict[str, Any] = {"model": e.model, "chip": e.chip.name, "strategy": e.strategy}
-        if e.result is None or e.compiled is None:
+        if e.result is None:
             row["error"] = e.error
             rows.append(row)
             continue
