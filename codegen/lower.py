@@ -130,14 +130,14 @@ class _Builder:
         shape = self.graph.tensors[geo.op.operands[index].tensor].shape
         return tile_elements(geo.tile_origin(index, step), geo.tile_shape(index), shape)
 
-    def bring_input(self, op: TensorExpr, geo: Geometry, index: int, moves: list[Exchange]
-                    ) -> tuple[int, bool]:
+    def bring_input(self, op: TensorExpr, geo: Geometry, index: int, moves: list[Exchange],
+                    warm_up: bool = False) -> tuple[int, bool]:
         """Emit what puts input ``index`` in place; returns (buffer, owned by this op)."""
         operand = op.inputs[index]
         dtype = self.storage(operand.tensor)
         name = f"{op.name}.in{index}"
         root = self.graph.root(operand.tensor)
-        home = root in self.home
+        home = warm_up and root in self.home
         if not home and (root in self.graph.constants or root in self.graph.inputs):
             phase = "resident" if root in self.graph.constants else "host"
             tile = geo.tile_shape(index)
@@ -177,13 +177,13 @@ class _Builder:
     # -- one op ---------------------------------------------------------------------------
     def load_weights(self, n: int, op: TensorExpr) -> None:
         """Load op n's constant inputs once, before the run: they stay resident at the bottom
-        of SRAM, below everything that comes and goes. With ``weights_home`` (vgm) each weight
+        of SRAM, below everything that comes and goes. With ``home`` (warm-up) each weight
         is loaded once, spread evenly over all cores, and ops fetch from there."""
         for i, operand in enumerate(op.inputs):
             root = self.graph.root(operand.tensor)
             if root not in self.graph.constants:
                 continue
-            if self.plan.weights_home:
+            if self.plan.ops[n].home:
                 if root not in self.home:
                     self.home[root] = self.load_home(root, op.name)
             else:
@@ -218,7 +218,7 @@ class _Builder:
             if (n, i) in self.weights:
                 bid, own = self.weights[n, i], False
             else:
-                bid, own = self.bring_input(op, geo, i, moves)
+                bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home)
             cur.append(bid)
             owned.append(own)
         # one barrier before the exchange phase, unless every copy stays on its core

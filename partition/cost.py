@@ -51,9 +51,10 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
               ) -> tuple[Cycles, int, int, int]:
     """(cycles, hot bytes, cold bytes, output bytes) per core of one plan.
 
-    With ``weights_home`` (the vgm baseline) the weights stay in their even home layout (the
-    cold bytes) and each run fetches the tiles it needs first: one barrier and the tiles'
-    bytes, counted as shift; the fetched tiles are hot on top of the home copy.
+    With ``weights_home`` the weights stay in a compact idle layout, spread evenly over all
+    cores (the cold bytes), and each run warms up the tiles it needs first: one barrier and the
+    tiles' bytes, counted as shift; the fetched tiles are hot on top of the idle copy. (The vgm
+    baseline does this for every op; t10 chooses it per op where SRAM is short.)
     """
     op = geo.op
     nops = len(op.operands)
@@ -78,10 +79,10 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         if moved:
             shift += count * chip.transfer_cycles(moved)
             sync += count * chip.sync_cycles
-    # rotated weights return home after the last step: one more shift of each
+    # rotated resident weights return home after the last step: one more shift of each
     home = sum(tile_bytes[i] for i, o in enumerate(op.inputs)
                if rot_axis[i] is not None and o.tensor in const_tensors)
-    if home:
+    if home and not weights_home:
         shift += chip.transfer_cycles(home)
         sync += chip.sync_cycles
 

@@ -76,6 +76,9 @@ class OpPlan:
     hot_bytes_per_core: int
     cold_bytes_per_core: int
     out_bytes_per_core: int  # what the result occupies after the op, until its consumers read it
+    #: weights kept in a compact idle layout (spread over all cores) and warmed up into this
+    #: plan's layout before each run, instead of staying resident in it
+    home: bool = False
 
     @property
     def steps(self) -> int:

@@ -121,7 +121,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         shift = shift + count * _transfer(chip, moved)
         sync = sync + count * np.where(moved > 0, chip.sync_cycles, 0)
     homing = [i for i, o in enumerate(op.inputs)
-              if rot_axis[i] is not None and o.tensor in const_tensors]
+              if rot_axis[i] is not None and o.tensor in const_tensors and not weights_home]
     if homing:
         home = sum(tile_bytes[i] for i in homing)
         shift = shift + _transfer(chip, home)

@@ -37,6 +37,7 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             "T": dict(zip(op.axis_names, p.T)), "operands": operands, "steps": p.steps,
             "cycles": p.cycles.as_dict(), "relayout_cycles": relayout,
             "hot_bytes_per_core": p.hot_bytes_per_core,
+            "weights": "warmed-up" if p.home else "resident",
             "cold_bytes_per_core": p.cold_bytes_per_core,
             "cores": _prod(p.F), "front_size": front,
         })
