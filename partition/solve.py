@@ -126,13 +126,17 @@ def memory_use(terms: MemoryTerms, arrays: _Arrays, choice: list[int] | tuple[in
     return use
 
 
-def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int) -> list[int] | None:
+def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None = None
+           ) -> list[int] | None:
     """T10-style memory reconciliation: fastest plans first, then shrink where memory runs
     out, always taking the move (any smaller plan of any op that holds bytes there) that costs
     the fewest cycles per byte saved."""
     n = len(arrays.cold)
     choice = [0] * n
-    last = [len(c) - 1 for c in arrays.cold]
+    # the greedy walks each op's front (the first ``base[i]`` plans, fastest first); variants
+    # appended after it (weights warmed up) are left to the solver
+    end = base if base is not None else [len(c) for c in arrays.cold]
+    last = [e - 1 for e in end]
     while True:
         use = memory_use(terms, arrays, choice)
         over = np.flatnonzero(use > cap)
@@ -146,12 +150,13 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int) -> list[int] | None:
             if k == last[j]:
                 continue
             # any smaller plan of j, not just the next: fronts are not convex
-            saved = arrays.cold[j][k] - arrays.cold[j][k + 1:]
+            stop = end[j]
+            saved = arrays.cold[j][k] - arrays.cold[j][k + 1:stop]
             if j == i:
-                saved = saved + arrays.extra[j][k] - arrays.extra[j][k + 1:]
+                saved = saved + arrays.extra[j][k] - arrays.extra[j][k + 1:stop]
             if j in around:
-                saved = saved + arrays.out[j][k] - arrays.out[j][k + 1:]
-            added = np.maximum(arrays.cycles[j][k + 1:] - arrays.cycles[j][k], 0)
+                saved = saved + arrays.out[j][k] - arrays.out[j][k + 1:stop]
+            added = np.maximum(arrays.cycles[j][k + 1:stop] - arrays.cycles[j][k], 0)
             useful = saved > 0
             if not useful.any():
                 continue
@@ -235,7 +240,8 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     terms = liveness(graph)
     arrays = _Arrays(fronts, relayout_in)
     cap = int(sram_bytes * (1 - opts.reserve_fraction))
-    warm = greedy(terms, arrays, cap)
+    base = [len(f) if all(p.home for p in f) else sum(not p.home for p in f) for f in fronts]
+    warm = greedy(terms, arrays, cap, base)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     if opts.planner == "greedy":
         if warm is None:
