@@ -218,7 +218,10 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
 
 def solve_model(model: cp_model.CpModel, opts: SolverOptions) -> tuple[cp_model.CpSolver, int]:
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = opts.time_limit_s
+    # the limit is CP-SAT's deterministic time (work, roughly seconds), so that a solve cut
+    # short by it stops at the same point every run; wall-clock time backs it up
+    solver.parameters.max_deterministic_time = opts.time_limit_s
+    solver.parameters.max_time_in_seconds = 3 * opts.time_limit_s
     solver.parameters.num_workers = opts.workers
     solver.parameters.random_seed = opts.seed
     solver.parameters.relative_gap_limit = opts.relative_gap
