@@ -188,7 +188,3 @@ def _take(expr: TensorExpr, values: list[np.ndarray], n: int) -> np.ndarray:
     have = list(expr.inputs[index_k].axes) + rest
     perm = [0] + [have.index(a) + 1 for a in expr.output.axes]
     return np.transpose(picked, perm).astype(np.float32)
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)

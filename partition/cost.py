@@ -114,8 +114,3 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         cold = home_bytes(op, geo.shapes, chip, dtype, const_tensors)
         hot += cold
     return Cycles(compute, shift, sync, reduce), hot, cold, out_bytes
-
-
-def relayout_cycles(bytes_per_core: int, chip: Chip) -> int:
-    """Estimated cycles to bring one input buffer of ``bytes_per_core`` from another layout."""
-    return chip.sync_cycles + chip.transfer_cycles(bytes_per_core)

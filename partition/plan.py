@@ -41,7 +41,7 @@ from functools import cached_property
 
 import numpy as np
 
-from t10c.ir import INDIRECT, Graph, Operand, TensorExpr, Window
+from t10c.ir import INDIRECT, Graph, TensorExpr, Window
 
 
 @dataclass(frozen=True)
@@ -255,14 +255,6 @@ class Geometry:
         group = math.prod(self.F[j] for j in red)
         j = self.rotation_axis(out)
         return group // self.T[j] if j is not None else group
-
-
-def operand_bytes(dtype_bytes: int, shape: tuple[int, ...]) -> int:
-    return dtype_bytes * math.prod(shape)
-
-
-def operand_role(op: TensorExpr, operand: Operand) -> str:
-    return "output" if operand is op.output else "input"
 
 
 def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:

@@ -295,9 +295,5 @@ def pareto_front(plans: list[OpPlan], sram_bytes: int, limit: int) -> list[OpPla
     return front
 
 
-def smallest_plan(plans: list[OpPlan]) -> OpPlan | None:
-    return min(plans, key=lambda p: (p.hot_bytes_per_core, p.cycles.total), default=None)
-
-
 __all__ = ["SearchOptions", "SearchResult", "enumerate_plans", "search_front", "pareto_front",
-           "smallest_plan", "INDIRECT"]
+           "INDIRECT"]

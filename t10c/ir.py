@@ -224,21 +224,6 @@ def map_to_root(graph: Graph, tensor: str, flat: np.ndarray) -> tuple[str, np.nd
     return tensor, flat
 
 
-def view_value(graph: Graph, tensor: str, root_value: np.ndarray) -> np.ndarray:
-    """The value of ``tensor`` given the value of its root (for references and tests)."""
-    chain = []
-    while tensor in graph.views:
-        chain.append(graph.views[tensor])
-        tensor = graph.views[tensor].source
-    value = root_value
-    for view in reversed(chain):
-        if view.perm is not None:
-            value = np.transpose(value, view.perm)
-        else:
-            value = value.reshape(view.shape)
-    return value
-
-
 def expr_to_json(op: TensorExpr) -> dict[str, Any]:
     """A JSON-ready form of an expression (windows as {terms, offset})."""
 
