@@ -148,7 +148,8 @@ class _Builder:
             if root != operand.tensor:  # through a view: spell out every element
                 flat, valid = self.element_map(geo, index, 0)
                 table = np.where(valid, self.to_root(operand.tensor)[flat], -1).astype(np.int32)
-            self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, table))
+            self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, table,
+                                    _cores(geo)))
             return bid, root not in self.graph.constants
         flat, valid = self.element_map(geo, index, 0)
         if root != operand.tensor:
@@ -165,13 +166,13 @@ class _Builder:
         src = self.buffers[place.buf]
         in_place = (valid.all() and src.elems == elems and src.dtype == dtype
                     and geo.rotation_axis(index) is None
-                    and (src_core == np.arange(len(src_core))[:, None]).all()
+                    and (src_core == geo.phys[:, None]).all()
                     and (src_off == np.arange(elems)[None, :]).all())
         if in_place and not home:
             return place.buf, False
         phase = "fetch" if home else "relayout"
         bid = self.new_buffer(name, elems, dtype, op.name, phase)
-        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off))
+        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off, _cores(geo)))
         return bid, True
 
     # -- one op ---------------------------------------------------------------------------
@@ -222,7 +223,7 @@ class _Builder:
             cur.append(bid)
             owned.append(own)
         # one barrier before the exchange phase, unless every copy stays on its core
-        here = np.arange(geo.ncores, dtype=np.int32)[:, None]
+        here = geo.phys[:, None]
         if any(((m.src_core >= 0) & (m.src_core != here)).any() for m in moves):
             self.instrs.append(Sync(op.name, "relayout"))
         self.instrs.extend(moves)
@@ -235,7 +236,8 @@ class _Builder:
                     self.free(self.placement[root].buf, op.name)
 
         if op.combine:
-            self.instrs.append(Fill(op.name, "compute", out, IDENTITY[op.combine], geo.ncores))
+            self.instrs.append(Fill(op.name, "compute", out, IDENTITY[op.combine], geo.ncores,
+                                    _cores(geo)))
         cur.append(out)
         owned.append(True)
         recv = {}
@@ -249,7 +251,7 @@ class _Builder:
                 op.name, "compute", n, cur[nin], tuple(cur[:nin]), geo.u,
                 tuple(geo.tile_shape(i) for i in range(nin + 1)),
                 tuple(geo.slice_offsets(i, s).astype(np.int32) for i in range(nin + 1)),
-                geo.origin(s).astype(np.int64), op.combine is not None))
+                geo.origin(s).astype(np.int64), op.combine is not None, _cores(geo)))
             if s == geo.steps - 1:
                 break
             changed = geo.changes(s)
@@ -257,8 +259,8 @@ class _Builder:
             if movers:
                 self.instrs.append(Sync(op.name, "sync"))
             for i in movers:
-                source = geo.shift_source(i, s).astype(np.int32)
-                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], source))
+                source = geo.phys[geo.shift_source(i, s)].astype(np.int32)
+                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], source, _cores(geo)))
                 cur[i], recv[i] = recv[i], cur[i]
 
         # resident weights that rotated go back to where they started, into their own buffer,
@@ -268,8 +270,8 @@ class _Builder:
             self.instrs.append(Sync(op.name, "sync"))
         for i in restore:
             home = self.weights[n, i]
-            source = geo.restore_source(i).astype(np.int32)
-            self.instrs.append(Shift(op.name, "shift", home, cur[i], source))
+            source = geo.phys[geo.restore_source(i)].astype(np.int32)
+            self.instrs.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
             if cur[i] != home:
                 cur[i], recv[i] = home, cur[i]
         for i in recv:
@@ -305,8 +307,9 @@ class _Builder:
             self.instrs.append(Sync(op.name, "reduce"))
             dst = self.new_buffer(f"{op.name}.red", chunk, self.buffers[buf].dtype, op.name,
                                   "reduce")
-            self.instrs.append(Reduce(op.name, "reduce", dst, buf, op.combine or "sum", table,
-                                      (pos * chunk).astype(np.int32)))
+            self.instrs.append(Reduce(op.name, "reduce", dst, buf, op.combine or "sum",
+                                      geo.phys[table].astype(np.int32),
+                                      (pos * chunk).astype(np.int32), _cores(geo)))
             self.free(buf, op.name)
             # element e of core c's chunk is element pos*chunk + e of its block buffer
             local = pos[:, None] * chunk + np.arange(chunk)[None, :]
@@ -318,7 +321,7 @@ class _Builder:
             elems = chunk
         core = np.full(numel, -1, dtype=np.int32)
         off = np.full(numel, -1, dtype=np.int32)
-        cores = np.broadcast_to(np.arange(geo.ncores)[:, None], flat.shape)
+        cores = np.broadcast_to(geo.phys[:, None], flat.shape)
         offs = np.broadcast_to(np.arange(elems)[None, :], flat.shape)
         core[flat[valid]] = cores[valid]
         off[flat[valid]] = offs[valid]
@@ -384,6 +387,11 @@ class _Builder:
         buffers = tuple(dataclasses.replace(b, offset=o) for b, o in zip(self.buffers,
                                                                          sram.offsets))
         return buffers, sram
+
+
+def _cores(geo: Geometry) -> np.ndarray | None:
+    """The physical core of each table row, for ops placed on a mesh (None: rows are cores)."""
+    return geo.phys.astype(np.int32) if geo.placed else None
 
 
 def generate(graph: Graph, plan: Plan, chip: Chip) -> Program:

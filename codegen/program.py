@@ -4,7 +4,9 @@ Every core runs the same instruction stream; per-core differences live in tables
 (the source core of a shift, the slice a compute reads). A buffer has one SRAM address on all
 cores. Instructions name the op and the phase they belong to, for the timeline.
 
-Instructions (tables are numpy arrays whose first axis is the core, over the first ``ncores``):
+Instructions (tables are numpy arrays whose first axis is the core, over the first ``ncores``;
+an instruction with a ``cores`` array instead has one table row per listed physical core, in that
+order: how ops placed on a mesh name their cores. Core numbers inside tables are physical):
 
 - ``Alloc(buf)`` / ``Free(buf)``: the buffer's bytes at its address become live / dead.
 - ``Load(buf, tensor, shape, tile, origin, index)``: host -> chip before the run (weights,
@@ -57,6 +59,15 @@ class Instr:
     op: str
     phase: str
 
+    def row_of(self, core: int, rows: int) -> int | None:
+        """The table row of physical ``core`` in an instruction with ``rows`` rows (None if
+        the core takes no part)."""
+        cores = getattr(self, "cores", None)
+        if cores is None:
+            return core if core < rows else None
+        hit = np.flatnonzero(cores == core)
+        return int(hit[0]) if len(hit) else None
+
 
 @dataclass(frozen=True)
 class Alloc(Instr):
@@ -76,6 +87,7 @@ class Load(Instr):
     tile: tuple[int, ...]
     origin: np.ndarray
     index: np.ndarray | None = None
+    cores: np.ndarray | None = None
 
     @property
     def ncores(self) -> int:
@@ -119,6 +131,7 @@ class Fill(Instr):
     buf: int
     value: float
     ncores: int
+    cores: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,7 @@ class Exchange(Instr):
     src: int
     src_core: np.ndarray
     src_off: np.ndarray
+    cores: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +153,7 @@ class Compute(Instr):
     offsets: tuple[np.ndarray, ...]
     origin: np.ndarray
     accumulate: bool
+    cores: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,7 @@ class Shift(Instr):
     dst: int
     src: int
     src_core: np.ndarray
+    cores: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +171,7 @@ class Reduce(Instr):
     combine: str
     group: np.ndarray
     offset: np.ndarray
+    cores: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +267,8 @@ class Program:
         instrs = []
         for rec in doc["instrs"]:
             cls = kinds[rec["kind"]]
-            instrs.append(cls(**{f.name: value(rec[f.name]) for f in fields(cls)}))
+            instrs.append(cls(**{f.name: value(rec[f.name]) for f in fields(cls)
+                                 if f.name in rec}))
         return Program(
             doc["name"], doc["chip"], doc["dtype"], doc["cores"],
             tuple(Buffer(**b) for b in doc["buffers"]),
@@ -273,42 +291,48 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
     if isinstance(ins, Free):
         return f"free   {b(ins.buf)}{tag}"
     if isinstance(ins, Load):
-        if core >= ins.ncores:
+        row = ins.row_of(core, ins.ncores)
+        if row is None:
             return None
         flat, ok = ins.elements() if ins.index is not None else tile_elements(
-            ins.origin[core:core + 1], ins.tile, ins.shape)
-        row = 0 if ins.index is None else core
-        valid = flat[row][ok[row]]
+            ins.origin[row:row + 1], ins.tile, ins.shape)
+        r = 0 if ins.index is None else row
+        valid = flat[r][ok[r]]
         span = f"{valid.min()}..{valid.max()}" if len(valid) else "padding"
         return f"load   {b(ins.buf)} <- host:{ins.tensor}[{span}] ({len(valid)} elems){tag}"
     if isinstance(ins, Fill):
-        return f"fill   {b(ins.buf)}, {ins.value}{tag}" if core < ins.ncores else None
+        row = ins.row_of(core, ins.ncores)
+        return f"fill   {b(ins.buf)}, {ins.value}{tag}" if row is not None else None
     if isinstance(ins, Exchange):
-        if core >= len(ins.src_core):
+        row = ins.row_of(core, len(ins.src_core))
+        if row is None:
             return None
-        srcs = ins.src_core[core]
+        srcs = ins.src_core[row]
         cores = np.unique(srcs[srcs >= 0])
         remote = int(((srcs >= 0) & (srcs != core)).sum())
         return (f"exch   {b(ins.dst)} <- {b(ins.src)} from {len(cores)} cores "
                 f"({remote} remote elems){tag}")
     if isinstance(ins, Compute):
-        if core >= len(ins.origin):
+        row = ins.row_of(core, len(ins.origin))
+        if row is None:
             return None
         expr = prog.exprs[ins.expr]
-        origin = ",".join(str(int(x)) for x in ins.origin[core])
+        origin = ",".join(str(int(x)) for x in ins.origin[row])
         sub = "x".join(str(s) for s in ins.sub)
         ins_s = ", ".join(b(i) for i in ins.ins)
         acc = " +=" if ins.accumulate else " ="
         return f"comp   {b(ins.out)}{acc} {expr.kind}({ins_s}) tile {sub} at [{origin}]{tag}"
     if isinstance(ins, Shift):
-        if core >= len(ins.src_core):
+        row = ins.row_of(core, len(ins.src_core))
+        if row is None:
             return None
-        return f"shift  {b(ins.dst)} <- core {int(ins.src_core[core])}:{b(ins.src)}{tag}"
+        return f"shift  {b(ins.dst)} <- core {int(ins.src_core[row])}:{b(ins.src)}{tag}"
     if isinstance(ins, Reduce):
-        if core >= len(ins.group):
+        row = ins.row_of(core, len(ins.group))
+        if row is None:
             return None
-        grp = ",".join(str(int(g)) for g in ins.group[core])
-        return (f"reduce {b(ins.dst)} = {ins.combine} {b(ins.src)}[{int(ins.offset[core])}:] "
+        grp = ",".join(str(int(g)) for g in ins.group[row])
+        return (f"reduce {b(ins.dst)} = {ins.combine} {b(ins.src)}[{int(ins.offset[row])}:] "
                 f"over cores {grp}{tag}")
     if isinstance(ins, Sync):
         return f"sync{tag}"

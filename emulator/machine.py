@@ -4,11 +4,15 @@ State is one array per live buffer shaped ``(cores, elems)`` in the buffer's dty
 flag per buffer and core saying whether it has been written. Every instruction acts on all
 cores with numpy (gathers with the program's tables); nothing loops over cores in Python.
 
-Timing follows the bulk-synchronous model of an all-to-all exchange (IPU): compute phases, then
-a barrier (``Sync``), then an exchange phase in which every core receives its bytes; the phase
-lasts as long as the busiest core needs (`Chip.transfer_cycles` on its received bytes). Local
-copies cost nothing; host loads and stores are outside the timed region and are counted apart.
-Compute and exchange do not overlap.
+Timing is bulk-synchronous: compute phases, then a barrier (``Sync``), then an exchange phase.
+On an all-to-all chip (IPU) the phase lasts as long as the busiest core needs to receive its
+bytes (`Chip.transfer_cycles`). On a mesh or torus every transfer is routed dimension-order
+(`routing.py`), the bytes on every link are counted, and the phase lasts the longest route's
+hop latency plus the busiest link's bytes over the link bandwidth. Local copies cost nothing;
+host loads and stores are outside the timed region and are counted apart. On a chip whose
+compute and transfers overlap (`Chip.overlap`: the WSE and Tensix chips), a shift phase that
+follows a compute step costs only what it takes beyond that step (the rotation is
+double-buffered); otherwise (IPU) compute and exchange alternate.
 
 The emulator refuses, naming the instruction and op: a read of a buffer that was never written
 on some core, a buffer outside SRAM or overlapping a live one, a transfer from a core that does
@@ -41,6 +45,7 @@ from t10c.codegen.program import (
 from t10c.costs import compute_cycles
 
 from .kernels import IDENTITY, evaluate, gather_slices, operand_sizes
+from .routing import route
 
 NP_DTYPES = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
 
@@ -55,7 +60,8 @@ class PhaseRecord:
     phase: str
     start: int
     cycles: int
-    bytes_per_core: int = 0
+    bytes_per_core: int = 0  # all-to-all: most bytes a core received; mesh: busiest link's bytes
+    hops: int = 0  # mesh: the longest route of the phase
 
 
 @dataclass
@@ -67,6 +73,9 @@ class Timeline:
     sram_samples: list[tuple[int, int]] = field(default_factory=list)  # (cycle, bytes per core)
     peak_sram_bytes_per_core: int = 0
     host_bytes: int = 0
+    #: mesh chips: bytes carried by every directed link over the run, (4, rows, cols) as in
+    #: `routing.Routed.loads`
+    link_bytes: np.ndarray | None = None
 
     @property
     def cycles(self) -> int:
@@ -101,26 +110,53 @@ class Machine:
         self.pending = np.zeros(chip.cores, dtype=np.int64)  # bytes received this exchange
         self.pending_op = ""
         self.pending_phase = ""
+        self.transfers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # mesh: src, dst, B
+        self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
         self.outputs: dict[str, np.ndarray] = {}
 
     # -- timing ---------------------------------------------------------------------------
-    def record(self, op: str, phase: str, cycles: int, nbytes: int = 0) -> None:
+    def record(self, op: str, phase: str, cycles: int, nbytes: int = 0, hops: int = 0) -> None:
         if cycles or nbytes:
-            self.timeline.records.append(PhaseRecord(op, phase, self.now, cycles, nbytes))
+            self.timeline.records.append(PhaseRecord(op, phase, self.now, cycles, nbytes, hops))
             self.now += cycles
 
-    def receive(self, op: str, phase: str, per_core: np.ndarray) -> None:
+    def receive(self, op: str, phase: str, src: np.ndarray, dst: np.ndarray,
+                nbytes: np.ndarray) -> None:
+        """Queue transfers (``nbytes[k]`` from core ``src[k]`` to ``dst[k]``) of one phase."""
         if self.pending_phase and (op, phase) != (self.pending_op, self.pending_phase):
             self.flush()
         self.pending_op, self.pending_phase = op, phase
-        self.pending[: len(per_core)] += per_core
+        if self.chip.is_mesh:
+            self.transfers.append((src, dst, nbytes))
+        else:  # only what each core receives matters
+            np.add.at(self.pending, dst, np.where(src != dst, nbytes, 0))
+
+    def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+              ) -> tuple[int, int, int]:
+        """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads."""
+        routed = route(self.chip, src, dst, nbytes)
+        if routed.loads is not None:
+            if self.timeline.link_bytes is None:
+                self.timeline.link_bytes = np.zeros_like(routed.loads)
+            self.timeline.link_bytes += routed.loads
+        return routed.cycles, routed.max_link_bytes, routed.max_hops
 
     def flush(self) -> None:
-        if self.pending_phase:
-            most = int(self.pending.max())
-            self.record(self.pending_op, self.pending_phase, self.chip.transfer_cycles(most), most)
+        if not self.pending_phase:
+            return
+        if self.chip.is_mesh:
+            src, dst, nbytes = (np.concatenate(x) for x in zip(*self.transfers))
+            cycles, most, hops = self.timed(src, dst, nbytes)
+            self.transfers = []
+        else:
+            most, hops = int(self.pending.max()), 1
+            cycles = self.chip.transfer_cycles(most)
             self.pending[:] = 0
-            self.pending_phase = ""
+        if self.pending_phase == "shift" and self.chip.overlap:
+            cycles = max(cycles - self.credit, 0)
+        self.credit = 0
+        self.record(self.pending_op, self.pending_phase, cycles, most, hops if most else 0)
+        self.pending_phase = ""
 
     # -- checks ---------------------------------------------------------------------------
     def fail(self, ins: Instr, msg: str) -> EmulatorError:
@@ -185,49 +221,58 @@ class Machine:
             if tuple(src.shape) != tuple(ins.shape):
                 raise self.fail(ins, f"host tensor {ins.tensor} has shape {src.shape}, the "
                                      f"program expects {ins.shape}")
-            n = ins.ncores
+            rows = _rows(ins, ins.ncores)
             dst = self.mem[ins.buf]
             if ins.index is None:
                 # replicated tiles are gathered once and copied to every core that holds them
                 uniq, inverse = np.unique(ins.origin, axis=0, return_inverse=True)
                 flat, valid = tile_elements(uniq, ins.tile, ins.shape)
                 tiles = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
-                dst[:n] = tiles[inverse.reshape(-1)]
+                dst[rows] = tiles[inverse.reshape(-1)]
                 loaded = int(valid.sum(axis=1)[inverse.reshape(-1)].sum())
             else:
                 flat, valid = ins.elements()
-                dst[:n] = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
+                dst[rows] = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
                 loaded = int(valid.sum())
-            self.written[ins.buf][:n] = True
+            self.written[ins.buf][rows] = True
             self.timeline.host_bytes += loaded * dst.dtype.itemsize
         elif isinstance(ins, Fill):
-            self.mem[ins.buf][: ins.ncores] = ins.value
-            self.written[ins.buf][: ins.ncores] = True
+            rows = _rows(ins, ins.ncores)
+            self.mem[ins.buf][rows] = ins.value
+            self.written[ins.buf][rows] = True
         elif isinstance(ins, Sync):
             self.flush()
             self.record(ins.op, "sync", chip.sync_cycles)
         elif isinstance(ins, Exchange):
             n = len(ins.src_core)
+            rows, here = _rows(ins, n), _phys(ins, n)
             self.check_sources(ins, ins.src_core)
             src = self.read(ins, ins.src, _cores_in(ins.src_core, self.chip.cores))
             dst = self.mem[ins.dst]
             vals = src[np.maximum(ins.src_core, 0), np.maximum(ins.src_off, 0)]
-            dst[:n] = np.where(ins.src_core >= 0, vals, 0).astype(dst.dtype)
-            self.written[ins.dst][:n] = True
-            remote = ((ins.src_core >= 0) & (ins.src_core != np.arange(n)[:, None])).sum(axis=1)
-            self.receive(ins.op, ins.phase, remote * dst.dtype.itemsize)
+            dst[rows] = np.where(ins.src_core >= 0, vals, 0).astype(dst.dtype)
+            self.written[ins.dst][rows] = True
+            if chip.is_mesh:
+                self.receive(ins.op, ins.phase, *_pairs(ins.src_core, here,
+                                                        dst.dtype.itemsize, chip.cores))
+            else:  # received bytes per core: a remote element counts wherever it comes from
+                remote = ((ins.src_core >= 0) & (ins.src_core != here[:, None])).sum(axis=1)
+                self.receive(ins.op, ins.phase, np.full(n, -1), here,
+                             remote * dst.dtype.itemsize)
         elif isinstance(ins, Shift):
             n = len(ins.src_core)
+            rows, here = _rows(ins, n), _phys(ins, n)
             self.check_sources(ins, ins.src_core)
             src = self.read(ins, ins.src, ins.src_core)
             dst = self.mem[ins.dst]
-            dst[:n] = src[ins.src_core]
-            self.written[ins.dst][:n] = True
-            moved = (ins.src_core != np.arange(n)) * dst.shape[1] * dst.dtype.itemsize
-            self.receive(ins.op, "shift", moved)
+            dst[rows] = src[ins.src_core]
+            self.written[ins.dst][rows] = True
+            size = np.full(n, dst.shape[1] * dst.dtype.itemsize, dtype=np.int64)
+            self.receive(ins.op, "shift", ins.src_core.astype(np.int64), here, size)
         elif isinstance(ins, Reduce):
             self.flush()
             n = len(ins.group)
+            rows, here = _rows(ins, n), _phys(ins, n)
             self.check_sources(ins, ins.group)
             src = self.read(ins, ins.src, ins.group.ravel())
             dst = self.mem[ins.dst]
@@ -239,11 +284,18 @@ class Machine:
             cols = ins.offset[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
             parts = ext[ins.group[:, :, None], cols[:, None, :]]  # (n, G, chunk)
             red = parts.sum(axis=1) if ins.combine == "sum" else parts.max(axis=1)
-            dst[:n] = red.astype(dst.dtype)
-            self.written[ins.dst][:n] = True
-            remote = (group - 1) * chunk * dst.dtype.itemsize
-            self.record(ins.op, "reduce", chip.transfer_cycles(remote)
-                        + chip.vector_cycles((group - 1) * chunk, self.prog.dtype), remote)
+            dst[rows] = red.astype(dst.dtype)
+            self.written[ins.dst][rows] = True
+            add = chip.vector_cycles((group - 1) * chunk, self.prog.dtype)
+            if chip.is_mesh:  # each core gathers its chunk from every other member
+                members = np.broadcast_to(here[:, None], ins.group.shape)
+                cycles, most, hops = self.timed(ins.group.ravel(), members.ravel(),
+                                                np.int64(chunk * dst.dtype.itemsize))
+                self.record(ins.op, "reduce", cycles + add, most, hops)
+            else:
+                remote = (group - 1) * chunk * dst.dtype.itemsize
+                self.record(ins.op, "reduce", chip.transfer_cycles(remote) + add, remote)
+            self.credit = 0
         elif isinstance(ins, Compute):
             self.flush()
             self.compute(ins)
@@ -258,10 +310,13 @@ class Machine:
         expr = self.prog.exprs[ins.expr]
         sub = dict(zip(expr.axis_names, ins.sub))
         n = len(ins.origin)
+        rows = _rows(ins, n)
+        placed = ins.cores is not None
         tiles = ins.tiles
         values = []
         for k, bid in enumerate(ins.ins):
-            buf = self.read(ins, bid, n)
+            buf = self.read(ins, bid, rows)
+            buf = buf[rows] if placed else buf
             sizes = operand_sizes(expr, k, sub, tiles[k])
             values.append(gather_slices(buf, tiles[k], ins.offsets[k], sizes)[0])
         with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
@@ -269,7 +324,9 @@ class Machine:
         out = self.mem[ins.out]
         k = len(ins.ins)
         if ins.accumulate:
-            self.read(ins, ins.out, n)
+            self.read(ins, ins.out, rows)
+        if placed:  # work on a copy of the placed cores' rows, written back below
+            whole, out = out, out[rows]
         view, idx = gather_slices(out, tiles[k], ins.offsets[k],
                                   operand_sizes(expr, k, sub, tiles[k]))
         if ins.accumulate:
@@ -281,8 +338,34 @@ class Machine:
                 full[...] = result
             else:
                 full[idx] = result
-        self.written[ins.out][:n] = True
-        self.record(expr.name, "compute", compute_cycles(expr, sub, self.chip, self.prog.dtype))
+        if placed:
+            whole[rows] = out
+        self.written[ins.out][rows] = True
+        cycles = compute_cycles(expr, sub, self.chip, self.prog.dtype)
+        self.record(expr.name, "compute", cycles)
+        self.credit = cycles
+
+
+def _rows(ins: Instr, n: int) -> np.ndarray | slice:
+    """The cores an instruction's table rows stand for, as an index into core arrays."""
+    cores = getattr(ins, "cores", None)
+    return slice(0, n) if cores is None else cores
+
+
+def _phys(ins: Instr, n: int) -> np.ndarray:
+    cores = getattr(ins, "cores", None)
+    return np.arange(n, dtype=np.int64) if cores is None else cores.astype(np.int64)
+
+
+def _pairs(src_core: np.ndarray, here: np.ndarray, itemsize: int, cores: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, bytes) per distinct pair of cores of an element table whose row r lands on
+    core ``here[r]``; -1 entries (padding) move nothing."""
+    dst = np.broadcast_to(here[:, None], src_core.shape)
+    valid = (src_core >= 0) & (src_core != dst)
+    key = dst[valid].astype(np.int64) * cores + src_core[valid]
+    pairs, counts = np.unique(key, return_counts=True)
+    return pairs % cores, pairs // cores, counts * itemsize
 
 
 def _cores_in(table: np.ndarray, cores: int) -> np.ndarray:

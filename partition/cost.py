@@ -8,9 +8,12 @@ Formulas (all per core; the slowest core sets the pace of a bulk-synchronous ste
   per point of the sub-task (`Chip.vector_cycles`).
 - shift: at each step boundary where a rotating operand's axis advances, every core receives the
   next partition of it from its ring neighbour: one barrier plus the bytes of all operands that
-  move (`Chip.transfer_cycles`).
+  move (`Chip.transfer_cycles`). On a mesh, a plan embedded by `place.py` pays hops (at most 2)
+  and the busiest link instead (`place.shift_cycles`). On a chip whose compute and transfers
+  overlap, a shift step costs only what it takes beyond the compute step before it.
 - reduce: when ``g > 1`` cores hold partial sums of the same output block, a reduce-scatter
-  leaves each with ``1/g`` of it: one barrier, ``(g - 1) x chunk`` elements received and added.
+  leaves each with ``1/g`` of it: one barrier, ``(g - 1) x chunk`` elements received and added
+  (on a mesh, an estimate of the gather over a line, `place.gather_estimate`).
 - re-layout (priced by the whole-graph planner, measured by the emulator): one barrier plus the
   bytes of each input buffer that a producer left elsewhere.
 
@@ -26,6 +29,7 @@ from t10c.chips import DTYPES, Chip
 from t10c.costs import INDEX_BYTES, compute_cycles
 from t10c.ir import TensorExpr
 
+from .place import exchange_estimate, gather_estimate, shift_cycles
 from .plan import Cycles, Geometry
 
 
@@ -63,32 +67,46 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
                   for i in range(nops)]
 
     sub = dict(zip(geo.axes, geo.u))
-    compute = geo.steps * compute_cycles(op, sub, chip, dtype)
+    per_step = compute_cycles(op, sub, chip, dtype)
+    compute = geo.steps * per_step
+    rot_axis = [geo.rotation_axis(i) for i in range(nops)]
+
+    def step_cycles(movers: list[int]) -> int:
+        """One shift step moving ``movers``; on a chip that overlaps compute and transfers,
+        only what exceeds the compute step before it."""
+        moved = sum(tile_bytes[i] for i in movers)
+        if not moved:
+            return 0
+        if geo.embed is not None:
+            cycles = shift_cycles(chip, [(tile_bytes[i], geo.driver_of(i),
+                                          geo.T[rot_axis[i]]) for i in movers])  # type: ignore
+        else:
+            cycles = chip.transfer_cycles(moved)
+        return max(cycles - per_step, 0) if chip.overlap else cycles
 
     # Digits advance like an odometer (last axis fastest): a boundary whose outermost changing
     # axis is J occurs prod(T[:J]) * (T[J] - 1) times, and moves every operand rotating along
     # J or an axis after it.
     shift = sync = 0
-    rot_axis = [geo.rotation_axis(i) for i in range(nops)]
     for J in range(len(geo.T)):
         if geo.T[J] == 1:
             continue
         count = math.prod(geo.T[:J]) * (geo.T[J] - 1)
-        moved = sum(tile_bytes[i] for i in range(nops)
-                    if rot_axis[i] is not None and rot_axis[i] >= J)
-        if moved:
-            shift += count * chip.transfer_cycles(moved)
+        movers = [i for i in range(nops) if rot_axis[i] is not None and rot_axis[i] >= J]
+        if sum(tile_bytes[i] for i in movers):
+            shift += count * step_cycles(movers)
             sync += count * chip.sync_cycles
     # rotated resident weights return home after the last step: one more shift of each
-    home = sum(tile_bytes[i] for i, o in enumerate(op.inputs)
-               if rot_axis[i] is not None and o.tensor in const_tensors)
-    if home and not weights_home:
-        shift += chip.transfer_cycles(home)
+    homing = [i for i, o in enumerate(op.inputs)
+              if rot_axis[i] is not None and o.tensor in const_tensors]
+    if sum(tile_bytes[i] for i in homing) and not weights_home:
+        shift += step_cycles(homing)
         sync += chip.sync_cycles
 
     fetched = sum(tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
     if weights_home and fetched:
-        shift += chip.transfer_cycles(fetched)
+        shift += (exchange_estimate(chip, fetched) if geo.embed is not None
+                  else chip.transfer_cycles(fetched))
         sync += chip.sync_cycles
 
     reduce = 0
@@ -99,8 +117,11 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         elems = math.prod(geo.tile_shape(out))
         chunk = -(-elems // group)
         chunk_bytes = chunk * element_bytes(op, out, dtype, int_tensors)
-        reduce = (chip.sync_cycles + chip.transfer_cycles((group - 1) * chunk_bytes)
-                  + chip.vector_cycles((group - 1) * chunk, dtype))
+        if geo.embed is not None:
+            moving = gather_estimate(chip, group, chunk_bytes, geo.embed.col_ring)
+        else:
+            moving = chip.transfer_cycles((group - 1) * chunk_bytes)
+        reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
         out_bytes = chunk_bytes
 
     # while computing: every operand's tile and a receive buffer per rotating one; during the

@@ -43,6 +43,8 @@ import numpy as np
 
 from t10c.ir import INDIRECT, Graph, TensorExpr, Window
 
+from .place import Embedding, physical_cores
+
 
 @dataclass(frozen=True)
 class Cycles:
@@ -79,6 +81,9 @@ class OpPlan:
     #: weights kept in a compact idle layout (spread over all cores) and warmed up into this
     #: plan's layout before each run, instead of staying resident in it
     home: bool = False
+    #: where the op's grid sits on a mesh chip (`place.Embedding`); None: logical core c is
+    #: physical core c (all-to-all chips, and plans made under the all-to-all assumption)
+    embed: Embedding | None = None
 
     @property
     def steps(self) -> int:
@@ -95,8 +100,8 @@ class Geometry:
 
     def __init__(self, op: TensorExpr, F: tuple[int, ...], T: tuple[int, ...],
                  rot: tuple[tuple[str, ...], ...], drivers: tuple[tuple[str, ...], ...],
-                 shapes: dict[str, tuple[int, ...]], chain: tuple[int, ...] | None = None
-                 ) -> None:
+                 shapes: dict[str, tuple[int, ...]], chain: tuple[int, ...] | None = None,
+                 embed: Embedding | None = None) -> None:
         self.op = op
         self.axes = op.axis_names
         self.E = tuple(e for _, e in op.axes)
@@ -109,6 +114,20 @@ class Geometry:
         self.b = tuple(-(-e // (f * t)) * t for e, f, t in zip(self.E, F, T))
         self.u = tuple(b // t for b, t in zip(self.b, T))
         self.steps = math.prod(T)
+        self.embed = embed
+
+    @cached_property
+    def phys(self) -> np.ndarray:
+        """(ncores,): the physical core each logical core runs on."""
+        if self.embed is None:
+            return np.arange(self.ncores, dtype=np.int64)
+        reduction = {a for a in self.axes if a not in self.op.output.axes}
+        return physical_cores(self.coords, self.F, self.axes, reduction, self.embed)
+
+    @property
+    def placed(self) -> bool:
+        """Whether logical and physical core numbers differ (a mesh embedding)."""
+        return self.embed is not None
 
     @cached_property
     def coords(self) -> np.ndarray:
@@ -259,4 +278,4 @@ class Geometry:
 
 def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
     shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
-    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain)
+    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain, plan.embed)

@@ -19,6 +19,7 @@ Enumeration (see `plan.py` for what a plan means):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -29,6 +30,7 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.ir import INDIRECT, TensorExpr
 
+from .place import choose, ring_drivers
 from .plan import Cycles, OpPlan
 from .vcost import CostArrays, Template, costs_for
 
@@ -47,6 +49,10 @@ class SearchOptions:
     #: virtual global memory (the vgm baseline): weights live spread evenly over all cores and
     #: every op fetches the tiles it needs before it computes, as shared-memory compilers do
     weights_home: bool = False
+    #: on a mesh or torus, embed every plan's rings (`place.py`) and price shifts by hops and
+    #: link load; False plans as if the chip were all-to-all and numbers cores row-major, as
+    #: T10 does (the baseline that shows what mesh awareness is worth)
+    mesh_aware: bool = True
 
 
 def _axis_candidates(extent: int, cores: int) -> list[int]:
@@ -191,19 +197,37 @@ def _search(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int,
     """Yield (template, rotations, F rows, costs) for every template with legal rows."""
     extents = tuple(e for _, e in op.axes)
     grid = _factor_grids(extents, [True] * len(extents), chip.cores, opts)
+    mesh = chip.is_mesh and opts.mesh_aware
     for tpl, combo in _templates(op, grid, opts):
         rows = grid[_feasible(op, combo, grid)]
+        if not len(rows):
+            continue
+        c = costs_for(op, tpl, rows, chip, dtype, shapes, int_tensors, const_tensors,
+                      opts.weights_home, mesh)
+        if mesh and not c.placeable.all():
+            keep = c.placeable
+            rows = rows[keep]
+            c = CostArrays(*(getattr(c, f.name)[keep] for f in dataclasses.fields(c)))
         if len(rows):
-            yield tpl, combo, rows, costs_for(op, tpl, rows, chip, dtype, shapes, int_tensors,
-                                              const_tensors, opts.weights_home)
+            yield tpl, combo, rows, c, mesh
 
 
-def _plan(op: TensorExpr, tpl: Template, combo, F: np.ndarray, c: CostArrays, r: int
-          ) -> OpPlan:
+def _plan(op: TensorExpr, tpl: Template, combo, F: np.ndarray, c: CostArrays, r: int,
+          chip: Chip, mesh: bool) -> OpPlan:
     f = tuple(int(x) for x in F)
+    embed = None
+    if mesh:
+        lacks = _lacks(op)
+        axes = op.axis_names
+        drivers_of: list[str | None] = []
+        for i, rot in enumerate(tpl.rot):
+            t = tpl.T[axes.index(rot[0])] if rot else 1
+            drivers_of.append(next(axes[k] for k in lacks[i] if f[k] % t == 0) if rot else None)
+        embed = choose(chip, math.prod(f), ring_drivers(tpl.T, tpl.rot, drivers_of, axes), axes)
+        assert embed is not None, "the search keeps only placeable rows"
     return OpPlan(op.name, f, tpl.T, tpl.rot, _drivers(op, combo, f), tpl.chain,
                   Cycles(int(c.compute[r]), int(c.shift[r]), int(c.sync[r]), int(c.reduce[r])),
-                  int(c.hot[r]), int(c.cold[r]), int(c.out[r]))
+                  int(c.hot[r]), int(c.cold[r]), int(c.out[r]), embed=embed)
 
 
 def enumerate_plans(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
@@ -211,8 +235,9 @@ def enumerate_plans(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tu
                     opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
     """Every legal plan of ``op`` that survives pruning, costed (all of them materialised)."""
     plans = []
-    for tpl, combo, rows, c in _search(op, chip, dtype, shapes, int_tensors, const_tensors, opts):
-        plans.extend(_plan(op, tpl, combo, rows[r], c, r) for r in range(len(rows)))
+    for tpl, combo, rows, c, mesh in _search(op, chip, dtype, shapes, int_tensors,
+                                             const_tensors, opts):
+        plans.extend(_plan(op, tpl, combo, rows[r], c, r, chip, mesh) for r in range(len(rows)))
     return plans
 
 
@@ -255,14 +280,14 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     parts = list(_search(op, chip, dtype, shapes, int_tensors, const_tensors, opts))
     if not parts:
         return SearchResult([], None, 0, 0, time.perf_counter() - start)
-    total = np.concatenate([c.total for *_, c in parts])
-    hot = np.concatenate([c.hot for *_, c in parts])
-    part = np.concatenate([np.full(len(rows), k) for k, (_, _, rows, _) in enumerate(parts)])
-    row = np.concatenate([np.arange(len(rows)) for _, _, rows, _ in parts])
+    total = np.concatenate([c.total for *_, c, _ in parts])
+    hot = np.concatenate([c.hot for *_, c, _ in parts])
+    part = np.concatenate([np.full(len(rows), k) for k, (_, _, rows, _, _) in enumerate(parts)])
+    row = np.concatenate([np.arange(len(rows)) for _, _, rows, _, _ in parts])
 
     def make(n: int) -> OpPlan:
-        tpl, combo, rows, c = parts[part[n]]
-        return _plan(op, tpl, combo, rows[row[n]], c, row[n])
+        tpl, combo, rows, c, mesh = parts[part[n]]
+        return _plan(op, tpl, combo, rows[row[n]], c, row[n], chip, mesh)
 
     smallest = make(int(np.lexsort((part, total, hot))[0]))
     fits = np.flatnonzero(hot <= chip.sram_bytes_per_core)
@@ -272,7 +297,7 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     if limit is not None and len(on_front) > limit:
         picks = sorted({round(i * (len(on_front) - 1) / (limit - 1)) for i in range(limit)})
         on_front = on_front[picks]
-    least_cold = int(min(int(c.cold.min()) for *_, c in parts))
+    least_cold = int(min(int(c.cold.min()) for *_, c, _ in parts))
     return SearchResult([make(int(n)) for n in on_front], smallest, least_cold, len(total),
                         time.perf_counter() - start)
 

@@ -8,6 +8,8 @@ busiest core needs, after one barrier:
     remote(c) = |want(c) within the tensor| - |want(c) and have(c) within the tensor|
     cycles = sync + transfer(max_c remote(c) * bytes per element), or 0 when nothing moves.
 
+On a mesh the transfer is `place.exchange_estimate` (routes across the mesh, not one hop).
+
 When the producer's result ends reduce-scattered (not a box) or a Reshape/Transpose view lies
 between the two, every wanted element is counted as remote. The emulator measures the real
 exchange from codegen's tables, so this is an estimate only in those cases.
@@ -21,6 +23,7 @@ from t10c.chips import Chip
 from t10c.ir import Graph
 
 from .cost import element_bytes
+from .place import exchange_estimate
 from .plan import OpPlan, geometry
 
 Box = tuple[np.ndarray, np.ndarray] | None  # (origins (ncores, ndim), shape (ndim,))
@@ -72,11 +75,15 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     nbytes = element_bytes(op, slot, dtype, int_tensors)
     haves = [output_box(graph, j, p) if direct else None for p in producer]
     wants = [input_box(graph, i, slot, q) for q in consumer]
+    # on a mesh, mesh-aware plans price the exchange by its routes (an estimate); plans made
+    # under the all-to-all assumption price it as that assumption says
+    aware = chip.is_mesh and any(q.embed is not None for q in consumer)
+    moving = (lambda b: exchange_estimate(chip, b)) if aware else chip.transfer_cycles
     rows = []
     for have in haves:
         row = []
         for want in wants:
             remote = remote_elements(have, want, extent)
-            row.append(chip.sync_cycles + chip.transfer_cycles(remote * nbytes) if remote else 0)
+            row.append(chip.sync_cycles + moving(remote * nbytes) if remote else 0)
         rows.append(tuple(row))
     return tuple(rows)

@@ -8,6 +8,7 @@ that both agree on every plan.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from t10c.costs import body_ops
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 from .cost import element_bytes, home_bytes
+from .place import ROUTES_PER_RING, exchange_estimate, hops_of_ring
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class CostArrays:
     hot: np.ndarray
     cold: np.ndarray
     out: np.ndarray
+    #: rows a mesh-aware search can embed (`place.choose`); all True otherwise
+    placeable: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
@@ -53,9 +57,63 @@ def _transfer(chip: Chip, nbytes: np.ndarray) -> np.ndarray:
     return np.where(nbytes > 0, cycles, 0)
 
 
+def mesh_rings(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip
+               ) -> tuple[np.ndarray, dict[int, np.ndarray], np.ndarray]:
+    """For every row of ``F``: whether `place.choose` embeds it, each rotating operand's
+    driver (axis position), and the ring length laid along the columns."""
+    axes = op.axis_names
+    n = len(F)
+    lacks = [[k for k, a in enumerate(axes) if a not in o.axis_set] for o in op.operands]
+    driver: dict[int, np.ndarray] = {}
+    ring: dict[int, int] = {}
+    for i, r in enumerate(tpl.rot):
+        if not r:
+            continue
+        t = tpl.T[axes.index(r[0])]
+        d = np.full(n, -1, dtype=np.int64)
+        for k in reversed(lacks[i]):  # the first lacking axis whose factor t divides wins
+            d = np.where(F[:, k] % t == 0, k, d)
+        driver[i], ring[i] = d, t
+    ok = np.ones(n, dtype=bool)
+    big = np.iinfo(np.int64).max
+    ops = list(driver)
+    for a, b in itertools.combinations(ops, 2):  # one ring length per driver
+        if ring[a] != ring[b]:
+            ok &= driver[a] != driver[b]
+    first = np.full(n, big)
+    for i in ops:
+        first = np.minimum(first, driver[i])
+    second = np.full(n, big)
+    for i in ops:
+        second = np.minimum(second, np.where(driver[i] != first, driver[i], big))
+    for i in ops:  # at most two drivers
+        ok &= (driver[i] == first) | (driver[i] == second)
+    t_first = np.ones(n, dtype=np.int64)
+    t_second = np.ones(n, dtype=np.int64)
+    for i in ops:
+        t_first = np.where(driver[i] == first, ring[i], t_first)
+        t_second = np.where(driver[i] == second, ring[i], t_second)
+    second = np.where(second == big, -1, second)
+    ndrivers = (first < np.iinfo(np.int64).max).astype(np.int64) + (second >= 0)
+    if chip.routes_per_core:
+        ok &= ROUTES_PER_RING * ndrivers <= chip.routes_per_core
+    ncores = np.prod(F, axis=1)
+
+    def fit(tc: np.ndarray, tr: np.ndarray) -> np.ndarray:
+        tc, tr = np.maximum(tc, 1), np.maximum(tr, 1)
+        return (tc <= chip.cols) & (tr <= chip.rows) & (
+            _ceil_div(ncores, tc * tr) <= (chip.rows // tr) * (chip.cols // tc))
+
+    straight, swapped = fit(t_first, t_second), fit(t_second, t_first)
+    ok &= straight | swapped
+    col_ring = np.where(straight, t_first, t_second)
+    return ok, driver, col_ring
+
+
 def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: str,
               shapes: dict[str, tuple[int, ...]], int_tensors: frozenset[str],
-              const_tensors: frozenset[str], weights_home: bool = False) -> CostArrays:
+              const_tensors: frozenset[str], weights_home: bool = False,
+              mesh: bool = False) -> CostArrays:
     axes = op.axis_names
     E = np.asarray([e for _, e in op.axes], dtype=np.int64)
     T = np.asarray(tpl.T, dtype=np.int64)
@@ -108,6 +166,27 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     compute = steps * per_step
 
     rot_axis = [axes.index(r[0]) if r else None for r in tpl.rot]
+    if mesh:
+        placeable, driver, col_ring = mesh_rings(op, tpl, F, chip)
+    else:
+        placeable, driver, col_ring = np.ones(n, dtype=bool), {}, ones
+
+    def step(movers: list[int]) -> np.ndarray:
+        moved = sum(tile_bytes[i] for i in movers)
+        if mesh:  # operands on the same driver share its links (`place.shift_cycles`)
+            busiest = np.zeros(n, dtype=np.int64)
+            for i in movers:
+                same = sum(np.where(driver[j] == driver[i], tile_bytes[j], 0) for j in movers)
+                busiest = np.maximum(busiest, same)
+            hops = max(hops_of_ring(tpl.T[rot_axis[i]]) for i in movers)  # type: ignore
+            cycles = np.where(busiest > 0, chip.hop_latency_cycles * hops
+                              + _ceil_div(busiest, chip.link_bytes_per_cycle), 0)
+        else:
+            cycles = _transfer(chip, moved)
+        if chip.overlap:
+            cycles = np.maximum(cycles - per_step, 0)
+        return cycles
+
     shift = np.zeros(n, dtype=np.int64)
     sync = np.zeros(n, dtype=np.int64)
     for J in range(len(axes)):
@@ -118,19 +197,22 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
             continue
         count = math.prod(tpl.T[:J]) * (tpl.T[J] - 1)
         moved = sum(tile_bytes[i] for i in movers)
-        shift = shift + count * _transfer(chip, moved)
+        shift = shift + count * step(movers)
         sync = sync + count * np.where(moved > 0, chip.sync_cycles, 0)
     homing = [i for i, o in enumerate(op.inputs)
               if rot_axis[i] is not None and o.tensor in const_tensors and not weights_home]
     if homing:
         home = sum(tile_bytes[i] for i in homing)
-        shift = shift + _transfer(chip, home)
+        shift = shift + step(homing)
         sync = sync + np.where(home > 0, chip.sync_cycles, 0)
 
     fetched = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
                   np.zeros(n, dtype=np.int64))
     if weights_home:
-        shift = shift + _transfer(chip, fetched)
+        if mesh:
+            shift = shift + np.asarray([exchange_estimate(chip, int(x)) for x in fetched])
+        else:
+            shift = shift + _transfer(chip, fetched)
         sync = sync + np.where(fetched > 0, chip.sync_cycles, 0)
 
     red = [j for j, a in enumerate(axes) if a not in op.output.axes]
@@ -142,8 +224,14 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     chunk_bytes = np.where(group > 1, chunk * out_elem, 0)
     vec = chip.compute_overhead_cycles + _ceil_div((group - 1) * chunk,
                                                     chip.vector_ops_per_cycle[dtype])
-    reduce = np.where(group > 1, chip.sync_cycles
-                      + _transfer(chip, (group - 1) * chunk * out_elem) + vec, 0)
+    if mesh:  # `place.gather_estimate`
+        stride = col_ring
+        hops = np.minimum((group - 1) * stride, chip.rows + chip.cols - 2)
+        load = chunk * out_elem * (group // 2) * _ceil_div(group, 2) * stride
+        moving = chip.hop_latency_cycles * hops + _ceil_div(load, chip.link_bytes_per_cycle)
+    else:
+        moving = _transfer(chip, (group - 1) * chunk * out_elem)
+    reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
     out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
 
     cold = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
@@ -154,4 +242,4 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     if weights_home:
         cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
         hot = hot + cold
-    return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes)
+    return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes, placeable)

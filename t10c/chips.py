@@ -57,12 +57,33 @@ class Chip:
     vector_ops_per_cycle: dict[str, int]
     #: fixed cost of starting one compute kernel (loop set-up, pointer arithmetic)
     compute_overhead_cycles: int
-    #: bytes one core can receive per cycle over the interconnect
+    #: all-to-all: bytes one core can receive per cycle over the exchange; mesh and torus: bytes
+    #: per cycle over one link in one direction (a core has four links each way)
     link_bytes_per_cycle: int
     hop_latency_cycles: int
-    #: cost of one bulk-synchronous barrier across the chip
+    #: cost of one bulk-synchronous barrier across the chip (on a mesh: of the neighbour
+    #: handshake that starts a step)
     sync_cycles: int
+    #: whether a core's compute and its transfers overlap: a shift that follows a compute step
+    #: then costs only what it takes beyond that step (double-buffered rotation); False is the
+    #: IPU's strict bulk-synchronous alternation
+    overlap: bool = False
+    #: routes (Cerebras "colours") a core's router can hold at once; 0 for no limit
+    routes_per_core: int = 0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def is_mesh(self) -> bool:
+        """A 2D mesh or torus: transfers are routed hop by hop over links between neighbours."""
+        return self.topology != "all-to-all"
+
+    @property
+    def rows(self) -> int:
+        return self.grid[0]
+
+    @property
+    def cols(self) -> int:
+        return self.grid[1]
 
     @property
     def total_sram_bytes(self) -> int:
@@ -96,6 +117,9 @@ class Chip:
 
 _IPU_SRC = "Graphcore IPU-M2000 / GC200 datasheet (docs.graphcore.ai); T10 (SOSP 2024)"
 _ASSUMED = "t10c modelling assumption (approximate)"
+_WSE_SRC = "Cerebras SDK documentation (sdk.cerebras.net); WaferLLM (OSDI 2025)"
+_WSE3_SRC = "Cerebras WSE-3 announcement (cerebras.ai, 2024); WaferLLM repository"
+_TT_SRC = "docs.tenstorrent.com; tt-isa-documentation (github.com/tenstorrent)"
 
 PRESETS: dict[str, Chip] = {
     "ipu-mk2": Chip(
@@ -129,9 +153,115 @@ PRESETS: dict[str, Chip] = {
         sources={"*": "t10c test chip: rates copied from ipu-mk2; SRAM and cores chosen so that "
                       "bert-tiny's weight matmuls must rotate"},
     ),
+    "wse2": Chip(
+        name="wse2",
+        description="Cerebras WSE-2: 757 x 996 PE fabric (2D mesh), 48 KiB SRAM per PE",
+        cores=757 * 996, topology="mesh2d", grid=(757, 996),
+        sram_bytes_per_core=48 * 1024, clock_hz=1.1e9,
+        matmul_macs_per_cycle={"fp16": 4, "fp32": 1}, matmul_unit=(1, 4),
+        vector_ops_per_cycle={"fp16": 4, "fp32": 1}, compute_overhead_cycles=8,
+        link_bytes_per_cycle=4, hop_latency_cycles=1, sync_cycles=8, overlap=True,
+        routes_per_core=24,
+        sources={
+            "routes_per_core": "24 routing colours (" + _WSE_SRC + ")",
+            "cores": _WSE_SRC + " (850,000 PEs; 757 x 996 of them are the fabric an SDK "
+                                "program gets)",
+            "grid": _WSE_SRC, "sram_bytes_per_core": _WSE_SRC,
+            "clock_hz": _WSE_SRC + " (about 1.1 GHz)",
+            "matmul_macs_per_cycle": "derived: about 7.5 PFLOP/s fp16 over 850,000 PEs at "
+                                     "1.1 GHz is 4 fp16 MACs per PE per cycle (" + _WSE_SRC
+                                     + "); fp32 at a quarter is " + _ASSUMED,
+            "link_bytes_per_cycle": "one 32-bit wavelet per cycle per link and direction ("
+                                    + _WSE_SRC + ")",
+            "hop_latency_cycles": "about 1 cycle per hop (" + _WSE_SRC + ")",
+            "sync_cycles": "no global barrier: a step starts on a neighbour handshake; "
+                           + _ASSUMED,
+            "overlap": "the router moves wavelets while the PE computes (dataflow); "
+                       + _WSE_SRC,
+            "matmul_unit": "4-wide fp16 SIMD; " + _ASSUMED,
+            "vector_ops_per_cycle": _ASSUMED, "compute_overhead_cycles": _ASSUMED,
+        },
+    ),
+    "wse3": Chip(
+        name="wse3",
+        description="Cerebras WSE-3: 762 x 1172 PE fabric (2D mesh), 48 KiB SRAM per PE",
+        cores=762 * 1172, topology="mesh2d", grid=(762, 1172),
+        sram_bytes_per_core=48 * 1024, clock_hz=1.1e9,
+        matmul_macs_per_cycle={"fp16": 8, "fp32": 2}, matmul_unit=(1, 8),
+        vector_ops_per_cycle={"fp16": 8, "fp32": 2}, compute_overhead_cycles=8,
+        link_bytes_per_cycle=4, hop_latency_cycles=1, sync_cycles=8, overlap=True,
+        routes_per_core=24,
+        sources={
+            "routes_per_core": "as WSE-2 (" + _WSE_SRC + ")",
+            "cores": _WSE3_SRC + " (900,000 PEs; fabric 762 x 1172)", "grid": _WSE3_SRC,
+            "sram_bytes_per_core": _WSE3_SRC + " (48 KiB per PE, 44 GB total)",
+            "clock_hz": "about 1.1 GHz, as WSE-2 (" + _WSE3_SRC + ")",
+            "matmul_macs_per_cycle": "about twice WSE-2's throughput per PE (WSE-3 is quoted at "
+                                     "125 PFLOP/s sparse fp16); " + _ASSUMED,
+            "link_bytes_per_cycle": "as WSE-2 (" + _WSE_SRC + ")",
+            "hop_latency_cycles": "as WSE-2 (" + _WSE_SRC + ")",
+            "sync_cycles": "as WSE-2; " + _ASSUMED,
+            "overlap": "as WSE-2 (" + _WSE_SRC + ")",
+            "matmul_unit": _ASSUMED, "vector_ops_per_cycle": _ASSUMED,
+            "compute_overhead_cycles": _ASSUMED,
+        },
+    ),
+    "wormhole-n150": Chip(
+        name="wormhole-n150",
+        description="Tenstorrent Wormhole n150: 72 Tensix cores on a 2D torus NoC, 1.5 MB each",
+        cores=72, topology="torus2d", grid=(8, 9),
+        sram_bytes_per_core=1464 * 1024, clock_hz=1.0e9,
+        matmul_macs_per_cycle={"fp16": 512, "fp32": 128}, matmul_unit=(32, 32),
+        vector_ops_per_cycle={"fp16": 64, "fp32": 32}, compute_overhead_cycles=64,
+        link_bytes_per_cycle=32, hop_latency_cycles=9, sync_cycles=200, overlap=True,
+        sources={
+            "cores": _TT_SRC + " (72 Tensix cores; t10c arranges them 8 x 9)",
+            "grid": "8 x 9 is t10c's arrangement of the 72 usable cores of the 8 x 10 Tensix "
+                    "grid; " + _ASSUMED,
+            "sram_bytes_per_core": _TT_SRC + " (1.5 MB, 1464 KiB, of L1 SRAM per Tensix core)",
+            "clock_hz": _TT_SRC + " (1 GHz)",
+            "matmul_macs_per_cycle": "derived: about 74 TFLOP/s fp16 over 72 cores at 1 GHz is "
+                                     "about 512 MACs per core per cycle (" + _TT_SRC
+                                     + "); fp32 at a quarter is " + _ASSUMED,
+            "matmul_unit": "the FPU works on 32 x 32 tiles (" + _TT_SRC + ")",
+            "link_bytes_per_cycle": "32 B per cycle per NoC link (" + _TT_SRC + ")",
+            "hop_latency_cycles": "about 9 cycles per hop (" + _TT_SRC + ")",
+            "overlap": "the data-movement RISC-V cores move tiles while the compute cores run "
+                       "(" + _TT_SRC + ")",
+            "vector_ops_per_cycle": _ASSUMED, "compute_overhead_cycles": _ASSUMED,
+            "sync_cycles": _ASSUMED,
+            "topology": "two 2D-torus NoCs (" + _TT_SRC + "); t10c models one; the 12 GB of "
+                        "GDDR6 are not modelled yet",
+        },
+    ),
+    "blackhole-p150": Chip(
+        name="blackhole-p150",
+        description="Tenstorrent Blackhole p150: 140 Tensix cores on a 2D torus NoC, 1.5 MB each",
+        cores=140, topology="torus2d", grid=(10, 14),
+        sram_bytes_per_core=1464 * 1024, clock_hz=1.35e9,
+        matmul_macs_per_cycle={"fp16": 512, "fp32": 128}, matmul_unit=(32, 32),
+        vector_ops_per_cycle={"fp16": 64, "fp32": 32}, compute_overhead_cycles=64,
+        link_bytes_per_cycle=64, hop_latency_cycles=9, sync_cycles=200, overlap=True,
+        sources={
+            "cores": _TT_SRC + " (140 Tensix tiles in 14 columns by 10 rows of the NoC grid)",
+            "grid": _TT_SRC + " (Tensix columns 1-7 and 9-15, rows 1-10)",
+            "sram_bytes_per_core": _TT_SRC + " (1.5 MB, 1464 KiB, of L1 SRAM per Tensix core)",
+            "clock_hz": _TT_SRC + " (1.35 GHz)",
+            "link_bytes_per_cycle": "64 B flits per cycle per NoC link (" + _TT_SRC + ")",
+            "matmul_macs_per_cycle": "per-core rate as Wormhole's; " + _ASSUMED,
+            "matmul_unit": "32 x 32 tiles, as Wormhole (" + _TT_SRC + ")",
+            "hop_latency_cycles": "as Wormhole; " + _ASSUMED,
+            "overlap": "as Wormhole (" + _TT_SRC + ")",
+            "vector_ops_per_cycle": _ASSUMED, "compute_overhead_cycles": _ASSUMED,
+            "sync_cycles": _ASSUMED,
+            "topology": "2D torus (" + _TT_SRC + "); the GDDR6 is not modelled yet",
+        },
+    ),
 }
 
 _FIELD_TYPES: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Chip)}  # type: ignore
+_OPTIONAL = {f.name for f in dataclasses.fields(Chip) if f.default is not dataclasses.MISSING
+             or f.default_factory is not dataclasses.MISSING}
 
 
 def load_chip(spec: str) -> Chip:
@@ -175,7 +305,7 @@ def chip_from_dict(data: dict[str, Any], origin: str = "<dict>") -> Chip:
     values["sources"] = sources
     values.setdefault("description", f"user chip from {origin}")
     values.setdefault("grid", (1, values.get("cores", 1)))
-    missing = [k for k in _FIELD_TYPES if k not in values]
+    missing = [k for k in _FIELD_TYPES if k not in values and k not in _OPTIONAL]
     for key in missing:
         errors.append(f"{key}: missing (set it, or start from a preset with base = \"ipu-mk2\")")
     if not missing:
@@ -191,8 +321,8 @@ def chip_from_dict(data: dict[str, Any], origin: str = "<dict>") -> Chip:
 def _check_values(v: dict[str, Any]) -> list[str]:
     errors = []
     for key in ("cores", "sram_bytes_per_core", "compute_overhead_cycles", "link_bytes_per_cycle",
-                "hop_latency_cycles", "sync_cycles"):
-        val = v[key]
+                "hop_latency_cycles", "sync_cycles", "routes_per_core"):
+        val = v.get(key, 0)
         low = 1 if key in ("cores", "sram_bytes_per_core", "link_bytes_per_cycle") else 0
         if not isinstance(val, int) or isinstance(val, bool) or val < low:
             errors.append(f"{key}: expected an integer >= {low}, got {val!r}")
@@ -215,9 +345,8 @@ def _check_values(v: dict[str, Any]) -> list[str]:
             and isinstance(v["cores"], int) and math.prod(v["grid"]) != v["cores"]):
         errors.append(f"grid: {v['grid']} has {math.prod(v['grid'])} cores but "
                       f"cores = {v['cores']}")
-    if v["topology"] != "all-to-all" and not errors:
-        errors.append(f"topology: {v['topology']} chips are not supported by this version of t10c "
-                      "yet; use all-to-all")
+    if not isinstance(v.get("overlap", False), bool):
+        errors.append(f"overlap: expected true or false, got {v['overlap']!r}")
     return errors
 
 
@@ -232,5 +361,9 @@ def describe(chip: Chip) -> list[tuple[str, str]]:
                              f"{chip.peak_flops('fp32') / 1e12:.1f} TFLOP/s"),
         ("exchange", f"{chip.link_bytes_per_cycle} B/cycle per core "
                      f"({chip.link_bytes_per_cycle * chip.clock_hz * chip.cores / 1e12:.1f} TB/s), "
-                     f"sync {chip.sync_cycles} cycles"),
+                     f"sync {chip.sync_cycles} cycles") if not chip.is_mesh else
+        ("links", f"{chip.rows} x {chip.cols} {chip.topology}, {chip.link_bytes_per_cycle} "
+                  f"B/cycle per link and direction, {chip.hop_latency_cycles} cycles per hop, "
+                  f"sync {chip.sync_cycles} cycles"),
+        ("compute/transfer overlap", "yes" if chip.overlap else "no"),
     ]

@@ -1,0 +1,204 @@
+"""Placement of an op's core grid on a 2D mesh or torus, and the mesh costs that follow from it.
+
+On an all-to-all chip any core can stand for any position of the op's grid: logical core ``c``
+(row-major over ``F``) runs on physical core ``c``. On a mesh a shift costs hops and shares
+links, so where the cores sit decides what a rotation costs.
+
+The mesh-aware embedding (`Embedding`) gives each ring driver its own physical dimension:
+
+- each rotating operand rotates along a ring of ``t`` cores that differ only in its driver's
+  coordinate (``plan.py``); at most two drivers exist in a placeable plan, one laid along the
+  columns (ring length ``tc``) and one along the rows (``tr``);
+- the chip is cut into blocks of ``tr x tc`` cores; inside a block a core's position along each
+  dimension is its ring position, *interleaved*: ring positions ``0, 1, .., t-1`` sit at
+  offsets ``0, 2, 4, .., 5, 3, 1`` (even positions outward, odd ones back), so every ring edge,
+  the wrap-around included, is at most 2 hops (WaferLLM's MeshGEMM does the same);
+- the rest of a core's coordinates (non-driver axes, and driver coordinates divided by the ring
+  length) form one mixed-radix index, reduction axes innermost so that cores holding partial
+  sums of the same block sit close; blocks are filled row-major with it.
+
+With this embedding a ring edge is at most 2 hops and each link of a line of rings carries one
+message per ring and direction, so a shift step costs ``hop latency x hops + busiest link bytes
+/ link bandwidth``, where the busiest link carries the bytes of every operand that moves along
+the same driver (operands moving along different drivers use different links). A plan whose
+rings do not embed this way (three drivers, two ring lengths on one driver, or blocks that do
+not fit the grid) is not placeable and the mesh-aware search leaves it out.
+
+The all-to-all-assumption plans (T10 as published, ``embed=None``) keep the identity placement;
+on a mesh their rings are wherever row-major numbering puts them, and the emulator charges the
+real routes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from t10c.chips import Chip
+
+#: routing resources one rotating operand takes on every core of its rings: one route (a
+#: Cerebras "colour") per direction of the interleaved ring
+ROUTES_PER_RING = 2
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """Where an op's grid sits on a ``rows x cols`` mesh (see the module doc)."""
+
+    rows: int
+    cols: int
+    col_driver: str = ""  # the driver axis laid along the columns ("" for none)
+    col_ring: int = 1
+    row_driver: str = ""
+    row_ring: int = 1
+
+    def as_list(self) -> list[object]:
+        return [self.rows, self.cols, self.col_driver, self.col_ring, self.row_driver,
+                self.row_ring]
+
+    @staticmethod
+    def from_list(v: list[object] | tuple[object, ...] | None) -> Embedding | None:
+        if not v:
+            return None
+        r, c, cd, ct, rd, rt = v
+        return Embedding(int(r), int(c), str(cd), int(ct), str(rd), int(rt))  # type: ignore
+
+
+def interleave(pos: np.ndarray, t: int) -> np.ndarray:
+    """Physical offset of ring position ``pos`` in a ring of ``t`` cores laid on a line."""
+    half = (t + 1) // 2
+    return np.where(pos < half, 2 * pos, 2 * (t - 1 - pos) + 1)
+
+
+def ring_drivers(T: tuple[int, ...], rot: tuple[tuple[str, ...], ...],
+                 drivers_of: list[str | None], axes: tuple[str, ...]) -> dict[str, int] | None:
+    """Ring length per driver axis; None when one driver would carry two ring lengths."""
+    rings: dict[str, int] = {}
+    for r, d in zip(rot, drivers_of):
+        if not r or d is None:
+            continue
+        t = T[axes.index(r[0])]
+        if rings.setdefault(d, t) != t:
+            return None
+    return rings
+
+
+def fits(chip: Chip, ncores: int, tc: int, tr: int) -> bool:
+    rows, cols = chip.grid
+    if tc > cols or tr > rows:
+        return False
+    return -(-ncores // (tc * tr)) <= (rows // tr) * (cols // tc)
+
+
+def choose(chip: Chip, ncores: int, rings: dict[str, int] | None, axes: tuple[str, ...]
+           ) -> Embedding | None:
+    """The embedding of a grid of ``ncores`` cores with ``rings`` (driver -> ring length), or
+    None when it cannot be placed with every ring edge within 2 hops."""
+    if rings is None or len(rings) > 2:
+        return None
+    if chip.routes_per_core and ROUTES_PER_RING * len(rings) > chip.routes_per_core:
+        return None
+    named = sorted(rings.items(), key=lambda kv: axes.index(kv[0]))
+    named += [("", 1)] * (2 - len(named))
+    for (cd, ct), (rd, rt) in (named, named[::-1]):
+        if fits(chip, ncores, ct, rt):
+            return Embedding(chip.rows, chip.cols, cd, ct, rd, rt)
+    return None
+
+
+def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...],
+                   reduction: set[str], embed: Embedding) -> np.ndarray:
+    """(ncores,): the physical core (row-major over the mesh) of each logical core."""
+    coords = coords.astype(np.int64)
+    n = len(coords)
+    ring_pos = {}
+    rest_cols = []
+    rest_dims = []
+    order = [j for j, a in enumerate(axes) if a not in reduction] + [
+        j for j, a in enumerate(axes) if a in reduction]
+    for j in order:
+        a = axes[j]
+        t = embed.col_ring if a == embed.col_driver else (
+            embed.row_ring if a == embed.row_driver else 1)
+        if t > 1:
+            ring_pos[a] = coords[:, j] % t
+        rest_cols.append(coords[:, j] // t)
+        rest_dims.append(F[j] // t)
+    rest = np.zeros(n, dtype=np.int64)
+    for col, dim in zip(rest_cols, rest_dims):
+        rest = rest * dim + col
+    blocks_per_row = embed.cols // embed.col_ring
+    brow, bcol = np.divmod(rest, blocks_per_row)
+    col = bcol * embed.col_ring
+    row = brow * embed.row_ring
+    if embed.col_driver:
+        col = col + interleave(ring_pos[embed.col_driver], embed.col_ring)
+    if embed.row_driver:
+        row = row + interleave(ring_pos[embed.row_driver], embed.row_ring)
+    return row * embed.cols + col
+
+
+def shift_cycles(chip: Chip, moved: list[tuple[int, str, int]]) -> int:
+    """Cycles of one shift step of an embedded plan: ``moved`` lists (bytes per core, driver,
+    ring length) of every operand that moves; operands on the same driver share its links."""
+    if not moved:
+        return 0
+    load: dict[str, int] = {}
+    for nbytes, driver, _ in moved:
+        load[driver] = load.get(driver, 0) + nbytes
+    hops = max(hops_of_ring(t) for *_, t in moved)
+    busiest = max(load.values())
+    if busiest <= 0:
+        return 0
+    return chip.hop_latency_cycles * hops + -(-busiest // chip.link_bytes_per_cycle)
+
+
+def hops_of_ring(t: int) -> int:
+    """Longest edge of an interleaved ring of ``t`` cores."""
+    return 0 if t <= 1 else 1 if t == 2 else 2
+
+
+def gather_estimate(chip: Chip, group: int, chunk_bytes: int, stride: int) -> int:
+    """Estimated cycles for each of ``group`` cores on a line (``stride`` apart) to receive its
+    chunk from the others: the middle link carries ``floor(g/2) x ceil(g/2)`` chunks, times the
+    ``stride`` interleaved groups that share the line. Reductions and warm-ups on meshes are
+    priced so; the emulator routes them exactly."""
+    if group <= 1 or chunk_bytes <= 0:
+        return 0
+    hops = min((group - 1) * stride, chip.rows + chip.cols - 2)
+    load = chunk_bytes * (group // 2) * (-(-group // 2)) * stride
+    return chip.hop_latency_cycles * hops + -(-load // chip.link_bytes_per_cycle)
+
+
+def exchange_estimate(chip: Chip, remote_bytes: int) -> int:
+    """Estimated cycles of a re-layout in which the busiest core receives ``remote_bytes``
+    from cores anywhere on the chip: on a mesh, traffic to uniform destinations loads the
+    middle link of a line of ``L`` cores with about ``L / 4`` times what each core sends, and
+    crosses half the mesh on average."""
+    if remote_bytes <= 0:
+        return 0
+    if not chip.is_mesh:
+        return chip.transfer_cycles(remote_bytes)
+    span = max(chip.rows, chip.cols)
+    hops = (chip.rows + chip.cols) // 2
+    load = remote_bytes * max(1, span // 4)
+    return chip.hop_latency_cycles * hops + -(-load // chip.link_bytes_per_cycle)
+
+
+def describe(embed: Embedding | None, ncores: int) -> str:
+    if embed is None:
+        return "row-major (all-to-all numbering)"
+    parts = []
+    if embed.col_driver:
+        parts.append(f"ring of {embed.col_ring} along {embed.col_driver} on the columns")
+    if embed.row_driver:
+        parts.append(f"ring of {embed.row_ring} along {embed.row_driver} on the rows")
+    blocks = -(-ncores // (embed.col_ring * embed.row_ring))
+    parts.append(f"{blocks} blocks of {embed.row_ring} x {embed.col_ring}")
+    return ", ".join(parts)
+
+
+__all__ = ["Embedding", "choose", "physical_cores", "shift_cycles", "gather_estimate",
+           "exchange_estimate", "interleave", "ring_drivers", "hops_of_ring", "fits",
+           "ROUTES_PER_RING"]

@@ -1,0 +1,112 @@
+"""Mesh and torus chips: presets, placement, routing, and plans that are cheap because they are
+placed (every shift at most 2 hops), checked on the emulator."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_planner import matmul_graph, one_op_plan
+
+from t10c.chips import PRESETS, ChipError, chip_from_dict
+from t10c.codegen import generate
+from t10c.codegen.program import Shift
+from t10c.emulator import emulate
+from t10c.emulator.routing import hops, route
+from t10c.partition import SearchOptions, geometry, plan_cost, search_op, verify_plan
+from t10c.partition.place import interleave
+
+MESH = chip_from_dict({"base": "wse2", "name": "mesh4x4", "grid": [4, 4], "cores": 16,
+                       "sram_bytes_per_core": 640 * 1024})
+MESH35 = dataclasses.replace(MESH, name="mesh3x5", grid=(3, 5), cores=15, overlap=False)
+TORUS = dataclasses.replace(MESH, name="torus4x4", topology="torus2d", overlap=False)
+
+
+def test_mesh_presets_carry_sources() -> None:
+    for name in ("wse2", "wse3", "wormhole-n150", "blackhole-p150"):
+        chip = PRESETS[name]
+        assert chip.is_mesh and chip.rows * chip.cols == chip.cores
+        for key in ("cores", "sram_bytes_per_core", "clock_hz", "link_bytes_per_cycle",
+                    "hop_latency_cycles", "matmul_macs_per_cycle"):
+            assert chip.sources.get(key), (name, key)
+    assert PRESETS["wse2"].grid == (757, 996)
+
+
+def test_user_mesh_from_toml_fields() -> None:
+    chip = chip_from_dict({"base": "wse2", "name": "m", "grid": [64, 64], "cores": 4096})
+    assert (chip.rows, chip.cols, chip.topology) == (64, 64, "mesh2d")
+    with pytest.raises(ChipError, match="grid"):
+        chip_from_dict({"base": "wse2", "grid": [64, 64], "cores": 4000})
+    with pytest.raises(ChipError, match="overlap"):
+        chip_from_dict({"base": "wse2", "grid": [2, 2], "cores": 4, "overlap": "yes"})
+
+
+def test_dimension_order_routing_by_hand() -> None:
+    line = dataclasses.replace(MESH, grid=(1, 4), cores=4)
+    # 0 -> 3 and 1 -> 2 share link 1-2 eastward: 8 + 4 bytes on it
+    r = route(line, np.array([0, 1]), np.array([3, 2]), np.array([8, 4]))
+    assert (r.max_hops, r.max_link_bytes) == (3, 12)
+    assert r.cycles == 3 * line.hop_latency_cycles + 12 // line.link_bytes_per_cycle
+    assert r.loads[0, 0].tolist() == [8, 12, 8, 0] and not r.loads[1].any()
+    # X first, then Y: (0,0) -> (1,1) on a 4x4 mesh goes east along row 0, then south
+    r = route(MESH, np.array([0]), np.array([5]), np.array([4]))
+    assert r.loads[0, 0, 0] == 4 and r.loads[2, 0, 1] == 4 and r.max_hops == 2
+    # a torus wraps: 0 -> 3 is one hop west
+    r = route(TORUS, np.array([0]), np.array([3]), np.array([4]))
+    assert r.max_hops == 1 and r.loads[1, 0, 3] == 4
+    assert hops(TORUS, np.array([0]), np.array([15])).tolist() == [2]
+
+
+@pytest.mark.parametrize("t", range(1, 40))
+def test_interleaved_rings_are_at_most_two_hops(t: int) -> None:
+    pos = interleave(np.arange(t), t)
+    assert sorted(pos.tolist()) == list(range(t))
+    edges = np.abs(pos - np.roll(pos, -1))
+    assert edges.max(initial=0) <= 2
+
+
+@pytest.mark.parametrize("chip", [MESH, MESH35, TORUS], ids=lambda c: c.name)
+def test_every_plan_on_a_mesh_is_right_placed_and_priced(chip) -> None:
+    """Every enumerated plan: one core per physical core, right result, every shift within 2
+    hops, and the emulator's shift cycles equal the planner's."""
+    graph = matmul_graph(12, 40, 20)
+    op = graph.ops[0]
+    plans = search_op(graph, op, chip, "fp32", SearchOptions())
+    assert any(p.steps > 1 for p in plans)
+    a = np.random.default_rng(1).standard_normal((12, 40)).astype(np.float32)
+    want = a @ graph.constants["B"]
+    for p in plans[:: max(1, len(plans) // 40)]:
+        plan = dataclasses.replace(one_op_plan(graph, p), dtype="fp32")
+        verify_plan(graph, plan, chip)
+        phys = geometry(graph, op, p).phys
+        assert len(set(phys.tolist())) == len(phys) and phys.max() < chip.cores
+        prog = generate(graph, plan, chip)
+        for ins in prog.instrs:
+            if isinstance(ins, Shift):
+                assert hops(chip, ins.src_core, ins.cores).max() <= 2, p
+        out, timeline, _ = emulate(prog, chip, {"A": a}, graph.constants)
+        assert np.abs(out["C"] - want).max() <= 1e-5 * np.abs(want).max(), p
+        shift = sum(r.cycles for r in timeline.records if r.phase == "shift")
+        assert shift == p.cycles.shift, (p, shift)
+
+
+def test_vectorised_mesh_costs_equal_the_scalar_definition() -> None:
+    graph = matmul_graph(12, 40, 20, batch=2)
+    consts = frozenset(graph.constants)
+    for chip in (MESH, MESH35):
+        for home in (False, True):
+            opts = SearchOptions(chains=True, weights_home=home)
+            for p in search_op(graph, graph.ops[0], chip, "fp16", opts):
+                got = plan_cost(geometry(graph, graph.ops[0], p), chip, "fp16", frozenset(),
+                                consts, home)
+                assert got == (p.cycles, p.hot_bytes_per_core, p.cold_bytes_per_core,
+                               p.out_bytes_per_core), p
+
+
+def test_all_to_all_assumption_keeps_row_major_numbering() -> None:
+    graph = matmul_graph(12, 40, 20)
+    plans = search_op(graph, graph.ops[0], MESH, "fp32", SearchOptions(mesh_aware=False))
+    assert plans and all(p.embed is None for p in plans)
+    aware = search_op(graph, graph.ops[0], MESH, "fp32", SearchOptions())
+    assert all(p.embed is not None for p in aware)
