@@ -4,8 +4,10 @@
 >>> model = build("bert-tiny", seq_len=16)   # onnx.ModelProto, opset 17, IR version 8
 
 Families: ``mlp``; BERT encoders; GPT-2 and LLaMA causal language models (``seq_len`` sizes
-them); ViT and ResNet image classifiers (their image size is part of the name's size). Each
-family has a tiny size for tests and its standard small size. Nothing is ever downloaded.
+them), and LLaMA decode steps (``llama-*-decode``: one new token after a KV cache of
+``seq_len`` tokens, the cache being graph inputs and outputs); ViT and ResNet image
+classifiers (their image size is part of the name's size). Each family has a tiny size for
+tests and its standard small size. Nothing is ever downloaded.
 
 Every model is checked with ``onnx.checker.check_model`` and runs on onnxruntime.
 Building the same name with the same arguments gives a byte-identical
@@ -20,7 +22,7 @@ import onnx
 
 from .bert import BERT_SIZES, BertSize, build_bert
 from .gpt2 import GPT2_SIZES, build_gpt2
-from .llama import LLAMA_SIZES, build_llama
+from .llama import LLAMA_DECODE_SIZES, LLAMA_SIZES, build_llama, build_llama_decode
 from .matmul import build_matmul, parse_matmul
 from .mlp import build_mlp
 from .resnet import RESNET_SIZES, build_resnet
@@ -30,6 +32,7 @@ __all__ = [
     "BERT_SIZES",
     "DEFAULT_BATCH",
     "GPT2_SIZES",
+    "LLAMA_DECODE_SIZES",
     "LLAMA_SIZES",
     "RESNET_SIZES",
     "VIT_SIZES",
@@ -40,6 +43,7 @@ __all__ = [
     "build_bert",
     "build_gpt2",
     "build_llama",
+    "build_llama_decode",
     "build_mlp",
     "build_resnet",
     "build_vit",
@@ -60,13 +64,17 @@ ZOO_NAMES: tuple[str, ...] = (
     "llama-tiny",
     "llama-135m",
     "llama-360m",
+    "llama-tiny-decode",
+    "llama-135m-decode",
+    "llama-360m-decode",
     "resnet-tiny",
     "resnet50",
 )
 """Every name `build` accepts, smallest first within each family."""
 
 ALIASES: MappingProxyType[str, str] = MappingProxyType({
-    "resnet": "resnet50", "vit": "vit-base", "llama": "llama-135m"})
+    "resnet": "resnet50", "vit": "vit-base", "llama": "llama-135m",
+    "llama-decode": "llama-135m-decode"})
 """Family names that stand for the family's standard size."""
 
 DEFAULT_BATCH: MappingProxyType[str, int] = MappingProxyType(
@@ -103,7 +111,9 @@ def build(
     With ``weights=False`` large weights are shape-only (`NoWeights`): enough to plan and
     generate code, and the only way to build models past ONNX's 2 GB limit (gpt2-xl).
     ``batch=None`` picks the model's default (`DEFAULT_BATCH`: 16 for mlp, 1 for the others).
-    ``seq_len`` applies to the BERT, GPT-2 and LLaMA models; the others ignore it.
+    ``seq_len`` applies to the BERT, GPT-2 and LLaMA models; the others ignore it. For the
+    LLaMA decode steps (``llama-*-decode``) it is the length of the KV cache (``past_len``):
+    the step takes one new token at position ``seq_len`` and returns a cache one longer.
 
     Raises:
         UnknownModelError: ``name`` is not in `ZOO_NAMES`; the message lists them.
@@ -122,11 +132,14 @@ def build(
         g = GPT2_SIZES[name]
         return build_gpt2(g.hidden, g.layers, g.heads, vocab=g.vocab, positions=g.positions,
                           seq_len=seq_len, **common)
-    if name in LLAMA_SIZES:
-        ll = LLAMA_SIZES[name]
-        return build_llama(ll.hidden, ll.layers, ll.heads, ll.kv_heads, ll.intermediate,
-                           vocab=ll.vocab, rope_theta=ll.rope_theta, tied=ll.tied,
-                           seq_len=seq_len, **common)
+    if name in LLAMA_SIZES or name in LLAMA_DECODE_SIZES:
+        # a decode step's seq_len is the length of its KV cache
+        builder, length = ((build_llama, {"seq_len": seq_len}) if name in LLAMA_SIZES
+                           else (build_llama_decode, {"past_len": seq_len}))
+        ll = LLAMA_SIZES.get(name) or LLAMA_DECODE_SIZES[name]
+        return builder(ll.hidden, ll.layers, ll.heads, ll.kv_heads, ll.intermediate,
+                       vocab=ll.vocab, rope_theta=ll.rope_theta, tied=ll.tied, **length,
+                       **common)
     if name in VIT_SIZES:
         v = VIT_SIZES[name]
         return build_vit(v.hidden, v.layers, v.heads, v.mlp, image=v.image, patch=v.patch,

@@ -19,6 +19,7 @@ from onnx import numpy_helper
 from t10c.models import (
     BERT_SIZES,
     GPT2_SIZES,
+    LLAMA_DECODE_SIZES,
     LLAMA_SIZES,
     RESNET_SIZES,
     VIT_SIZES,
@@ -154,7 +155,7 @@ def test_builds_checks_and_runs(case: Case) -> None:
 
 @pytest.mark.parametrize(("name", "seq_len"), [
     ("mlp", 128), ("bert-tiny", 16), ("gpt2-tiny", 8), ("vit-tiny", 8), ("llama-tiny", 8),
-    ("resnet-tiny", 8),
+    ("llama-tiny-decode", 8), ("resnet-tiny", 8),
 ])
 def test_build_is_deterministic(name: str, seq_len: int) -> None:
     first = build(name, seq_len=seq_len).SerializeToString()
@@ -173,12 +174,13 @@ def test_unknown_name_lists_known_models() -> None:
 def test_zoo_names() -> None:
     assert ZOO_NAMES == ("mlp", "bert-tiny", "bert-mini", "bert-base", "bert-large",
                          "gpt2-tiny", "gpt2", "gpt2-xl", "vit-tiny", "vit-base", "llama-tiny",
-                         "llama-135m", "llama-360m", "resnet-tiny", "resnet50")
+                         "llama-135m", "llama-360m", "llama-tiny-decode", "llama-135m-decode",
+                         "llama-360m-decode", "resnet-tiny", "resnet50")
     assert set(ZOO_NAMES) == {"mlp", *BERT_SIZES, *GPT2_SIZES, *VIT_SIZES, *LLAMA_SIZES,
-                              *RESNET_SIZES}
+                              *LLAMA_DECODE_SIZES, *RESNET_SIZES}
     assert all(is_zoo_name(n) for n in ZOO_NAMES)
     assert not is_zoo_name("model.onnx")
-    assert all(is_zoo_name(n) for n in ("resnet", "vit", "llama"))
+    assert all(is_zoo_name(n) for n in ("resnet", "vit", "llama", "llama-decode"))
 
 
 def test_shape_only_builds_are_light_and_plannable() -> None:
@@ -314,6 +316,7 @@ def test_standard_sizes_have_their_parameter_counts(name: str, size: object,
     ("gpt2", "gpt2-tiny", GPT2_SIZES["gpt2-tiny"]),
     ("vit-base", "vit-tiny", VIT_SIZES["vit-tiny"]),
     ("llama-360m", "llama-tiny", LLAMA_SIZES["llama-tiny"]),
+    ("llama-360m", "llama-tiny-decode", LLAMA_SIZES["llama-tiny"]),  # the same weights
     ("resnet50", "resnet-tiny", RESNET_SIZES["resnet-tiny"]),
 ])
 def test_parameter_formula_matches_the_builders(family: str, tiny: str, size: object) -> None:

@@ -23,7 +23,8 @@ def test_tiny_zoo_model_matches_onnxruntime(name: str, dtype: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet50", "vit-base", "gpt2", "llama-135m"])
+@pytest.mark.parametrize("name", ["resnet50", "vit-base", "gpt2", "llama-135m",
+                                  "llama-135m-decode"])
 def test_standard_zoo_model_matches_onnxruntime(name: str) -> None:
     compiled = compile_model(name, MK2, CompileOptions(dtype="fp16"))
     result = run_compiled(compiled)

@@ -1,0 +1,125 @@
+"""The LLaMA decode step (``llama-*-decode``): one new token with the KV cache as graph inputs
+and outputs. Its graph, its agreement with the prefill model it continues, and the whole
+pipeline (several graph outputs) on the emulator against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from ophelpers import CHIPS
+
+from t10c.chips import PRESETS
+from t10c.cli import main
+from t10c.driver import CompileOptions, compile_model, make_inputs, run_compiled
+from t10c.frontend import to_graph
+from t10c.models import ALIASES, LLAMA_SIZES, ZOO_NAMES, build, build_llama_decode
+
+TINY = LLAMA_SIZES["llama-tiny"]
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int]:
+    return [d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_decode_names_follow_their_prefill_twins() -> None:
+    for size in ("tiny", "135m", "360m"):
+        assert ZOO_NAMES.index(f"llama-{size}-decode") > ZOO_NAMES.index("llama-360m")
+    assert ALIASES["llama-decode"] == "llama-135m-decode"
+
+
+def test_decode_graph_has_the_cache_as_inputs_and_outputs() -> None:
+    past, batch, kv, d = 8, 2, TINY.kv_heads, TINY.hidden // TINY.heads
+    model = build("llama-tiny-decode", seq_len=past, batch=batch)
+    onnx.checker.check_model(model, full_check=True)
+    cache = [f"{i}.{kv_}" for i in range(TINY.layers) for kv_ in ("key", "value")]
+    assert [(i.name, _dims(i)) for i in model.graph.input] == [
+        ("input_ids", [batch, 1])] + [(f"past_key_values.{c}", [batch, kv, past, d])
+                                      for c in cache]
+    assert [(o.name, _dims(o)) for o in model.graph.output] == [
+        ("logits", [batch, 1, TINY.vocab])] + [(f"present.{c}", [batch, kv, past + 1, d])
+                                               for c in cache]
+    assert "Where" not in {n.op_type for n in model.graph.node}  # no causal mask
+    assert build("llama-tiny-decode", seq_len=past, batch=batch).SerializeToString() == \
+        model.SerializeToString()
+
+    rng = np.random.default_rng(1)
+    feeds = {"input_ids": rng.integers(0, TINY.vocab, (batch, 1))}
+    feeds |= {i.name: rng.standard_normal(_dims(i)).astype(np.float32)
+              for i in model.graph.input[1:]}
+    outs = dict(zip([o.name for o in model.graph.output], _session(model).run(None, feeds)))
+    assert all(np.isfinite(v).all() for v in outs.values())
+    for c in cache:  # the cache comes back unchanged, one row longer
+        assert np.array_equal(outs[f"present.{c}"][:, :, :past], feeds[f"past_key_values.{c}"])
+
+
+def test_decode_continues_the_prefill() -> None:
+    """Prefill over past + 1 tokens, and a decode step on the cache of its first ``past``
+    tokens, agree: same weights (same seed), same RoPE position, same keys and values."""
+    past = 6
+    prefill = build("llama-tiny", seq_len=past + 1)
+    kv_names = {}
+    for i in range(TINY.layers):  # expose the prefill's k (after RoPE) and v per layer
+        kv_names[f"{i}.key"] = f"layers{i}/attn/k_rope/Add_output_0"
+        kv_names[f"{i}.value"] = f"layers{i}/attn/v/Transpose_output_0"
+    prefill.graph.output.extend(onnx.helper.make_tensor_value_info(
+        name, onnx.TensorProto.FLOAT, None) for name in kv_names.values())
+    ids = np.random.default_rng(2).integers(0, TINY.vocab, (1, past + 1))
+    full = dict(zip([o.name for o in prefill.graph.output],
+                    _session(prefill).run(None, {"input_ids": ids})))
+
+    decode = build("llama-tiny-decode", seq_len=past)
+    feeds = {"input_ids": ids[:, past:]}
+    feeds |= {f"past_key_values.{c}": full[t][:, :, :past] for c, t in kv_names.items()}
+    step = dict(zip([o.name for o in decode.graph.output], _session(decode).run(None, feeds)))
+    np.testing.assert_allclose(step["logits"], full["logits"][:, past:], rtol=1e-4, atol=1e-4)
+    for c, t in kv_names.items():
+        np.testing.assert_allclose(step[f"present.{c}"], full[t], rtol=1e-5, atol=1e-5)
+
+
+def test_driver_inputs_cover_ids_and_cache() -> None:
+    inputs = make_inputs(to_graph(build("llama-tiny-decode", seq_len=4)), seed=0)
+    assert inputs["input_ids"].dtype == np.int64
+    assert 0 <= inputs["input_ids"].min() and inputs["input_ids"].max() < TINY.vocab
+    cache = inputs["past_key_values.1.value"]
+    assert cache.dtype == np.float32 and cache.shape == (1, TINY.kv_heads, 4, 32)
+    assert 0.5 < cache.std() < 2.0  # N(0, 1), not zeros or ones
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_tiny_decode_matches_onnxruntime(dtype: str) -> None:
+    # llama-tiny's 32k-token embedding and tied head (17 MB in fp16) need a bigger chip than
+    # test16 (see test_check), so the zoo model runs on the MK2 as the other tiny models do
+    compiled = compile_model("llama-tiny-decode", PRESETS["ipu-mk2"],
+                             CompileOptions(dtype=dtype, seq_len=16))
+    result = run_compiled(compiled)
+    assert set(result.outputs) >= {"logits", "present.0.key", "present.1.value"}
+    assert result.ok, f"{dtype}: max_rel_err {result.max_rel_err:.3g}"
+
+
+@pytest.mark.parametrize("chip", ["test16", "cores7"])
+def test_small_vocab_decode_matches_onnxruntime_on_the_test_chip(chip: str) -> None:
+    """The llama-tiny layers with a 512-token vocabulary fit test16 (and 7 cores): every
+    output, the logits and each present key and value, matches onnxruntime in fp32."""
+    model = build_llama_decode(TINY.hidden, TINY.layers, TINY.heads, TINY.kv_heads,
+                               TINY.intermediate, vocab=512, past_len=16, batch=2)
+    result = run_compiled(compile_model(model, CHIPS[chip], CompileOptions(dtype="fp32")))
+    assert len(result.reference) == 1 + 2 * TINY.layers
+    for name, want in result.reference.items():
+        got = result.outputs[name]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max(),
+                                   err_msg=name)
+    assert result.ok
+
+
+def test_cli_compiles_and_runs_the_decode_step(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["compile", "llama-tiny-decode", "--seq-len", "8", "--run", "--no-table"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "model llama-tiny-decode" in out and ": OK" in out
