@@ -108,7 +108,7 @@ def evaluate(expr: TensorExpr, values: list[np.ndarray], sub: dict[str, int],
     """The sub-task's result, (ncores, *output sub-block) in the output operand's axis order."""
     n = values[0].shape[0] if values else len(origin)
     if expr.body[0] == "take":
-        return _take(expr, values, n)
+        return _take(expr, values, n, origin)
     expanded = [expand(expr, k, v.astype(np.float32, copy=False), sub)
                 for k, v in enumerate(values)]
     if is_contraction(expr):
@@ -176,15 +176,25 @@ def _eval_body(node: tuple, full: list[np.ndarray]) -> np.ndarray:
     return np.asarray(BINARY[head](args[0], args[1]), dtype=np.float32)
 
 
-def _take(expr: TensorExpr, values: list[np.ndarray], n: int) -> np.ndarray:
+def _take(expr: TensorExpr, values: list[np.ndarray], n: int, origin: np.ndarray
+          ) -> np.ndarray:
     table_k, index_k = expr.body[1], expr.body[2]
     table, index = values[table_k], values[index_k]
     t_axes = list(expr.inputs[table_k].axes)
-    d = t_axes.index(INDIRECT)
+    d = expr.take_dim()
     table = np.moveaxis(table, d + 1, 1)  # (n, V, rest...)
-    rest = [a for a in t_axes if a != INDIRECT]
+    rest = [a for i, a in enumerate(t_axes) if i != d]
     cores = np.arange(n).reshape((n,) + (1,) * (index.ndim - 1))
-    picked = table[cores, index.astype(np.int64)]  # (n, *index dims, *rest)
+    index = index.astype(np.int64)
+    sharded = expr.take_axis()
+    if sharded is not None:  # this core holds rows [first, first + V) of the table
+        first = origin[:, expr.axis_names.index(sharded)].reshape(cores.shape)
+        index = index - first
+        hit = (index >= 0) & (index < table.shape[1])
+        index = np.where(hit, index, 0)
+    picked = table[cores, index]  # (n, *index dims, *rest)
+    if sharded is not None:
+        picked = np.where(hit.reshape(hit.shape + (1,) * len(rest)), picked, 0)
     have = list(expr.inputs[index_k].axes) + rest
     perm = [0] + [have.index(a) + 1 for a in expr.output.axes]
     return np.transpose(picked, perm).astype(np.float32)

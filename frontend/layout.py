@@ -323,7 +323,17 @@ def Gather(ctx: Context, node: onnx.NodeProto, axis: int = 0) -> None:
             copy(ctx, node, node.output[0], list(out_shape), [(data, tuple(dims))])
             return
     if ctx.is_const(data):
+        # a weight table (an embedding) may be larger than one core's SRAM: its rows get an
+        # axis of their own, which the planner may split (a sharded lookup, see `t10c.ir`)
         ctx.constants[data] = ctx.constants[data].astype(np.float32, copy=False)
+        rows = f"d{len(out_shape)}"
+        table_dims = tuple(rest[:axis]) + (rows,) + tuple(rest[axis:])
+        ctx.emit(node, node.name or node.output[0],
+                 list(zip(axes, out_shape)) + [(rows, shape[axis])],
+                 Operand(node.output[0], tuple(axes)),
+                 [Operand(data, table_dims), Operand(indices, tuple(iaxes))], "sum",
+                 ("take", 0, 1))
+        return
     table_dims = tuple(rest[:axis]) + (INDIRECT,) + tuple(rest[axis:])
     ctx.emit(node, node.name or node.output[0], list(zip(axes, out_shape)),
              Operand(node.output[0], tuple(axes)),

@@ -159,6 +159,10 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         macs = batch * m * (_ceil_div(k, uk) * uk) * (_ceil_div(nn, un) * un)
         per_step = chip.compute_overhead_cycles + _ceil_div(
             macs, chip.matmul_macs_per_cycle[dtype])
+    elif op.body[0] == "take":  # `costs.compute_cycles`: one lookup per output point
+        points = np.prod(u[:, [axes.index(a) for a in op.output.axes]], axis=1)
+        per_step = chip.compute_overhead_cycles + _ceil_div(
+            points, chip.vector_ops_per_cycle[dtype])
     else:
         points = np.prod(u, axis=1)
         per_step = chip.compute_overhead_cycles + _ceil_div(

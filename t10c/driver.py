@@ -101,7 +101,7 @@ def make_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     for op in graph.ops:
         if op.body and op.body[0] == "take":
             table, index = op.inputs[op.body[1]], op.inputs[op.body[2]]
-            rows = graph.tensors[table.tensor].shape[table.axes.index("@")]
+            rows = graph.tensors[table.tensor].shape[op.take_dim()]
             root = graph.root(index.tensor)
             limits[root] = min(limits.get(root, rows), rows)
     inputs = {}

@@ -13,7 +13,11 @@ A body is a small expression tree of tuples, evaluated elementwise over the op's
 - ``("in", i)``: the value of input i at the current point;
 - ``("const", x)``: a float constant;
 - ``("take", i, j)``: input i, whose one dimension marked ``INDIRECT`` is indexed by the integer
-  value of input j (an embedding lookup); only valid as the whole body;
+  value of input j (an embedding lookup); only valid as the whole body. Instead of
+  ``INDIRECT`` the indexed dimension may be an axis of its own that the output lacks (a
+  reduction axis, combine ``sum``): the lookup is then *sharded*, each core holding a block of
+  the table's rows and contributing the rows that fall in it (zero for the others), and the
+  sum over the cores that split the axis completes it (`take_axis`);
 - ``(fn, arg, ...)``: one of `UNARY_FNS`, `BINARY_FNS` or `TERNARY_FNS`. Comparisons and logic
   (``eq``, ``lt``, ``not``, ``and``, ...) give 1.0 for true and 0.0 for false and read any
   nonzero value as true; ``("where", c, a, b)`` is ``a`` where ``c`` is nonzero, else ``b``.
@@ -136,6 +140,19 @@ class TensorExpr:
     def operands(self) -> tuple[Operand, ...]:
         """Inputs first, then the output: the order of per-operand fields in plans."""
         return (*self.inputs, self.output)
+
+    def take_dim(self) -> int:
+        """For a ``take``: the position of the indexed dimension in the table operand."""
+        table = self.inputs[self.body[1]]
+        for d, a in enumerate(table.axes):
+            if a == INDIRECT or (isinstance(a, str) and a not in self.output.axes):
+                return d
+        raise ValueError(f"{self.name}: take without an indexed dimension")
+
+    def take_axis(self) -> str | None:
+        """For a sharded ``take``: the axis over the table's rows (None when held whole)."""
+        a = self.inputs[self.body[1]].axes[self.take_dim()]
+        return None if a == INDIRECT else str(a)
 
     @property
     def kind(self) -> str:

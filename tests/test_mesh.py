@@ -12,6 +12,7 @@ from test_planner import matmul_graph, one_op_plan
 from t10c.chips import PRESETS, ChipError, chip_from_dict
 from t10c.codegen import generate
 from t10c.codegen.program import Shift
+from t10c.driver import compile_model, run_compiled
 from t10c.emulator import emulate
 from t10c.emulator.routing import hops, route
 from t10c.partition import SearchOptions, geometry, plan_cost, search_op, verify_plan
@@ -110,3 +111,39 @@ def test_all_to_all_assumption_keeps_row_major_numbering() -> None:
     assert plans and all(p.embed is None for p in plans)
     aware = search_op(graph, graph.ops[0], MESH, "fp32", SearchOptions())
     assert all(p.embed is not None for p in aware)
+
+
+MESH64 = chip_from_dict({"base": "wse2", "name": "mesh64", "grid": [64, 64], "cores": 4096})
+
+
+def test_embedding_rows_are_split_when_the_table_is_too_big() -> None:
+    """A sharded lookup: each core holds a block of the table's rows, the sum over them
+    completes the lookup; the table is 32,000 bytes in fp16, each core has 4 KiB."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.random.default_rng(0).standard_normal((4000, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 4])],
+        [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    chip = dataclasses.replace(MESH, sram_bytes_per_core=4096)
+    c = compile_model(model, chip)
+    op, p = c.graph.ops[0], c.plan.ops[0]
+    rows = op.take_axis()
+    assert rows is not None and p.F[op.axis_names.index(rows)] > 1
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+
+
+@pytest.mark.parametrize("model", ["bert-tiny", "llama-tiny"])
+def test_models_on_a_64x64_mesh_match_onnxruntime(model: str) -> None:
+    c = compile_model(model, MESH64)
+    for op, p in zip(c.graph.ops, c.plan.ops):
+        assert p.embed is not None, op.name
+    shifts = [ins for ins in c.program.instrs if isinstance(ins, Shift)]
+    assert shifts and all(hops(MESH64, s.src_core, s.cores).max() <= 2 for s in shifts)
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    assert r.timeline.link_bytes is not None and r.timeline.link_bytes.shape == (4, 64, 64)
