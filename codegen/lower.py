@@ -24,7 +24,9 @@ every core, as the program is SPMD).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +70,19 @@ class Placement:
     off: np.ndarray  # int32 [numel]
 
 
+@dataclass
+class _Cached:
+    """An op's result and timing, for repeated layers in streamed (timing-only) runs."""
+
+    elems: int
+    dtype: str
+    core: np.ndarray
+    off: np.ndarray
+    cores: np.ndarray  # the cores holding the result
+    records: list = dataclasses.field(default_factory=list)  # the op's timeline records
+    link_bytes: np.ndarray | None = None  # the link loads the op added
+
+
 class _Allocator:
     def __init__(self, sram: int) -> None:
         self.sram = sram
@@ -90,8 +105,14 @@ class _Allocator:
 
 
 class _Builder:
-    def __init__(self, graph: Graph, plan: Plan, chip: Chip) -> None:
+    def __init__(self, graph: Graph, plan: Plan, chip: Chip,
+                 sink: Callable[[Instr], None] | None = None) -> None:
         self.graph, self.plan, self.chip = graph, plan, chip
+        #: streaming: every instruction goes to ``sink`` as soon as its op is done and is not
+        #: kept (timing-only runs of chips too large to hold the whole program)
+        self.sink = sink
+        self.keys: dict[str, tuple] = {}  # streaming: the op key behind each activation
+        self.cache: dict[tuple, _Cached] = {}
         self.dtype = plan.dtype
         self.buffers: list[Buffer] = []
         self.instrs: list[Instr] = []
@@ -205,7 +226,59 @@ class _Builder:
         idx = np.arange(numel)
         return Placement(bid, (idx // chunk).astype(np.int32), (idx % chunk).astype(np.int32))
 
+    # -- repeated layers (streaming) ----------------------------------------------------------
+    def op_key(self, n: int, op: TensorExpr) -> tuple:
+        """What op n's instructions depend on, buffer numbers aside: its expression and plan,
+        and for each input where it comes from (a weight, a graph input, or the output of an
+        op with the same key, read through the same view). Repeated layers share keys."""
+        plan = dataclasses.replace(self.plan.ops[n], op="")
+        sources: list[tuple] = []
+        for operand in op.inputs:
+            root = self.graph.root(operand.tensor)
+            view = b""
+            if root != operand.tensor:
+                view = hashlib.blake2b(self.to_root(operand.tensor).tobytes(),
+                                       digest_size=16).digest()
+            if root in self.graph.constants:
+                sources.append(("weight", view))
+            elif root in self.graph.inputs:
+                sources.append(("input", self.graph.tensors[root].shape, view))
+            else:
+                sources.append(("act", self.keys.get(root), view))
+        return (op.signature(), plan, tuple(sources))
+
+    def replay(self, n: int, op: TensorExpr, cached: _Cached) -> None:
+        """Op n's timing is that of an earlier op with the same key: take its records and
+        its result's placement instead of generating the instructions again."""
+        out = self.new_buffer(f"{op.name}.out", cached.elems, cached.dtype, op.name, "compute")
+        self.drain()
+        self.sink.replay(op.name, cached)  # type: ignore[union-attr]
+        self.sink.written(out, cached.cores)  # type: ignore[union-attr]
+        for operand in op.inputs:
+            root = self.graph.root(operand.tensor)
+            if root in self.pending:
+                self.pending[root] -= 1
+                if self.pending[root] == 0:
+                    self.free(self.placement[root].buf, op.name)
+        self.placement[op.output.tensor] = Placement(out, cached.core, cached.off)
+
     def emit_op(self, n: int, op: TensorExpr) -> None:
+        if not hasattr(self.sink, "replay"):
+            return self.generate_op(n, op)
+        key = self.op_key(n, op)
+        self.keys[op.output.tensor] = key
+        if key in self.cache:
+            return self.replay(n, op, self.cache[key])
+        self.drain()
+        mark = self.sink.mark()  # type: ignore[union-attr]
+        self.generate_op(n, op)
+        self.drain()
+        place = self.placement[op.output.tensor]
+        buf = self.buffers[place.buf]
+        self.cache[key] = self.sink.since(mark, _Cached(  # type: ignore[union-attr]
+            buf.elems, buf.dtype, place.core, place.off, np.unique(place.core)))
+
+    def generate_op(self, n: int, op: TensorExpr) -> None:
         geo = geometry(self.graph, op, self.plan.ops[n])
         nin = len(op.inputs)
         # the result first: it outlives the inputs, so it goes below them
@@ -330,6 +403,12 @@ class _Builder:
                                "computed")
         return Placement(buf, core, off)
 
+    def drain(self) -> None:
+        if self.sink is not None:
+            for ins in self.instrs:
+                self.sink(ins)
+            self.instrs.clear()
+
     # -- whole program ----------------------------------------------------------------------
     def build(self) -> Program:
         graph = self.graph
@@ -343,6 +422,7 @@ class _Builder:
             self.pending[root] = self.pending.get(root, 0) + 1
         for n, op in enumerate(graph.ops):
             self.load_weights(n, op)
+        self.drain()
         for n, op in enumerate(graph.ops):
             try:
                 self.emit_op(n, op)
@@ -352,6 +432,7 @@ class _Builder:
                 raise CodegenError(f"while generating op {op.name} ({op.source}): {exc}") from exc
             if op.output.tensor not in self.pending:  # nobody reads it
                 self.free(self.placement[op.output.tensor].buf, op.name)
+            self.drain()
         for t in graph.outputs:
             root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
             if root not in self.placement:
@@ -359,6 +440,12 @@ class _Builder:
             place = self.placement[root]
             self.instrs.append(Store("", "host", t, graph.tensors[t].shape, place.buf,
                                      place.core[rflat], place.off[rflat]))
+        self.drain()
+        if self.sink is not None:  # the online first-fit addresses are the layout
+            peak = self.alloc.peak
+            return Program(graph.name, self.chip.name, self.dtype, self.chip.cores,
+                           tuple(self.buffers), graph.ops, (), {}, graph.outputs, peak, 0,
+                           "first-fit (streamed)")
         buffers, sram = self.place_buffers()
         inputs = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs}
         peak = max((b.offset + b.nbytes for b in buffers), default=0)
@@ -397,3 +484,13 @@ def _cores(geo: Geometry) -> np.ndarray | None:
 def generate(graph: Graph, plan: Plan, chip: Chip) -> Program:
     """Emit the SPMD program for ``graph`` under ``plan`` (which must have been verified)."""
     return _Builder(graph, plan, chip).build()
+
+
+def stream(graph: Graph, plan: Plan, chip: Chip, buffers: list[Buffer],
+           sink: Callable[[Instr], None]) -> Program:
+    """Emit the program one op at a time into ``sink`` without keeping it: ``buffers`` fills
+    up as buffers are created (the sink looks them up there). Returns the program's header
+    (buffers and peak SRAM, no instructions)."""
+    builder = _Builder(graph, plan, chip, sink)
+    builder.buffers = buffers
+    return builder.build()

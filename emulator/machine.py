@@ -21,13 +21,16 @@ not exist or over a link the chip lacks.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from t10c.chips import Chip
 from t10c.codegen.program import (
+    DTYPE_BYTES,
     Alloc,
     Compute,
     Exchange,
@@ -45,7 +48,7 @@ from t10c.codegen.program import (
 from t10c.costs import compute_cycles
 
 from .kernels import IDENTITY, evaluate, gather_slices, operand_sizes
-from .routing import route
+from .routing import Routed, route
 
 NP_DTYPES = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
 
@@ -97,7 +100,7 @@ class Timeline:
 class Machine:
     """One emulated chip running one program."""
 
-    def __init__(self, program: Program, chip: Chip) -> None:
+    def __init__(self, program: Program, chip: Chip, data: bool = True) -> None:
         if program.cores != chip.cores:
             raise EmulatorError(f"program is for {program.cores} cores, chip {chip.name} has "
                                 f"{chip.cores}")
@@ -112,6 +115,9 @@ class Machine:
         self.pending_phase = ""
         self.transfers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # mesh: src, dst, B
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
+        #: False in timing-only runs: buffers hold no values, only who has written them
+        self.data = data
+        self.routes: dict[bytes, Routed] = {}  # routes by a digest of their transfers
         self.outputs: dict[str, np.ndarray] = {}
 
     # -- timing ---------------------------------------------------------------------------
@@ -133,8 +139,20 @@ class Machine:
 
     def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
               ) -> tuple[int, int, int]:
-        """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads."""
-        routed = route(self.chip, src, dst, nbytes)
+        """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads.
+
+        Steps of a rotation and repeated layers route the same transfers again and again:
+        routes are remembered by a digest of the transfers."""
+        digest = hashlib.blake2b(digest_size=16)
+        for a in (src, dst, nbytes):
+            a = np.ascontiguousarray(a, dtype=np.int64)
+            digest.update(str(a.shape).encode())
+            digest.update(a.data)
+        key = digest.digest()
+        routed = self.routes.get(key)
+        if routed is None:
+            routed = route(self.chip, src, dst, nbytes)
+            self.routes[key] = routed
         if routed.loads is not None:
             if self.timeline.link_bytes is None:
                 self.timeline.link_bytes = np.zeros_like(routed.loads)
@@ -158,18 +176,49 @@ class Machine:
         self.record(self.pending_op, self.pending_phase, cycles, most, hops if most else 0)
         self.pending_phase = ""
 
+    # -- streamed timing-only runs: repeated layers ----------------------------------------
+    def mark(self) -> tuple[int, np.ndarray | None]:
+        """Where the timeline stands (records and link loads), before an op."""
+        self.flush()
+        links = self.timeline.link_bytes
+        return len(self.timeline.records), None if links is None else links.copy()
+
+    def since(self, mark: tuple[int, np.ndarray | None], cached: Any) -> Any:
+        """Store on ``cached`` what the timeline gained since ``mark``: one op's records."""
+        self.flush()
+        start, links = mark
+        cached.records = [(r.phase, r.cycles, r.bytes_per_core, r.hops)
+                          for r in self.timeline.records[start:]]
+        if self.timeline.link_bytes is not None:
+            cached.link_bytes = self.timeline.link_bytes - (0 if links is None else links)
+        return cached
+
+    def replay(self, op: str, cached: Any) -> None:
+        """Append the records of an earlier op with the same instructions, as op ``op``."""
+        self.flush()
+        for phase, cycles, nbytes, hops in cached.records:
+            self.record(op, phase, cycles, nbytes, hops)
+        if cached.link_bytes is not None:
+            if self.timeline.link_bytes is None:
+                self.timeline.link_bytes = np.zeros_like(cached.link_bytes)
+            self.timeline.link_bytes += cached.link_bytes
+        self.credit = 0
+
+    def mark_written(self, buf: int, cores: np.ndarray) -> None:
+        self.written[buf][cores] = True
+
     # -- checks ---------------------------------------------------------------------------
     def fail(self, ins: Instr, msg: str) -> EmulatorError:
         return EmulatorError(f"while executing {type(ins).__name__} of op {ins.op or '-'}: {msg}")
 
     def read(self, ins: Instr, buf: int, cores: np.ndarray | int) -> np.ndarray:
-        if buf not in self.mem:
+        if buf not in self.written:
             raise self.fail(ins, f"buffer %{self.prog.buffers[buf].name} is not allocated")
         ok = self.written[buf][:cores] if isinstance(cores, int) else self.written[buf][cores]
         if not np.all(ok):
             raise self.fail(ins, f"reads buffer %{self.prog.buffers[buf].name}, which some core "
                                  "never wrote")
-        return self.mem[buf]
+        return self.mem.get(buf)  # type: ignore[return-value]
 
     def check_sources(self, ins: Instr, src_core: np.ndarray) -> None:
         if src_core.size and (src_core.max() >= self.chip.cores):
@@ -193,6 +242,7 @@ class Machine:
 
     def step(self, ins: Instr, host: dict[str, np.ndarray]) -> None:
         chip = self.chip
+        data = self.data
         if isinstance(ins, Alloc):
             b = self.prog.buffers[ins.buf]
             start, end = b.offset, b.offset + b.nbytes
@@ -204,7 +254,8 @@ class Machine:
                     raise self.fail(ins, f"buffer %{b.name} overlaps live buffer "
                                          f"%{self.prog.buffers[other].name}")
             self.live[ins.buf] = (start, end)
-            self.mem[ins.buf] = np.zeros((chip.cores, b.elems), dtype=NP_DTYPES[b.dtype])
+            if data:
+                self.mem[ins.buf] = np.zeros((chip.cores, b.elems), dtype=NP_DTYPES[b.dtype])
             self.written[ins.buf] = np.zeros(chip.cores, dtype=bool)
             in_use = sum(e - s for s, e in self.live.values())
             self.timeline.peak_sram_bytes_per_core = max(
@@ -212,33 +263,19 @@ class Machine:
             self.timeline.sram_samples.append((self.now, in_use))
         elif isinstance(ins, Free):
             self.live.pop(ins.buf)
-            self.mem.pop(ins.buf)
+            self.mem.pop(ins.buf, None)
             self.written.pop(ins.buf)
             self.timeline.sram_samples.append((self.now, sum(e - s for s, e in
                                                              self.live.values())))
         elif isinstance(ins, Load):
-            src = np.asarray(host[ins.tensor])
-            if tuple(src.shape) != tuple(ins.shape):
-                raise self.fail(ins, f"host tensor {ins.tensor} has shape {src.shape}, the "
-                                     f"program expects {ins.shape}")
             rows = _rows(ins, ins.ncores)
-            dst = self.mem[ins.buf]
-            if ins.index is None:
-                # replicated tiles are gathered once and copied to every core that holds them
-                uniq, inverse = np.unique(ins.origin, axis=0, return_inverse=True)
-                flat, valid = tile_elements(uniq, ins.tile, ins.shape)
-                tiles = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
-                dst[rows] = tiles[inverse.reshape(-1)]
-                loaded = int(valid.sum(axis=1)[inverse.reshape(-1)].sum())
-            else:
-                flat, valid = ins.elements()
-                dst[rows] = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
-                loaded = int(valid.sum())
+            if data:
+                self.load(ins, host, rows)
             self.written[ins.buf][rows] = True
-            self.timeline.host_bytes += loaded * dst.dtype.itemsize
         elif isinstance(ins, Fill):
             rows = _rows(ins, ins.ncores)
-            self.mem[ins.buf][rows] = ins.value
+            if data:
+                self.mem[ins.buf][rows] = ins.value
             self.written[ins.buf][rows] = True
         elif isinstance(ins, Sync):
             self.flush()
@@ -248,26 +285,26 @@ class Machine:
             rows, here = _rows(ins, n), _phys(ins, n)
             self.check_sources(ins, ins.src_core)
             src = self.read(ins, ins.src, _cores_in(ins.src_core, self.chip.cores))
-            dst = self.mem[ins.dst]
-            vals = src[np.maximum(ins.src_core, 0), np.maximum(ins.src_off, 0)]
-            dst[rows] = np.where(ins.src_core >= 0, vals, 0).astype(dst.dtype)
+            if data:
+                dst = self.mem[ins.dst]
+                vals = src[np.maximum(ins.src_core, 0), np.maximum(ins.src_off, 0)]
+                dst[rows] = np.where(ins.src_core >= 0, vals, 0).astype(dst.dtype)
             self.written[ins.dst][rows] = True
+            size = self.itemsize(ins.dst)
             if chip.is_mesh:
-                self.receive(ins.op, ins.phase, *_pairs(ins.src_core, here,
-                                                        dst.dtype.itemsize, chip.cores))
+                self.receive(ins.op, ins.phase, *_pairs(ins.src_core, here, size, chip.cores))
             else:  # received bytes per core: a remote element counts wherever it comes from
                 remote = ((ins.src_core >= 0) & (ins.src_core != here[:, None])).sum(axis=1)
-                self.receive(ins.op, ins.phase, np.full(n, -1), here,
-                             remote * dst.dtype.itemsize)
+                self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
         elif isinstance(ins, Shift):
             n = len(ins.src_core)
             rows, here = _rows(ins, n), _phys(ins, n)
             self.check_sources(ins, ins.src_core)
             src = self.read(ins, ins.src, ins.src_core)
-            dst = self.mem[ins.dst]
-            dst[rows] = src[ins.src_core]
+            if data:
+                self.mem[ins.dst][rows] = src[ins.src_core]
             self.written[ins.dst][rows] = True
-            size = np.full(n, dst.shape[1] * dst.dtype.itemsize, dtype=np.int64)
+            size = np.full(n, self.prog.buffers[ins.dst].nbytes, dtype=np.int64)
             self.receive(ins.op, "shift", ins.src_core.astype(np.int64), here, size)
         elif isinstance(ins, Reduce):
             self.flush()
@@ -275,25 +312,27 @@ class Machine:
             rows, here = _rows(ins, n), _phys(ins, n)
             self.check_sources(ins, ins.group)
             src = self.read(ins, ins.src, ins.group.ravel())
-            dst = self.mem[ins.dst]
-            chunk = dst.shape[1]
+            chunk = self.prog.buffers[ins.dst].elems
             group = ins.group.shape[1]
-            width = max(int(ins.offset.max(initial=0)) + chunk - src.shape[1], 0)
-            pad = np.full((chip.cores, width), IDENTITY[ins.combine], dtype=np.float32)
-            ext = np.concatenate([src.astype(np.float32), pad], axis=1)
-            cols = ins.offset[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
-            parts = ext[ins.group[:, :, None], cols[:, None, :]]  # (n, G, chunk)
-            red = parts.sum(axis=1) if ins.combine == "sum" else parts.max(axis=1)
-            dst[rows] = red.astype(dst.dtype)
+            if data:
+                dst = self.mem[ins.dst]
+                width = max(int(ins.offset.max(initial=0)) + chunk - src.shape[1], 0)
+                pad = np.full((chip.cores, width), IDENTITY[ins.combine], dtype=np.float32)
+                ext = np.concatenate([src.astype(np.float32), pad], axis=1)
+                cols = ins.offset[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
+                parts = ext[ins.group[:, :, None], cols[:, None, :]]  # (n, G, chunk)
+                red = parts.sum(axis=1) if ins.combine == "sum" else parts.max(axis=1)
+                dst[rows] = red.astype(dst.dtype)
             self.written[ins.dst][rows] = True
             add = chip.vector_cycles((group - 1) * chunk, self.prog.dtype)
+            nbytes = chunk * self.itemsize(ins.dst)
             if chip.is_mesh:  # each core gathers its chunk from every other member
                 members = np.broadcast_to(here[:, None], ins.group.shape)
                 cycles, most, hops = self.timed(ins.group.ravel(), members.ravel(),
-                                                np.int64(chunk * dst.dtype.itemsize))
+                                                np.full(members.size, nbytes, dtype=np.int64))
                 self.record(ins.op, "reduce", cycles + add, most, hops)
             else:
-                remote = (group - 1) * chunk * dst.dtype.itemsize
+                remote = (group - 1) * nbytes
                 self.record(ins.op, "reduce", chip.transfer_cycles(remote) + add, remote)
             self.credit = 0
         elif isinstance(ins, Compute):
@@ -301,16 +340,47 @@ class Machine:
             self.compute(ins)
         elif isinstance(ins, Store):
             src = self.read(ins, ins.src, _cores_in(ins.src_core, self.chip.cores))
-            self.outputs[ins.tensor] = src[ins.src_core, ins.src_off].astype(np.float32).reshape(
-                ins.shape)
+            if data:
+                self.outputs[ins.tensor] = src[ins.src_core, ins.src_off].astype(
+                    np.float32).reshape(ins.shape)
         else:  # pragma: no cover
             raise self.fail(ins, "unknown instruction")
+
+    def load(self, ins: Load, host: dict[str, np.ndarray], rows: np.ndarray | slice) -> None:
+        src = np.asarray(host[ins.tensor])
+        if tuple(src.shape) != tuple(ins.shape):
+            raise self.fail(ins, f"host tensor {ins.tensor} has shape {src.shape}, the "
+                                 f"program expects {ins.shape}")
+        dst = self.mem[ins.buf]
+        if ins.index is None:
+            # replicated tiles are gathered once and copied to every core that holds them
+            uniq, inverse = np.unique(ins.origin, axis=0, return_inverse=True)
+            flat, valid = tile_elements(uniq, ins.tile, ins.shape)
+            tiles = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
+            dst[rows] = tiles[inverse.reshape(-1)]
+            loaded = int(valid.sum(axis=1)[inverse.reshape(-1)].sum())
+        else:
+            flat, valid = ins.elements()
+            dst[rows] = np.where(valid, src.reshape(-1)[flat], 0).astype(dst.dtype)
+            loaded = int(valid.sum())
+        self.timeline.host_bytes += loaded * dst.dtype.itemsize
+
+    def itemsize(self, buf: int) -> int:
+        return DTYPE_BYTES[self.prog.buffers[buf].dtype]
 
     def compute(self, ins: Compute) -> None:
         expr = self.prog.exprs[ins.expr]
         sub = dict(zip(expr.axis_names, ins.sub))
         n = len(ins.origin)
         rows = _rows(ins, n)
+        cycles = compute_cycles(expr, sub, self.chip, self.prog.dtype)
+        if not self.data:
+            for bid in ins.ins + ((ins.out,) if ins.accumulate else ()):
+                self.read(ins, bid, rows)
+            self.written[ins.out][rows] = True
+            self.record(expr.name, "compute", cycles)
+            self.credit = cycles
+            return
         placed = ins.cores is not None
         tiles = ins.tiles
         values = []
@@ -341,7 +411,6 @@ class Machine:
         if placed:
             whole[rows] = out
         self.written[ins.out][rows] = True
-        cycles = compute_cycles(expr, sub, self.chip, self.prog.dtype)
         self.record(expr.name, "compute", cycles)
         self.credit = cycles
 
@@ -360,12 +429,22 @@ def _phys(ins: Instr, n: int) -> np.ndarray:
 def _pairs(src_core: np.ndarray, here: np.ndarray, itemsize: int, cores: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, bytes) per distinct pair of cores of an element table whose row r lands on
-    core ``here[r]``; -1 entries (padding) move nothing."""
-    dst = np.broadcast_to(here[:, None], src_core.shape)
-    valid = (src_core >= 0) & (src_core != dst)
-    key = dst[valid].astype(np.int64) * cores + src_core[valid]
-    pairs, counts = np.unique(key, return_counts=True)
-    return pairs % cores, pairs // cores, counts * itemsize
+    core ``here[r]``; -1 entries (padding) move nothing. Each row is sorted and its runs
+    counted, which is cheaper than a global unique over the whole table."""
+    n, e = src_core.shape
+    if not n or not e:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    srt = np.sort(src_core, axis=1)
+    start = np.ones(srt.shape, dtype=bool)
+    start[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    r, c = np.nonzero(start)
+    first = r.astype(np.int64) * e + c
+    counts = np.append(first[1:], n * e) - first
+    src = srt[r, c].astype(np.int64)
+    dst = np.asarray(here, dtype=np.int64)[r]
+    keep = (src >= 0) & (src != dst)
+    return src[keep], dst[keep], counts[keep] * itemsize
 
 
 def _cores_in(table: np.ndarray, cores: int) -> np.ndarray:

@@ -95,9 +95,5 @@ def route(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> R
 
 
 def hops(chip: Chip, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Hop count of each transfer under dimension-order routing."""
-    rows, cols = chip.grid
-    torus = chip.topology == "torus2d"
-    sr, sc = np.divmod(np.asarray(src, dtype=np.int64), cols)
-    dr, dc = np.divmod(np.asarray(dst, dtype=np.int64), cols)
-    return _leg(sc, dc, cols, torus)[1] + _leg(sr, dr, rows, torus)[1]
+    """Hop count of each transfer under dimension-order routing (`Chip.hops`)."""
+    return chip.hops(src, dst)

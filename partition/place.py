@@ -171,18 +171,20 @@ def gather_estimate(chip: Chip, group: int, chunk_bytes: int, stride: int) -> in
     return chip.hop_latency_cycles * hops + -(-load // chip.link_bytes_per_cycle)
 
 
-def exchange_estimate(chip: Chip, remote_bytes: int) -> int:
+def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0) -> int:
     """Estimated cycles of a re-layout in which the busiest core receives ``remote_bytes``
-    from cores anywhere on the chip: on a mesh, traffic to uniform destinations loads the
-    middle link of a line of ``L`` cores with about ``L / 4`` times what each core sends, and
-    crosses half the mesh on average."""
+    from cores anywhere on the chip and the busiest sender sends ``sent_bytes``: on a mesh,
+    traffic to uniform destinations loads the middle link of a line of ``L`` cores with about
+    ``L / 4`` times what each core receives and crosses half the mesh on average; a sender
+    whose tile many cores read (a broadcast done with unicasts) loads the lines its copies
+    travel the same way. Conservative for local patterns; the emulator routes the real thing."""
     if remote_bytes <= 0:
         return 0
     if not chip.is_mesh:
         return chip.transfer_cycles(remote_bytes)
     span = max(chip.rows, chip.cols)
     hops = (chip.rows + chip.cols) // 2
-    load = remote_bytes * max(1, span // 4)
+    load = max(remote_bytes, sent_bytes) * max(1, span // 4)
     return chip.hop_latency_cycles * hops + -(-load // chip.link_bytes_per_cycle)
 
 

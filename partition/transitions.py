@@ -79,11 +79,29 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     # under the all-to-all assumption price it as that assumption says
     aware = chip.is_mesh and any(q.embed is not None for q in consumer)
     moving = (lambda b: exchange_estimate(chip, b)) if aware else chip.transfer_cycles
+    # on a mesh a producer core that feeds many consumer cores is a hot spot too: it sends its
+    # tile once per consumer core that reads each element (the operand's replication)
+    fanout = [replication(op, slot, q) for q in consumer]
     rows = []
-    for have in haves:
+    for have, p in zip(haves, producer):
         row = []
-        for want in wants:
+        for want, copies in zip(wants, fanout):
             remote = remote_elements(have, want, extent)
-            row.append(chip.sync_cycles + moving(remote * nbytes) if remote else 0)
+            if aware and remote:
+                sent = p.out_bytes_per_core * copies
+                row.append(chip.sync_cycles + exchange_estimate(chip, remote * nbytes, sent))
+            else:
+                row.append(chip.sync_cycles + moving(remote * nbytes) if remote else 0)
         rows.append(tuple(row))
     return tuple(rows)
+
+
+def replication(op, slot: int, plan: OpPlan) -> int:
+    """How many cores hold each element of input ``slot`` (one copy per ring when it
+    rotates): the product of F over the op axes the operand does not index."""
+    own = set(op.inputs[slot].axis_set)
+    copies = 1
+    for (axis, _), f in zip(op.axes, plan.F):
+        if axis not in own:
+            copies *= f
+    return max(copies // plan.chain[slot], 1)

@@ -10,11 +10,16 @@ It re-derives from each plan's geometry, independently of how the search built i
 3. every rotation delivers what the next step reads: after each shift, a core's partition is the
    one its ring source held;
 4. memory: each op's hot bytes, and the resident weights plus the running op and the live
-   activations, fit every core's SRAM.
+   activations, fit every core's SRAM;
+5. placement: the op's cores sit on distinct physical cores of the chip, and on a mesh an
+   embedded plan (`place.py`) shifts every ring by at most 2 hops.
+
+Repeated layers (ops with the same expression and plan) are checked once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -75,6 +80,14 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
                     geo.tile_origin(i, s)[src] == geo.tile_origin(i, s + 1)).all():
                 problems.append(f"operand {i}: shift after step {s} delivers the wrong partition")
                 break
+        if geo.embed is not None and geo.steps > 1:
+            far = int(chip.hops(geo.phys[geo.ring_source(i)], geo.phys).max())
+            if far > 2:
+                problems.append(f"operand {i}: its ring has a {far}-hop edge on {chip.name}")
+    phys = geo.phys
+    if phys.min(initial=0) < 0 or phys.max(initial=0) >= chip.cores or \
+            len(np.unique(phys)) != len(phys):
+        problems.append("its cores are not distinct physical cores of the chip")
     return problems
 
 
@@ -86,11 +99,15 @@ def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:
     problems = []
     if len(plan.ops) != len(graph.ops):
         raise PlanError(f"plan has {len(plan.ops)} ops, graph has {len(graph.ops)}")
+    checked: dict[tuple, list[str]] = {}
     for op, p in zip(graph.ops, plan.ops):
         if p.op != op.name:
             problems.append(f"{op.name}: plan is for {p.op}")
             continue
-        for msg in _check_op(geometry(graph, op, p), chip):
+        key = (op.signature(), dataclasses.replace(p, op=""))
+        if key not in checked:
+            checked[key] = _check_op(geometry(graph, op, p), chip)
+        for msg in checked[key]:
             problems.append(f"{op.name}: {msg}")
         if p.hot_bytes_per_core > chip.sram_bytes_per_core:
             problems.append(f"{op.name}: needs {p.hot_bytes_per_core} bytes per core, "

@@ -85,6 +85,20 @@ class Chip:
     def cols(self) -> int:
         return self.grid[1]
 
+    def hops(self, src: Any, dst: Any) -> Any:
+        """Hops between cores (arrays of row-major core numbers) under dimension-order
+        routing: 1 for every distinct pair on an all-to-all chip."""
+        import numpy as np
+
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        if not self.is_mesh:
+            return (src != dst).astype(np.int64)
+        (sr, sc), (dr, dc) = np.divmod(src, self.cols), np.divmod(dst, self.cols)
+        dy, dx = np.abs(sr - dr), np.abs(sc - dc)
+        if self.topology == "torus2d":
+            dy, dx = np.minimum(dy, self.rows - dy), np.minimum(dx, self.cols - dx)
+        return dy + dx
+
     @property
     def total_sram_bytes(self) -> int:
         return self.cores * self.sram_bytes_per_core

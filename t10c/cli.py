@@ -16,6 +16,9 @@ from t10c.chips import PRESETS, ChipError, describe, load_chip
 from t10c.models import ZOO_NAMES as ZOO
 from t10c.partition.search import SearchOptions
 
+#: every --strategy (`t10c.compare` documents them); "all-to-all" matters on meshes only
+ALL_STRATEGIES = ("t10", "no-rotation", "vgm", "all-to-all")
+
 EXIT_FAIL = 1
 EXIT_USAGE = 2
 
@@ -45,8 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "run.json here")
     c.add_argument("--run", action="store_true", help="emulate on seeded random inputs and "
                                                       "check against onnxruntime")
+    c.add_argument("--timing-only", action="store_true",
+                   help="emulate the timing without data (no onnxruntime check): for chips too "
+                        "large to emulate functionally, such as wse2; the program is streamed "
+                        "into the emulator, not kept")
     c.add_argument("--trace", type=Path, metavar="FILE",
-                   help="with --run, write the timeline as a Chrome trace (Perfetto opens it)")
+                   help="with --run or --timing-only, write the timeline as a Chrome trace "
+                        "(Perfetto opens it)")
     _model_args(c)
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")
     c.add_argument("--core", type=int, default=0, help="core for --emit asm (default: 0)")
@@ -55,10 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CP-SAT time limit in seconds (default: 30)")
     c.add_argument("--workers", type=int, default=1,
                    help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
-    c.add_argument("--strategy", choices=("t10", "no-rotation", "vgm"), default="t10",
+    c.add_argument("--strategy", choices=ALL_STRATEGIES, default="t10",
                    help="t10: compute-shift plans (default); no-rotation: the baseline that "
                         "replicates every shared sub-tensor (all f_t = 1); vgm: virtual global "
-                        "memory, weights spread over all cores and fetched by every op")
+                        "memory, weights spread over all cores and fetched by every op; "
+                        "all-to-all: t10 planned as if every ring were one hop, cores numbered "
+                        "row-major (T10 as published; differs from t10 on meshes only)")
     c.add_argument("--planner", choices=("cp-sat", "greedy"), default="cp-sat",
                    help="whole-graph choice: CP-SAT (warm-started by the greedy) or T10's "
                         "greedy memory reconciliation alone (default: cp-sat)")
@@ -141,8 +151,9 @@ def _search_options(args: argparse.Namespace) -> SearchOptions:
     # the no-rotation baseline replicates every shared sub-tensor: all f_t = 1
     strategy = getattr(args, "strategy", "t10")
     return SearchOptions(min_util=args.min_util, max_pad=args.max_pad, max_steps=args.max_steps,
-                         chains=args.chains, max_rot_axes=2 if strategy == "t10" else 0,
-                         weights_home=strategy == "vgm")
+                         chains=args.chains,
+                         max_rot_axes=2 if strategy in ("t10", "all-to-all") else 0,
+                         weights_home=strategy == "vgm", mesh_aware=strategy != "all-to-all")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,11 +231,11 @@ def _base_options(args: argparse.Namespace):
 
 def _entries(models: list[str], chips: list[str], strategies: list[str],
              args: argparse.Namespace, slim: bool = False):
-    from t10c.compare import STRATEGIES, run_entry
+    from t10c.compare import KNOWN, run_entry
 
-    bad = [s for s in strategies if s not in STRATEGIES]
+    bad = [s for s in strategies if s not in KNOWN]
     if bad:
-        raise ChipError(f"unknown strategy {', '.join(bad)}: use {', '.join(STRATEGIES)}")
+        raise ChipError(f"unknown strategy {', '.join(bad)}: use {', '.join(KNOWN)}")
     loaded = [load_chip(c) for c in chips]
     entries = []
     for model in models:
@@ -381,13 +392,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.planfile import compile_document, plan_document, run_document, write_json
 
     chip = load_chip(args.chip)
+    if args.timing_only and (args.run or args.emit):
+        print("t10c: error: --timing-only runs without data and keeps no program: it cannot "
+              "be combined with --run or --emit", file=sys.stderr)
+        return EXIT_USAGE
     options = CompileOptions(
         dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, pinned=dict(args.shape),
         search=_search_options(args),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
                              planner=args.planner, relative_gap=args.gap),
         weights=args.run,  # zoo weights are drawn only when the program will run
-        front_limit=args.front)
+        front_limit=args.front, timing_only=args.timing_only)
     update, bar = _progress()
     try:
         compiled = compile_model(args.model, chip, options, update)
@@ -417,8 +432,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     plan = compiled.plan
     print(f"model {compiled.name}: {len(compiled.graph.ops)} ops, "
           f"{compiled.graph.flops() / 1e9:.2f} GFLOP; chip {chip.name}; dtype {plan.dtype}")
+    stage = "codegen with timing-only emulation" if args.timing_only else "codegen"
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
-          f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, codegen {t['codegen_s']:.2f} s)")
+          f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
     s = plan.solver
     if s["name"] == "greedy":
         print(f"planner greedy: objective {s['objective_cycles']} cycles")
@@ -432,10 +448,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
           f"{chip.cycles_to_s(plan.total_cycles) * 1e6:.1f} us; peak SRAM "
           f"{prog.peak_sram_bytes_per_core} of {chip.sram_bytes_per_core} bytes per core "
           f"({prog.sram_layout}, {100 * frag:.1f}% fragmentation)")
+    if compiled.timeline is not None:
+        tl = compiled.timeline
+        print(f"emulated latency (timing only) {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; "
+              f"peak SRAM {tl.peak_sram_bytes_per_core} bytes per core")
+        if chip.is_mesh:
+            print(_mesh_summary(tl))
+        if args.trace:
+            from t10c.emulator.trace import write_trace
+            write_trace(tl, args.trace, f"{compiled.name} on {chip.name} (timing only)")
+            print(f"wrote trace {args.trace}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_json(args.out / "plan.json", plan_document(compiled))
-        compiled.program.save(args.out)
+        if compiled.timeline is None:
+            compiled.program.save(args.out)
         model_file = None
         if not models.is_zoo_name(args.model):  # keep the model next to its program
             import shutil
@@ -454,6 +481,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         tl = result.timeline
         print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
               f"{tl.peak_sram_bytes_per_core} bytes per core")
+        if chip.is_mesh:
+            print(_mesh_summary(tl))
         print(f"max relative error vs onnxruntime {result.max_rel_err:.2e} "
               f"(tolerance {result.tolerance:.0e}): {'OK' if result.ok else 'MISMATCH'}")
         print(f"emulation wall time {result.emulate_wall_s:.2f} s; onnxruntime "
@@ -469,9 +498,24 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   "tolerance", file=sys.stderr)
             status = EXIT_FAIL
     if args.out:
-        print(f"wrote {args.out}/plan.json, compile.json, program.json, program.npz"
-              + (", run.json" if args.run else ""))
+        files = "plan.json, compile.json" if args.timing_only else \
+            "plan.json, compile.json, program.json, program.npz"
+        print(f"wrote {args.out}/{files}" + (", run.json" if args.run else ""))
     return status
+
+
+def _mesh_summary(tl) -> str:
+    """Where the time went on a mesh: the longest route and the busiest link."""
+    moved = [r for r in tl.records if r.phase in ("shift", "relayout", "fetch", "reduce")]
+    by_phase: dict[str, int] = {}
+    for r in tl.records:
+        by_phase[r.phase] = by_phase.get(r.phase, 0) + r.cycles
+    shares = ", ".join(f"{k} {100 * v / max(tl.cycles, 1):.0f}%" for k, v in by_phase.items())
+    worst = max((r.hops for r in moved if r.phase == "shift"), default=0)
+    busiest = max((r.bytes_per_core for r in moved), default=0)
+    total = int(tl.link_bytes.sum()) if tl.link_bytes is not None else 0
+    return (f"mesh: longest shift route {worst} hops; busiest link {busiest} bytes in one phase; "
+            f"{total} bytes crossed links in all; time by phase: {shares}")
 
 
 def _ft(op, p) -> str:

@@ -6,7 +6,11 @@ against onnxruntime like t10c's own plans):
 - ``t10``: compute-shift plans (rotation), chosen for the whole graph by CP-SAT;
 - ``no-rotation``: every shared sub-tensor replicated, all ``f_t = 1``;
 - ``vgm``: virtual global memory: weights spread evenly over all cores and fetched by every op
-  before it computes, as shared-memory compilers do on these chips.
+  before it computes, as shared-memory compilers do on these chips;
+- ``all-to-all`` (meshes): t10's search and solver under the all-to-all assumption, as T10 was
+  published for the IPU: every ring shift priced as one hop without contention, cores numbered
+  row-major. The emulator routes its transfers on the real mesh, so comparing it with ``t10``
+  shows what the mesh-aware embedding and costs are worth (`t10c mesh-compare`).
 
 The roofline of a run is the model's FLOPs at the chip's peak matrix rate in the storage dtype.
 """
@@ -24,18 +28,18 @@ from t10c.driver import Compiled, CompileOptions, RunResult, compile_model, run_
 from t10c.partition import SearchOptions
 
 STRATEGIES = ("t10", "no-rotation", "vgm")
+KNOWN = (*STRATEGIES, "all-to-all")
 
 
 def strategy_options(strategy: str, base: CompileOptions = CompileOptions()) -> CompileOptions:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}: use {', '.join(STRATEGIES)}")
+    if strategy not in KNOWN:
+        raise ValueError(f"unknown strategy {strategy!r}: use {', '.join(KNOWN)}")
     s = base.search
+    rotating = strategy in ("t10", "all-to-all")
     search = SearchOptions(min_util=s.min_util, max_pad=s.max_pad, max_steps=s.max_steps,
-                           chains=s.chains, max_rot_axes=s.max_rot_axes if strategy == "t10"
-                           else 0, weights_home=strategy == "vgm")
-    return CompileOptions(dtype=base.dtype, seq_len=base.seq_len, batch=base.batch,
-                          pinned=base.pinned, search=search, solver=base.solver,
-                          front_limit=base.front_limit)
+                           chains=s.chains, max_rot_axes=s.max_rot_axes if rotating else 0,
+                           weights_home=strategy == "vgm", mesh_aware=strategy != "all-to-all")
+    return dataclasses.replace(base, search=search)
 
 
 @dataclass(frozen=True)

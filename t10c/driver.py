@@ -15,8 +15,8 @@ import onnx
 
 from t10c import frontend
 from t10c.chips import Chip
-from t10c.codegen import Program, generate
-from t10c.emulator import Timeline, emulate
+from t10c.codegen import Buffer, Program, generate, stream
+from t10c.emulator import Machine, Timeline, emulate
 from t10c.ir import Graph
 from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
 
@@ -36,6 +36,9 @@ class CompileOptions:
     #: draw zoo models' weights; planning and codegen need only their shapes, so a compile
     #: that will not run skips them (and so can take models past ONNX's 2 GB limit)
     weights: bool = True
+    #: timing only: no data, for chips too large to emulate functionally; the program is
+    #: streamed op by op into a data-less emulator instead of being kept
+    timing_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class Compiled:
     program: Program
     timings: dict[str, float]
     options: CompileOptions = CompileOptions()
+    #: the timing-only emulation's timeline (its program is not kept: ``program`` holds only
+    #: the buffers)
+    timeline: Timeline | None = None
 
 
 @dataclass(frozen=True)
@@ -81,13 +87,42 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                       options.front_limit, progress)
     t_plan = time.perf_counter()
     verify_plan(graph, plan, chip)
-    program = generate(graph, plan, chip)
+    timeline = None
+    if options.timing_only:
+        program, timeline = time_only(graph, plan, chip)
+    else:
+        program = generate(graph, plan, chip)
     t_code = time.perf_counter()
     timings = {"frontend_s": t_front - start, "search_s": plan.search_wall_s,
                "solve_s": float(plan.solver["wall_s"]),  # type: ignore[arg-type]
                "plan_s": t_plan - t_front, "codegen_s": t_code - t_plan,
                "total_s": t_code - start}
-    return Compiled(_short(name), model, graph, chip, plan, program, timings, options)
+    return Compiled(_short(name), model, graph, chip, plan, program, timings, options, timeline)
+
+
+def time_only(graph: Graph, plan: Plan, chip: Chip) -> tuple[Program, Timeline]:
+    """Generate the program op by op straight into a data-less emulator: the same instructions
+    and routes as a functional run, without values and without keeping the program."""
+    buffers: list[Buffer] = []
+    header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
+                     graph.ops, (), {}, graph.outputs, 0)
+    machine = Machine(header, chip, data=False)
+    program = stream(graph, plan, chip, buffers, _TimingSink(machine))
+    machine.flush()
+    return program, machine.timeline
+
+
+class _TimingSink:
+    """Feeds streamed instructions to a data-less machine; repeated layers replay the records
+    of their first occurrence (`codegen.lower` finds them by op key)."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.mark, self.since, self.replay = machine.mark, machine.since, machine.replay
+        self.written = machine.mark_written
+
+    def __call__(self, ins: object) -> None:
+        self.machine.step(ins, {})  # type: ignore[arg-type]
 
 
 def _short(name: str) -> str:
