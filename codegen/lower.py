@@ -230,7 +230,8 @@ class _Builder:
     def op_key(self, n: int, op: TensorExpr) -> tuple:
         """What op n's instructions depend on, buffer numbers aside: its expression and plan,
         and for each input where it comes from (a weight, a graph input, or the output of an
-        op with the same key, read through the same view). Repeated layers share keys."""
+        op with the same expression and plan, read through the same view: where a result
+        lies depends only on its producer's plan). Repeated layers share keys."""
         plan = dataclasses.replace(self.plan.ops[n], op="")
         sources: list[tuple] = []
         for operand in op.inputs:
@@ -266,7 +267,7 @@ class _Builder:
         if not hasattr(self.sink, "replay"):
             return self.generate_op(n, op)
         key = self.op_key(n, op)
-        self.keys[op.output.tensor] = key
+        self.keys[op.output.tensor] = key[:2]
         if key in self.cache:
             return self.replay(n, op, self.cache[key])
         self.drain()

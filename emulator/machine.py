@@ -21,7 +21,6 @@ not exist or over a link the chip lacks.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,12 +142,7 @@ class Machine:
 
         Steps of a rotation and repeated layers route the same transfers again and again:
         routes are remembered by a digest of the transfers."""
-        digest = hashlib.blake2b(digest_size=16)
-        for a in (src, dst, nbytes):
-            a = np.ascontiguousarray(a, dtype=np.int64)
-            digest.update(str(a.shape).encode())
-            digest.update(a.data)
-        key = digest.digest()
+        key = _digest(src, dst, nbytes)
         routed = self.routes.get(key)
         if routed is None:
             routed = route(self.chip, src, dst, nbytes)
@@ -424,6 +418,29 @@ def _rows(ins: Instr, n: int) -> np.ndarray | slice:
 def _phys(ins: Instr, n: int) -> np.ndarray:
     cores = getattr(ins, "cores", None)
     return np.arange(n, dtype=np.int64) if cores is None else cores.astype(np.int64)
+
+
+_MIX = np.random.default_rng(0x7104).integers(1, 2 ** 63, size=(2, 1 << 18), dtype=np.uint64)
+
+
+def _digest(*arrays: np.ndarray) -> tuple:
+    """A 128-bit fingerprint of integer arrays: two random-weighted sums modulo 2^64 per
+    array (cheaper than hashing the bytes of the large tables of wafer-sized chips)."""
+    key: list[int] = []
+    for a in arrays:
+        flat = np.ascontiguousarray(a, dtype=np.int64).ravel().view(np.uint64)
+        n = len(flat)
+        reps = -(-n // _MIX.shape[1])
+        with np.errstate(over="ignore"):
+            for w in _MIX:
+                if reps > 1:  # each repetition of the weights gets its own multiplier
+                    block = np.repeat(np.arange(1, reps + 1, dtype=np.uint64), len(w))[:n]
+                    weights = np.tile(w, reps)[:n] * (block * np.uint64(0x9E3779B97F4A7C15))
+                else:
+                    weights = w[:n]
+                key.append(int((flat * weights).sum(dtype=np.uint64)))
+        key.append(n)
+    return tuple(key)
 
 
 def _pairs(src_core: np.ndarray, here: np.ndarray, itemsize: int, cores: int

@@ -115,6 +115,8 @@ class Geometry:
         self.u = tuple(b // t for b, t in zip(self.b, T))
         self.steps = math.prod(T)
         self.embed = embed
+        self._recent: dict[str, dict[int, np.ndarray]] = {}
+        self._rings: dict[int, np.ndarray] = {}
 
     @cached_property
     def phys(self) -> np.ndarray:
@@ -149,11 +151,24 @@ class Geometry:
 
     def sub_index(self, step: int) -> np.ndarray:
         """(ncores, naxes): the sub-block t_a each core computes at ``step``."""
-        return (np.asarray(self.digits(step)) + self.skew) % np.asarray(self.T)
+        return self._per_step("sub", step, lambda: (np.asarray(self.digits(step)) + self.skew)
+                              % np.asarray(self.T))
 
     def origin(self, step: int) -> np.ndarray:
         """(ncores, naxes): global origin of each core's sub-task at ``step``."""
-        return self.coords * np.asarray(self.b) + self.sub_index(step) * np.asarray(self.u)
+        return self._per_step("origin", step, lambda: self.coords * np.asarray(self.b)
+                              + self.sub_index(step) * np.asarray(self.u))
+
+    def _per_step(self, what: str, step: int, make) -> np.ndarray:
+        """Codegen asks for the same step's arrays several times in a row: keep the last two
+        steps of each kind (read-only; they are large on wafer-sized chips)."""
+        cache = self._recent.setdefault(what, {})
+        if step not in cache:
+            if len(cache) >= 2:
+                del cache[min(cache)]
+            cache[step] = make()
+            cache[step].flags.writeable = False
+        return cache[step]
 
     def dim_axes(self, index: int) -> list[int | Window | None]:
         """Per dimension of operand ``index``: its op-axis position, its window, or None for
@@ -241,6 +256,12 @@ class Geometry:
         return {j for j in range(len(self.axes)) if before[j] != after[j]}
 
     def ring_source(self, index: int) -> np.ndarray:
+        if index not in self._rings:
+            self._rings[index] = self._ring_source(index)
+            self._rings[index].flags.writeable = False
+        return self._rings[index]
+
+    def _ring_source(self, index: int) -> np.ndarray:
         """(ncores,): the core each core receives operand ``index`` from when it rotates.
 
         The ring runs along the operand's driver axis: the neighbour one higher (within aligned

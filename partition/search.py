@@ -67,15 +67,20 @@ def _axis_candidates(extent: int, cores: int) -> list[int]:
 
 
 def _factor_grids(extents: tuple[int, ...], splittable: list[bool], cores: int,
-                  opts: SearchOptions) -> np.ndarray:
+                  opts: SearchOptions, parallel: list[bool] | None = None) -> np.ndarray:
     """All admissible F vectors, as an (n, naxes) array."""
     per_axis = [np.array(_axis_candidates(e, cores) if s else [1], dtype=np.int64)
                 for e, s in zip(extents, splittable)]
     grid = np.stack([g.ravel() for g in np.meshgrid(*per_axis, indexing="ij")], axis=1)
     grid = np.unique(np.concatenate([grid, _fill(grid, np.asarray(extents), splittable, cores)]),
                      axis=0)
+    parallel = parallel if parallel is not None else [True] * len(extents)
     used = grid.prod(axis=1)
-    best = min(cores, math.prod(e for e, s in zip(extents, splittable) if s))
+    # "busy" is measured against the output's parallelism: splitting a reduction axis only to
+    # occupy more cores buys partial sums to combine, which the cost model weighs, and must
+    # not be forced (a LayerNorm row on a wafer would otherwise be cut into hundreds of parts)
+    best = min(cores, math.prod(e for e, s, p in zip(extents, splittable, parallel)
+                                if s and p))
     padded = np.prod(-(-np.asarray(extents) // grid) * grid, axis=1)
     keep = (used <= cores) & (used >= opts.min_util * best) & (
         padded <= (1 + opts.max_pad) * math.prod(extents))
@@ -196,7 +201,8 @@ def _search(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int,
             int_tensors: frozenset[str], const_tensors: frozenset[str], opts: SearchOptions):
     """Yield (template, rotations, F rows, costs) for every template with legal rows."""
     extents = tuple(e for _, e in op.axes)
-    grid = _factor_grids(extents, [True] * len(extents), chip.cores, opts)
+    grid = _factor_grids(extents, [True] * len(extents), chip.cores, opts,
+                         [a in op.output.axes for a in op.axis_names])
     mesh = chip.is_mesh and opts.mesh_aware
     for tpl, combo in _templates(op, grid, opts):
         rows = grid[_feasible(op, combo, grid)]

@@ -61,8 +61,11 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
             cover[s:s + geo.u[j]] += 1
         if not (cover[:e] == 1).all():
             problems.append(f"axis {geo.axes[j]} is not covered exactly once")
-    seen = np.stack([np.ravel_multi_index(tuple(geo.sub_index(s).T), geo.T)
-                     for s in range(geo.steps)], axis=1)
+    # a core's visits depend on it only through its skew: check each distinct skew once
+    skews = np.unique(geo.skew, axis=0)
+    T = np.asarray(geo.T)
+    seen = np.stack([np.ravel_multi_index(tuple(((np.asarray(geo.digits(s)) + skews) % T).T),
+                                          geo.T) for s in range(geo.steps)], axis=1)
     if not (np.sort(seen, axis=1) == np.arange(geo.steps)).all():
         problems.append("some core does not visit every sub-block exactly once")
     for i in range(len(geo.op.operands)):
@@ -74,10 +77,25 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
             continue
         if i == len(geo.op.inputs) and geo.chain[i] != geo.T[j]:
             problems.append("the output must rotate at its axis' pace (partial sums move)")
+        # the ring source holds the same block of the operand (it differs from the core only
+        # along an axis the operand lacks) ...
+        ring = geo.ring_source(i)
+        if not (geo.tile_origin(i, 0)[ring] - geo.tile_origin(i, 0) ==
+                _part_offset(geo, i, 0)[ring] - _part_offset(geo, i, 0)).all():
+            problems.append(f"operand {i}: its ring leaves the block it shares")
+        # ... and after every step it holds the partition the core reads next. Partitions
+        # depend on a core only through its skew, so each distinct (core skew, source skew)
+        # pair is checked once per step
+        per = geo.T[j] // geo.chain[i]
+        pairs = np.unique(np.stack([geo.skew[:, j], geo.skew[ring, j]], axis=1), axis=0)
         for s in range(geo.steps - 1):
-            src = geo.shift_source(i, s)
-            if j in geo.changes(s) and not (
-                    geo.tile_origin(i, s)[src] == geo.tile_origin(i, s + 1)).all():
+            if j not in geo.changes(s):
+                continue
+            now, nxt = geo.digits(s)[j], geo.digits(s + 1)[j]
+            own, wanted = (now + pairs[:, 0]) % geo.T[j] // per, \
+                (nxt + pairs[:, 0]) % geo.T[j] // per
+            held = (now + pairs[:, 1]) % geo.T[j] // per
+            if not np.where(own != wanted, held == wanted, True).all():
                 problems.append(f"operand {i}: shift after step {s} delivers the wrong partition")
                 break
         if geo.embed is not None and geo.steps > 1:
@@ -89,6 +107,17 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
             len(np.unique(phys)) != len(phys):
         problems.append("its cores are not distinct physical cores of the chip")
     return problems
+
+
+def _part_offset(geo: Geometry, index: int, step: int) -> np.ndarray:
+    """(ncores, ndim): the part of operand ``index``'s tile origin that its partition adds."""
+    zero = np.zeros_like(geo.tile_origin(index, step))
+    j = geo.rotation_axis(index)
+    assert j is not None
+    per = geo.T[j] // geo.chain[index]
+    dims = [d for d, a in enumerate(geo.dim_axes(index)) if a == j]
+    zero[:, dims] = (geo.partition(index, step) * per * geo.u[j])[:, None]
+    return zero
 
 
 def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:

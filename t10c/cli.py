@@ -110,6 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
     _model_args(b)
 
+    mc = sub.add_parser("mesh-compare",
+                        help="mesh-aware plans against the all-to-all assumption on a mesh",
+                        description="Compile a prefill GEMM, a decode GEMV and a model twice "
+                                    "for one mesh chip, mesh-aware (t10) and under the "
+                                    "all-to-all assumption (T10 as published), emulate both "
+                                    "on the mesh and print the ratio.")
+    mc.add_argument("--chip", default="wse2", help="a mesh or torus chip (default: wse2)")
+    mc.add_argument("--gemm", default="2048x4096x4096", metavar="MxKxN",
+                    help="the prefill GEMM (default: 2048x4096x4096)")
+    mc.add_argument("--gemv", default="4096x4096", metavar="KxN",
+                    help="the decode GEMV, one row (default: 4096x4096)")
+    mc.add_argument("--model", default="bert-base", help="the whole model (default: bert-base)")
+    mode = mc.add_mutually_exclusive_group()
+    mode.add_argument("--timing-only", dest="timing_only", action="store_true", default=None,
+                      help="time without data (the default above 16,384 cores)")
+    mode.add_argument("--functional", dest="timing_only", action="store_false",
+                      help="run on data and check against onnxruntime")
+    _model_args(mc)
+
     r = sub.add_parser("run", help="emulate a compiled directory (compile -o DIR) again",
                        description="Load DIR's program, emulate it on seeded random inputs, "
                                    "check it against onnxruntime and write DIR/run.json.")
@@ -172,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "mesh-compare":
+            return cmd_mesh_compare(args)
         return cmd_compile(args)
     except ChipError as exc:
         print(f"t10c: error: {exc}", file=sys.stderr)
@@ -317,6 +338,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_FAIL if bad else 0
 
 
+def cmd_mesh_compare(args: argparse.Namespace) -> int:
+    from t10c.meshcompare import mesh_compare, table
+
+    chip = load_chip(args.chip)
+    workloads = [("prefill GEMM", f"matmul-{args.gemm}"),
+                 ("decode GEMV", f"matmul-1x{args.gemv}"), ("model", args.model)]
+    try:
+        rows = mesh_compare(workloads, chip, _base_options(args), args.timing_only,
+                            log=lambda m: print(m, file=sys.stderr))
+    except ValueError as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    print(f"{chip.name}: {chip.rows} x {chip.cols} {chip.topology}; ratio = all-to-all-"
+          "assumption latency / mesh-aware latency, both emulated on the mesh")
+    print(table(rows, chip))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import math
 
@@ -444,10 +483,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
               f"{s['greedy_objective_cycles']} cycles, {s['wall_s']} s")
     prog = compiled.program
     frag = max(prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1, 0.0)
+    layout = prog.sram_layout if not prog.live_sram_bytes_per_core else \
+        f"{prog.sram_layout}, {100 * frag:.1f}% fragmentation"
     print(f"predicted latency {plan.total_cycles} cycles = "
           f"{chip.cycles_to_s(plan.total_cycles) * 1e6:.1f} us; peak SRAM "
           f"{prog.peak_sram_bytes_per_core} of {chip.sram_bytes_per_core} bytes per core "
-          f"({prog.sram_layout}, {100 * frag:.1f}% fragmentation)")
+          f"({layout})")
     if compiled.timeline is not None:
         tl = compiled.timeline
         print(f"emulated latency (timing only) {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; "

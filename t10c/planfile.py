@@ -13,6 +13,7 @@ from typing import Any
 
 from t10c.driver import Compiled, RunResult
 from t10c.ir import INDIRECT
+from t10c.partition import place
 
 PLAN_FORMAT = "t10c-plan/1"
 RUN_FORMAT = "t10c-run/1"
@@ -40,6 +41,10 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             "weights": "warmed-up" if p.home else "resident",
             "cold_bytes_per_core": p.cold_bytes_per_core,
             "cores": _prod(p.F), "front_size": front,
+            # on a mesh: [rows, cols, column driver, its ring, row driver, its ring]; null
+            # where logical core c is physical core c
+            "embedding": p.embed.as_list() if p.embed is not None else None,
+            "placement": place.describe(p.embed, _prod(p.F)),
         })
     return {
         "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,

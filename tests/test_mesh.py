@@ -147,3 +147,50 @@ def test_models_on_a_64x64_mesh_match_onnxruntime(model: str) -> None:
     r = run_compiled(c)
     assert r.ok, r.max_rel_err
     assert r.timeline.link_bytes is not None and r.timeline.link_bytes.shape == (4, 64, 64)
+
+
+MESH8 = chip_from_dict({"base": "wse2", "name": "mesh8", "grid": [8, 8], "cores": 64,
+                        "sram_bytes_per_core": 1024 * 1024})
+
+
+@pytest.mark.parametrize("model", ["bert-tiny", "llama-tiny-decode"])
+def test_timing_only_equals_the_functional_timeline(model: str) -> None:
+    """The streamed, data-less run (repeated layers replayed) times exactly what the
+    functional run times: every record, every link."""
+    from t10c.driver import CompileOptions
+
+    full = run_compiled(compile_model(model, MESH8)).timeline
+    fast = compile_model(model, MESH8, CompileOptions(timing_only=True, weights=False)).timeline
+    assert fast is not None
+    assert [(r.op, r.phase, r.cycles, r.hops) for r in fast.records] == \
+        [(r.op, r.phase, r.cycles, r.hops) for r in full.records]
+    assert (fast.link_bytes == full.link_bytes).all()
+
+
+def test_all_to_all_strategy_is_t10_on_an_all_to_all_chip() -> None:
+    from t10c.compare import strategy_options
+
+    a = compile_model("mlp", PRESETS["test16"], strategy_options("t10")).plan
+    b = compile_model("mlp", PRESETS["test16"], strategy_options("all-to-all")).plan
+    assert a.ops == b.ops
+
+
+def test_cli_timing_only_and_mesh_compare(tmp_path, capsys) -> None:
+    from t10c.cli import main
+
+    toml = tmp_path / "mesh8.toml"
+    toml.write_text('name = "mesh8"\nbase = "wse2"\ngrid = [8, 8]\ncores = 64\n'
+                    'sram_bytes_per_core = 262144\n')
+    assert main(["compile", "bert-tiny", "--chip", str(toml), "--timing-only", "--no-table",
+                 "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "emulated latency (timing only)" in out and "longest shift route" in out
+    assert (tmp_path / "out" / "plan.json").exists()
+    assert not (tmp_path / "out" / "program.npz").exists()
+    assert main(["compile", "bert-tiny", "--chip", str(toml), "--timing-only", "--run"]) == 2
+    assert main(["mesh-compare", "--chip", str(toml), "--gemm", "64x128x128",
+                 "--gemv", "128x128", "--model", "mlp"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 3 and all("x |" in r for r in rows)
+    assert main(["mesh-compare", "--chip", "ipu-mk2"]) == 1
