@@ -108,24 +108,31 @@ def sram_per_core(compiled: Compiled) -> np.ndarray:
     from t10c.codegen.program import Alloc, Compute, Exchange, Free, Load, Reduce, Shift
 
     prog = compiled.program
-    used = np.zeros(len(prog.buffers), dtype=np.int64)
+    cores = prog.cores
+    used: dict[int, np.ndarray] = {}  # per buffer, the cores its instructions touch
+
+    def touch(buf: int, ins, n: int) -> None:
+        mask = used.setdefault(buf, np.zeros(cores, dtype=bool))
+        placed = getattr(ins, "cores", None)
+        mask[placed if placed is not None else slice(0, n)] = True
+
     for ins in prog.instrs:
         n = (ins.ncores if isinstance(ins, Load) else len(ins.origin) if isinstance(ins, Compute)
              else len(ins.src_core) if isinstance(ins, (Exchange, Shift))
              else len(ins.group) if isinstance(ins, Reduce) else 0)
         for name in ("buf", "dst", "out"):
             if hasattr(ins, name):
-                used[getattr(ins, name)] = max(used[getattr(ins, name)], n)
+                touch(getattr(ins, name), ins, n)
         if isinstance(ins, Compute):
             for b in ins.ins:
-                used[b] = max(used[b], n)
-    cores = prog.cores
+                touch(b, ins, n)
     now = np.zeros(cores, dtype=np.int64)
     peak = np.zeros(cores, dtype=np.int64)
+    none = np.zeros(cores, dtype=bool)
     for ins in prog.instrs:
         if isinstance(ins, Alloc):
-            now[:used[ins.buf]] += prog.buffers[ins.buf].nbytes
+            now[used.get(ins.buf, none)] += prog.buffers[ins.buf].nbytes
             np.maximum(peak, now, out=peak)
         elif isinstance(ins, Free):
-            now[:used[ins.buf]] -= prog.buffers[ins.buf].nbytes
+            now[used.get(ins.buf, none)] -= prog.buffers[ins.buf].nbytes
     return peak

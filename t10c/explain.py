@@ -76,6 +76,11 @@ def format_explanation(e: Explanation, chip: Chip, dtype: str) -> str:
     lines.append(f"fastest plan that fits: #0, {best.cycles.total} cycles = "
                  f"{chip.cycles_to_s(best.cycles.total) * 1e6:.2f} us, "
                  f"{best.hot_bytes_per_core} bytes per core on {best_cores(best)} cores")
+    if chip.is_mesh:
+        from t10c.partition.place import describe
+
+        lines.append(f"placement on the {chip.rows} x {chip.cols} {chip.topology}: "
+                     f"{describe(best.embed, best_cores(best))}")
     return "\n".join(lines)
 
 

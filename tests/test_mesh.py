@@ -159,7 +159,9 @@ def test_timing_only_equals_the_functional_timeline(model: str) -> None:
     functional run times: every record, every link."""
     from t10c.driver import CompileOptions
 
-    full = run_compiled(compile_model(model, MESH8)).timeline
+    run = run_compiled(compile_model(model, MESH8))
+    assert run.ok, run.max_rel_err
+    full = run.timeline
     fast = compile_model(model, MESH8, CompileOptions(timing_only=True, weights=False)).timeline
     assert fast is not None
     assert [(r.op, r.phase, r.cycles, r.hops) for r in fast.records] == \
