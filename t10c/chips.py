@@ -196,30 +196,6 @@ PRESETS: dict[str, Chip] = {
             "vector_ops_per_cycle": _ASSUMED, "compute_overhead_cycles": _ASSUMED,
         },
     ),
-    "wse3": Chip(
-        name="wse3",
-        description="Cerebras WSE-3: 762 x 1172 PE fabric (2D mesh), 48 KiB SRAM per PE",
-        cores=762 * 1172, topology="mesh2d", grid=(762, 1172),
-        sram_bytes_per_core=48 * 1024, clock_hz=1.1e9,
-        matmul_macs_per_cycle={"fp16": 8, "fp32": 2}, matmul_unit=(1, 8),
-        vector_ops_per_cycle={"fp16": 8, "fp32": 2}, compute_overhead_cycles=8,
-        link_bytes_per_cycle=4, hop_latency_cycles=1, sync_cycles=8, overlap=True,
-        routes_per_core=24,
-        sources={
-            "routes_per_core": "as WSE-2 (" + _WSE_SRC + ")",
-            "cores": _WSE3_SRC + " (900,000 PEs; fabric 762 x 1172)", "grid": _WSE3_SRC,
-            "sram_bytes_per_core": _WSE3_SRC + " (48 KiB per PE, 44 GB total)",
-            "clock_hz": "about 1.1 GHz, as WSE-2 (" + _WSE3_SRC + ")",
-            "matmul_macs_per_cycle": "about twice WSE-2's throughput per PE (WSE-3 is quoted at "
-                                     "125 PFLOP/s sparse fp16); " + _ASSUMED,
-            "link_bytes_per_cycle": "as WSE-2 (" + _WSE_SRC + ")",
-            "hop_latency_cycles": "as WSE-2 (" + _WSE_SRC + ")",
-            "sync_cycles": "as WSE-2; " + _ASSUMED,
-            "overlap": "as WSE-2 (" + _WSE_SRC + ")",
-            "matmul_unit": _ASSUMED, "vector_ops_per_cycle": _ASSUMED,
-            "compute_overhead_cycles": _ASSUMED,
-        },
-    ),
     "wormhole-n150": Chip(
         name="wormhole-n150",
         description="Tenstorrent Wormhole n150: 72 Tensix cores on a 2D torus NoC, 1.5 MB each",
@@ -248,30 +224,42 @@ PRESETS: dict[str, Chip] = {
                         "GDDR6 are not modelled yet",
         },
     ),
-    "blackhole-p150": Chip(
-        name="blackhole-p150",
-        description="Tenstorrent Blackhole p150: 140 Tensix cores on a 2D torus NoC, 1.5 MB each",
-        cores=140, topology="torus2d", grid=(10, 14),
-        sram_bytes_per_core=1464 * 1024, clock_hz=1.35e9,
-        matmul_macs_per_cycle={"fp16": 512, "fp32": 128}, matmul_unit=(32, 32),
-        vector_ops_per_cycle={"fp16": 64, "fp32": 32}, compute_overhead_cycles=64,
-        link_bytes_per_cycle=64, hop_latency_cycles=9, sync_cycles=200, overlap=True,
-        sources={
-            "cores": _TT_SRC + " (140 Tensix tiles in 14 columns by 10 rows of the NoC grid)",
-            "grid": _TT_SRC + " (Tensix columns 1-7 and 9-15, rows 1-10)",
-            "sram_bytes_per_core": _TT_SRC + " (1.5 MB, 1464 KiB, of L1 SRAM per Tensix core)",
-            "clock_hz": _TT_SRC + " (1.35 GHz)",
-            "link_bytes_per_cycle": "64 B flits per cycle per NoC link (" + _TT_SRC + ")",
-            "matmul_macs_per_cycle": "per-core rate as Wormhole's; " + _ASSUMED,
-            "matmul_unit": "32 x 32 tiles, as Wormhole (" + _TT_SRC + ")",
-            "hop_latency_cycles": "as Wormhole; " + _ASSUMED,
-            "overlap": "as Wormhole (" + _TT_SRC + ")",
-            "vector_ops_per_cycle": _ASSUMED, "compute_overhead_cycles": _ASSUMED,
-            "sync_cycles": _ASSUMED,
-            "topology": "2D torus (" + _TT_SRC + "); the GDDR6 is not modelled yet",
-        },
-    ),
 }
+
+# WSE-3 keeps WSE-2's PE, router and links; the fabric is larger and the PE about twice as fast
+PRESETS["wse3"] = dataclasses.replace(
+    PRESETS["wse2"], name="wse3",
+    description="Cerebras WSE-3: 762 x 1172 PE fabric (2D mesh), 48 KiB SRAM per PE",
+    cores=762 * 1172, grid=(762, 1172),
+    matmul_macs_per_cycle={"fp16": 8, "fp32": 2}, matmul_unit=(1, 8),
+    vector_ops_per_cycle={"fp16": 8, "fp32": 2},
+    sources={
+        **{k: f"as WSE-2: {v}" for k, v in PRESETS["wse2"].sources.items()},
+        "cores": _WSE3_SRC + " (900,000 PEs; fabric 762 x 1172)", "grid": _WSE3_SRC,
+        "sram_bytes_per_core": _WSE3_SRC + " (48 KiB per PE, 44 GB total)",
+        "matmul_macs_per_cycle": "about twice WSE-2's throughput per PE (WSE-3 is quoted at "
+                                 "125 PFLOP/s sparse fp16); " + _ASSUMED,
+        "matmul_unit": _ASSUMED, "vector_ops_per_cycle": _ASSUMED,
+    })
+
+# Blackhole keeps Wormhole's Tensix core (t10c's assumption for its rates); more cores, a
+# faster clock and 64-byte NoC flits
+PRESETS["blackhole-p150"] = dataclasses.replace(
+    PRESETS["wormhole-n150"], name="blackhole-p150",
+    description="Tenstorrent Blackhole p150: 140 Tensix cores on a 2D torus NoC, 1.5 MB each",
+    cores=140, grid=(10, 14), clock_hz=1.35e9, link_bytes_per_cycle=64,
+    sources={
+        **PRESETS["wormhole-n150"].sources,
+        "cores": _TT_SRC + " (140 Tensix tiles in 14 columns by 10 rows of the NoC grid)",
+        "grid": _TT_SRC + " (Tensix columns 1-7 and 9-15, rows 1-10)",
+        "clock_hz": _TT_SRC + " (1.35 GHz)",
+        "link_bytes_per_cycle": "64 B flits per cycle per NoC link (" + _TT_SRC + ")",
+        "matmul_macs_per_cycle": "per-core rate as Wormhole's; " + _ASSUMED,
+        "hop_latency_cycles": "as Wormhole; " + _ASSUMED,
+        "topology": "2D torus (" + _TT_SRC + "); the GDDR6 is not modelled yet",
+    })
+PRESETS = {name: PRESETS[name] for name in ("ipu-mk2", "test16", "wse2", "wse3",
+                                            "wormhole-n150", "blackhole-p150")}
 
 _FIELD_TYPES: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Chip)}  # type: ignore
 _OPTIONAL = {f.name for f in dataclasses.fields(Chip) if f.default is not dataclasses.MISSING
