@@ -217,10 +217,12 @@ class Graph:
         return tensor
 
     def flops(self) -> int:
-        """Two flops per multiply-accumulate of contractions, one per point of other ops."""
+        """Two flops per multiply-accumulate of contractions, one per point of other ops (a
+        lookup counts its output points, not the table rows it could have read)."""
         total = 0
         for op in self.ops:
-            points = int(np.prod([e for _, e in op.axes], dtype=np.int64))
+            axes = [e for a, e in op.axes if op.body[0] != "take" or a in op.output.axes]
+            points = int(np.prod(axes, dtype=np.int64))
             total += 2 * points if is_contraction(op) else points
         return total
 
