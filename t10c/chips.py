@@ -365,7 +365,8 @@ def describe(chip: Chip) -> list[tuple[str, str]]:
                      f"({chip.link_bytes_per_cycle * chip.clock_hz * chip.cores / 1e12:.1f} TB/s), "
                      f"sync {chip.sync_cycles} cycles") if not chip.is_mesh else
         ("links", f"{chip.rows} x {chip.cols} {chip.topology}, {chip.link_bytes_per_cycle} "
-                  f"B/cycle per link and direction, {chip.hop_latency_cycles} cycles per hop, "
+                  f"B/cycle per link and direction, {chip.hop_latency_cycles} "
+                  f"cycle{'s' if chip.hop_latency_cycles != 1 else ''} per hop, "
                   f"sync {chip.sync_cycles} cycles"),
         ("compute/transfer overlap", "yes" if chip.overlap else "no"),
     ]

@@ -96,6 +96,16 @@ def test_chip_shows_sources(capsys: pytest.CaptureFixture[str]) -> None:
     assert "datasheet" in sources
 
 
+def test_mesh_chip_shows_links_and_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "chips", "wse2")
+    assert code == 0 and out.startswith("wse2:")
+    assert "757 x 996 mesh2d" in out and "1 cycle per hop" in out
+    assert "compute/transfer overlap yes" in out
+    sources = out.split("sources:", 1)[1]
+    for key in ("cores", "link_bytes_per_cycle", "hop_latency_cycles", "routes_per_core"):
+        assert f"    {key}: " in sources
+
+
 def test_chips_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "chips", "--json")
     assert code == 0
