@@ -555,7 +555,8 @@ def _mesh_summary(tl) -> str:
     worst = max((r.hops for r in moved if r.phase == "shift"), default=0)
     busiest = max((r.bytes_per_core for r in moved), default=0)
     total = int(tl.link_bytes.sum()) if tl.link_bytes is not None else 0
-    return (f"mesh: longest shift route {worst} hops; busiest link {busiest} bytes in one phase; "
+    return (f"mesh: longest shift route {worst} hop{'' if worst == 1 else 's'}; busiest link "
+            f"{busiest} bytes in one phase; "
             f"{total} bytes crossed links in all; time by phase: {shares}")
 
 

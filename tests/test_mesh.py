@@ -196,3 +196,10 @@ def test_cli_timing_only_and_mesh_compare(tmp_path, capsys) -> None:
     rows = [line for line in out.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == 3 and all("x |" in r for r in rows)
     assert main(["mesh-compare", "--chip", "ipu-mk2"]) == 1
+
+
+@pytest.mark.parametrize("chip", ["wormhole-n150", "blackhole-p150"])
+def test_bert_tiny_on_the_tenstorrent_tori(chip: str) -> None:
+    r = run_compiled(compile_model("bert-tiny", PRESETS[chip]))
+    assert r.ok, r.max_rel_err
+    assert max((rec.hops for rec in r.timeline.records if rec.phase == "shift"), default=0) <= 2
