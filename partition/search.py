@@ -184,6 +184,12 @@ def _feasible(op: TensorExpr, combo: tuple[_AxisRotation, ...], grid: np.ndarray
     return mask
 
 
+def _ring_driver(lacks: list[int], F: tuple[int, ...], t: int) -> int:
+    """The axis an operand's ring of ``t`` cores runs along: the first it lacks whose factor
+    ``t`` divides (`vcost.mesh_rings` applies the same rule to whole arrays of F)."""
+    return next(k for k in lacks if F[k] % t == 0)
+
+
 def _drivers(op: TensorExpr, combo: tuple[_AxisRotation, ...], F: tuple[int, ...]
              ) -> tuple[tuple[str, ...], ...]:
     """Each rotating operand's ring runs along the first axis it lacks whose factor ``t``
@@ -192,7 +198,7 @@ def _drivers(op: TensorExpr, combo: tuple[_AxisRotation, ...], F: tuple[int, ...
     lacks = _lacks(op)
     drivers: list[tuple[str, ...]] = [()] * len(axes)
     for r in combo:
-        chosen = {next(k for k in lacks[i] if F[k] % r.t == 0) for i in r.members}
+        chosen = {_ring_driver(lacks[i], F, r.t) for i in r.members}
         drivers[r.j] = tuple(axes[k] for k in sorted(chosen))
     return tuple(drivers)
 
@@ -228,7 +234,7 @@ def _plan(op: TensorExpr, tpl: Template, combo, F: np.ndarray, c: CostArrays, r:
         drivers_of: list[str | None] = []
         for i, rot in enumerate(tpl.rot):
             t = tpl.T[axes.index(rot[0])] if rot else 1
-            drivers_of.append(next(axes[k] for k in lacks[i] if f[k] % t == 0) if rot else None)
+            drivers_of.append(axes[_ring_driver(lacks[i], f, t)] if rot else None)
         embed = choose(chip, math.prod(f), ring_drivers(tpl.T, tpl.rot, drivers_of, axes), axes)
         assert embed is not None, "the search keeps only placeable rows"
     return OpPlan(op.name, f, tpl.T, tpl.rot, _drivers(op, combo, f), tpl.chain,
