@@ -36,9 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from t10c.dtypes import DTYPES
 from t10c.ir import TensorExpr, expr_from_json, expr_to_json
 
-DTYPE_BYTES = {"fp16": 2, "fp32": 4, "int32": 4}
+DTYPE_BYTES = {name: d.bytes for name, d in DTYPES.items()}
 
 
 @dataclass(frozen=True)

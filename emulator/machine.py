@@ -45,11 +45,12 @@ from t10c.codegen.program import (
     tile_elements,
 )
 from t10c.costs import compute_cycles
+from t10c.dtypes import DTYPES
 
 from .kernels import IDENTITY, evaluate, gather_slices, operand_sizes
 from .routing import Routed, route
 
-NP_DTYPES = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
+NP_DTYPES = {name: d.numpy for name, d in DTYPES.items()}
 
 
 class EmulatorError(RuntimeError):

@@ -31,11 +31,12 @@ from t10c.codegen.program import (
     Store,
     Sync,
 )
+from t10c.dtypes import DTYPES
 
 from .kernels import IDENTITY, evaluate, operand_sizes
 
-NP_DTYPES = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
-POISON = {"fp16": np.nan, "fp32": np.nan, "int32": np.iinfo(np.int32).min}
+NP_DTYPES = {name: d.numpy for name, d in DTYPES.items()}
+POISON = {name: d.poison for name, d in DTYPES.items()}
 COMBINE = {"sum": np.add, "max": np.maximum}
 
 Memory = list[dict[int, np.ndarray]]  # per core: buffer id -> 1-D array

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from t10c.chips import Chip
+from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph, TensorExpr
 
 from .cost import plan_cost
@@ -208,7 +209,7 @@ def _diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
     need = resident + running
     weights = sorted(((graph.tensors[t].numel, t) for t in graph.constants
                       if t in graph.tensors), reverse=True)
-    total_weight_bytes = sum(n for n, _ in weights) * (2 if dtype == "fp16" else 4)
+    total_weight_bytes = sum(n for n, _ in weights) * dtype_bytes(dtype)
     heavy = sorted(zip(least_cold, (op.name for op in graph.ops)), reverse=True)[:5]
     lines = [
         f"the model does not fit on {chip.name}: it needs at least {_fmt_bytes(need)} per core "
@@ -220,7 +221,7 @@ def _diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
         "ops with the most resident bytes per core:"]
     lines += [f"  {name}: {_fmt_bytes(b)}" for b, name in heavy]
     lines.append("largest weight tensors:")
-    lines += [f"  {name}: {n * (2 if dtype == 'fp16' else 4) / 1e6:.1f} MB" for n, name in
+    lines += [f"  {name}: {n * dtype_bytes(dtype) / 1e6:.1f} MB" for n, name in
               weights[:5]]
     chips = -(-need // cap)
     helps = [f"a chip with at least {_fmt_bytes(need / (1 - opts.reserve_fraction))} of SRAM "

@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from t10c.dtypes import STORAGE_DTYPES, dtype_bytes
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
 TOPOLOGIES = ("all-to-all", "mesh2d", "torus2d")
-DTYPES = {"fp16": 2, "fp32": 4}
+DTYPES = {name: dtype_bytes(name) for name in STORAGE_DTYPES}  # storage sizes
 
 
 class ChipError(ValueError):

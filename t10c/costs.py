@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 
 from t10c.chips import Chip
+from t10c.dtypes import INDEX_DTYPE, dtype_bytes
 from t10c.ir import TensorExpr, is_contraction
 
 #: vector-unit operations per evaluation of each body function; transcendental functions are
 #: software sequences on these cores (t10c modelling assumption)
 FN_OPS = {"exp": 4, "log": 4, "erf": 8, "tanh": 8, "sigmoid": 6, "pow": 8, "sqrt": 4,
           "rsqrt": 4, "recip": 2, "div": 2, "sin": 8, "cos": 8}
-INDEX_BYTES = 4  # integer operands (embedding indices) live on chip as int32
+INDEX_BYTES = dtype_bytes(INDEX_DTYPE)  # integer operands (embedding indices) on chip
 
 
 def body_ops(op: TensorExpr) -> int:
