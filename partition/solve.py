@@ -38,6 +38,8 @@ from ortools.sat.python import cp_model
 
 from t10c.ir import Graph
 
+from . import cpsat
+from .cpsat import Progress
 from .plan import OpPlan
 
 
@@ -216,16 +218,14 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
     return model, x
 
 
-def solve_model(model: cp_model.CpModel, opts: SolverOptions) -> tuple[cp_model.CpSolver, int]:
+def solve_model(model: cp_model.CpModel, opts: SolverOptions,
+                progress: Progress | None = None) -> tuple[cp_model.CpSolver, int]:
+    """Solve under CP-SAT's deterministic time limit alone (`cpsat.py` says why), reporting
+    progress as ``"solve"``; Ctrl-C raises ``KeyboardInterrupt``."""
     solver = cp_model.CpSolver()
-    # the limit is CP-SAT's deterministic time (work, roughly seconds), so that a solve cut
-    # short by it stops at the same point every run; wall-clock time backs it up
-    solver.parameters.max_deterministic_time = opts.time_limit_s
-    solver.parameters.max_time_in_seconds = 3 * opts.time_limit_s
-    solver.parameters.num_workers = opts.workers
-    solver.parameters.random_seed = opts.seed
+    cpsat.configure(solver, opts.time_limit_s, opts.workers, opts.seed)
     solver.parameters.relative_gap_limit = opts.relative_gap
-    status = solver.Solve(model)
+    status = cpsat.run(solver, model, progress, "solve")
     return solver, status
 
 
@@ -236,8 +236,8 @@ def decode(solver: cp_model.CpSolver, status: int, x) -> tuple[int, ...] | None:
 
 
 def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
-                 edges: list[Edge], sram_bytes: int, opts: SolverOptions
-                 ) -> tuple[SolverResult | None, str]:
+                 edges: list[Edge], sram_bytes: int, opts: SolverOptions,
+                 progress: Progress | None = None) -> tuple[SolverResult | None, str]:
     """Choose one plan per op; returns the result (None when nothing fits) and the status."""
     start = time.perf_counter()
     terms = liveness(graph)
@@ -253,7 +253,7 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
         return SolverResult(tuple(warm), "FEASIBLE", warm_obj, 0, time.perf_counter() - start,
                             warm_obj), "FEASIBLE"
     model, x = build_model(terms, fronts, arrays, edges, cap, warm)
-    solver, status = solve_model(model, opts)
+    solver, status = solve_model(model, opts, progress)
     name = solver.StatusName(status)
     choice = decode(solver, status, x)
     wall = time.perf_counter() - start
@@ -267,3 +267,66 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
         choice, value = tuple(warm), warm_obj
     bound = min(int(round(solver.BestObjectiveBound())), value)
     return SolverResult(tuple(choice), name, value, bound, wall, warm_obj), name
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The least SRAM per core any choice of plans needs, found by minimising (C2)'s largest
+    left-hand side: where that peak is and what it is made of. For diagnoses."""
+
+    proven: bool  # CP-SAT proved ``peak`` the least (else: the best found within the limit)
+    peak: int  # bytes per core at op ``at`` under the best choice found
+    bound: int  # no choice needs less than this
+    at: int  # the op where the peak is reached
+    resident: int  # every op's resident bytes (weights), under that choice
+    working: int  # op ``at``'s hot bytes beyond its resident ones
+    live: int  # activations alive while ``at`` runs and re-lays out its inputs
+    live_tensors: int
+
+
+def least_peak(graph: Graph, fronts: list[list[OpPlan]], opts: SolverOptions,
+               progress: Progress | None = None) -> Peak | None:
+    """Minimise the peak of (C2) over every choice of plans (None if the solve found no
+    choice at all within its deterministic limit)."""
+    terms = liveness(graph)
+    arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
+    model = cp_model.CpModel()
+    x = [[model.NewBoolVar(f"x[{i},{p}]") for p in range(len(front))]
+         for i, front in enumerate(fronts)]
+    for xs in x:
+        model.AddExactlyOne(xs)
+
+    def term(values: np.ndarray, i: int):
+        return sum(int(v) * x[i][k] for k, v in enumerate(values) if v)
+
+    top = int(sum(int(a.max()) for a in arrays.cold) + max(int(a.max()) for a in arrays.extra)
+              + sum(int(a.max()) for a in arrays.out))
+    peak = model.NewIntVar(0, top, "peak")
+    resident = model.NewIntVar(0, top, "resident")
+    model.Add(resident == sum(term(arrays.cold[i], i) for i in range(len(fronts))))
+    for i in range(len(fronts)):
+        live = sum(term(arrays.out[j], j)
+                   for j in (*terms.live_after[i], *terms.dying_inputs[i]))
+        model.Add(resident + term(arrays.extra[i], i) + live <= peak)
+    model.Minimize(peak)
+    # hint: every op's least resident plan
+    for i, a in enumerate(arrays.cold):
+        k = int(np.argmin(a))
+        for kk, var in enumerate(x[i]):
+            model.AddHint(var, kk == k)
+    solver = cp_model.CpSolver()
+    cpsat.configure(solver, opts.time_limit_s, opts.workers, opts.seed)
+    status = cpsat.run(solver, model, progress, "solve")
+    choice = decode(solver, status, x)
+    if choice is None:
+        return None
+    use = memory_use(terms, arrays, choice)
+    at = int(np.argmax(use))
+    around = (*terms.live_after[at], *terms.dying_inputs[at])
+    return Peak(
+        proven=status == cp_model.OPTIMAL, peak=int(use[at]),
+        bound=int(round(solver.BestObjectiveBound())), at=at,
+        resident=int(sum(int(a[k]) for a, k in zip(arrays.cold, choice))),
+        working=int(arrays.extra[at][choice[at]]),
+        live=int(sum(int(arrays.out[j][choice[j]]) for j in around)),
+        live_tensors=len(around))

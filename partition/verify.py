@@ -20,21 +20,17 @@ Repeated layers (ops with the same expression and plan) are checked once.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from t10c.chips import Chip
 from t10c.ir import Graph
 
-from .plan import Geometry
+from .chosen import Plan, PlanError
+from .plan import Geometry, geometry
+from .solve import liveness
 
-if TYPE_CHECKING:
-    from . import Plan
-
-
-class PlanError(ValueError):
-    """A plan that is illegal or does not fit."""
+__all__ = ["PlanError", "verify_plan"]
 
 
 def _check_op(geo: Geometry, chip: Chip) -> list[str]:
@@ -122,9 +118,6 @@ def _part_offset(geo: Geometry, index: int, step: int) -> np.ndarray:
 
 def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:
     """Raise `PlanError` listing every problem of ``plan``; return quietly when it is sound."""
-    from .plan import geometry
-    from .solve import liveness
-
     problems = []
     if len(plan.ops) != len(graph.ops):
         raise PlanError(f"plan has {len(plan.ops)} ops, graph has {len(graph.ops)}")

@@ -475,12 +475,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
           f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
     s = plan.solver
-    if s["name"] == "greedy":
-        print(f"planner greedy: objective {s['objective_cycles']} cycles")
+    if s.name == "greedy":
+        print(f"planner greedy: objective {s.objective_cycles} cycles")
     else:
-        print(f"solver {s['status']}: objective {s['objective_cycles']} cycles, bound "
-              f"{s['bound_cycles']} (gap {100 * float(s['gap']):.2f}%), greedy "  # type: ignore
-              f"{s['greedy_objective_cycles']} cycles, {s['wall_s']} s")
+        print(f"solver {s.status}: objective {s.objective_cycles} cycles, bound "
+              f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
+              f"{s.greedy_objective_cycles} cycles, {s.wall_s} s")
     prog = compiled.program
     frag = max(prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1, 0.0)
     layout = prog.sram_layout if not prog.live_sram_bytes_per_core else \

@@ -91,10 +91,10 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     if options.timing_only:
         program, timeline = time_only(graph, plan, chip)
     else:
-        program = generate(graph, plan, chip)
+        program = generate(graph, plan, chip, progress)
     t_code = time.perf_counter()
     timings = {"frontend_s": t_front - start, "search_s": plan.search_wall_s,
-               "solve_s": float(plan.solver["wall_s"]),  # type: ignore[arg-type]
+               "solve_s": plan.solver.wall_s,
                "plan_s": t_plan - t_front, "codegen_s": t_code - t_plan,
                "total_s": t_code - start}
     return Compiled(_short(name), model, graph, chip, plan, program, timings, options, timeline)

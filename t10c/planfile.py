@@ -60,7 +60,7 @@ def plan_document(c: Compiled) -> dict[str, Any]:
                  "layout": c.program.sram_layout},
         # wall-clock times vary run to run: they go to compile.json, so that the same compile
         # gives the same plan.json byte for byte
-        "solver": {k: v for k, v in plan.solver.items() if k != "wall_s"},
+        "solver": plan.solver.document(),
     }
 
 
@@ -95,7 +95,7 @@ def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int |
         "chip": {k: (list(v) if isinstance(v, tuple) else v)
                  for k, v in dataclasses.asdict(c.chip).items()},
         "dtype": c.plan.dtype, "timings_s": {k: round(v, 4) for k, v in c.timings.items()},
-        "solver_wall_s": c.plan.solver["wall_s"],
+        "solver_wall_s": c.plan.solver.wall_s,
     }
 
 

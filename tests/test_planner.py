@@ -37,7 +37,7 @@ def matmul_graph(m: int, k: int, n: int, batch: int = 0, seed: int = 0) -> Graph
 
 
 def one_op_plan(graph: Graph, p) -> Plan:
-    return Plan(graph.name, "test", "fp32", (p,), (0,), (1,), {}, 0.0)
+    return Plan(graph.name, "test", "fp32", (p,), (0,), (1,))
 
 
 def check_all_plans(graph: Graph, chip, dtype: str = "fp32", limit: int = 60) -> int:
