@@ -13,7 +13,7 @@ Shared by the whole-graph plan choice (`solve.py`) and codegen's SRAM layout rep
   and return its best solution as if nothing happened. Here it does not (the
   ``catch_sigint_signal`` parameter), the solve runs in a helper thread (the native solver
   releases the GIL), and the main thread, which is where Python delivers ``KeyboardInterrupt``,
-  stops the search and re-raises.
+  stops the search, waits for the solver to return, and re-raises.
 - visible: every improving solution reports ``progress(stage, done, total)`` in thousandths of
   a deterministic second.
 """
@@ -66,12 +66,18 @@ def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress |
     watch = _Watch()
     outcome: list[int] = []
     failure: list[BaseException] = []
+    # the worker signals its end through an Event: Thread.join interrupted by Ctrl-C can
+    # report a thread finished while it still runs (CPython 3.11), and the native solver must
+    # have returned before the interpreter exits
+    finished = threading.Event()
 
     def work() -> None:
         try:
             outcome.append(solver.Solve(model, watch))
         except BaseException as exc:  # pragma: no cover - re-raised in the main thread
             failure.append(exc)
+        finally:
+            finished.set()
 
     thread = threading.Thread(target=work, name="cp-sat", daemon=True)
     if progress:
@@ -79,18 +85,29 @@ def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress |
     shown = 0
     try:
         thread.start()
-        while thread.is_alive():
-            thread.join(_POLL_S)
+        while not finished.wait(_POLL_S):
             done = min(int(watch.det_time * 1000), total - 1)
             if progress and done > shown:
                 progress(stage, done, total)
                 shown = done
     except KeyboardInterrupt:
         solver.StopSearch()
-        thread.join()
+        _wait_out(finished)
         raise
+    thread.join()
     if failure:
         raise failure[0]
     if progress:
         progress(stage, total, total)
     return outcome[0]
+
+
+def _wait_out(finished: threading.Event) -> None:
+    """Wait for a stopped solve to return (it does within milliseconds), through any further
+    Ctrl-C: the interrupt that stopped it is already on its way."""
+    while True:
+        try:
+            if finished.wait(_POLL_S):
+                return
+        except KeyboardInterrupt:
+            continue
