@@ -51,7 +51,7 @@ class SolverReport:
             greedy_objective_cycles=(None if doc["greedy_objective_cycles"] is None
                                      else int(doc["greedy_objective_cycles"])),
             wall_s=wall_s, workers=int(doc["workers"]), seed=int(doc["seed"]),
-            time_limit_s=doc["time_limit_s"])
+            time_limit_s=float(doc["time_limit_s"]))
 
 
 #: the report of a plan put together by hand (tests, tools), not chosen by a solver

@@ -1,19 +1,22 @@
 """The on-disk formats: ``plan.json`` (format "t10c-plan/1") and ``run.json``.
 
 ``plan.json`` is meant for other tools; its fields are documented in the README ("Files").
-Keys are sorted and numbers are integers except where a field says seconds, so the same compile
-gives the same file apart from the solver's wall time.
+Keys are sorted and numbers are integers except where a field says seconds, and wall times are
+left out, so the same compile gives the same file byte for byte. `load_plan` reads it back
+into the `Plan` it was written from (wall times zero).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from t10c.driver import Compiled, RunResult
 from t10c.ir import INDIRECT
-from t10c.partition import place
+from t10c.partition import Cycles, OpPlan, Plan, SolverReport, place
+from t10c.partition.place import Embedding
 
 PLAN_FORMAT = "t10c-plan/1"
 RUN_FORMAT = "t10c-run/1"
@@ -40,11 +43,19 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             "hot_bytes_per_core": p.hot_bytes_per_core,
             "weights": "warmed-up" if p.home else "resident",
             "cold_bytes_per_core": p.cold_bytes_per_core,
-            "cores": _prod(p.F), "front_size": front,
+            "cores": math.prod(p.F), "front_size": front,
+            # exactly what the planner chose, for `load_plan`: per op axis the axes that skew
+            # it, per operand its rotation axes and its f_t along them, and the bytes the
+            # result occupies until its readers are done
+            # (keys are sorted on disk: ``axis_order`` is the op's own order of its axes)
+            "axis_order": list(op.axis_names),
+            "drivers": {a: list(d) for a, d in zip(op.axis_names, p.drivers)},
+            "rot": [list(r) for r in p.rot], "chain": list(p.chain),
+            "out_bytes_per_core": p.out_bytes_per_core,
             # on a mesh: [rows, cols, column driver, its ring, row driver, its ring]; null
             # where logical core c is physical core c
             "embedding": p.embed.as_list() if p.embed is not None else None,
-            "placement": place.describe(p.embed, _prod(p.F)),
+            "placement": place.describe(p.embed, math.prod(p.F)),
         })
     return {
         "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,
@@ -62,6 +73,47 @@ def plan_document(c: Compiled) -> dict[str, Any]:
         # gives the same plan.json byte for byte
         "solver": plan.solver.document(),
     }
+
+
+class PlanFileError(ValueError):
+    """A ``plan.json`` that cannot be read back (the message names the file and the field)."""
+
+
+def load_plan(path: str | Path) -> Plan:
+    """The `Plan` a ``plan.json`` was written from (its wall times, not stored, are zero)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanFileError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+        raise PlanFileError(f"{path} is not a {PLAN_FORMAT} file")
+    try:
+        ops = tuple(_op_plan(o) for o in doc["ops"])
+        return Plan(
+            model=str(doc["model"]), chip=str(doc["chip"]), dtype=str(doc["dtype"]), ops=ops,
+            relayout_cycles=tuple(int(o["relayout_cycles"]) for o in doc["ops"]),
+            front_sizes=tuple(int(o["front_size"]) for o in doc["ops"]),
+            solver=SolverReport.from_document(doc["solver"]), search_wall_s=0.0)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanFileError(f"{path}: a malformed or missing field ({exc!r}); write it again "
+                            "with `t10c compile ... -o DIR`") from exc
+
+
+def _op_plan(o: dict[str, Any]) -> OpPlan:
+    axes = [str(a) for a in o["axis_order"]]
+    c = o["cycles"]
+    return OpPlan(
+        op=str(o["name"]), F=tuple(int(o["F_op"][a]) for a in axes),
+        T=tuple(int(o["T"][a]) for a in axes),
+        rot=tuple(tuple(str(a) for a in r) for r in o["rot"]),
+        drivers=tuple(tuple(str(d) for d in o["drivers"][a]) for a in axes),
+        chain=tuple(int(k) for k in o["chain"]),
+        cycles=Cycles(int(c["compute"]), int(c["shift"]), int(c["sync"]), int(c["reduce"])),
+        hot_bytes_per_core=int(o["hot_bytes_per_core"]),
+        cold_bytes_per_core=int(o["cold_bytes_per_core"]),
+        out_bytes_per_core=int(o["out_bytes_per_core"]),
+        home=o["weights"] == "warmed-up", embed=Embedding.from_list(o["embedding"]))
 
 
 def run_document(c: Compiled, r: RunResult, seed: int) -> dict[str, Any]:
@@ -102,9 +154,3 @@ def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int |
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
