@@ -99,18 +99,18 @@ def repair(rects: list[Rect], hint: tuple[int, ...], capacity: int,
     for n, r in enumerate(rects):
         if r.size > capacity:
             return None
-        off = model.NewIntVar(0, capacity - r.size, f"off{n}")
-        xs.append(model.NewFixedSizeIntervalVar(r.start, max(r.end - r.start, 1), f"t{n}"))
-        ys.append(model.NewFixedSizeIntervalVar(off, r.size, f"a{n}"))
-        model.AddHint(off, min(hint[n], capacity - r.size))
+        off = model.new_int_var(0, capacity - r.size, f"off{n}")
+        xs.append(model.new_fixed_size_interval_var(r.start, max(r.end - r.start, 1), f"t{n}"))
+        ys.append(model.new_fixed_size_interval_var(off, r.size, f"a{n}"))
+        model.add_hint(off, min(hint[n], capacity - r.size))
         offs.append(off)
-    model.AddNoOverlap2D(xs, ys)
+    model.add_no_overlap_2d(xs, ys)
     solver = cp_model.CpSolver()
     cpsat.configure(solver, deterministic_limit, workers=1, seed=seed)
     status = cpsat.run(solver, model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    return tuple(int(solver.Value(o)) for o in offs)
+    return tuple(int(solver.value(o)) for o in offs)
 
 
 def layout(rects: list[Rect], capacity: int, deterministic_limit: float = REPAIR_LIMIT

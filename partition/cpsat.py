@@ -42,7 +42,7 @@ class _Watch(cp_model.CpSolverSolutionCallback):
         self.solutions = 0
 
     def on_solution_callback(self) -> None:
-        self.det_time = float(self.DeterministicTime())
+        self.det_time = float(self.deterministic_time)
         self.solutions += 1
 
 
@@ -56,7 +56,7 @@ def configure(solver: cp_model.CpSolver, deterministic_limit: float, workers: in
 
 
 def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress | None = None,
-        stage: str = "solve") -> int:
+        stage: str = "solve") -> cp_model.CpSolverStatus:
     """Solve ``model`` with ``solver`` (already `configure`d) and return CP-SAT's status.
 
     Raises ``KeyboardInterrupt`` promptly (within ``_POLL_S``) when the user presses Ctrl-C,
@@ -64,7 +64,7 @@ def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress |
     limit = float(solver.parameters.max_deterministic_time)
     total = max(int(limit * 1000), 1)
     watch = _Watch()
-    outcome: list[int] = []
+    outcome: list[cp_model.CpSolverStatus] = []
     failure: list[BaseException] = []
     # the worker signals its end through an Event: Thread.join interrupted by Ctrl-C can
     # report a thread finished while it still runs (CPython 3.11), and the native solver must
@@ -73,7 +73,7 @@ def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress |
 
     def work() -> None:
         try:
-            outcome.append(solver.Solve(model, watch))
+            outcome.append(solver.solve(model, watch))
         except BaseException as exc:  # pragma: no cover - re-raised in the main thread
             failure.append(exc)
         finally:
@@ -91,7 +91,7 @@ def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress |
                 progress(stage, done, total)
                 shown = done
     except KeyboardInterrupt:
-        solver.StopSearch()
+        solver.stop_search()
         _wait_out(finished)
         raise
     thread.join()

@@ -11,6 +11,13 @@ the resident weights and the live activations. Advice is given only when it chan
 
 from __future__ import annotations
 
+import numpy as np
+
+try:  # numpy >= 2
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # pragma: no cover - numpy 1.x
+    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
+
 from t10c.chips import Chip
 from t10c.dtypes import ceil_div, dtype_bytes
 from t10c.ir import Graph
@@ -21,8 +28,13 @@ from .solve import SolverOptions, least_peak
 
 
 def fmt_bytes(n: float) -> str:
-    """Bytes as KiB below a MiB, MiB above."""
-    return f"{n / 1024:.1f} KiB" if n < 1024 ** 2 else f"{n / 1024 ** 2:.2f} MiB"
+    """Bytes as KiB below 10 MiB (one decimal: SRAM sizes differ by KiB), MiB above."""
+    return f"{n / 1024:.1f} KiB" if n < 10 * 1024 ** 2 else f"{n / 1024 ** 2:.2f} MiB"
+
+
+def _exact(n: int) -> str:
+    """A need or a capacity, rounded and exact: the two may differ by a few bytes only."""
+    return f"{fmt_bytes(n)} ({n:,} bytes)"
 
 
 def check_fit(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
@@ -42,10 +54,18 @@ def check_fit(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
 
 
 def weight_roots(graph: Graph) -> list[tuple[int, str]]:
-    """(elements, name) of every distinct weight, largest first; views count as their root."""
-    roots = {graph.root(t) for t in graph.constants if t in graph.tensors}
-    return sorted(((graph.tensors[r].numel, r) for r in roots if r in graph.tensors),
-                  reverse=True)
+    """(elements, name) of every distinct weight, largest first. A view counts as its root,
+    and constants that are the same array in memory count once, under the first name: the
+    frontend folds ``Transpose(wte)`` of a tied embedding into a transposed numpy view of
+    ``wte``, not a copy."""
+    seen: dict[tuple, str] = {}
+    for t in graph.constants:
+        root = graph.root(t)
+        if root not in graph.tensors or root not in graph.constants:
+            continue
+        data = np.asarray(graph.constants[root])
+        seen.setdefault((byte_bounds(data), data.size, data.dtype.str), root)
+    return sorted(((graph.tensors[r].numel, r) for r in set(seen.values())), reverse=True)
 
 
 def diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], least_cold: list[int],
@@ -59,12 +79,12 @@ def diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], least_cold: l
     sram = chip.sram_bytes_per_core
     cap = int(sram * (1 - opts.reserve_fraction))
     resident = sum(least_cold)
-    usable = f"{fmt_bytes(cap)} of {fmt_bytes(sram)} per core are usable"
+    usable = f"{_exact(cap)} of {fmt_bytes(sram)} per core are usable"
     working = 0  # bytes that stay on one core whatever the number of chips
     if status == "RESIDENT":
         need = resident
         lines = [f"the model does not fit on {chip.name}: its weights alone need "
-                 f"{fmt_bytes(resident)} per core in their least replicated layouts, and "
+                 f"{_exact(resident)} per core in their least replicated layouts, and "
                  f"{usable}."]
     else:
         peak = least_peak(graph, fronts, opts)
@@ -78,7 +98,7 @@ def diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], least_cold: l
              f"{fmt_bytes(max(peak.bound, cap + 1))})")
         need, working = peak.peak, peak.working + peak.live
         resident = peak.resident
-        lines = [f"the model does not fit on {chip.name}: {least} is {fmt_bytes(peak.peak)} per "
+        lines = [f"the model does not fit on {chip.name}: {least} is {_exact(peak.peak)} per "
                  f"core, at op {op.name} ({op.source or op.kind}, step {peak.at + 1} of "
                  f"{len(graph.ops)}): {fmt_bytes(peak.resident)} of resident weights, "
                  f"{fmt_bytes(peak.working)} of its working buffers and {fmt_bytes(peak.live)} "

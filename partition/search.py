@@ -131,7 +131,7 @@ def _axis_rotations(op: TensorExpr, grid: np.ndarray, opts: SearchOptions
     axes = op.axis_names
     lacks = _lacks(op)
     plain = [set(o.plain_axes) for o in op.operands]
-    found = []
+    found: list[_AxisRotation] = []
     for j, a in enumerate(axes):
         users = [i for i, ax in enumerate(plain) if a in ax]
         longest = int((-(-op.axes[j][1] // grid[:, j])).max()) if len(grid) else 0
@@ -246,7 +246,7 @@ def enumerate_plans(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tu
                     int_tensors: frozenset[str], const_tensors: frozenset[str],
                     opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
     """Every legal plan of ``op`` that survives pruning, costed (all of them materialised)."""
-    plans = []
+    plans: list[OpPlan] = []
     for tpl, combo, rows, c, mesh in _search(op, chip, dtype, shapes, int_tensors,
                                              const_tensors, opts):
         plans.extend(_plan(op, tpl, combo, rows[r], c, r, chip, mesh) for r in range(len(rows)))

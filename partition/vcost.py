@@ -176,7 +176,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         placeable, driver, col_ring = np.ones(n, dtype=bool), {}, ones
 
     def step(movers: list[int]) -> np.ndarray:
-        moved = sum(tile_bytes[i] for i in movers)
+        moved = sum((tile_bytes[i] for i in movers), np.zeros(n, dtype=np.int64))
         if mesh:  # operands on the same driver share its links (`place.shift_cycles`)
             busiest = np.zeros(n, dtype=np.int64)
             for i in movers:
@@ -196,7 +196,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     for J in range(len(axes)):
         if tpl.T[J] == 1:
             continue
-        movers = [i for i in range(nops) if rot_axis[i] is not None and rot_axis[i] >= J]
+        movers = [i for i in range(nops) if (r := rot_axis[i]) is not None and r >= J]
         if not movers:
             continue
         count = math.prod(tpl.T[:J]) * (tpl.T[J] - 1)
@@ -221,8 +221,9 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
 
     red = [j for j, a in enumerate(axes) if a not in op.output.axes]
     group = np.prod(F[:, red], axis=1) if red else ones
-    if rot_axis[out_index] is not None:
-        group = group // tpl.T[rot_axis[out_index]]
+    out_axis = rot_axis[out_index]
+    if out_axis is not None:
+        group = group // tpl.T[out_axis]
     out_elem = element_bytes(op, out_index, dtype, int_tensors)
     chunk = _ceil_div(elems[out_index], group)
     chunk_bytes = np.where(group > 1, chunk * out_elem, 0)

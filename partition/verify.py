@@ -53,8 +53,8 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
     for j, (e, f, t) in enumerate(zip(geo.E, geo.F, geo.T)):
         starts = (np.arange(f)[:, None] * geo.b[j] + np.arange(t)[None, :] * geo.u[j]).ravel()
         cover = np.zeros(f * geo.b[j], dtype=np.int64)
-        for s in starts:
-            cover[s:s + geo.u[j]] += 1
+        for first in starts:
+            cover[first:first + geo.u[j]] += 1
         if not (cover[:e] == 1).all():
             problems.append(f"axis {geo.axes[j]} is not covered exactly once")
     # a core's visits depend on it only through its skew: check each distinct skew once
