@@ -186,7 +186,8 @@ def _feasible(op: TensorExpr, combo: tuple[_AxisRotation, ...], grid: np.ndarray
 
 def _ring_driver(lacks: list[int], F: tuple[int, ...], t: int) -> int:
     """The axis an operand's ring of ``t`` cores runs along: the first it lacks whose factor
-    ``t`` divides (`vcost.mesh_rings` applies the same rule to whole arrays of F)."""
+    ``t`` divides (`vcost.mesh_rings` applies the same rule to whole arrays of F, and both
+    embed through `place.embed_rows`)."""
     return next(k for k in lacks if F[k] % t == 0)
 
 

@@ -8,7 +8,6 @@ that both agree on every plan.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from t10c.costs import body_ops
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 from .cost import element_bytes, home_bytes
-from .place import ROUTES_PER_RING, exchange_estimate, hops_of_ring
+from .place import embed_rows, exchange_estimate, hops_of_ring
 
 
 @dataclass(frozen=True)
@@ -74,39 +73,7 @@ def mesh_rings(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip
         for k in reversed(lacks[i]):  # the first lacking axis whose factor t divides wins
             d = np.where(F[:, k] % t == 0, k, d)
         driver[i], ring[i] = d, t
-    ok = np.ones(n, dtype=bool)
-    big = np.iinfo(np.int64).max
-    ops = list(driver)
-    for a, b in itertools.combinations(ops, 2):  # one ring length per driver
-        if ring[a] != ring[b]:
-            ok &= driver[a] != driver[b]
-    first = np.full(n, big)
-    for i in ops:
-        first = np.minimum(first, driver[i])
-    second = np.full(n, big)
-    for i in ops:
-        second = np.minimum(second, np.where(driver[i] != first, driver[i], big))
-    for i in ops:  # at most two drivers
-        ok &= (driver[i] == first) | (driver[i] == second)
-    t_first = np.ones(n, dtype=np.int64)
-    t_second = np.ones(n, dtype=np.int64)
-    for i in ops:
-        t_first = np.where(driver[i] == first, ring[i], t_first)
-        t_second = np.where(driver[i] == second, ring[i], t_second)
-    second = np.where(second == big, -1, second)
-    ndrivers = (first < np.iinfo(np.int64).max).astype(np.int64) + (second >= 0)
-    if chip.routes_per_core:
-        ok &= ROUTES_PER_RING * ndrivers <= chip.routes_per_core
-    ncores = np.prod(F, axis=1)
-
-    def fit(tc: np.ndarray, tr: np.ndarray) -> np.ndarray:
-        tc, tr = np.maximum(tc, 1), np.maximum(tr, 1)
-        return (tc <= chip.cols) & (tr <= chip.rows) & (
-            _ceil_div(ncores, tc * tr) <= (chip.rows // tr) * (chip.cols // tc))
-
-    straight, swapped = fit(t_first, t_second), fit(t_second, t_first)
-    ok &= straight | swapped
-    col_ring = np.where(straight, t_first, t_second)
+    ok, _, col_ring, _, _ = embed_rows(chip, np.prod(F, axis=1), driver, ring)
     return ok, driver, col_ring
 
 
