@@ -250,6 +250,8 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     warm = greedy(terms, arrays, cap, base)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     if opts.planner == "greedy":
+        if progress:  # the greedy is the whole choice: it starts and ends at once
+            progress("solve", 1, 1)
         if warm is None:
             return None, "INFEASIBLE"
         assert warm_obj is not None

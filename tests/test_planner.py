@@ -175,3 +175,26 @@ def test_rotated_weights_return_home() -> None:
             flat, valid = ld.elements()
             want = np.where(valid, graph.constants[ld.tensor].reshape(-1)[flat], 0)
             np.testing.assert_array_equal(machine.mem[ld.buf][:ld.ncores], want)
+
+
+def test_solve_and_codegen_report_progress() -> None:
+    """The solve reports its start and end (in thousandths of a deterministic second, with
+    improving solutions between); codegen reports every op."""
+    from t10c.chips import load_chip
+    from t10c.codegen import generate
+    from t10c.frontend import load_model, to_graph
+    from t10c.partition import plan_graph
+
+    graph = to_graph(load_model("bert-tiny", seq_len=16, weights=False))
+    chip = load_chip("test16")
+    calls: list[tuple[str, int, int]] = []
+    plan = plan_graph(graph, chip, progress=lambda *c: calls.append(c))
+    solve = [c for c in calls if c[0] == "solve"]
+    total = solve[0][2]
+    assert total == 30_000  # the default limit, 30 deterministic seconds
+    assert solve[0] == ("solve", 0, total) and solve[-1] == ("solve", total, total)
+    assert [d for _, d, _ in solve] == sorted(d for _, d, _ in solve)
+    calls.clear()
+    generate(graph, plan, chip, progress=lambda *c: calls.append(c))
+    n = len(graph.ops)
+    assert calls == [("codegen", i, n) for i in range(n + 1)]
