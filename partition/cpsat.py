@@ -51,6 +51,9 @@ def configure(solver: cp_model.CpSolver, deterministic_limit: float, workers: in
     """Set the parameters that make a solve reproducible and leave SIGINT to Python."""
     solver.parameters.max_deterministic_time = deterministic_limit
     solver.parameters.num_workers = workers
+    # several workers race by default (whoever finds a solution first shares it): interleaved,
+    # they run in deterministic batches, so --workers N gives the same plan every run too
+    solver.parameters.interleave_search = workers > 1
     solver.parameters.random_seed = seed
     solver.parameters.catch_sigint_signal = False
 

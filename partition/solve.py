@@ -46,6 +46,10 @@ from .plan import OpPlan
 
 @dataclass(frozen=True)
 class SolverOptions:
+    """How the whole-graph choice is made (`choose_plans`)."""
+
+    #: CP-SAT's deterministic time limit (work units, about seconds on an idle machine); the
+    #: only limit of the solve, so the plan does not depend on the machine's load
     time_limit_s: float = 30.0
     workers: int = 1
     seed: int = 0
