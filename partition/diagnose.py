@@ -93,13 +93,15 @@ def diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], least_cold: l
                     f"of plans fits ({usable}), but found no smallest choice to show; raise "
                     "--time-limit for details")
         op = graph.ops[peak.at]
-        least = "the least memory any choice of plans needs" if peak.proven else \
-            (f"the best choice found needs (no choice needs less than "
-             f"{fmt_bytes(max(peak.bound, cap + 1))})")
+        if peak.proven:
+            least = f"the least memory any choice of plans needs is {_exact(peak.peak)} per core"
+        else:  # the limit stopped the search for the least peak: say what is known
+            least = (f"the best choice of plans found needs {_exact(peak.peak)} per core (none "
+                     f"needs less than {fmt_bytes(max(peak.bound, cap + 1))})")
         need, working = peak.peak, peak.working + peak.live
         resident = peak.resident
-        lines = [f"the model does not fit on {chip.name}: {least} is {_exact(peak.peak)} per "
-                 f"core, at op {op.name} ({op.source or op.kind}, step {peak.at + 1} of "
+        lines = [f"the model does not fit on {chip.name}: {least}, at op {op.name} "
+                 f"({op.source or op.kind}, step {peak.at + 1} of "
                  f"{len(graph.ops)}): {fmt_bytes(peak.resident)} of resident weights, "
                  f"{fmt_bytes(peak.working)} of its working buffers and {fmt_bytes(peak.live)} "
                  f"for {peak.live_tensors} live activation(s); {usable}."]
