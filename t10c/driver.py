@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,8 +97,9 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     if progress:
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
-    plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
-                      options.front_limit, progress and _solve_follows_search(progress))
+    with _sigint_kept():
+        plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
+                          options.front_limit, progress and _solve_follows_search(progress))
     t_plan = time.perf_counter()
     verify_plan(graph, plan, chip)
     timeline = None
@@ -123,6 +127,22 @@ def _with_progress(fn: Callable[..., Any], stage: str, progress: Progress | None
     out = fn(*args)
     progress(stage, 1, 1)
     return out
+
+
+@contextlib.contextmanager
+def _sigint_kept() -> Iterator[None]:
+    """Put Ctrl-C's handler back as it was: OR-Tools' solver installs its own and leaves
+    SIGINT at the default action when it is done, after which Ctrl-C would kill the process
+    without a word (instead of raising KeyboardInterrupt in every later stage)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
 
 
 def _solve_follows_search(progress: Progress) -> Progress:

@@ -27,10 +27,10 @@ class StageProgress:
     """
 
     def __init__(self, stream: IO[str] | None = None, tty: bool | None = None,
-                 quiet_s: float = QUIET_S) -> None:
+                 quiet_s: float | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = _isatty(self.stream) if tty is None else tty
-        self.quiet_s = quiet_s
+        self.quiet_s = QUIET_S if quiet_s is None else quiet_s
         self._lock = threading.Lock()
         self._stage: str | None = None
         self._start = 0.0
