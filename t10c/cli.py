@@ -15,27 +15,31 @@ import os
 import sys
 from pathlib import Path
 
-from t10c import __version__
-from t10c.args import (
-    Parser,
-    chip_arg,
-    dims_arg,
-    float_in,
-    int_at_least,
-    list_of,
-    model_arg,
-    model_args,
-    new_file_arg,
-    out_dir_arg,
-    search_options,
-    strategy_arg,
-)
-from t10c.chips import PRESETS, ChipError, describe, load_chip
-from t10c.models import ZOO_NAMES as ZOO
-from t10c.outputs import OutputError
-from t10c.progress import StageProgress
-from t10c.strategies import DEFAULT_STRATEGIES, STRATEGIES
-from t10c.strategies import help_text as strategies_help
+try:
+    from t10c import __version__
+    from t10c.args import (
+        Parser,
+        chip_arg,
+        dims_arg,
+        float_in,
+        int_at_least,
+        list_of,
+        model_arg,
+        model_args,
+        new_file_arg,
+        out_dir_arg,
+        search_options,
+        strategy_arg,
+    )
+    from t10c.chips import PRESETS, ChipError, describe, load_chip
+    from t10c.models import ZOO_NAMES as ZOO
+    from t10c.outputs import OutputError
+    from t10c.progress import StageProgress
+    from t10c.strategies import DEFAULT_STRATEGIES, STRATEGIES
+    from t10c.strategies import help_text as strategies_help
+except KeyboardInterrupt:  # Ctrl-C while numpy, onnx and OR-Tools load: the same as later
+    print("t10c: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 EXIT_FAIL = 1
 EXIT_USAGE = 2
