@@ -154,6 +154,10 @@ def out_dir_arg(text: str) -> Path:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    if path.exists() and Path.cwd().resolve().is_relative_to(path.resolve()):
+        raise argparse.ArgumentTypeError(
+            f"{text} holds the current directory, and an output directory is replaced as a "
+            "whole: give a directory below it, such as out")
     if path.is_dir() and any(path.iterdir()) and not (path / "compile.json").is_file():
         raise argparse.ArgumentTypeError(
             f"{text} is not empty and holds no compile (no compile.json): t10c replaces an "

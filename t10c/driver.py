@@ -104,7 +104,7 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     verify_plan(graph, plan, chip)
     timeline = None
     if options.timing_only:
-        program, timeline = time_only(graph, plan, chip)
+        program, timeline = _with_progress(time_only, "codegen", progress, graph, plan, chip)
     else:
         program = _with_progress(generate, "codegen", progress, graph, plan, chip)
     t_code = time.perf_counter()
