@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CP-SAT time limit in seconds (default: 30)")
     c.add_argument("--workers", type=int_at_least(1), default=1,
                    help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
-    c.add_argument("--strategy", type=strategy_arg, default="t10", metavar="STRATEGY",
+    c.add_argument("--strategy", type=strategy_arg, default="t10",
+                   metavar="{" + ",".join(STRATEGIES) + "}",
                    help=f"what to compile: {strategies_help()}")
     c.add_argument("--planner", choices=("cp-sat", "greedy"), default="cp-sat",
                    help="whole-graph choice: CP-SAT (warm-started by the greedy) or T10's "
@@ -383,7 +384,7 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import math
 
-    from t10c.compare import speedup
+    from t10c.compare import Entry, speedup
     from t10c.outputs import write_text
 
     entries = _entries(args.models, args.chips, list(DEFAULT_STRATEGIES), args, slim=True)
@@ -393,13 +394,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "matches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
-    groups: dict[tuple[str, str], dict[str, object]] = {}
+    groups: dict[tuple[str, str], dict[str, Entry]] = {}
     for e in entries:
         groups.setdefault((e.model, e.chip.name), {})[e.strategy] = e
     for (model, chip), by in groups.items():
         t10 = by["t10"]
 
-        def us(e) -> str:
+        def us(e: Entry) -> str:
             return f"{e.latency_s * 1e6:.1f}" if e.result else "does not fit"
 
         def x(v: float) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -462,3 +463,16 @@ def test_bad_value(case: ErrorCase, capsys: pytest.CaptureFixture[str], tmp_path
     for fragment in case.fragments:
         assert fragment in err, (fragment, err)
     assert out == ""
+
+
+
+def test_out_into_unwritable_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    # as root every directory is writable: say this one is not, as it would be to a user
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and real(p, mode))
+    code, out, err = run(capsys, "compile", "mlp", "-o", str(locked / "out"))
+    assert code == EXIT_USAGE and err.count("\n") == 1
+    assert "not writable" in err and str(locked) in err
