@@ -436,7 +436,7 @@ def _check_compile_args(args: argparse.Namespace) -> str | None:
     if args.core is not None and args.emit is None:
         return "--core picks the core of --emit asm: add --emit asm"
     if args.out is not None and args.trace is not None and \
-            args.trace.resolve().parent == args.out.resolve():
+            args.trace.resolve().is_relative_to(args.out.resolve()):
         return "--trace cannot go inside the -o directory, which is replaced as a whole"
     return None
 
