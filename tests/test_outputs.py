@@ -93,7 +93,7 @@ def test_report_file_replaced_atomically(tmp_path: Path) -> None:
     assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
 
 
-def test_unreadable_output_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+def test_bench_json_on_a_full_disk(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Path, "write_text", _disk_full)
     code, _, err = run(capsys, "bench", "--models", "matmul-16x32x8", "--chips", "test16",
