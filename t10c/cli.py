@@ -372,7 +372,7 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
                  ("decode GEMV", f"matmul-1x{gemv}"), ("model", args.model)]
     try:
         rows = mesh_compare(workloads, chip, _base_options(args), args.timing_only,
-                            log=lambda m: print(m, file=sys.stderr))
+                            log=lambda m: print(m, file=sys.stderr), progress=StageProgress)
     except ValueError as exc:
         return _error(str(exc).splitlines()[0], EXIT_FAIL)
     print(f"{chip.name}: {chip.rows} x {chip.cols} {chip.topology}; ratio = all-to-all-"
