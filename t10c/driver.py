@@ -101,6 +101,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
         plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
                           options.front_limit, progress and _solve_follows_search(progress))
     t_plan = time.perf_counter()
+    if progress:  # the verification is codegen's first step (seconds on bert-large)
+        progress("codegen", 0, 1)
     verify_plan(graph, plan, chip)
     timeline = None
     if options.timing_only:
