@@ -167,7 +167,7 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="storage dtype of the weights (default: fp16)")
     p.add_argument("--seq-len", type=int, help="sequence length of zoo transformers")
     p.add_argument("--batch", type=int, help="batch size of zoo models")
-    from t10c.cli import _shape_arg
+    from t10c.args import shape_arg as _shape_arg
 
     p.add_argument("--shape", type=_shape_arg, action="append", default=[], metavar="NAME=DxD",
                    help="pin a dynamic input shape (repeatable)")

@@ -6,9 +6,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,6 +24,10 @@ from t10c.codegen import Buffer, Program, generate, stream
 from t10c.emulator import Machine, Timeline, emulate
 from t10c.ir import Graph
 from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
+
+#: ``progress(stage, done, total)``: how far a stage ("frontend", "search", "solve",
+#: "codegen", "emulate", "write") has come; a stage starts at its first call
+Progress = Callable[[str, int, int], None]
 
 #: error bounds against onnxruntime per storage dtype (max abs error over max abs reference)
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
@@ -75,29 +84,77 @@ class RunResult:
 
 def compile_model(source: str | onnx.ModelProto, chip: Chip,
                   options: CompileOptions = CompileOptions(),
-                  progress: Callable[[str, int, int], None] | None = None) -> Compiled:
-    """Compile a zoo name, ONNX path or ModelProto for ``chip``."""
+                  progress: Progress | None = None) -> Compiled:
+    """Compile a zoo name, ONNX path or ModelProto for ``chip``, telling ``progress`` how far
+    each stage has come."""
     start = time.perf_counter()
+    if progress:
+        progress("frontend", 0, 1)
     model = frontend.load_model(source, seq_len=options.seq_len, batch=options.batch,
                                 weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
+    if progress:
+        progress("frontend", 1, 1)
     t_front = time.perf_counter()
-    plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
-                      options.front_limit, progress)
+    with _sigint_kept():
+        plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
+                          options.front_limit, progress and _solve_follows_search(progress))
     t_plan = time.perf_counter()
+    if progress:  # the verification is codegen's first step (seconds on bert-large)
+        progress("codegen", 0, 1)
     verify_plan(graph, plan, chip)
     timeline = None
     if options.timing_only:
-        program, timeline = time_only(graph, plan, chip)
+        program, timeline = _with_progress(time_only, "codegen", progress, graph, plan, chip)
     else:
-        program = generate(graph, plan, chip)
+        program = _with_progress(generate, "codegen", progress, graph, plan, chip)
     t_code = time.perf_counter()
     timings = {"frontend_s": t_front - start, "search_s": plan.search_wall_s,
                "solve_s": float(plan.solver["wall_s"]),  # type: ignore[arg-type]
                "plan_s": t_plan - t_front, "codegen_s": t_code - t_plan,
                "total_s": t_code - start}
     return Compiled(_short(name), model, graph, chip, plan, program, timings, options, timeline)
+
+
+def _with_progress(fn: Callable[..., Any], stage: str, progress: Progress | None, *args: Any
+                   ) -> Any:
+    """``fn(*args)``, passing ``progress`` on when ``fn`` takes it; when it does not, the stage
+    is reported as a whole, so that its clock still starts when it does."""
+    if progress is None:
+        return fn(*args)
+    if "progress" in inspect.signature(fn).parameters:
+        return fn(*args, progress=progress)
+    progress(stage, 0, 1)
+    out = fn(*args)
+    progress(stage, 1, 1)
+    return out
+
+
+@contextlib.contextmanager
+def _sigint_kept() -> Iterator[None]:
+    """Put Ctrl-C's handler back as it was: OR-Tools' solver installs its own and leaves
+    SIGINT at the default action when it is done, after which Ctrl-C would kill the process
+    without a word (instead of raising KeyboardInterrupt in every later stage)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
+
+
+def _solve_follows_search(progress: Progress) -> Progress:
+    """``progress``, also told that the solve starts as soon as the search ends (the planner
+    may report the solve only once it is over; the clock must start with the solve)."""
+    def report(stage: str, done: int, total: int) -> None:
+        progress(stage, done, total)
+        if stage == "search" and done >= total:
+            progress("solve", 0, 1)
+    return report
 
 
 def time_only(graph: Graph, plan: Plan, chip: Chip) -> tuple[Program, Timeline]:
@@ -178,13 +235,15 @@ def max_rel_err(outputs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> f
     return worst
 
 
-def run_compiled(c: Compiled, seed: int = 0) -> RunResult:
-    """Emulate the program on seeded inputs and check it against onnxruntime."""
+def run_compiled(c: Compiled, seed: int = 0, progress: Progress | None = None) -> RunResult:
+    """Emulate the program on seeded inputs and check it against onnxruntime; ``progress``
+    hears about the "emulate" stage."""
     if not frontend.has_weights(c.graph):
         raise ValueError("this compile has shape-only weights (built without weights); "
                          "compile with CompileOptions(weights=True) to run it")
     inputs = make_inputs(c.graph, seed)
-    outputs, timeline, wall = emulate(c.program, c.chip, inputs, c.graph.constants)
+    outputs, timeline, wall = _with_progress(emulate, "emulate", progress, c.program, c.chip,
+                                             inputs, c.graph.constants)
     ref, ref_wall = reference(c.model, inputs)
     err = max_rel_err(outputs, ref)
     return RunResult(outputs, ref, err, timeline, wall, ref_wall, TOLERANCE[c.plan.dtype])
