@@ -75,7 +75,7 @@ def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
     _check_opset(model, name)
     tensors = _tensors(model)
     _load_external(tensors, folder, name)
-    _check_finite(tensors, name)
+    _check_values(tensors, name)
     return model
 
 
@@ -205,17 +205,21 @@ def _itemsize(t: onnx.TensorProto) -> int:
     return np_type.itemsize
 
 
-def _check_finite(tensors: list[onnx.TensorProto], name: str) -> None:
-    """Blame NaN or infinite weights on the model now, not on the emulator later."""
+def _check_values(tensors: list[onnx.TensorProto], name: str) -> None:
+    """Every tensor's data must match its type and shape; NaN or infinite weights are blamed
+    on the model now, not on the emulator later."""
     bad: list[str] = []
     for t in tensors:
-        if t.data_type not in _FLOATS or is_shape_only(t):
+        if is_shape_only(t):
             continue
         try:
             value = numpy_helper.to_array(t)
         except Exception as exc:  # onnx raises ValueError, TypeError, ... on malformed data
             raise FrontendError(f"{name}: initializer {t.name!r} has data that does not match "
-                                f"its type and shape {list(t.dims)} ({exc})") from None
+                                f"its type and shape {list(t.dims)} ({_first_line(exc)})"
+                                ) from None
+        if t.data_type not in _FLOATS:
+            continue
         finite = np.isfinite(value)
         if not finite.all():
             count = int(value.size - np.count_nonzero(finite))
@@ -267,16 +271,21 @@ def check_and_infer(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] |
                             f"them with --shape {inp.name}={example} (N a number)")
     if problems:
         raise FrontendError("cannot compile with these input shapes:\n  " + "\n  ".join(problems))
+    # onnx's C++ checker and inference raise ValidationError, InferenceError, RuntimeError and,
+    # on names that are not UTF-8, UnicodeDecodeError: all of them mean a malformed model
     try:
         onnx.checker.check_model(model_copy)
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise FrontendError(f"the model is not valid ONNX: {first}") from None
+    except Exception as exc:
+        raise FrontendError(f"the model is not valid ONNX: {_first_line(exc)}") from None
     try:
         return onnx.shape_inference.infer_shapes(model_copy, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise FrontendError(f"shape inference failed: {first}") from None
+    except Exception as exc:
+        raise FrontendError(f"shape inference failed: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 LARGE_INITIALIZER = 4096  # elements; smaller ones (shapes, scalars) keep their values
