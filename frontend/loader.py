@@ -15,7 +15,9 @@ What `load_model` refuses, each with one `FrontendError` line (the CLI exits 1):
 - external data outside the model's folder (an absolute location, a ``..`` component, a
   symlink that leads out), missing, not a regular file, or shorter than the tensor it holds.
   External data is read relative to the model file, never the working directory;
-- floating-point weights that hold NaN or infinity (the initializer is named).
+- weights whose data does not match their type and shape, and floating-point weights that
+  hold NaN or infinity (the initializer is named). A ModelProto given in memory is taken as
+  built: only its opset and external data are checked.
 
 Shape-only weights. An initializer may carry its shape without its values: data location
 ``EXTERNAL`` with the external-data entry ``location`` equal to `SHAPE_ONLY_LOCATION`
@@ -32,6 +34,8 @@ from pathlib import Path, PurePath
 
 import numpy as np
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from onnx import numpy_helper
 
 #: the external-data location that marks an initializer as shape-only (see the module doc)
@@ -59,22 +63,26 @@ def is_shape_only(tensor: onnx.TensorProto) -> bool:
 
 
 def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
-    """An ONNX model from an ``.onnx`` path (external data read from the model's folder) or a
-    ModelProto (which must not refer to external data: it has no folder to read it from).
+    """An ONNX model from an ``.onnx`` path (external data read from the model's folder, every
+    weight checked against its shape and for NaN and infinity) or a ModelProto (taken as
+    built; it must not refer to external data, having no folder to read it from).
 
     Raises `ModelNotFoundError` for a missing path, `FrontendError` for anything else that is
     wrong with the model (see the module doc).
     """
     if isinstance(source, onnx.ModelProto):
-        model, name, folder = source, source.graph.name or "the model", None
-    else:
-        path = Path(source)
-        name = str(source)
-        model = _parse(path, _read(path))
-        folder = path.parent
+        # taken as built (the zoo checks its models when it builds them): scanning every
+        # weight would cost a second per 100M parameters on each compile
+        name = source.graph.name or "the model"
+        _check_opset(source, name)
+        _load_external(_tensors(source), None, name)
+        return source
+    path = Path(source)
+    name = str(source)
+    model = _parse(path, _read(path))
     _check_opset(model, name)
     tensors = _tensors(model)
-    _load_external(tensors, folder, name)
+    _load_external(tensors, path.parent, name)
     _check_values(tensors, name)
     return model
 
@@ -82,7 +90,7 @@ def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
 def _read(path: Path) -> bytes:
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):  # ValueError: a NUL in the path
         raise ModelNotFoundError(f"{path}: no such file (give an .onnx file or a zoo name; "
                                  "`t10c compile --help` lists the zoo)") from None
     except OSError as exc:
@@ -111,7 +119,38 @@ def _parse(path: Path, data: bytes) -> onnx.ModelProto:
                             ) from None
     if not model.graph.node and not model.graph.output or model.ir_version <= 0:
         raise FrontendError(f"{path}: not an ONNX model (no graph or no IR version in the file)")
+    try:
+        _touch_strings(model)
+    except UnicodeDecodeError:
+        raise FrontendError(f"{path}: not an ONNX model (a name or string in it is not "
+                            "UTF-8)") from None
     return model
+
+
+def _touch_strings(message: Message) -> None:
+    """Decode every string field once: ONNX's proto2 strings are not checked by the parser,
+    and a byte that is not UTF-8 would otherwise fail wherever a name is first read."""
+    if isinstance(message, onnx.TensorProto):  # never copy the weights' bytes
+        _utf8([message.name, message.doc_string])
+        for entry in message.external_data:
+            _touch_strings(entry)
+        return
+    for field, value in message.ListFields():
+        repeated = (field.is_repeated if hasattr(field, "is_repeated")  # protobuf >= 6.31
+                    else field.label == FieldDescriptor.LABEL_REPEATED)
+        items = list(value) if repeated else [value]
+        if field.type == FieldDescriptor.TYPE_STRING:
+            _utf8(items)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            for item in items:
+                _touch_strings(item)
+
+
+def _utf8(values: list[str | bytes]) -> None:
+    # protobuf (upb) hands back a proto2 string that is not UTF-8 as bytes, or raises
+    for value in values:
+        if isinstance(value, bytes):
+            value.decode("utf-8")
 
 
 def _check_opset(model: onnx.ModelProto, name: str) -> None:
@@ -154,8 +193,9 @@ def _read_external(t: onnx.TensorProto, folder: Path | None) -> None:
     if folder is None:
         raise FrontendError(f"{what} keeps its data in {location!r}, but the model was given "
                             "without a file; load it from its .onnx path")
-    if not location:
-        raise FrontendError(f"{what} is marked as external data but names no file")
+    if not location or "\0" in location:
+        raise FrontendError(f"{what} is marked as external data but names no usable file "
+                            f"({location!r})")
     rel = PurePath(location)
     if rel.is_absolute() or rel.drive or ".." in rel.parts:
         raise FrontendError(f"{what}: external data location {location!r} is outside the "
@@ -164,7 +204,7 @@ def _read_external(t: onnx.TensorProto, folder: Path | None) -> None:
     try:
         base = folder.resolve(strict=True)
         real = target.resolve(strict=True)
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: a symlink loop
         raise FrontendError(f"{what}: its external data file {location!r} is missing (looked "
                             f"in {folder.resolve()})") from None
     if not real.is_relative_to(base):

@@ -165,7 +165,8 @@ def format_report(r: CheckReport) -> str:
     lines.append(f"parameters: {r.parameters:,}")
     total = r.chip.total_sram_bytes
     verdict = "fit in it" if r.fits else "do NOT fit"
-    lines.append(f"weights on chip (each counted once): {_mb(r.weight_bytes)} at {r.dtype} "
+    counted = "each counted once" + ("" if r.complete else ", of the supported part")
+    lines.append(f"weights on chip ({counted}): {_mb(r.weight_bytes)} at {r.dtype} "
                  f"against {_mb(total)} of SRAM on {r.chip.name} ({r.chip.cores} cores x "
                  f"{r.chip.sram_bytes_per_core // 1024} KiB): they {verdict} "
                  f"({100 * r.weight_bytes / total:.1f}% of the chip)")

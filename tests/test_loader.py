@@ -133,6 +133,13 @@ def test_not_onnx_is_refused(tmp_path: Path, content: bytes) -> None:
         load_model(path)
 
 
+def test_names_that_are_not_utf8_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.onnx"
+    path.write_bytes(small_model().SerializeToString().replace(b"small", b"\x80mall"))
+    with pytest.raises(FrontendError, match="not UTF-8"):
+        load_model(path)
+
+
 def test_opset_newer_than_onnx_knows_is_refused(tmp_path: Path) -> None:
     model = small_model()
     model.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
