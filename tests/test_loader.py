@@ -180,6 +180,40 @@ def test_cli_gives_one_line_and_the_exit_code(tmp_path: Path,
         assert err.startswith("t10c: error: ") and err.count("\n") == 1, err
 
 
+def test_shape_only_convention_is_public(tmp_path: Path) -> None:
+    """Any producer can write shape-only weights; the frontend never imports the zoo."""
+    import subprocess
+    import sys
+
+    from t10c.frontend import SHAPE_ONLY_LOCATION, has_weights, is_shape_only
+
+    model = small_model()
+    w = model.graph.initializer[0]
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    entry = w.external_data.add()
+    entry.key, entry.value = "location", SHAPE_ONLY_LOCATION
+    path = tmp_path / "shapes.onnx"
+    path.write_bytes(model.SerializeToString())
+    loaded = load_model(path)
+    assert is_shape_only(loaded.graph.initializer[0])
+    graph = to_graph(loaded)
+    assert graph.constants["w"].shape == (64, 32) and not has_weights(graph)
+    code = ("import sys, t10c.frontend; "
+            "sys.exit('t10c.models' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_compile_and_run_with_external_data_from_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = with_external(small_model(), "weights.bin", tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["compile", str(path), "--chip", "test16", "--no-table", "--run"])
+    out = capsys.readouterr().out
+    assert code == 0 and "OK" in out, out
+
+
 # -- fuzzing: mutated bytes and mutated fields of a small valid model ----------------------
 
 VALID = small_model().SerializeToString()
