@@ -92,8 +92,8 @@ def load_source(source: str | Path | onnx.ModelProto, *, seq_len: int | None = N
             kwargs["seq_len"] = seq_len
         return models.build(name, **kwargs)
     path = Path(name)
-    if not path.exists() and not path.is_symlink() and path.suffix == "" and \
-            len(path.parts) == 1:
+    if not path.exists() and not path.is_symlink() and len(path.parts) == 1 and (
+            path.suffix == "" or models.suggest(name)):
         raise models.UnknownModelError(name)  # a bare word: a misspelt zoo name, not a path
     return frontend.load_model(path)
 
