@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from t10c.frontend.loader import SHAPE_ONLY_LOCATION
+from t10c.frontend import SHAPE_ONLY_LOCATION
 
 OPSET = 17
 """Opset of the default ``ai.onnx`` domain used by every zoo model."""

@@ -352,11 +352,13 @@ def chip_from_dict(data: dict[str, Any], origin: str = "<dict>") -> Chip:
             sources.setdefault(key, f"user chip file {origin}")
     values["sources"] = sources
     values.setdefault("description", f"user chip from {origin}")
-    if "grid" not in values and _is_int(values.get("cores")):
-        values["grid"] = (1, values["cores"])
+    if "grid" not in values and "cores" in values:
+        # an all-to-all chip's grid is one row; a wrong cores is reported on its own
+        values["grid"] = (1, values["cores"] if _is_int(values["cores"]) else 1)
     missing = [k for k in _FIELD_TYPES if k not in values and k not in _OPTIONAL]
-    for key in missing:
-        errors.append(f"{key}: missing (set it, or start from a preset with base = \"ipu-mk2\")")
+    if missing:
+        errors.append(f"missing {', '.join(missing)} (set them, or start from a preset with "
+                      f"base = \"ipu-mk2\")")
     errors.extend(_check_values(values))
     if errors:
         raise ChipError(f"chip file {origin}: " + "; ".join(errors))

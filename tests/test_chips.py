@@ -61,7 +61,7 @@ def test_missing_fields_and_wrong_ones_together() -> None:
     with pytest.raises(ChipError) as info:
         chip_from_dict({"name": "x", "cores": -4, "clock_hz": math.inf})
     text = str(info.value)
-    assert "topology: missing" in text and "cores: expected" in text and "clock_hz:" in text
+    assert "missing topology, " in text and "cores: expected" in text and "clock_hz:" in text
 
 
 @pytest.mark.parametrize("base", [["ipu-mk2"], 3, {"a": 1}])
