@@ -173,7 +173,10 @@ def test_cli_gives_one_line_and_the_exit_code(tmp_path: Path,
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"not a model")
     outside = with_external(small_model(), "/etc/passwd", tmp_path / "m")
+    nan = tmp_path / "nan.onnx"
+    nan.write_bytes(small_model(np.full((64, 32), np.nan, np.float32)).SerializeToString())
     for argv, want in (([str(junk)], 1), (["/dev/zero"], 1), ([str(outside)], 1),
+                       ([str(nan)], 1), ([str(nan), "--run"], 1),
                        ([str(tmp_path / "nope.onnx")], 2), (["bert-tinny"], 2)):
         code, err = compile_cli(capsys, *argv)
         assert code == want, (argv, err)
