@@ -277,6 +277,9 @@ MAX_CHIP_FILE_BYTES = 1 << 20
 _INT_FIELDS = {"cores": 1, "sram_bytes_per_core": 1, "link_bytes_per_cycle": 1,
                "compute_overhead_cycles": 0, "hop_latency_cycles": 0, "sync_cycles": 0,
                "routes_per_core": 0}
+#: the largest integer any field takes: far beyond every real chip, and small enough that
+#: products such as cores x SRAM stay inside the int64 arithmetic of the planner and emulator
+_INT_MAX = 2**31 - 1
 
 
 def load_chip(spec: str) -> Chip:
@@ -370,7 +373,7 @@ def chip_from_dict(data: dict[str, Any], origin: str = "<dict>") -> Chip:
 
 def _is_int(val: Any) -> bool:
     # TOML's true and false are Python bools, which are ints: never a count
-    return isinstance(val, int) and not isinstance(val, bool)
+    return isinstance(val, int) and not isinstance(val, bool) and val <= _INT_MAX
 
 
 def _check_values(v: dict[str, Any]) -> list[str]:
@@ -381,12 +384,14 @@ def _check_values(v: dict[str, Any]) -> list[str]:
             errors.append(f"{key}: expected a non-empty string, got {v[key]!r}")
     for key, low in _INT_FIELDS.items():
         if key in v and (not _is_int(v[key]) or v[key] < low):
-            errors.append(f"{key}: expected an integer >= {low}, got {v[key]!r}")
+            errors.append(f"{key}: expected an integer from {low} to {_INT_MAX}, got "
+                          f"{v[key]!r}")
     if "clock_hz" in v:
         hz = v["clock_hz"]
         if not isinstance(hz, (int, float)) or isinstance(hz, bool) or not math.isfinite(hz) \
-                or hz <= 0:
-            errors.append(f"clock_hz: expected a finite positive number, got {hz!r}")
+                or not 0 < hz <= 1e15:
+            errors.append(f"clock_hz: expected a finite positive number (at most 1e15), got "
+                          f"{hz!r}")
     if "topology" in v and (not isinstance(v["topology"], str)
                             or v["topology"] not in TOPOLOGIES):
         errors.append(f"topology: {v['topology']!r} is not one of {', '.join(TOPOLOGIES)}")

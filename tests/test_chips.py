@@ -29,7 +29,8 @@ def toml_value(value: object) -> str:
 
 
 @pytest.mark.parametrize("field", NUMERIC)
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0, -1, True, 1.5, "4"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0, -1, True, 1.5, "4",
+                                   10**30])
 def test_every_numeric_field_refuses_non_numbers(tmp_path: Path, field: str,
                                                  value: object) -> None:
     if value == 0 and not isinstance(value, bool) and field in ZERO_OK:
