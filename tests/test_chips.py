@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from t10c import cli
 from t10c.chips import PRESETS, ChipError, chip_from_dict, load_chip
@@ -111,3 +113,30 @@ def test_cli_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("t10c: error: chip file") and err.count("\n") == 1, err
+
+
+# -- fuzzing: any TOML value in any field loads or gets a ChipError, nothing else ----------
+
+TOML_VALUES = st.recursive(
+    st.booleans() | st.integers(-2**70, 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                max_size=3),
+    max_leaves=6)
+FIELD_NAMES = st.sampled_from(["base", "name", "description", "cores", "topology", "grid",
+                               "sram_bytes_per_core", "clock_hz", "matmul_macs_per_cycle",
+                               "matmul_unit", "vector_ops_per_cycle", "compute_overhead_cycles",
+                               "link_bytes_per_cycle", "hop_latency_cycles", "sync_cycles",
+                               "overlap", "routes_per_core", "sources", "colour"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(FIELD_NAMES, TOML_VALUES, max_size=5), st.booleans())
+def test_fuzz_chip_fields(fields: dict[str, object], from_base: bool) -> None:
+    data = ({"base": "wse2"} if from_base else {}) | fields
+    try:
+        chip = chip_from_dict(data)
+    except ChipError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert chip.cores >= 1 and math.isfinite(chip.clock_hz) and chip.clock_hz > 0
