@@ -9,8 +9,9 @@ Without planning anything, it lowers the model and prints, at once:
   SRAM of all cores together, each weight counted once (a necessary condition; ``t10c
   compile`` then finds out whether a plan fits next to the activations).
 
-It is shape-only: zoo models are built without drawing their weights (gpt2-xl checks in
-about 7 s and 200 MB), and the FLOPs are `Graph.flops`, the figure compile prints.
+It is shape-only: zoo models are built without drawing their weights (gpt2-xl checks in 7
+to 15 s, by the machine's load, and under 200 MB), and the FLOPs are `Graph.flops`, the
+figure compile prints.
 
 Exit codes: 0 the model can go to ``t10c compile``; 1 it cannot (unsupported nodes, weights
 larger than the chip, a shape to pin, a malformed model); 2 bad usage (unknown model or chip).
