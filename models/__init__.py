@@ -16,6 +16,7 @@ Building the same name with the same arguments gives a byte-identical
 
 from __future__ import annotations
 
+import difflib
 from types import MappingProxyType
 
 import onnx
@@ -48,6 +49,7 @@ __all__ = [
     "build_resnet",
     "build_vit",
     "is_zoo_name",
+    "suggest",
 ]
 
 ZOO_NAMES: tuple[str, ...] = (
@@ -84,14 +86,33 @@ DEFAULT_BATCH: MappingProxyType[str, int] = MappingProxyType(
 
 
 class UnknownModelError(ValueError):
-    """Raised by `build` for a name that is not in `ZOO_NAMES`."""
+    """Raised by `build` for a name that is not in `ZOO_NAMES`.
+
+    ``suggestions`` holds the closest known names (`suggest`), best first; the message says
+    "did you mean" with them, then lists the zoo.
+    """
 
     def __init__(self, name: str) -> None:
+        self.name = name
+        self.suggestions = suggest(name)
+        first, *others = self.suggestions or ("",)
+        also = f" (or {', '.join(repr(s) for s in others)})" if others else ""
+        hint = f"did you mean {first!r}{also}? " if first else ""
         super().__init__(
-            f"unknown model {name!r}; known models: {', '.join(ZOO_NAMES)}, "
+            f"unknown model {name!r}; {hint}known models: {', '.join(ZOO_NAMES)}, "
             "matmul-MxKxN"
         )
-        self.name = name
+
+
+def suggest(name: str) -> tuple[str, ...]:
+    """Up to three zoo names (or aliases) close to a misspelt ``name``, closest first."""
+    known = [*ZOO_NAMES, *ALIASES]
+    lowered = name.strip().lower()
+    if lowered != name and is_zoo_name(lowered):
+        return (lowered,)
+    if lowered.startswith("matmul"):
+        return ("matmul-MxKxN",)
+    return tuple(difflib.get_close_matches(lowered, known, n=3, cutoff=0.6))
 
 
 def is_zoo_name(name: str) -> bool:

@@ -246,12 +246,14 @@ def cmd_chips(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from t10c import frontend, models
+    from t10c.driver import load_source
     from t10c.explain import OpNotFoundError, explain_op, find_op, format_explanation
     from t10c.strategies import search_options as strategy_search
 
     chip = load_chip(args.chip)
     try:
-        model = frontend.load_model(args.model, seq_len=args.seq_len, batch=args.batch)
+        # explain plans one op: shapes are all it needs, so zoo weights are not drawn
+        model = load_source(args.model, seq_len=args.seq_len, batch=args.batch, weights=False)
         graph = frontend.to_graph(model, pinned=dict(args.shape))
     except (models.UnknownModelError, frontend.ModelNotFoundError) as exc:
         return _error(str(exc), EXIT_USAGE)
@@ -295,7 +297,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from t10c import frontend
     from t10c.chips import chip_from_dict
     from t10c.codegen import Program
-    from t10c.driver import TOLERANCE, make_inputs, max_rel_err, reference
+    from t10c.driver import TOLERANCE, load_source, make_inputs, max_rel_err, reference
     from t10c.emulator import EmulatorError, emulate
     from t10c.planfile import write_json
 
@@ -307,7 +309,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     meta = json.loads(meta_path.read_text())
     chip = chip_from_dict({k: v for k, v in meta["chip"].items()}, origin=str(meta_path))
     source = args.dir / meta["model_file"] if meta["model_file"] else meta["source"]
-    model = frontend.load_model(str(source), seq_len=meta["seq_len"], batch=meta["batch"])
+    model = load_source(str(source), seq_len=meta["seq_len"], batch=meta["batch"])
     graph = frontend.to_graph(model, pinned={k: tuple(v) for k, v in meta["pinned"].items()})
     program = Program.load(args.dir)
     inputs = make_inputs(graph, args.seed)

@@ -13,12 +13,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from t10c import frontend
+from t10c import frontend, models
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
 from t10c.emulator import Machine, Timeline, emulate
@@ -82,6 +83,30 @@ class RunResult:
         return self.max_rel_err <= self.tolerance
 
 
+def load_source(source: str | Path | onnx.ModelProto, *, seq_len: int | None = None,
+                batch: int | None = None, weights: bool = True) -> onnx.ModelProto:
+    """The model a user named: a zoo name is built (``weights=False``: shape-only, see
+    `t10c.frontend.SHAPE_ONLY_LOCATION`), anything else is loaded by the frontend as ONNX.
+
+    Raises `t10c.models.UnknownModelError` (with "did you mean") for a name that is neither a
+    file nor a zoo model and does not look like a path, `frontend.ModelNotFoundError` for a
+    missing path, `frontend.FrontendError` for a model that cannot be read.
+    """
+    if isinstance(source, onnx.ModelProto):
+        return frontend.load_model(source)
+    name = str(source)
+    if models.is_zoo_name(name):
+        kwargs: dict = {"batch": batch, "weights": weights}
+        if seq_len is not None:
+            kwargs["seq_len"] = seq_len
+        return models.build(name, **kwargs)
+    path = Path(name)
+    if not path.exists() and not path.is_symlink() and len(path.parts) == 1 and (
+            path.suffix == "" or models.suggest(name)):
+        raise models.UnknownModelError(name)  # a bare word: a misspelt zoo name, not a path
+    return frontend.load_model(path)
+
+
 def compile_model(source: str | onnx.ModelProto, chip: Chip,
                   options: CompileOptions = CompileOptions(),
                   progress: Progress | None = None) -> Compiled:
@@ -90,8 +115,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     start = time.perf_counter()
     if progress:
         progress("frontend", 0, 1)
-    model = frontend.load_model(source, seq_len=options.seq_len, batch=options.batch,
-                                weights=options.weights)
+    model = load_source(source, seq_len=options.seq_len, batch=options.batch,
+                        weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
     if progress:
