@@ -18,9 +18,12 @@ A body is a small expression tree of tuples, evaluated elementwise over the op's
   reduction axis, combine ``sum``): the lookup is then *sharded*, each core holding a block of
   the table's rows and contributing the rows that fall in it (zero for the others), and the
   sum over the cores that split the axis completes it (`take_axis`);
-- ``(fn, arg, ...)``: one of `UNARY_FNS`, `BINARY_FNS` or `TERNARY_FNS`. Comparisons and logic
-  (``eq``, ``lt``, ``not``, ``and``, ...) give 1.0 for true and 0.0 for false and read any
-  nonzero value as true; ``("where", c, a, b)`` is ``a`` where ``c`` is nonzero, else ``b``.
+- ``(fn, arg, ...)``: one of the functions of `t10c.elementwise.FNS` (the one table of their
+  arity, numpy implementation and vector cost). Comparisons and logic (``eq``, ``lt``, ``not``,
+  ``and``, ...) give 1.0 for true and 0.0 for false and read any nonzero value as true;
+  ``("where", c, a, b)`` is ``a`` where ``c`` is nonzero, else ``b``.
+
+An op's ``combine`` is None (elementwise) or one of `t10c.elementwise.COMBINES`.
 
 Reshape and Transpose of a tensor are `View`s, not ops: they cost nothing by themselves and are
 folded into the re-layout that feeds the next op (codegen maps element indices through them).
@@ -39,12 +42,6 @@ Body = tuple[Any, ...]
 #: Such a dimension is never split across cores.
 INDIRECT = "@"
 
-UNARY_FNS = ("neg", "exp", "log", "sqrt", "rsqrt", "recip", "erf", "tanh", "relu", "sigmoid",
-             "abs", "square", "sin", "cos", "not", "floor")
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "pow",
-              "eq", "lt", "le", "gt", "ge", "and", "or")
-TERNARY_FNS = ("where",)
-COMBINES = ("sum", "max")
 
 
 @dataclass(frozen=True)
