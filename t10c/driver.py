@@ -16,7 +16,7 @@ import onnx
 from t10c import frontend
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
-from t10c.emulator import Machine, Timeline, emulate
+from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.ir import Graph
 from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
 
@@ -106,7 +106,7 @@ def time_only(graph: Graph, plan: Plan, chip: Chip) -> tuple[Program, Timeline]:
     buffers: list[Buffer] = []
     header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
                      graph.ops, (), {}, graph.outputs, 0)
-    machine = Machine(header, chip, data=False)
+    machine = TimingMachine(header, chip)
     program = stream(graph, plan, chip, buffers, _TimingSink(machine))
     machine.flush()
     return program, machine.timeline
@@ -116,7 +116,7 @@ class _TimingSink:
     """Feeds streamed instructions to a data-less machine; repeated layers replay the records
     of their first occurrence (`codegen.lower` finds them by op key)."""
 
-    def __init__(self, machine: Machine) -> None:
+    def __init__(self, machine: TimingMachine) -> None:
         self.machine = machine
         self.mark, self.since, self.replay = machine.mark, machine.since, machine.replay
         self.written = machine.mark_written
