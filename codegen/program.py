@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -244,7 +245,7 @@ class Program:
                "sram_layout": self.sram_layout, "instrs": records}
         (directory / "program.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         with open(directory / "program.npz", "wb") as fh:
-            np.savez_compressed(fh, **arrays)
+            np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub
 
     @staticmethod
     def load(directory: Path) -> Program:
@@ -346,7 +347,7 @@ def _field(name: str, kind: str, v: object, arrays: dict[str, np.ndarray]) -> ob
 
 
 def _from_doc(doc: dict[str, object], arrays: dict[str, np.ndarray]) -> Program:
-    def need(key: str, typ: type | tuple[type, ...]) -> object:
+    def need(key: str, typ: type | tuple[type, ...]) -> Any:
         v = doc.get(key)
         if not isinstance(v, typ) or isinstance(v, bool):
             raise _Malformed(f"field {key!r} is missing or malformed")
@@ -354,10 +355,10 @@ def _from_doc(doc: dict[str, object], arrays: dict[str, np.ndarray]) -> Program:
 
     records = need("instrs", list)
     instrs: list[Instr] = []
-    for n, rec in enumerate(records):  # type: ignore[arg-type]
+    for n, rec in enumerate(records):
         if not isinstance(rec, dict):
             raise _Malformed(f"instruction {n} is not an object")
-        cls = _KINDS.get(rec.get("kind"))  # type: ignore[arg-type]
+        cls = _KINDS.get(rec.get("kind"))  # type: ignore[arg-type]  # any JSON value
         if cls is None:
             raise _Malformed(f"instruction {n} has unknown kind {rec.get('kind')!r} (known: "
                              f"{', '.join(_KINDS)})")
@@ -366,7 +367,7 @@ def _from_doc(doc: dict[str, object], arrays: dict[str, np.ndarray]) -> Program:
         if extra:
             raise _Malformed(f"instruction {n} ({cls.__name__}) has unknown fields "
                              f"{', '.join(sorted(extra))}")
-        values = {}
+        values: dict[str, Any] = {}
         for name, f in known.items():
             if name not in rec:
                 if f.default is MISSING:
@@ -379,25 +380,64 @@ def _from_doc(doc: dict[str, object], arrays: dict[str, np.ndarray]) -> Program:
         instrs.append(cls(**values))
     try:
         buffers = []
-        for b in need("buffers", list):  # type: ignore[attr-defined]
+        for b in need("buffers", list):
             if not (isinstance(b, dict) and set(b) == {"id", "name", "elems", "dtype", "offset"}
                     and all(type(b[k]) is int for k in ("id", "elems", "offset"))
                     and isinstance(b["name"], str) and isinstance(b["dtype"], str)):
                 raise _Malformed(f"buffer {b!r} is malformed")
             buffers.append(Buffer(**b))
-        exprs = tuple(expr_from_json(e) for e in need("exprs", list))  # type: ignore
+        exprs = tuple(expr_from_json(_expr_json(k, e))
+                      for k, e in enumerate(need("exprs", list)))
         inputs = {str(k): (ints_of(s), str(d))
-                  for k, (s, d) in need("inputs", dict).items()}  # type: ignore[attr-defined]
-        outputs = tuple(str(o) for o in need("outputs", list))  # type: ignore[attr-defined]
+                  for k, (s, d) in need("inputs", dict).items()}
+        outputs = tuple(str(o) for o in need("outputs", list))
         cores = need("cores", int)
         peak = need("peak_sram_bytes_per_core", int)
         live = doc.get("live_sram_bytes_per_core", 0)
+        if type(live) is not int:
+            raise _Malformed("field 'live_sram_bytes_per_core' is malformed")
         return Program(str(need("name", str)), str(need("chip", str)), str(need("dtype", str)),
-                       cores, tuple(buffers), exprs, tuple(instrs), inputs,  # type: ignore
-                       outputs, peak, live, str(doc.get("sram_layout", "")))  # type: ignore
+                       cores, tuple(buffers), exprs, tuple(instrs), inputs,
+                       outputs, peak, live, str(doc.get("sram_layout", "")))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _Malformed(f"malformed header or expression ({type(exc).__name__}: {exc})"
                          ) from None
+
+
+def _expr_json(k: int, e: object) -> dict[str, Any]:
+    """Expression ``k``'s JSON, checked for the types `expr_from_json` expects."""
+
+    def axis_pair(x: object) -> bool:
+        return isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) \
+            and type(x[1]) is int
+
+    def dim(x: object) -> bool:
+        if isinstance(x, dict):
+            return set(x) == {"terms", "offset"} and type(x["offset"]) is int \
+                and isinstance(x["terms"], list) and all(axis_pair(t) for t in x["terms"])
+        return isinstance(x, str)
+
+    def operand(o: object) -> bool:
+        return isinstance(o, dict) and set(o) == {"tensor", "axes"} \
+            and isinstance(o["tensor"], str) and isinstance(o["axes"], list) \
+            and all(dim(x) for x in o["axes"])
+
+    def body(b: object) -> bool:
+        if isinstance(b, list):
+            return bool(b) and isinstance(b[0], str) and all(body(x) for x in b[1:])
+        return type(b) in (int, float)
+
+    ok = (isinstance(e, dict) and set(e) <= {"name", "axes", "output", "inputs", "combine",
+                                              "body", "source"}
+          and isinstance(e.get("name"), str) and isinstance(e.get("source", ""), str)
+          and isinstance(e.get("axes"), list) and all(axis_pair(a) for a in e["axes"])
+          and operand(e.get("output")) and isinstance(e.get("inputs"), list)
+          and all(operand(o) for o in e["inputs"])
+          and (e.get("combine") is None or isinstance(e.get("combine"), str))
+          and body(e.get("body")))
+    if not ok:
+        raise _Malformed(f"expression {k} is malformed")
+    return e  # type: ignore[return-value]
 
 
 def ints_of(x: object) -> tuple[int, ...]:

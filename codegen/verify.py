@@ -18,6 +18,8 @@ live buffers overlapping) are the emulator's to refuse as it runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -95,6 +97,9 @@ def _check_expr(e: TensorExpr) -> str | None:
             names = d.axes if isinstance(d, Window) else (d,)
             if any(a != INDIRECT and a not in extents for a in names):
                 return f"operand {o.tensor} is indexed by an axis the expression lacks"
+    used = {a for o in e.operands for a in o.axis_set}
+    if any(a not in used for a in extents):
+        return "an axis indexes no operand"
     if any(not isinstance(d, str) or d == INDIRECT for d in e.output.axes):
         return "the output must be indexed by plain axes"
     why = check_body(e.body, len(e.inputs))
@@ -287,5 +292,6 @@ def _store(p: Program, ins: Store) -> None:
     _within("src_off", off, 0, src.elems, f"buffer %{src.name}")
 
 
-_CHECKS = {Alloc: _alloc, Free: _alloc, Load: _load, Fill: _fill, Exchange: _exchange,
-           Shift: _shift, Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store}
+_CHECKS: dict[type[Instr], Callable[[Program, Any], None]] = {
+    Alloc: _alloc, Free: _alloc, Load: _load, Fill: _fill, Exchange: _exchange, Shift: _shift,
+    Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store}

@@ -103,14 +103,14 @@ def evaluate(expr: TensorExpr, values: list[np.ndarray], sub: dict[str, int],
         kept = [a for a in axes if a not in red]
     else:
         kept = list(axes)
-    perm = [0] + [kept.index(a) + 1 for a in expr.output.axes]
+    perm = [0] + [kept.index(str(a)) + 1 for a in expr.output.axes]
     return np.transpose(result, perm)
 
 
 def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray, list[str]]]) -> np.ndarray:
     """Batched matmul over the core axis: (Z, batch, m, k) @ (Z, batch, k, n)."""
     (a, a_axes), (b, b_axes) = expanded
-    out_axes = list(expr.output.axes)
+    out_axes = [str(a) for a in expr.output.axes]  # output dimensions are plain axes
     red = list(expr.reduction_axes)
     if not all(x in a_axes and x in b_axes for x in red):
         letters = {x: chr(ord("a") + i) for i, x in enumerate(expr.axis_names)}
@@ -137,7 +137,7 @@ def _eval_body(node: tuple, full: list[np.ndarray]) -> np.ndarray:
     if head == "in":
         return full[node[1]]
     if head == "const":
-        return np.float32(node[1])
+        return np.asarray(node[1], dtype=np.float32)
     args = [_eval_body(a, full) for a in node[1:]]
     return np.asarray(FNS[head].numpy(*args), dtype=np.float32)
 

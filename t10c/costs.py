@@ -46,7 +46,7 @@ def compute_cycles(op: TensorExpr, sub: dict[str, int], chip: Chip, dtype: str) 
         m, k, n, batch = contraction_dims(op, sub)
         return chip.matmul_cycles(m, k, n, batch, dtype)
     if op.body[0] == "take":  # one lookup per output point, whatever share of rows is here
-        return chip.vector_cycles(math.prod(sub[a] for a in op.output.axes), dtype)
+        return chip.vector_cycles(math.prod(sub[str(a)] for a in op.output.axes), dtype)
     return chip.vector_cycles(math.prod(sub.values()) * body_ops(op), dtype)
 
 

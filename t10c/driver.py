@@ -19,6 +19,7 @@ from t10c.codegen import Buffer, Program, generate, stream
 from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.ir import Graph
 from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
+from t10c.rundir import draw_inputs, input_specs
 
 #: error bounds against onnxruntime per storage dtype (max abs error over max abs reference)
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
@@ -130,23 +131,9 @@ def _short(name: str) -> str:
 
 
 def make_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs: normal floats; integer indices within the table they index."""
-    rng = np.random.default_rng(seed)
-    limits: dict[str, int] = {}
-    for op in graph.ops:
-        if op.body and op.body[0] == "take":
-            table, index = op.inputs[op.body[1]], op.inputs[op.body[2]]
-            rows = graph.tensors[table.tensor].shape[op.take_dim()]
-            root = graph.root(index.tensor)
-            limits[root] = min(limits.get(root, rows), rows)
-    inputs = {}
-    for name in graph.inputs:
-        info = graph.tensors[name]
-        if info.dtype == "float32":
-            inputs[name] = rng.standard_normal(info.shape).astype(np.float32)
-        else:
-            inputs[name] = rng.integers(0, limits.get(name, 2), info.shape).astype(np.int64)
-    return inputs
+    """Seeded random inputs: normal floats; integer indices within the table they index
+    (`t10c.rundir`, which ``t10c run DIR`` draws them with too)."""
+    return draw_inputs(input_specs(graph), seed)
 
 
 def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
