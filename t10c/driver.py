@@ -123,7 +123,7 @@ class _TimingSink:
         self.written = machine.mark_written
 
     def __call__(self, ins: object) -> None:
-        self.machine.step(ins, {})  # type: ignore[arg-type]
+        self.machine.step(ins)  # type: ignore[arg-type]
 
 
 def _short(name: str) -> str:

@@ -232,10 +232,10 @@ def map_to_root(graph: Graph, tensor: str, flat: np.ndarray) -> tuple[str, np.nd
             # view[i] = src[j] where j[perm[d]] = i[d]
             src_shape = graph.tensors[view.source].shape
             idx = np.unravel_index(flat, view.shape)
-            src_idx = [None] * len(view.perm)
+            src_idx: list[Any] = [None] * len(view.perm)
             for d, p in enumerate(view.perm):
                 src_idx[p] = idx[d]
-            flat = np.ravel_multi_index(tuple(src_idx), src_shape)
+            flat = np.asarray(np.ravel_multi_index(tuple(src_idx), src_shape))
         tensor = view.source
     return tensor, flat
 

@@ -155,27 +155,32 @@ JSON_VALUES = st.one_of(
     st.just({"npz": ["nosuch"]}))
 
 
+def _value(old: object, data) -> object:
+    """A replacement for a field: near the old value (an integer nudged), or anything."""
+    if type(old) is int and data.draw(st.booleans()):
+        return old + data.draw(st.integers(-3, 3))
+    return data.draw(JSON_VALUES)
+
+
 def _mutate_json(doc: dict, data) -> None:
-    where = data.draw(st.sampled_from(["instr", "instr", "instr", "buffer", "expr", "header"]))
-    if where == "instr":
-        rec = doc["instrs"][data.draw(st.integers(0, len(doc["instrs"]) - 1))]
-        key = data.draw(st.sampled_from(sorted(rec) + ["kind", "extra"]))
-        if key == "kind":
-            rec[key] = data.draw(st.sampled_from(["Alloc", "Free", "Load", "Fill", "Exchange",
-                                                  "Compute", "Shift", "Reduce", "Sync",
-                                                  "Store", "Nope"]))
-        elif data.draw(st.booleans()) and key in rec:
-            del rec[key]
-        else:
-            rec[key] = data.draw(JSON_VALUES)
-    elif where == "buffer":
-        b = doc["buffers"][data.draw(st.integers(0, len(doc["buffers"]) - 1))]
-        b[data.draw(st.sampled_from(sorted(b)))] = data.draw(JSON_VALUES)
-    elif where == "expr":
-        e = doc["exprs"][data.draw(st.integers(0, len(doc["exprs"]) - 1))]
-        e[data.draw(st.sampled_from(sorted(e)))] = data.draw(JSON_VALUES)
+    where = data.draw(st.sampled_from(["instrs", "instrs", "instrs", "buffers", "exprs",
+                                       "header"]))
+    items = doc.get(where)
+    if where == "header" or not isinstance(items, list) or not items \
+            or not all(isinstance(x, dict) for x in items):  # an earlier mutation broke it
+        key = data.draw(st.sampled_from(sorted(doc)))
+        doc[key] = _value(doc[key], data)
+        return
+    rec = items[data.draw(st.integers(0, len(items) - 1))]
+    key = data.draw(st.sampled_from(sorted(rec) + ["kind", "extra"]))
+    if where == "instrs" and key == "kind":
+        rec[key] = data.draw(st.sampled_from(["Alloc", "Free", "Load", "Fill", "Exchange",
+                                              "Compute", "Shift", "Reduce", "Sync", "Store",
+                                              "Nope"]))
+    elif key in rec and data.draw(st.integers(0, 4)) == 0:
+        del rec[key]
     else:
-        doc[data.draw(st.sampled_from(sorted(doc)))] = data.draw(JSON_VALUES)
+        rec[key] = _value(rec.get(key), data)
 
 
 def _mutate_table(arrays: dict[str, np.ndarray], data) -> None:
