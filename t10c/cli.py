@@ -294,31 +294,52 @@ def _entries(models: list[str], chips: list[str], strategies: list[str],
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from t10c import frontend
+    """Emulate a program directory again: its program, weights and input specs come from DIR
+    (no frontend runs), and onnxruntime checks it on DIR's model.onnx."""
     from t10c.chips import chip_from_dict
-    from t10c.codegen import Program
-    from t10c.driver import TOLERANCE, load_source, make_inputs, max_rel_err, reference
+    from t10c.codegen.program import ProgramError
+    from t10c.codegen.verify import verify_program
+    from t10c.driver import TOLERANCE, max_rel_err, reference
     from t10c.emulator import EmulatorError, emulate
     from t10c.planfile import write_json
+    from t10c.rundir import RunDirError, draw_inputs, load_run_dir
 
     meta_path = args.dir / "compile.json"
     if not meta_path.is_file():
+        if (args.dir / "program.json").is_file():  # a compiled directory that lost a file
+            print(f"t10c: error: {meta_path} is missing; write the directory again with "
+                  f"t10c compile MODEL -o {args.dir}", file=sys.stderr)
+            return EXIT_FAIL
         print(f"t10c: error: {args.dir} has no compile.json; write one with "
               f"t10c compile MODEL -o {args.dir}", file=sys.stderr)
         return EXIT_USAGE
-    meta = json.loads(meta_path.read_text())
-    chip = chip_from_dict({k: v for k, v in meta["chip"].items()}, origin=str(meta_path))
-    source = args.dir / meta["model_file"] if meta["model_file"] else meta["source"]
-    model = load_source(str(source), seq_len=meta["seq_len"], batch=meta["batch"])
-    graph = frontend.to_graph(model, pinned={k: tuple(v) for k, v in meta["pinned"].items()})
-    program = Program.load(args.dir)
-    inputs = make_inputs(graph, args.seed)
     try:
-        outputs, tl, wall = emulate(program, chip, inputs, graph.constants)
+        meta = json.loads(meta_path.read_text())
+        chip_doc, model_name = dict(meta["chip"]), str(meta["model"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        print(f"t10c: error: {meta_path} is not a readable compile.json ({exc}); write the "
+              f"directory again with t10c compile MODEL -o {args.dir}", file=sys.stderr)
+        return EXIT_FAIL
+    chip = chip_from_dict(chip_doc, origin=str(meta_path))
+    try:
+        run = load_run_dir(args.dir)
+        verify_program(run.program, chip)
+    except (RunDirError, ProgramError) as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    program = run.program
+    inputs = draw_inputs(run.inputs, args.seed)
+    try:
+        outputs, tl, wall = emulate(program, chip, inputs, run.weights)
     except EmulatorError as exc:
         print(f"t10c: error: emulation failed: {exc}", file=sys.stderr)
         return EXIT_FAIL
-    ref, ref_wall = reference(model, inputs)
+    try:
+        ref, ref_wall = reference(run.model, inputs)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own kinds
+        print(f"t10c: error: onnxruntime cannot run {args.dir / 'model.onnx'}: "
+              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return EXIT_FAIL
     err = max_rel_err(outputs, ref)
     tol = TOLERANCE[program.dtype]
     print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
@@ -327,16 +348,37 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{'OK' if err <= tol else 'MISMATCH'}")
     print(f"emulation wall time {wall:.2f} s; onnxruntime {ref_wall:.3f} s")
     write_json(args.dir / "run.json", {
-        "format": "t10c-run/1", "model": meta["model"], "chip": chip.name,
+        "format": "t10c-run/1", "model": model_name, "chip": chip.name,
         "dtype": program.dtype, "seed": args.seed, "cycles": tl.cycles,
-        "latency_s": tl.latency_s, "max_rel_err": err, "tolerance": tol, "ok": err <= tol,
+        "latency_s": tl.latency_s, "predicted_cycles": _predicted_cycles(args.dir),
+        "max_rel_err": err, "tolerance": tol, "ok": err <= tol,
         "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core, "host_bytes": tl.host_bytes,
         "emulate_wall_s": wall, "reference_wall_s": ref_wall, "ops": tl.by_op()})
     if args.trace:
         from t10c.emulator.trace import write_trace
-        write_trace(tl, args.trace, f"{meta['model']} on {chip.name}")
+        write_trace(tl, args.trace, f"{model_name} on {chip.name}")
         print(f"wrote trace {args.trace}")
     return 0 if err <= tol else EXIT_FAIL
+
+
+def _predicted_cycles(directory: Path) -> int | None:
+    """The plan's predicted latency, from DIR/plan.json (None if it cannot be read)."""
+    try:
+        value = json.loads((directory / "plan.json").read_text())["total_cycles"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return value if type(value) is int else None
+
+
+def _save_program_dir(compiled, out: Path, source: str) -> None:
+    """The program and what `cmd_run` needs to run it alone: weights, input specs, and the
+    model (written here for a zoo model; a file model is copied by `cmd_compile`)."""
+    from t10c import models
+    from t10c.rundir import save_run_files
+
+    compiled.program.save(out)
+    save_run_files(out, compiled.program, compiled.graph,
+                   compiled.model if models.is_zoo_name(source) else None)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -465,7 +507,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         search=strategy_search(args.strategy, search_options(args)),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
                              planner=args.planner, relative_gap=args.gap),
-        weights=args.run,  # zoo weights are drawn only when the program will run
+        # zoo weights are drawn only when the program will run, here or from -o DIR
+        weights=args.run or (args.out is not None and not args.timing_only),
         front_limit=args.front, timing_only=args.timing_only)
     progress = StageProgress()
     try:
@@ -573,7 +616,7 @@ def _write_compile(compiled, args: argparse.Namespace) -> None:
         done = 1
         progress("write", done, steps)
         if compiled.timeline is None:
-            compiled.program.save(tmp)
+            _save_program_dir(compiled, tmp, args.model)
             done += 1
             progress("write", done, steps)
         model_file = None

@@ -22,9 +22,10 @@ import onnx
 from t10c import frontend, models
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
-from t10c.emulator import Machine, Timeline, emulate
+from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.ir import Graph
 from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
+from t10c.rundir import draw_inputs, input_specs
 
 #: ``progress(stage, done, total)``: how far a stage ("frontend", "search", "solve",
 #: "codegen", "emulate", "write") has come; a stage starts at its first call
@@ -188,7 +189,7 @@ def time_only(graph: Graph, plan: Plan, chip: Chip) -> tuple[Program, Timeline]:
     buffers: list[Buffer] = []
     header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
                      graph.ops, (), {}, graph.outputs, 0)
-    machine = Machine(header, chip, data=False)
+    machine = TimingMachine(header, chip)
     program = stream(graph, plan, chip, buffers, _TimingSink(machine))
     machine.flush()
     return program, machine.timeline
@@ -198,13 +199,13 @@ class _TimingSink:
     """Feeds streamed instructions to a data-less machine; repeated layers replay the records
     of their first occurrence (`codegen.lower` finds them by op key)."""
 
-    def __init__(self, machine: Machine) -> None:
+    def __init__(self, machine: TimingMachine) -> None:
         self.machine = machine
         self.mark, self.since, self.replay = machine.mark, machine.since, machine.replay
         self.written = machine.mark_written
 
     def __call__(self, ins: object) -> None:
-        self.machine.step(ins, {})  # type: ignore[arg-type]
+        self.machine.step(ins)  # type: ignore[arg-type]
 
 
 def _short(name: str) -> str:
@@ -212,23 +213,9 @@ def _short(name: str) -> str:
 
 
 def make_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs: normal floats; integer indices within the table they index."""
-    rng = np.random.default_rng(seed)
-    limits: dict[str, int] = {}
-    for op in graph.ops:
-        if op.body and op.body[0] == "take":
-            table, index = op.inputs[op.body[1]], op.inputs[op.body[2]]
-            rows = graph.tensors[table.tensor].shape[op.take_dim()]
-            root = graph.root(index.tensor)
-            limits[root] = min(limits.get(root, rows), rows)
-    inputs = {}
-    for name in graph.inputs:
-        info = graph.tensors[name]
-        if info.dtype == "float32":
-            inputs[name] = rng.standard_normal(info.shape).astype(np.float32)
-        else:
-            inputs[name] = rng.integers(0, limits.get(name, 2), info.shape).astype(np.int64)
-    return inputs
+    """Seeded random inputs: normal floats; integer indices within the table they index
+    (`t10c.rundir`, which ``t10c run DIR`` draws them with too)."""
+    return draw_inputs(input_specs(graph), seed)
 
 
 def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
