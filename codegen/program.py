@@ -248,15 +248,11 @@ class Program:
             np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub
 
     @staticmethod
-    def load(directory: Path) -> Program:
-        """Read a program written by `save`, and verify it (`codegen.verify.verify_program`
-        without a chip). Anything missing, truncated or malformed is one `ProgramError` that
+    def parse(directory: Path) -> Program:
+        """Read a program written by `save`, unverified: use `codegen.load_program`, which
+        also verifies it. Anything missing, truncated or malformed is one `ProgramError` that
         says which file and what is wrong."""
-        from .verify import verify_program
-
-        program = _read(Path(directory))
-        verify_program(program)
-        return program
+        return _read(Path(directory))
 
 
 class ProgramError(ValueError):

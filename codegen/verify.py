@@ -10,7 +10,7 @@ topologies t10c models, all-to-all and dimension-order-routed 2D meshes and tori
 of the grid are joined by links, so a transfer's links exist exactly when both its ends do).
 
 Every refusal is a `ProgramError` naming the instruction (index, kind, op) and the reason.
-`Program.load` runs the chip-less checks on every program read from disk; ``t10c run`` and
+`load_program` runs the chip-less checks on every program read from disk; ``t10c run`` and
 ``--check`` run them with the chip. Dynamic properties (a read of a buffer no core wrote, two
 live buffers overlapping) are the emulator's to refuse as it runs.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -295,3 +296,11 @@ def _store(p: Program, ins: Store) -> None:
 _CHECKS: dict[type[Instr], Callable[[Program, Any], None]] = {
     Alloc: _alloc, Free: _alloc, Load: _load, Fill: _fill, Exchange: _exchange, Shift: _shift,
     Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store}
+
+
+def load_program(directory: Path) -> Program:
+    """Read a program written by `Program.save` and verify it without a chip
+    (`verify_program`): a program read from disk is never trusted. Raises `ProgramError`."""
+    program = Program.parse(Path(directory))
+    verify_program(program)
+    return program

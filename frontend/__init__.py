@@ -28,6 +28,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from t10c.ir import Graph, Operand
+from t10c.shape_only import SHAPE_ONLY_LOCATION, is_shape_only
 
 from . import layout as _layout  # noqa: F401  (each module registers its lowerings)
 from . import nn as _nn  # noqa: F401
@@ -35,14 +36,7 @@ from . import ops as _ops  # noqa: F401
 from . import shapes as _shapes  # noqa: F401
 from .context import REGISTRY, Context, Unsupported, attrs, pick
 from .fuse import fuse_elementwise, prune
-from .loader import (
-    SHAPE_ONLY_LOCATION,
-    FrontendError,
-    ModelNotFoundError,
-    check_and_infer,
-    is_shape_only,
-    load_model,
-)
+from .loader import FrontendError, ModelNotFoundError, check_and_infer, load_model
 from .rewrite import fold_batchnorm
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",

@@ -38,8 +38,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from onnx import numpy_helper
 
-#: the external-data location that marks an initializer as shape-only (see the module doc)
-SHAPE_ONLY_LOCATION = "t10c:shape-only"
+from t10c.shape_only import is_shape_only
 
 #: protobuf refuses to parse a message of 2 GiB or more
 MAX_MODEL_BYTES = 2**31 - 1
@@ -54,12 +53,6 @@ class FrontendError(ValueError):
 
 class ModelNotFoundError(FrontendError):
     """The model path does not exist (a usage error)."""
-
-
-def is_shape_only(tensor: onnx.TensorProto) -> bool:
-    """Whether ``tensor`` is a shape-only initializer (`SHAPE_ONLY_LOCATION`)."""
-    return tensor.data_location == onnx.TensorProto.EXTERNAL and any(
-        e.key == "location" and e.value == SHAPE_ONLY_LOCATION for e in tensor.external_data)
 
 
 def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from t10c.frontend import SHAPE_ONLY_LOCATION
+from t10c.shape_only import SHAPE_ONLY_LOCATION
 
 OPSET = 17
 """Opset of the default ``ai.onnx`` domain used by every zoo model."""
@@ -39,7 +39,7 @@ class NoWeights:
     GPT-2 XL (1.5B parameters) does not even fit ONNX's 2 GB protobuf limit with them. Every
     draw is a zero-stride array of the right shape (no memory), and `GraphBuilder` with
     ``materialize=False`` writes large initializers as shape-only tensors: the frontend's
-    public convention, external data at `t10c.frontend.SHAPE_ONLY_LOCATION`.
+    public convention, external data at `t10c.shape_only.SHAPE_ONLY_LOCATION`.
     """
 
     def standard_normal(self, shape: Sequence[int], dtype: type = np.float32) -> np.ndarray:

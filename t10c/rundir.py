@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 
 from t10c.codegen.program import Load, Program, ProgramError
+from t10c.codegen.verify import load_program
 from t10c.ir import Graph
 
 INPUTS_FORMAT = "t10c-inputs/1"
@@ -101,9 +102,9 @@ class RunDir:
 
 def load_run_dir(directory: Path) -> RunDir:
     """Read what ``t10c run`` needs from ``directory`` (the program is verified without a
-    chip by `Program.load`)."""
+    chip by `codegen.load_program`)."""
     try:
-        program = Program.load(directory)
+        program = load_program(directory)
     except ProgramError as exc:
         raise RunDirError(str(exc)) from None
     weights = _weights(directory / "weights.npz")

@@ -43,8 +43,9 @@ def test_out_replaces_the_whole_directory(capsys: pytest.CaptureFixture[str],
     assert code == 0, err
     assert plan_model(out) == "matmul-16x32x8"
     # nothing of the first compile is left: its run.json would describe another program
-    assert sorted(p.name for p in out.iterdir()) == ["compile.json", "plan.json",
-                                                     "program.json", "program.npz"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "compile.json", "inputs.json", "model.onnx", "plan.json", "program.json", "program.npz",
+        "weights.npz"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary siblings
 
 

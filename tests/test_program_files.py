@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from t10c.chips import PRESETS
 from t10c.cli import main
-from t10c.codegen.program import Program, ProgramError
-from t10c.codegen.verify import verify_program
+from t10c.codegen.program import ProgramError
+from t10c.codegen.verify import load_program, verify_program
 from t10c.emulator import EmulatorError, emulate
 from t10c.rundir import draw_inputs, load_run_dir
 
@@ -144,7 +144,7 @@ def test_program_load_refuses_with_one_error(compiled, tmp_path) -> None:
     d = _copy(compiled, tmp_path / "d")
     (d / "program.npz").write_bytes(b"not a zip")
     with pytest.raises(ProgramError, match="program.npz is not a readable"):
-        Program.load(d)
+        load_program(d)
 
 
 # -- fuzzing ------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_fuzzed_programs_load_and_run_or_are_refused(compiled, run_files, data) 
         with open(d / "program.npz", "wb") as fh:
             np.savez(fh, **arrays)
         try:
-            program = Program.load(d)
+            program = load_program(d)
             verify_program(program, CHIP)
         except ProgramError as exc:
             assert "\n" not in str(exc)
