@@ -10,6 +10,7 @@ as an internal error (``T10C_DEBUG=1`` shows its traceback).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -373,12 +374,13 @@ def _predicted_cycles(directory: Path) -> int | None:
 def _save_program_dir(compiled, out: Path, source: str) -> None:
     """The program and what `cmd_run` needs to run it alone: weights, input specs, and the
     model (written here for a zoo model; a file model is copied by `cmd_compile`)."""
-    from t10c import models
+    from t10c import frontend, models
     from t10c.rundir import save_run_files
 
     compiled.program.save(out)
-    save_run_files(out, compiled.program, compiled.graph,
-                   compiled.model if models.is_zoo_name(source) else None)
+    if frontend.has_weights(compiled.graph):  # shape-only: nothing to run, nothing to save
+        save_run_files(out, compiled.program, compiled.graph,
+                       compiled.model if models.is_zoo_name(source) else None)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -512,7 +514,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
         front_limit=args.front, timing_only=args.timing_only)
     progress = StageProgress()
     try:
-        compiled = compile_model(args.model, chip, options, progress)
+        try:
+            compiled = compile_model(args.model, chip, options, progress)
+        except models.ModelTooLargeError as exc:
+            if args.run:
+                raise
+            # -o wanted weights for `t10c run`; a model past protobuf's limit has none to give
+            print(f"t10c: note: {exc.name}'s weights are past protobuf's 2 GB limit: "
+                  f"{args.out} holds the plan and program without weights (t10c run cannot "
+                  "run it)", file=sys.stderr)
+            options = dataclasses.replace(options, weights=False)
+            compiled = compile_model(args.model, chip, options, progress)
     except (models.UnknownModelError, ModelNotFoundError) as exc:
         return _error(str(exc), EXIT_USAGE)
     except (FrontendError, PlanError, CodegenError, ValueError) as exc:

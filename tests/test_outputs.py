@@ -155,3 +155,22 @@ def test_ctrl_c_outside_the_solve(tmp_path: Path) -> None:
     if out.exists():
         assert sorted(p.name for p in out.iterdir()) == [
             "compile.json", "plan.json", "program.json", "program.npz"]
+
+
+def test_out_of_a_model_past_the_protobuf_limit_holds_no_weights(capsys, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """-o draws weights for `t10c run`; a model too large to carry them is written without
+    them (a note says so) and `t10c run` refuses it in one line."""
+    from t10c import models
+
+    monkeypatch.setattr(models, "MAX_WEIGHT_BYTES", 1)
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "compile", "mlp", "--chip", "test16", "-o", str(out))
+    assert code == 0, err
+    assert "without weights" in err
+    assert not (out / "weights.npz").exists() and (out / "program.json").is_file()
+    code, _, err = run(capsys, "run", str(out))
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1 and "weights" in err
+    code, _, err = run(capsys, "compile", "mlp", "--chip", "test16", "--run")
+    assert code == 1 and "shape-only" in err
