@@ -130,9 +130,10 @@ def _weights(path: Path) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files}
     except FileNotFoundError:
-        raise RunDirError(f"{path} is missing (a directory written before t10c kept weights "
-                          "next to the program?); write it again with t10c compile MODEL -o "
-                          "DIR") from None
+        raise RunDirError(f"{path} is missing: the directory holds no weights to run (its "
+                          "model was compiled shape-only, being past protobuf's 2 GB limit, or "
+                          "the file was removed); compile a model with weights with -o again"
+                          ) from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         raise RunDirError(f"{path} is not a readable weights file ({exc})") from None
 
