@@ -33,6 +33,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import dtype_bytes
+from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 
@@ -53,8 +54,6 @@ from .program import (
     Sync,
     tile_elements,
 )
-
-IDENTITY = {"sum": 0.0, "max": -np.inf}
 
 
 class CodegenError(RuntimeError):
@@ -312,8 +311,8 @@ class _Builder:
                     self.free(self.placement[root].buf, op.name)
 
         if op.combine:
-            self.instrs.append(Fill(op.name, "compute", out, IDENTITY[op.combine], geo.ncores,
-                                    _cores(geo)))
+            identity = COMBINES[op.combine].identity
+            self.instrs.append(Fill(op.name, "compute", out, identity, geo.ncores, _cores(geo)))
         cur.append(out)
         owned.append(True)
         recv = {}

@@ -2,7 +2,7 @@
 
 The pipeline, as `to_graph` runs it:
 
-1. `load_model`: a zoo name, a path or a ModelProto;
+1. `load_model`: an ONNX path or a ModelProto (zoo names are resolved by the driver);
 2. `check_and_infer`: pin dynamic input dimensions (``--shape``), check, infer every shape;
 3. `fold_batchnorm` (`rewrite.py`): BatchNormalization after a Conv with constant weights is
    folded into the Conv;
@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from t10c.ir import Graph, Operand
-from t10c.models._builder import UNMATERIALISED
+from t10c.shape_only import SHAPE_ONLY_LOCATION, is_shape_only
 
 from . import layout as _layout  # noqa: F401  (each module registers its lowerings)
 from . import nn as _nn  # noqa: F401
@@ -41,7 +41,7 @@ from .rewrite import fold_batchnorm
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
            "Lowered", "device_graph", "load_model", "lower", "to_graph", "supported_ops",
-           "has_weights"]
+           "has_weights", "is_shape_only", "SHAPE_ONLY_LOCATION"]
 
 ELEM_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64",
               onnx.TensorProto.INT32: "int64"}
@@ -206,7 +206,7 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
              name: str | None = None, fuse: bool = True) -> Graph:
-    """Lower a model (zoo name, path or ModelProto) to the device graph.
+    """Lower a model (an ONNX path or a ModelProto) to the device graph.
 
     With ``fuse`` (the default), single-reader elementwise ops are inlined into their reader.
     Raises `UnsupportedModelError` listing every node that cannot be lowered.
@@ -264,10 +264,9 @@ def _copy_out(ctx: Context, out: str) -> None:
 
 
 def _initializer(t: onnx.TensorProto) -> np.ndarray:
-    """An initializer's value; a shape-only one (a zoo model built without weights) becomes a
-    zero-stride array of its shape, which planning and codegen need and emulation refuses."""
-    if t.data_location == onnx.TensorProto.EXTERNAL and any(
-            e.key == "location" and e.value == UNMATERIALISED for e in t.external_data):
+    """An initializer's value; a shape-only one (`is_shape_only`) becomes a zero-stride array
+    of its shape, which planning and codegen need and emulation refuses."""
+    if is_shape_only(t):
         dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
         return np.broadcast_to(np.zeros((), dtype=dtype), tuple(t.dims))
     return numpy_helper.to_array(t)

@@ -15,6 +15,7 @@ from typing import Any
 
 from t10c.driver import Compiled, RunResult
 from t10c.ir import INDIRECT
+from t10c.outputs import write_text
 from t10c.partition import Cycles, OpPlan, Plan, SolverReport, place
 from t10c.partition.place import Embedding
 
@@ -152,5 +153,6 @@ def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int |
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    """Write ``doc`` as sorted, indented JSON, atomically (`t10c.outputs`)."""
+    write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
