@@ -182,10 +182,11 @@ def test_solve_and_codegen_report_progress() -> None:
     improving solutions between); codegen reports every op."""
     from t10c.chips import load_chip
     from t10c.codegen import generate
-    from t10c.frontend import load_model, to_graph
+    from t10c.driver import load_source
+    from t10c.frontend import to_graph
     from t10c.partition import plan_graph
 
-    graph = to_graph(load_model("bert-tiny", seq_len=16, weights=False))
+    graph = to_graph(load_source("bert-tiny", seq_len=16, weights=False))
     chip = load_chip("test16")
     calls: list[tuple[str, int, int]] = []
     plan = plan_graph(graph, chip, progress=lambda *c: calls.append(c))
