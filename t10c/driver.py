@@ -78,10 +78,20 @@ class RunResult:
     emulate_wall_s: float
     reference_wall_s: float
     tolerance: float
+    #: the run timed the program without data (`Compiled.timeline`): nothing was checked
+    timing_only: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.max_rel_err <= self.tolerance
+        """Nothing failed: the outputs match onnxruntime's, or (timing only) none were made."""
+        return self.timing_only or self.max_rel_err <= self.tolerance
+
+    @staticmethod
+    def timed(c: Compiled) -> RunResult:
+        """The result of a timing-only compile: its timeline, no outputs, no check."""
+        assert c.timeline is not None, "only a timing-only compile carries a timeline"
+        return RunResult({}, {}, float("nan"), c.timeline, float(c.timings["codegen_s"]), 0.0,
+                         TOLERANCE[c.plan.dtype], timing_only=True)
 
 
 def load_source(source: str | Path | onnx.ModelProto, *, seq_len: int | None = None,
