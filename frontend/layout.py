@@ -196,9 +196,12 @@ def _slice(ctx: Context, node: onnx.NodeProto, data: str, out: str, name: str,
     dims: list[Dim] = list(axes)
     extents = list(shape)
     backwards = {}
+    if any(len(r) == 0 for r in ranges.values()):
+        # an empty slice holds no values: a constant, which no op needs to compute
+        ctx.constants[out] = np.zeros([len(ranges[d]) if d in ranges else n
+                                       for d, n in enumerate(shape)], np.float32)
+        return
     for axis, r in ranges.items():
-        if len(r) == 0:
-            raise Unsupported(f"an empty slice of axis {axis}")
         if r.step < 0 and len(r) > 1:
             backwards[axis] = r
             continue
