@@ -106,9 +106,9 @@ def Identity(ctx: Context, node: onnx.NodeProto) -> None:
 def Dropout(ctx: Context, node: onnx.NodeProto, ratio: float = 0.5, is_test: int = 0,
             seed: int = 0, consumed_inputs: list[int] | None = None) -> None:
     """Inference: the identity (the ratio and training-mode inputs are ignored)."""
-    if len(node.output) > 1 and node.output[1]:
-        raise Unsupported("Dropout's mask output is not supported (inference only)")
     ctx.view(node.output[0], node.input[0], ctx.shape(node.input[0]))
+    if len(node.output) > 1 and node.output[1]:  # inference keeps every element
+        ctx.constants[node.output[1]] = np.ones(ctx.shape(node.input[0]), bool)
 
 
 @register("Flatten", 1)

@@ -221,9 +221,33 @@ def ConvTranspose(ctx: Context, node: onnx.NodeProto, auto_pad: str = "NOTSET",
         _add_channel_bias(ctx, node, final, bias, node.output[0], f"{base}/bias")
 
 
+def _argmax(ctx: Context, node: onnx.NodeProto, base: str, axes: list[tuple[str, int]],
+            windows: list[Dim], o_axes: list[str], inputs: list[tuple[str, list[Dim]]],
+            storage_order: int) -> None:
+    """MaxPool's Indices: the flat position in the input of the first element equal to the
+    window's maximum, as ``-max over the window of (-position where x == max, else -inf)``
+    with a constant table of positions read through the same windows."""
+    xs = ctx.shape(node.input[0])
+    order = np.arange(math.prod(xs), dtype=np.float64).reshape(
+        xs if not storage_order else (*xs[:2], *reversed(xs[2:])))
+    positions = order if not storage_order else np.swapaxes(order, 2, -1)
+    pos = ctx.constant(f"{node.output[1]}/positions", positions)
+    mx = node.output[0]
+    found: Body = ("eq", ("in", 0), ("in", 2))
+    if len(inputs) > 1:  # padded: a position outside the tensor is never the maximum
+        found = ("and", found, ("in", 3))
+    neg = ctx.fresh(node.output[1])
+    _emit(ctx, node, f"{base}/indices", axes, neg, ["n", "c", *o_axes],
+          [inputs[0], (pos, ["n", "c", *windows]), (mx, ["n", "c", *o_axes]), *inputs[1:]],
+          "max", ("where", found, ("neg", ("in", 1)), ("const", float("-inf"))))
+    ctx.elementwise(node, [neg], lambda v: ("neg", v), out=node.output[1],
+                    name=f"{base}/indices/neg")
+
+
 def _pool(ctx: Context, node: onnx.NodeProto, kind: str, kernel: list[int],
           strides: list[int] | None, dilations: list[int] | None, pads: list[int] | None,
-          auto_pad: str, ceil_mode: int, count_include_pad: int = 0) -> None:
+          auto_pad: str, ceil_mode: int, count_include_pad: int = 0,
+          storage_order: int = 0) -> None:
     x = node.input[0]
     xs = ctx.shape(x)
     st, dil, begin, end, out = _spatial(ctx, node, xs, kernel, strides, dilations, pads,
@@ -251,6 +275,8 @@ def _pool(ctx: Context, node: onnx.NodeProto, kind: str, kernel: list[int],
             inputs.append((mask, list(windows)))
             body = ("where", ("in", 1), ("in", 0), ("const", float("-inf")))
         _emit(ctx, node, base, axes, node.output[0], ["n", "c", *o_axes], inputs, "max", body)
+        if len(node.output) > 1 and node.output[1]:
+            _argmax(ctx, node, base, axes, windows, o_axes, inputs, storage_order)
         return
     counts = padded if count_include_pad else inside
     total = counts[0].astype(np.float64)
@@ -270,10 +296,11 @@ def MaxPool(ctx: Context, node: onnx.NodeProto, kernel_shape: list[int] | None =
             auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: list[int] | None = None,
             pads: list[int] | None = None, storage_order: int = 0,
             strides: list[int] | None = None) -> None:
-    if len(node.output) > 1 and node.output[1]:
-        raise Unsupported("MaxPool's Indices output (argmax positions) is not supported")
+    if storage_order and len(node.output) > 1 and node.output[1] and len(kernel_shape or []) != 2:
+        raise Unsupported("MaxPool's Indices in column-major order (storage_order=1) of a "
+                          "pooling that is not 2-D")
     _pool(ctx, node, "max", list(kernel_shape or []), strides, dilations, pads, auto_pad,
-          ceil_mode)
+          ceil_mode, storage_order=storage_order)
 
 
 @register("AveragePool", 1)
@@ -431,12 +458,23 @@ def normalize(ctx: Context, node: onnx.NodeProto, x: str, red: list[int], epsilo
 @register("LayerNormalization", 17)
 def LayerNormalization(ctx: Context, node: onnx.NodeProto, axis: int = -1,
                        epsilon: float = 1e-5, stash_type: int = 1) -> None:
-    if len(node.output) > 1 and any(node.output[1:]):
-        raise Unsupported("LayerNormalization's Mean and InvStdDev outputs are not supported")
-    rank = len(ctx.shape(node.input[0]))
+    shape = ctx.shape(node.input[0])
+    rank = len(shape)
     axis %= rank
     normalize(ctx, node, node.input[0], list(range(axis, rank)), epsilon,
               [n for n in node.input[1:3] if n])
+    # the optional outputs are steps of the chain: the mean, and 1 / sqrt(var + eps), both
+    # with the normalised dimensions kept as ones
+    base = node.name or node.output[0]
+    stats = tuple(shape[:axis]) + (1,) * (rank - axis)
+    outs = list(node.output) + [""] * (3 - len(node.output))
+    if outs[1]:
+        ctx.view(outs[1], f"{base}/mean", stats)
+    if outs[2]:
+        var = ctx.fresh(outs[2])
+        ctx.view(var, f"{base}/var", stats)
+        ctx.elementwise(node, [var], lambda v: ("rsqrt", ("add", v, ("const", float(epsilon)))),
+                        out=outs[2], name=f"{base}/inv_std_dev")
 
 
 def _per_channel(ctx: Context, name: str, rank: int) -> str:
@@ -467,12 +505,42 @@ def BatchNormalization(ctx: Context, node: onnx.NodeProto, epsilon: float = 1e-5
     if not spatial:
         raise Unsupported("spatial=0 (per-element statistics)")
     x, scale, bias, mean, var = node.input
+    rank = len(ctx.shape(x))
+    if not all(ctx.is_const(n) for n in (scale, bias, mean, var)):
+        # computed statistics: the same formula, evaluated on chip
+        params = [_per_channel(ctx, n, rank) for n in (scale, bias, mean, var)]
+        ctx.elementwise(node, [x, *params], lambda a, s, b, m, v: (
+            "add", ("mul", ("mul", ("sub", a, m), s),
+                    ("rsqrt", ("add", v, ("const", float(epsilon))))), b))
+        return
     values = [ctx.const(n, "BatchNormalization's scale, bias, mean and variance")
               .astype(np.float64) for n in (scale, bias, mean, var)]
     s = values[0] / np.sqrt(values[3] + epsilon)
     t = values[1] - values[2] * s
-    rank = len(ctx.shape(x))
     shape = (len(s),) + (1,) * (rank - 2)
     s_name = ctx.constant(f"{scale}/bn_scale", s.reshape(shape))
     t_name = ctx.constant(f"{bias}/bn_shift", t.reshape(shape))
     ctx.elementwise(node, [x, s_name, t_name], lambda a, b, c: ("add", ("mul", a, b), c))
+
+
+@register("LRN", 1)
+def LRN(ctx: Context, node: onnx.NodeProto, size: int = 0, alpha: float = 0.0001,
+        beta: float = 0.75, bias: float = 1.0) -> None:
+    """``y = x / (bias + alpha / size * sum of x^2 over the size channels around c)^beta``:
+    a sum of squares read through a window along the channels (reads outside the tensor are
+    zero, as the spec's sum leaves them out), then one elementwise step."""
+    if size < 1:
+        raise Unsupported(f"size={size} (the attribute is required and positive)")
+    x = node.input[0]
+    xs = ctx.shape(x)
+    lo = (size - 1) // 2
+    rest = [f"s{i}" for i in range(len(xs) - 2)]
+    axes = [("n", xs[0]), ("c", xs[1])] + list(zip(rest, xs[2:])) + [("k", size)]
+    base = node.name or node.output[0]
+    sums = ctx.fresh(node.output[0])
+    _emit(ctx, node, f"{base}/sum", axes, sums, ["n", "c", *rest],
+          [(x, ["n", Window((("c", 1), ("k", 1)), -lo), *rest])], "sum",
+          ("square", ("in", 0)))
+    ctx.elementwise(node, [x, sums], lambda v, s: ("div", v, (
+        "pow", ("add", ("const", float(bias)), ("mul", s, ("const", alpha / size))),
+        ("const", float(beta)))), name=base)
