@@ -272,15 +272,44 @@ FLOAT_TYPES = {"float32", "float64", "float16", "bfloat16"}
 INT_TYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
 
 
+def _round_bits(x: Body, bits: int) -> Body:
+    """``x`` rounded to the nearest float with ``bits`` significant bits, in float32
+    arithmetic (Veltkamp's split: ``c = x * (2^(24 - bits) + 1)``, then ``c - (c - x)``)."""
+    c = ("mul", x, _const(2.0 ** (24 - bits) + 1))
+    return ("sub", c, ("sub", c, x))
+
+
+def _to_float16(x: Body) -> Body:
+    """``x`` rounded to float16: 11 significant bits; below 2^-14 multiples of 2^-24 (the
+    subnormals: adding and removing 0.75 leaves that spacing); from 65520 up, infinity."""
+    sub = ("sub", ("add", x, _const(0.75)), _const(0.75))
+    finite = ("where", ("lt", ("abs", x), _const(2.0 ** -14)), sub, _round_bits(x, 11))
+    return ("where", ("ge", ("abs", x), _const(65520.0)), ("mul", x, _const(math.inf)), finite)
+
+
+def _to_bfloat16(x: Body) -> Body:
+    """``x`` rounded to bfloat16: 8 significant bits (float32's exponent range; the split's
+    product would overflow above 2^100, so large values are split scaled down by 2^-64)."""
+    big = ("mul", _round_bits(("mul", x, _const(2.0 ** -64)), 8), _const(2.0 ** 64))
+    return ("where", ("gt", ("abs", x), _const(2.0 ** 100)), big, _round_bits(x, 8))
+
+
+#: the float types narrower than float32: a cast to one rounds the value to it
+NARROW_FLOATS = {"float16": _to_float16, "bfloat16": _to_bfloat16}
+
+
 @register("Cast", 6)
 def Cast(ctx: Context, node: onnx.NodeProto, to: int = 1, saturate: int = 1,
          round_mode: str = "up") -> None:
     """Every computed tensor is float32 on chip; a cast changes values only when it rounds a
-    float to an integer (towards zero) or maps a number to bool (nonzero is true)."""
+    float to float16 or bfloat16 (to nearest) or to an integer (towards zero), or maps a
+    number to bool (nonzero is true)."""
     x = node.input[0]
     src = ctx.onnx_dtype(x)
     dst = onnx.helper.tensor_dtype_to_np_dtype(to).name
-    if dst in FLOAT_TYPES and src in FLOAT_TYPES | {"bool"}:
+    if dst in NARROW_FLOATS and src in {"float32", "float64"} | INT_TYPES:
+        ctx.elementwise(node, [x], lambda v: NARROW_FLOATS[dst](v))
+    elif dst in FLOAT_TYPES and src in FLOAT_TYPES | {"bool"}:
         ctx.view(node.output[0], x, ctx.shape(x))
     elif dst in FLOAT_TYPES and src in INT_TYPES:
         ctx.elementwise(node, [x], lambda v: v)  # an integer input becomes a float activation

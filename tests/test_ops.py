@@ -165,6 +165,11 @@ def as_float(g: G, mask: str) -> str:
     return g.node("Cast", mask, to=TensorProto.FLOAT)
 
 
+def cast_narrow(to: int) -> Build:
+    """Through a narrow float type and back to float32."""
+    return lambda g, x: g.node("Cast", g.node("Cast", x[0], to=to), to=TensorProto.FLOAT)
+
+
 def where_compare(op: str) -> Build:
     return lambda g, x: g.node("Where", g.node(op, x[0], x[1]), x[0], g.node("Mul", x[1],
                                                                            g.const(2.0)))
@@ -387,6 +392,9 @@ FP32_CASES: list[Case] = [
     Case("Cast-float-int-float", cast_truncates, ((4, 6),)),
     Case("Cast-int64-input", cast_int_input, (Ids((4, 6)), (4, 6))),
     Case("Cast-bool", cast_to_bool, ((4, 6),)),
+    # rounded to the narrow type (unrounded, the fp32 case is off by 2^-11 or 2^-8)
+    Case("Cast-float16", cast_narrow(TensorProto.FLOAT16), ((4, 6),)),
+    Case("Cast-bfloat16", cast_narrow(TensorProto.BFLOAT16), ((4, 6),)),
     # Gemm, Einsum, 1-D MatMul
     Case("Gemm", gemm(weight=(8, 6), bias=(6,)), ((4, 8),)),
     Case("Gemm-transB-alpha-beta", gemm(trans_b=1, alpha=0.5, beta=2.0, weight=(6, 8),
@@ -394,6 +402,9 @@ FP32_CASES: list[Case] = [
     Case("Gemm-transA-activations", gemm(trans_a=1, alpha=1.5), ((8, 4), (8, 6))),
     Case("MatMul-1d-left", "MatMul", ((5,), (5, 3))),
     Case("MatMul-1d-right", "MatMul", ((2, 4, 5), (5,))),
+    Case("MatMul-1d-1d", "MatMul", ((5,), (5,))),
+    Case("MatMul-2d-1d", "MatMul", ((4, 5), (5,))),
+    Case("MatMul-1d-3d", "MatMul", ((5,), (2, 5, 3))),
     Case("Einsum-bmm", einsum("bij,bjk->bik"), ((2, 3, 4), (2, 4, 5))),
     Case("Einsum-heads", einsum("bhqd,bhkd->bhqk"), ((1, 2, 3, 4), (1, 2, 5, 4))),
     Case("Einsum-ellipsis-weight", einsum("...ij,jk->...ik", 4, 3), ((2, 3, 4),)),

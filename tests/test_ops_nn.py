@@ -158,6 +158,9 @@ FP32_CASES: list[Case] = [
     Case("GlobalAveragePool", "GlobalAveragePool", ((2, 3, 4, 5),)),
     Case("GlobalMaxPool", "GlobalMaxPool", ((2, 3, 4, 5),)),
     # normalisation
+    Case("LRN", lambda g, x: g.node("LRN", x[0], size=3, alpha=0.01, beta=0.6, bias=1.5),
+         ((2, 5, 3, 4),)),
+    Case("LRN-1d-size5", lambda g, x: g.node("LRN", x[0], size=5), ((1, 6, 5),)),
     Case("BatchNormalization", batchnorm(3), ((2, 3, 4, 4),)),
     Case("BatchNormalization-2d", batchnorm(3), ((4, 3),)),
     Case("Conv-BN-Relu-MaxPool", conv_bn_relu, ((1, 3, 9, 9),)),
