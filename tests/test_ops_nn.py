@@ -160,7 +160,7 @@ FP32_CASES: list[Case] = [
     # normalisation
     Case("LRN", lambda g, x: g.node("LRN", x[0], size=3, alpha=0.01, beta=0.6, bias=1.5),
          ((2, 5, 3, 4),)),
-    Case("LRN-1d-size5", lambda g, x: g.node("LRN", x[0], size=5), ((1, 6, 5),)),
+    Case("LRN-size5", lambda g, x: g.node("LRN", x[0], size=5), ((1, 6, 5, 3),)),
     Case("BatchNormalization", batchnorm(3), ((2, 3, 4, 4),)),
     Case("BatchNormalization-2d", batchnorm(3), ((4, 3),)),
     Case("Conv-BN-Relu-MaxPool", conv_bn_relu, ((1, 3, 9, 9),)),
