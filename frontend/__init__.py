@@ -226,14 +226,18 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
         if poisoned.intersection(ins) and not shape_only:
             poisoned.update(node.output)
             continue
-        try:
-            lowering.fn(ctx, node, **attrs(node))
+        given = attrs(node)
+        unknown = lowering.unknown(given)
+        if unknown:
+            problems.append(UnsupportedNode(
+                node.op_type, node.name, opset,
+                f"unsupported attribute{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"))
+            poisoned.update(node.output)
+            continue
+        try:  # a lowering raises Unsupported for what it cannot compile; anything else is a bug
+            lowering.fn(ctx, node, **given)
         except Unsupported as exc:
             problems.append(UnsupportedNode(node.op_type, node.name, opset, str(exc)))
-            poisoned.update(node.output)
-        except TypeError as exc:
-            problems.append(UnsupportedNode(node.op_type, node.name, opset,
-                                            f"unsupported attribute ({exc})"))
             poisoned.update(node.output)
     return Lowered(model, ctx, problems, opset, inputs)
 

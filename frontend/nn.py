@@ -133,9 +133,6 @@ def ConvTranspose(ctx: Context, node: onnx.NodeProto, auto_pad: str = "NOTSET",
                   strides: list[int] | None = None) -> None:
     x, w = node.input[:2]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    if not ctx.is_const(w):
-        raise Unsupported("ConvTranspose with a computed weight (the weight is rearranged per "
-                          "output phase at compile time)")
     xs, ws = ctx.shape(x), ctx.shape(w)
     n, cin = xs[:2]
     co = ws[1]  # the weight is [Cin, Cout / group, k...]
@@ -177,18 +174,7 @@ def ConvTranspose(ctx: Context, node: onnx.NodeProto, auto_pad: str = "NOTSET",
         tables.append(table)
         m0s.append(m0)
         qs.append(-(-o // s))
-    weight = ctx.constants[w].astype(np.float32, copy=False)
-    weight = weight.reshape((group, cg, co) + tuple(kernel))
-    # w'[g, ci, co, t0, r0, t1, r1, ...] = sum_kh w[g, ci, co, kh...] * table_i[t_i, r_i, kh_i]
-    letters = "abcdefghij"
-    spec = "GIO" + letters[:nd]
-    outs = "GIO"
-    args = [weight]
-    for i in range(nd):
-        spec += f",{'tuvwxyz'[i]}{'RSTUVW'[i]}{letters[i]}"
-        outs += f"{'tuvwxyz'[i]}{'RSTUVW'[i]}"
-        args.append(tables[i])
-    phased = ctx.constant(f"{w}/phased", np.einsum(f"{spec}->{outs}", *args))
+    phased = _phased_weight(ctx, node, w, group, cg, co, kernel, tables)
     t_axes = [f"t{i}" for i in range(nd)]
     r_axes = [f"r{i}" for i in range(nd)]
     q_axes = [f"q{i}" for i in range(nd)]
@@ -242,6 +228,46 @@ def _argmax(ctx: Context, node: onnx.NodeProto, base: str, axes: list[tuple[str,
           "max", ("where", found, ("neg", ("in", 1)), ("const", float("-inf"))))
     ctx.elementwise(node, [neg], lambda v: ("neg", v), out=node.output[1],
                     name=f"{base}/indices/neg")
+
+
+def _phased_weight(ctx: Context, node: onnx.NodeProto, w: str, group: int, cg: int, co: int,
+                   kernel: list[int], tables: list[np.ndarray]) -> str:
+    """``w'[g, ci, co, t0, r0, t1, r1, ...] = sum_kh w[g, ci, co, kh...] * table_i[t_i, r_i,
+    kh_i]``: evaluated at compile time for a constant weight, else one contraction on chip
+    with the product of the tables (a constant)."""
+    nd = len(kernel)
+    letters = "abcdefghij"
+    if ctx.is_const(w):
+        weight = ctx.constants[w].astype(np.float32, copy=False)
+        weight = weight.reshape((group, cg, co) + tuple(kernel))
+        spec = "GIO" + letters[:nd]
+        outs = "GIO"
+        args = [weight]
+        for i in range(nd):
+            spec += f",{'tuvwxyz'[i]}{'RSTUVW'[i]}{letters[i]}"
+            outs += f"{'tuvwxyz'[i]}{'RSTUVW'[i]}"
+            args.append(tables[i])
+        return ctx.constant(f"{w}/phased", np.einsum(f"{spec}->{outs}", *args))
+    table = tables[0]  # the tables' product, [t0, r0, kh0, t1, r1, kh1, ...]
+    for t in tables[1:]:
+        table = np.multiply.outer(table, t)
+    table_name = ctx.constant(f"{w}/phases", table)
+    t_axes = [f"pt{i}" for i in range(nd)]
+    r_axes = [f"pr{i}" for i in range(nd)]
+    k_axes = [f"pk{i}" for i in range(nd)]
+    wg = ctx.fresh(w)
+    ctx.view(wg, w, (group, cg, co) + tuple(kernel))
+    axes = [("g", group), ("ci", cg), ("co", co)]
+    axes += [(a, n) for i in range(nd)
+             for a, n in ((t_axes[i], tables[i].shape[0]), (r_axes[i], tables[i].shape[1]))]
+    axes += list(zip(k_axes, kernel))
+    phased = ctx.fresh(f"{w}/phased")
+    _emit(ctx, node, f"{node.name or node.output[0]}/phases", axes, phased,
+          ["g", "ci", "co", *[a for i in range(nd) for a in (t_axes[i], r_axes[i])]],
+          [(wg, ["g", "ci", "co", *k_axes]),
+           (table_name, [a for i in range(nd) for a in (t_axes[i], r_axes[i], k_axes[i])])],
+          "sum", ("mul", ("in", 0), ("in", 1)))
+    return phased
 
 
 def _pool(ctx: Context, node: onnx.NodeProto, kind: str, kernel: list[int],
@@ -312,19 +338,23 @@ def AveragePool(ctx: Context, node: onnx.NodeProto, kernel_shape: list[int] | No
           ceil_mode, count_include_pad)
 
 
-def _global_pool(combine: str):
-    def lower(ctx: Context, node: onnx.NodeProto) -> None:
-        x = node.input[0]
-        xs = ctx.shape(x)
-        count = math.prod(xs[2:])
-        body: Body = ("mul", ("in", 0), ("const", 1.0 / count)) if combine == "sum" \
-            else ("in", 0)
-        reduce(ctx, node, x, list(range(2, len(xs))), True, combine, lambda v: body)
-    return lower
+def _global_pool(ctx: Context, node: onnx.NodeProto, combine: str) -> None:
+    x = node.input[0]
+    xs = ctx.shape(x)
+    count = math.prod(xs[2:])
+    body: Body = ("mul", ("in", 0), ("const", 1.0 / count)) if combine == "sum" \
+        else ("in", 0)
+    reduce(ctx, node, x, list(range(2, len(xs))), True, combine, lambda v: body)
 
 
-register("GlobalAveragePool", 1)(_global_pool("sum"))
-register("GlobalMaxPool", 1)(_global_pool("max"))
+@register("GlobalAveragePool", 1)
+def GlobalAveragePool(ctx: Context, node: onnx.NodeProto) -> None:
+    _global_pool(ctx, node, "sum")
+
+
+@register("GlobalMaxPool", 1)
+def GlobalMaxPool(ctx: Context, node: onnx.NodeProto) -> None:
+    _global_pool(ctx, node, "max")
 
 
 # -- reductions -----------------------------------------------------------------------------
@@ -355,36 +385,66 @@ def _reduce_axes(ctx: Context, node: onnx.NodeProto, rank: int, axes: list[int] 
     return sorted({a % rank for a in axes})
 
 
-def _reduction(combine: str, summand, post: str | None = None):
-    def lower(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+def _reduction(ctx: Context, node: onnx.NodeProto, combine: str, summand,
+               post: str | None, axes: list[int] | None, keepdims: int,
+               noop_with_empty_axes: int) -> None:
+    """``post(combine over the axes of summand(x, count))`` (axes as an attribute before
+    opset 13 or 18, as the second input after)."""
+    x = node.input[0]
+    shape = ctx.shape(x)
+    red = _reduce_axes(ctx, node, len(shape), axes, noop_with_empty_axes)
+    if red is None:
+        ctx.view(node.output[0], x, shape)
+        return
+    count = math.prod(shape[i] for i in red)
+    if post is None:
+        reduce(ctx, node, x, red, bool(keepdims), combine, lambda v: summand(v, count))
+        return
+    tmp = ctx.fresh(node.output[0])
+    reduce(ctx, node, x, red, bool(keepdims), combine, lambda v: summand(v, count), out=tmp)
+    ctx.elementwise(node, [tmp], lambda v: (post, v),
+                    name=f"{node.name or node.output[0]}/{post}")
+
+
+@register("ReduceSum", 1)
+def ReduceSum(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
               keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
-        x = node.input[0]
-        shape = ctx.shape(x)
-        red = _reduce_axes(ctx, node, len(shape), axes, noop_with_empty_axes)
-        if red is None:
-            ctx.view(node.output[0], x, shape)
-            return
-        count = math.prod(shape[i] for i in red)
-        if post is None:
-            reduce(ctx, node, x, red, bool(keepdims), combine, lambda v: summand(v, count))
-            return
-        tmp = ctx.fresh(node.output[0])
-        reduce(ctx, node, x, red, bool(keepdims), combine, lambda v: summand(v, count), out=tmp)
-        ctx.elementwise(node, [tmp], lambda v: (post, v),
-                        name=f"{node.name or node.output[0]}/{post}")
-    return lower
+    _reduction(ctx, node, "sum", lambda v, n: v, None, axes, keepdims, noop_with_empty_axes)
 
 
-_REDUCTIONS = {
-    "ReduceSum": ("sum", lambda v, n: v, None),
-    "ReduceMean": ("sum", lambda v, n: ("mul", v, ("const", 1.0 / n)), None),
-    "ReduceMax": ("max", lambda v, n: v, None),
-    "ReduceMin": ("max", lambda v, n: ("neg", v), "neg"),  # min x = -max(-x)
-    "ReduceSumSquare": ("sum", lambda v, n: ("square", v), None),
-    "ReduceL2": ("sum", lambda v, n: ("square", v), "sqrt"),
-}
-for _op, (_combine, _summand, _post) in _REDUCTIONS.items():
-    register(_op, 1)(_reduction(_combine, _summand, _post))
+@register("ReduceMean", 1)
+def ReduceMean(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+               keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    _reduction(ctx, node, "sum", lambda v, n: ("mul", v, ("const", 1.0 / n)), None, axes,
+               keepdims, noop_with_empty_axes)
+
+
+@register("ReduceMax", 1)
+def ReduceMax(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+              keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    _reduction(ctx, node, "max", lambda v, n: v, None, axes, keepdims, noop_with_empty_axes)
+
+
+@register("ReduceMin", 1)
+def ReduceMin(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+              keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    # min x = -max(-x)
+    _reduction(ctx, node, "max", lambda v, n: ("neg", v), "neg", axes, keepdims,
+               noop_with_empty_axes)
+
+
+@register("ReduceSumSquare", 1)
+def ReduceSumSquare(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+                    keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    _reduction(ctx, node, "sum", lambda v, n: ("square", v), None, axes, keepdims,
+               noop_with_empty_axes)
+
+
+@register("ReduceL2", 1)
+def ReduceL2(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+             keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    _reduction(ctx, node, "sum", lambda v, n: ("square", v), "sqrt", axes, keepdims,
+               noop_with_empty_axes)
 
 
 # -- softmax --------------------------------------------------------------------------------
@@ -411,18 +471,32 @@ def softmax(ctx: Context, node: onnx.NodeProto, red: list[int], log: bool) -> No
              [xin, Operand(mx, kept), Operand(total, kept)], None, body)
 
 
-def _softmax(log: bool, coerced: bool):
-    def lower(ctx: Context, node: onnx.NodeProto, axis: int = 1 if coerced else -1) -> None:
-        rank = len(ctx.shape(node.input[0]))
-        axis %= rank
-        # before opset 13 the input is read as a 2-D matrix split at `axis`
-        softmax(ctx, node, list(range(axis, rank)) if coerced else [axis], log)
-    return lower
+def _softmax_node(ctx: Context, node: onnx.NodeProto, axis: int, log: bool,
+                  coerced: bool) -> None:
+    rank = len(ctx.shape(node.input[0]))
+    axis %= rank
+    # before opset 13 the input is read as a 2-D matrix split at `axis`
+    softmax(ctx, node, list(range(axis, rank)) if coerced else [axis], log)
 
 
-for _op, _log in (("Softmax", False), ("LogSoftmax", True)):
-    register(_op, 1)(_softmax(_log, coerced=True))
-    register(_op, 13)(_softmax(_log, coerced=False))
+@register("Softmax", 1)
+def Softmax_1(ctx: Context, node: onnx.NodeProto, axis: int = 1) -> None:
+    _softmax_node(ctx, node, axis, log=False, coerced=True)
+
+
+@register("Softmax", 13)
+def Softmax(ctx: Context, node: onnx.NodeProto, axis: int = -1) -> None:
+    _softmax_node(ctx, node, axis, log=False, coerced=False)
+
+
+@register("LogSoftmax", 1)
+def LogSoftmax_1(ctx: Context, node: onnx.NodeProto, axis: int = 1) -> None:
+    _softmax_node(ctx, node, axis, log=True, coerced=True)
+
+
+@register("LogSoftmax", 13)
+def LogSoftmax(ctx: Context, node: onnx.NodeProto, axis: int = -1) -> None:
+    _softmax_node(ctx, node, axis, log=True, coerced=False)
 
 
 # -- normalisation --------------------------------------------------------------------------

@@ -22,10 +22,6 @@ REFUSED = {
     "test_constant_pad": "pad value ('value') must be a constant",
     "test_constant_pad_axes": "pad value ('value') must be a constant",
     "test_constant_pad_negative_axes": "pad value ('value') must be a constant",
-    # the weight is a graph input: ConvTranspose rearranges a constant weight per output phase
-    **{f"test_convtranspose{s}": "ConvTranspose with a computed weight" for s in (
-        "", "_1d", "_3d", "_autopad_same", "_dilations", "_group_2", "_group_2_image_3",
-        "_kernel_shape", "_output_shape", "_pad", "_pads")},
     # NLLLoss's weights gathered at positions computed from the labels
     **{f"test_nllloss_{s}_expanded": "GatherElements with computed indices" for s in (
         "NCd1_weight", "NCd1d2_with_weight", "NCd1d2_with_weight_reduction_mean",
