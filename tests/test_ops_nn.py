@@ -101,6 +101,14 @@ def softmax_decomposed(g: G, x: list[str]) -> str:
     return g.node("Div", e, g.node("ReduceSum", e, g.ints(-1)))
 
 
+def maxpool_indices(**attrs: object) -> Build:
+    """MaxPool's both outputs, the Indices (int64) as floats for the comparison."""
+    def build(g: G, x: list[str]) -> list[str]:
+        y, indices = g.multi("MaxPool", 2, x[0], **attrs)
+        return [y, g.node("Cast", indices, to=1)]
+    return build
+
+
 FP32_CASES: list[Case] = [
     # convolution
     Case("Conv2d", conv(4, 3, 3, 3), ((2, 3, 7, 6),)),
@@ -136,7 +144,14 @@ FP32_CASES: list[Case] = [
                                                         output_shape=[9]), ((1, 2, 5),)),
     Case("ConvTranspose2d-same-upper", conv_transpose(2, 2, 3, 3, strides=[2, 2],
                                                       auto_pad="SAME_UPPER"), ((1, 2, 3, 4),)),
+    Case("ConvTranspose-computed-weight",
+         lambda g, x: g.node("ConvTranspose", x[0], g.node("Relu", x[1]), strides=[2]),
+         ((1, 2, 4), (2, 3, 2))),
     # pooling
+    Case("MaxPool-indices", maxpool_indices(kernel_shape=[2, 2], strides=[2, 2]),
+         ((1, 2, 4, 6),)),
+    Case("MaxPool-indices-pad", maxpool_indices(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         ((2, 2, 5, 5),)),
     Case("MaxPool-3x3-s2-p1", pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2],
                                    pads=[1, 1, 1, 1]), ((2, 3, 7, 7),)),
     Case("MaxPool-2x2", pool("MaxPool", kernel_shape=[2, 2], strides=[2, 2]), ((1, 2, 6, 4),)),
