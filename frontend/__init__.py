@@ -113,11 +113,12 @@ def _fold(node: onnx.NodeProto, ctx: Context, opsets: dict[str, int]) -> None:
     picks the newest version of the op, not the model's)."""
     args = [ctx.constants[n] for n in node.input if n]
     try:
-        if node.op_type in FOLDS:
-            values = FOLDS[node.op_type](*args, **attrs(node))
-        else:
-            values = ReferenceEvaluator(_one_node_model(node, ctx, opsets)).run(
-                None, {n: ctx.constants[n] for n in node.input if n})
+        with np.errstate(all="ignore"):  # log(0) folds to -inf as ONNX says: no warning
+            if node.op_type in FOLDS:
+                values = FOLDS[node.op_type](*args, **attrs(node))
+            else:
+                values = ReferenceEvaluator(_one_node_model(node, ctx, opsets)).run(
+                    None, {n: ctx.constants[n] for n in node.input if n})
     except Exception as exc:  # the reference evaluator raises many kinds
         raise Unsupported(f"constant folding failed: {exc}") from None
     for name, value in zip(node.output, values):

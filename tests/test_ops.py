@@ -330,6 +330,9 @@ FP32_CASES: list[Case] = [
     Case("Pow-2.0", pow_squared, ((4, 6),)),
     Case("Pow-tensor", pow_tensor_exponent, ((4, 6), (6,))),
     Case("Cos-folded", folded_cos, ((4, 6),)),
+    # folded at the model's opset: Unsqueeze-1's axes attribute (Unsqueeze-13 takes an input)
+    Case("Unsqueeze-9-folded", lambda g, x: g.node("Add", x[0], g.node(
+        "Unsqueeze", g.weight(6), axes=[0])), ((4, 6),), opset=9),
     Case("Identity-Dropout", identity_dropout, ((3, 5),)),
     Case("two-outputs", two_outputs, ((3, 5),)),
     # MatMul
