@@ -12,7 +12,8 @@ The pipeline, as `to_graph` runs it:
    lowering per (op type, opset) in `ops.py` (elementwise, matmul), `layout.py` (views and
    copies), `nn.py` (convolution, pooling, normalisation, softmax, reductions) and
    `shapes.py`. Every node that cannot be lowered is collected, and one
-   `UnsupportedModelError` lists them all;
+   `UnsupportedModelError` lists them all. Zero-size tensors are constants (an empty result
+   needs no op), and a graph output that is a constant is copied out by one op on chip;
 5. `fuse_elementwise` (`fuse.py`): elementwise ops are inlined into their readers, so that
    decomposed GELU, LayerNorm and RMSNorm become one expression chain and copies fold into
    the ops that read them.

@@ -444,8 +444,10 @@ def Tile(ctx: Context, node: onnx.NodeProto) -> None:
     ctx.view(node.output[0], copied, tuple(n * r for n, r in zip(shape, repeats)))
 
 
-def _pad(ctx: Context, node: onnx.NodeProto, pads: list[int], mode: str, value: float,
+def _pad(ctx: Context, node: onnx.NodeProto, pads: list[int], mode: str, value: float | str,
          axes: list[int] | None = None) -> None:
+    """Pad ``node.input[0]``; ``value`` is the constant pad value, or the name of a computed
+    one-element tensor holding it."""
     data = node.input[0]
     shape = ctx.shape(data)
     rank = len(shape)
@@ -470,9 +472,15 @@ def _pad(ctx: Context, node: onnx.NodeProto, pads: list[int], mode: str, value: 
     # select the pad value where a mask of ones, read through the same window, reads zero
     padded = [d for d in range(rank) if begin[d] or end[d]]
     mask = ctx.constant(f"{node.output[0]}/inside", np.ones([shape[d] for d in padded]))
-    body = ("where", ("in", 1), ("in", 0), ("const", float(value)))
-    copy(ctx, node, node.output[0], extents,
-          [(data, dims), (mask, tuple(dims[d] for d in padded))], body=body)
+    inputs = [(data, dims), (mask, tuple(dims[d] for d in padded))]
+    if isinstance(value, str):  # computed: a third operand of no dimensions
+        scalar = ctx.fresh(value)
+        ctx.view(scalar, value, ())
+        inputs.append((scalar, ()))
+        fill: Body = ("in", 2)
+    else:
+        fill = ("const", float(value))
+    copy(ctx, node, node.output[0], extents, inputs, body=("where", ("in", 1), ("in", 0), fill))
 
 
 def _pad_by_lookup(ctx: Context, node: onnx.NodeProto, data: str, begin: dict[int, int],
@@ -510,7 +518,13 @@ def Pad_2(ctx: Context, node: onnx.NodeProto, pads: list[int] | None = None,
 def Pad(ctx: Context, node: onnx.NodeProto, mode: str = "constant") -> None:
     ins = list(node.input) + [""] * (4 - len(node.input))
     pads = [int(v) for v in ctx.const(ins[1], "the pads of Pad").reshape(-1)]
-    value = float(ctx.const(ins[2], "the pad value").reshape(-1)[0]) if ins[2] else 0.0
+    value: float | str = 0.0
+    if ins[2] and ctx.is_const(ins[2]):
+        value = float(ctx.constants[ins[2]].reshape(-1)[0])
+    elif ins[2] and mode == "constant":  # (the other modes read no value)
+        if math.prod(ctx.shape(ins[2])) != 1:
+            raise Unsupported(f"a pad value of shape {ctx.shape(ins[2])} (one element)")
+        value = ins[2]
     axes = ([int(v) for v in ctx.const(ins[3], "the axes of Pad").reshape(-1)]
             if ins[3] else None)
     _pad(ctx, node, pads, mode, value, axes)

@@ -7,6 +7,11 @@ Their weights are all 0.02, so activations grow layer by layer: in six of them s
 exceeds float16's largest value (65504), and fp16 storage cannot hold it, as
 `test_fp16_overflow_is_the_models` checks with onnxruntime. Those run with fp32 storage; the
 other three with t10c's default fp16.
+
+ResNet-50's logits come out near 9.7e18, all equal in exact arithmetic: float32 sums in another
+order (t10c's, over cores) agree to 6e-7 relative, which is 6.6e12 absolute, and the final
+Softmax of values that far apart is no longer uniform. Its test compares the logits (the model
+without that Softmax), where the ill-conditioning has not happened yet (`LOGITS`).
 """
 
 from __future__ import annotations
@@ -33,8 +38,22 @@ OVERFLOWS_FP16 = {"bvlc_alexnet": 7.9e11, "inception_v1": 8.3e20, "resnet50": 9.
                   "squeezenet": 9.0e9, "vgg19": 2.6e31, "zfnet512": 1.3e12}
 
 
+#: models whose final Softmax is compared by its input, the logits (see above)
+LOGITS = {"resnet50"}
+
+
 def _model(name: str) -> onnx.ModelProto:
     return onnx.load(os.path.join(LIGHT, f"light_{name}.onnx"))
+
+
+def _logits(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without its final Softmax, the logits its output."""
+    last = model.graph.node[-1]
+    assert last.op_type == "Softmax" and last.output[0] == model.graph.output[0].name
+    model.graph.node.remove(last)
+    del model.graph.output[:]
+    model.graph.output.append(onnx.ValueInfoProto(name=last.input[0]))
+    return onnx.shape_inference.infer_shapes(model)
 
 
 def _largest_activation(model: onnx.ModelProto) -> float:
@@ -74,7 +93,8 @@ def test_fp16_overflow_is_the_models(name: str) -> None:
 def test_light_model_matches_onnxruntime(name: str) -> None:
     dtype = "fp32" if name in OVERFLOWS_FP16 else "fp16"
     start = time.perf_counter()
-    compiled = compile_model(_model(name), CHIP, CompileOptions(dtype=dtype))
+    model = _logits(_model(name)) if name in LOGITS else _model(name)
+    compiled = compile_model(model, CHIP, CompileOptions(dtype=dtype))
     seconds = time.perf_counter() - start
     result = run_compiled(compiled)
     print(f"\n{name} ({dtype}): compiled in {seconds:.0f} s, {len(compiled.graph.ops)} ops, "

@@ -18,10 +18,6 @@ REFUSED = {
     # training mode: the running statistics outputs are training state
     "test_batchnorm_epsilon_training_mode": "training mode",
     "test_batchnorm_example_training_mode": "training mode",
-    # a pad value computed at run time (t10c bakes the value into the copy)
-    "test_constant_pad": "pad value ('value') must be a constant",
-    "test_constant_pad_axes": "pad value ('value') must be a constant",
-    "test_constant_pad_negative_axes": "pad value ('value') must be a constant",
     # NLLLoss's weights gathered at positions computed from the labels
     **{f"test_nllloss_{s}_expanded": "GatherElements with computed indices" for s in (
         "NCd1_weight", "NCd1d2_with_weight", "NCd1d2_with_weight_reduction_mean",

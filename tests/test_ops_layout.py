@@ -182,6 +182,8 @@ FP32_CASES: list[Case] = [
     Case("Tile-3d", tile(1, 2, 1), ((2, 3, 2),)),
     Case("Pad", pad([0, 1, 2, 0, 2, 1]), ((2, 3, 4),)),
     Case("Pad-value", pad([1, 1, 1, 1], 1.5), ((3, 4),)),
+    Case("Pad-computed-value", lambda g, x: g.node(
+        "Pad", x[0], g.ints(1, 0, 0, 2), g.node("ReduceMax", x[1], keepdims=0)), ((3, 4), (5,))),
     Case("Pad-negative", pad([0, -1, 0, 2]), ((3, 4),)),
     Case("Pad-axes-18", pad([1, 2], 0.25, [1]), ((3, 4),), opset=18),
     Case("Pad-2", pad_2([0, 0, 1, 2, 0, 0, 2, 1], -0.5), ((1, 2, 3, 3),), opset=9),
