@@ -375,8 +375,8 @@ def GatherElements(ctx: Context, node: onnx.NodeProto, axis: int = 0) -> None:
     shape = ctx.shape(data)
     axis %= len(shape)
     if not ctx.is_const(indices):
-        raise Unsupported("GatherElements with computed indices (a data-dependent read "
-                          "position per element)")
+        _gather_elements_computed(ctx, node, data, indices, axis)
+        return
     idx = ctx.constants[indices].astype(np.int64)
     idx = np.where(idx < 0, idx + shape[axis], idx)
     axes = _axes(idx.ndim)
@@ -397,6 +397,31 @@ def GatherElements(ctx: Context, node: onnx.NodeProto, axis: int = 0) -> None:
     ctx.emit(node, node.name or node.output[0], list(zip(axes, idx.shape)),
              Operand(node.output[0], tuple(axes)),
              [Operand(flat, (INDIRECT,)), Operand(table, tuple(axes))], None, ("take", 0, 1))
+
+
+def _gather_elements_computed(ctx: Context, node: onnx.NodeProto, data: str, indices: str,
+                              axis: int) -> None:
+    """Computed indices: their flat positions in the data, ``index * stride + base`` (negative
+    indices counted from the end; ``base``, the other coordinates' part, a constant), computed
+    on chip, then one lookup in the flattened data."""
+    shape = ctx.shape(data)
+    ishape = ctx.shape(indices)
+    coords = list(np.indices(ishape))
+    coords[axis] = np.zeros(ishape, np.int64)
+    base = ctx.constant(f"{node.output[0]}/base",
+                        np.ravel_multi_index(tuple(coords), shape).astype(np.float32))
+    stride = float(math.prod(shape[axis + 1:]))
+    n = float(shape[axis])
+    flat_idx = ctx.fresh(node.output[0])
+    ctx.elementwise(node, [indices, base], lambda i, b: ("add", ("mul", (
+        "where", ("lt", i, ("const", 0.0)), ("add", i, ("const", n)), i), ("const", stride)), b),
+        out=flat_idx, name=f"{node.name or node.output[0]}/positions")
+    flat = ctx.fresh(data)
+    ctx.view(flat, data, (math.prod(shape),))
+    axes = _axes(len(ishape))
+    ctx.emit(node, node.name or node.output[0], list(zip(axes, ishape)),
+             Operand(node.output[0], tuple(axes)),
+             [Operand(flat, (INDIRECT,)), Operand(flat_idx, tuple(axes))], None, ("take", 0, 1))
 
 
 @register("Expand", 8)

@@ -18,10 +18,6 @@ REFUSED = {
     # training mode: the running statistics outputs are training state
     "test_batchnorm_epsilon_training_mode": "training mode",
     "test_batchnorm_example_training_mode": "training mode",
-    # NLLLoss's weights gathered at positions computed from the labels
-    **{f"test_nllloss_{s}_expanded": "GatherElements with computed indices" for s in (
-        "NCd1_weight", "NCd1d2_with_weight", "NCd1d2_with_weight_reduction_mean",
-        "NCd1d2_with_weight_reduction_sum", "NCd1d2d3d4d5_mean_weight")},
     # a float Range's length depends on run-time inputs: a dynamic shape
     "test_range_float_type_positive_delta": "must be known at compile time",
     # zero-size outputs: nothing to compute, and t10c writes no empty tensors

@@ -504,13 +504,3 @@ def test_legacy_broadcast(op: str, attrs: dict, shapes: tuple, want) -> None:
     outputs, _, _ = emulate(compiled.program, compiled.chip, inputs, compiled.graph.constants)
     got = outputs[model.graph.output[0].name]
     np.testing.assert_allclose(got, want(inputs["x0"], inputs["x1"]), rtol=1e-6)
-
-
-@pytest.mark.parametrize("build,shapes,reason", [
-    (lambda g, x: g.node("GatherElements", x[0], x[1], axis=1), ((2, 3), Ids((2, 3))),
-     "computed indices"),
-], ids=["GatherElements-computed"])
-def test_unsupported_reasons(build: Build, shapes: tuple, reason: str) -> None:
-    model = make_model("why", build, shapes)
-    with pytest.raises(UnsupportedModelError, match=reason):
-        compile_model(model, CHIPS["test16"], CompileOptions(dtype="fp32"))

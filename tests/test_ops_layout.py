@@ -170,6 +170,11 @@ FP32_CASES: list[Case] = [
     Case("Gather-table-axis1", gather_table_axis1, (Ids((2, 4)),)),
     Case("GatherND-rows", gather_nd([[0, 1], [1, 2], [1, 3]]), ((2, 4, 3),)),
     Case("GatherND-affine", then_relu(gather_nd([[[0], [1]], [[1], [2]]])), ((3, 5),)),
+    Case("GatherElements-computed", lambda g, x: g.node("GatherElements", x[0], x[1], axis=1),
+         ((2, 3), Ids((2, 4)))),
+    Case("GatherElements-computed-negative", lambda g, x: g.node(
+        "GatherElements", x[0], g.node("Sub", x[1], g.const([2], np.int64)), axis=0),
+         ((2, 3), Ids((2, 3)))),
     Case("GatherElements-shift", gather_elements(np.tile(np.arange(1, 4), (2, 1)), 1),
          ((2, 5),)),
     Case("GatherElements-permutation", gather_elements(np.array([[2, 0, 1], [1, 1, 0]]), 0),
