@@ -35,7 +35,7 @@ OUTPUT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.BOOL, onnx.TensorProto.
 SHAPE_OPS = {"Shape", "Size", "Constant", "ConstantOfShape", "Range"}
 #: (op, input slot) read at run time on chip as int64 indices: every other int64 graph input
 #: (a shape, axes, pads, repeats, split sizes, constant indices) is bound at compile time
-RUNTIME_INT64 = {("Gather", 1)}
+RUNTIME_INT64 = {("Gather", 1), ("GatherElements", 1)}
 
 
 @functools.cache
