@@ -409,16 +409,19 @@ def _gather_elements_computed(ctx: Context, node: onnx.NodeProto, data: str, ind
     coords = list(np.indices(ishape))
     coords[axis] = np.zeros(ishape, np.int64)
     base = ctx.constant(f"{node.output[0]}/base",
-                        np.ravel_multi_index(tuple(coords), shape).astype(np.float32))
+                        np.ravel_multi_index(tuple(coords), shape).astype(np.int64))
     stride = float(math.prod(shape[axis + 1:]))
     n = float(shape[axis])
     flat_idx = ctx.fresh(node.output[0])
-    ctx.elementwise(node, [indices, base], lambda i, b: ("add", ("mul", (
-        "where", ("lt", i, ("const", 0.0)), ("add", i, ("const", n)), i), ("const", stride)), b),
-        out=flat_idx, name=f"{node.name or node.output[0]}/positions")
+    axes = _axes(len(ishape))
+    operands, (i, b) = ctx.broadcast_operands([indices, base], ishape, axes)
+    # stored as integers: in fp16 storage a float position above 2048 would be rounded
+    ctx.emit(node, f"{node.name or node.output[0]}/positions", list(zip(axes, ishape)),
+             Operand(flat_idx, tuple(axes)), operands, None, ("add", ("mul", (
+                 "where", ("lt", i, ("const", 0.0)), ("add", i, ("const", n)), i),
+                 ("const", stride)), b), out_dtype="int64")
     flat = ctx.fresh(data)
     ctx.view(flat, data, (math.prod(shape),))
-    axes = _axes(len(ishape))
     ctx.emit(node, node.name or node.output[0], list(zip(axes, ishape)),
              Operand(node.output[0], tuple(axes)),
              [Operand(flat, (INDIRECT,)), Operand(flat_idx, tuple(axes))], None, ("take", 0, 1))

@@ -214,7 +214,7 @@ def _argmax(ctx: Context, node: onnx.NodeProto, base: str, axes: list[tuple[str,
     window's maximum, as ``-max over the window of (-position where x == max, else -inf)``
     with a constant table of positions read through the same windows."""
     xs = ctx.shape(node.input[0])
-    order = np.arange(math.prod(xs), dtype=np.float64).reshape(
+    order = np.arange(math.prod(xs), dtype=np.int64).reshape(
         xs if not storage_order else (*xs[:2], *reversed(xs[2:])))
     positions = order if not storage_order else np.swapaxes(order, 2, -1)
     pos = ctx.constant(f"{node.output[1]}/positions", positions)
@@ -222,12 +222,18 @@ def _argmax(ctx: Context, node: onnx.NodeProto, base: str, axes: list[tuple[str,
     found: Body = ("eq", ("in", 0), ("in", 2))
     if len(inputs) > 1:  # padded: a position outside the tensor is never the maximum
         found = ("and", found, ("in", 3))
+    # positions are stored as integers: in fp16 storage a float above 2048 would be rounded
     neg = ctx.fresh(node.output[1])
-    _emit(ctx, node, f"{base}/indices", axes, neg, ["n", "c", *o_axes],
-          [inputs[0], (pos, ["n", "c", *windows]), (mx, ["n", "c", *o_axes]), *inputs[1:]],
-          "max", ("where", found, ("neg", ("in", 1)), ("const", float("-inf"))))
-    ctx.elementwise(node, [neg], lambda v: ("neg", v), out=node.output[1],
-                    name=f"{base}/indices/neg")
+    out_dims = ("n", "c", *o_axes)
+    ctx.emit(node, f"{base}/indices", axes, Operand(neg, out_dims),
+             [Operand(t, tuple(d)) for t, d in
+              [inputs[0], (pos, ["n", "c", *windows]), (mx, list(out_dims)), *inputs[1:]]],
+             "max", ("where", found, ("neg", ("in", 1)), ("const", float("-inf"))),
+             out_dtype="int64")
+    extents = [e for a, e in axes if a in out_dims]
+    ctx.emit(node, f"{base}/indices/neg", list(zip(out_dims, extents)),
+             Operand(node.output[1], out_dims), [Operand(neg, out_dims)], None,
+             ("neg", ("in", 0)), out_dtype="int64")
 
 
 def _phased_weight(ctx: Context, node: onnx.NodeProto, w: str, group: int, cg: int, co: int,

@@ -172,6 +172,9 @@ FP32_CASES: list[Case] = [
     Case("GatherND-affine", then_relu(gather_nd([[[0], [1]], [[1], [2]]])), ((3, 5),)),
     Case("GatherElements-computed", lambda g, x: g.node("GatherElements", x[0], x[1], axis=1),
          ((2, 3), Ids((2, 4)))),
+    # flat positions up to 4033: rounded if they were stored as fp16
+    Case("GatherElements-computed-large", lambda g, x: g.node("GatherElements", x[0], x[1],
+                                                              axis=1), ((64, 64), Ids((64, 2)))),
     Case("GatherElements-computed-negative", lambda g, x: g.node(
         "GatherElements", x[0], g.node("Sub", x[1], g.const([2], np.int64)), axis=0),
          ((2, 3), Ids((2, 3)))),

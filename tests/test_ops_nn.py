@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 from ophelpers import CHIPS, Build, Case, G, case_model, check_case, with_fp16
 
+from t10c.driver import CompileOptions, compile_model, make_inputs, run_compiled
 from t10c.frontend import to_graph
 
 
@@ -236,3 +238,30 @@ def test_batchnorm_folds_into_conv() -> None:
     graph = to_graph(case_model(next(c for c in FP32_CASES if c.name == "Conv-BN-Relu-MaxPool")))
     assert [op.kind for op in graph.ops] == ["contraction", "elementwise", "reduce"]
     assert not any("BatchNormalization" in op.source for op in graph.ops)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_maxpool_indices_are_exact_beyond_fp16_integers(dtype: str) -> None:
+    # positions up to 3199: fp16 holds integers exactly only up to 2048, so the relative error
+    # of `check_case` would hide an off-by-one; the int64 indices must equal onnxruntime's
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[3, 3], strides=[2, 2],
+                            pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "mp", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 2, 40, 40])], [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 20, 20]),
+        helper.make_tensor_value_info("i", TensorProto.INT64, [1, 2, 20, 20])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    compiled = compile_model(model, CHIPS["test16"], CompileOptions(dtype=dtype))
+    result = run_compiled(compiled)
+    got, want = result.outputs["i"], result.reference["i"]
+    assert want.max() > 2048
+    if dtype == "fp32":
+        np.testing.assert_array_equal(got, want)
+        return
+    # fp16 storage rounds x, so two window elements may tie where float32 tells them apart:
+    # then the first is the answer; every other index must be onnxruntime's
+    x = make_inputs(compiled.graph)["x"].reshape(-1).astype(np.float16)
+    differ = got != want
+    assert differ.mean() < 0.01
+    np.testing.assert_array_equal(x[got[differ].astype(np.int64)], x[want[differ]])
+    assert (got[differ] < want[differ]).all()
