@@ -20,7 +20,9 @@ import onnx
 from t10c import frontend, models
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
+from t10c.codegen.verify import verify_program
 from t10c.emulator import Timeline, TimingMachine, emulate
+from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
 from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
 from t10c.rundir import draw_inputs, input_specs
@@ -48,6 +50,10 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
+    #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
+    #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
+    #: runs before every codegen regardless
+    check: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                         weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
+    if options.check:
+        verify_graph(graph)
     if progress:
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
@@ -143,6 +151,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
         program, timeline = time_only(graph, plan, chip, progress)
     else:
         program = generate(graph, plan, chip, progress)
+        if options.check:
+            verify_program(program, chip)
     t_code = time.perf_counter()
     timings = {"frontend_s": t_front - start, "search_s": plan.search_wall_s,
                "solve_s": plan.solver.wall_s,
