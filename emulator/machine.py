@@ -58,18 +58,24 @@ from .timing import (
 )
 
 NP_DTYPES = {name: d.numpy for name, d in DTYPES.items()}
+#: the dtype the emulator holds a buffer's values in: floats as float32 (each value rounded to
+#: the buffer's own dtype when written, so every fp16 value is exactly an fp16 value), because
+#: computing reads float32 and numpy's fp16 casts cost several times a copy; integers as they are
+HELD = {name: np.dtype(np.float32) if np.dtype(d.numpy).kind == "f" else np.dtype(d.numpy)
+        for name, d in DTYPES.items()}
 
 __all__ = ["EmulatorError", "Machine", "PhaseRecord", "Timeline", "emulate"]
 
 
 class Machine(TimingMachine):
     """One emulated chip running one program on data: `TimingMachine`'s checks and clock,
-    and one array per live buffer shaped ``(cores, elems)`` in the buffer's dtype."""
+    and one array per live buffer shaped ``(cores, elems)`` (`HELD`: fp16 values in float32)."""
 
     def __init__(self, program: Program, chip: Chip) -> None:
         super().__init__(program, chip)
         self.mem: dict[int, np.ndarray] = {}
         self.outputs: dict[str, np.ndarray] = {}
+        self.dtypes = [b.dtype for b in program.buffers]
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
@@ -77,11 +83,24 @@ class Machine(TimingMachine):
         timeline = self.execute(inputs, constants, progress)
         return self.outputs, timeline
 
+    def stored(self, buf: int, values: np.ndarray, src: int | None = None) -> np.ndarray:
+        """``values`` as buffer ``buf`` holds them: rounded to its dtype (saturating, as
+        `to_storage`), in its held dtype. Values moved from buffer ``src`` of the same or a
+        narrower float dtype are exact already and are not rounded again."""
+        name = self.dtypes[buf]
+        held = HELD[name]
+        if src is not None and (self.dtypes[src] == name
+                                or (name == "fp32" and self.dtypes[src] == "fp16")):
+            return values.astype(held, copy=False)
+        if NP_DTYPES[name] != held:  # fp16 held in float32: round through fp16
+            return to_storage(values, NP_DTYPES[name]).astype(held)
+        return to_storage(values, held)
+
     # -- handlers: the timing handler first (it checks), then the values ----------------------
     def alloc(self, ins: Alloc) -> None:
         super().alloc(ins)
         b = self.prog.buffers[ins.buf]
-        self.mem[ins.buf] = np.zeros((self.chip.cores, b.elems), dtype=NP_DTYPES[b.dtype])
+        self.mem[ins.buf] = np.zeros((self.chip.cores, b.elems), dtype=HELD[b.dtype])
 
     def free(self, ins: Free) -> None:
         super().free(ins)
@@ -97,36 +116,39 @@ class Machine(TimingMachine):
                                 f"expects {ins.shape}")
         rows = _rows(ins, ins.ncores)
         dst = self.mem[ins.buf]
+        host = src.reshape(-1)
         if ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = np.unique(ins.origin, axis=0, return_inverse=True)
             flat, valid = tile_elements(uniq, ins.tile, ins.shape)
-            tiles = to_storage(np.where(valid, src.reshape(-1)[flat], 0), dst.dtype)
+            tiles = self.stored(ins.buf, np.where(valid, np.take(host, flat), 0))
             dst[rows] = tiles[inverse.reshape(-1)]
             loaded = int(valid.sum(axis=1)[inverse.reshape(-1)].sum())
         else:
             flat, valid = ins.elements()
-            dst[rows] = to_storage(np.where(valid, src.reshape(-1)[flat], 0), dst.dtype)
+            dst[rows] = self.stored(ins.buf, np.where(valid, np.take(host, flat), 0))
             loaded = int(valid.sum())
-        self.timeline.host_bytes += loaded * dst.dtype.itemsize
+        self.timeline.host_bytes += loaded * self.itemsize(ins.buf)
 
     def fill(self, ins: Fill) -> None:
         super().fill(ins)
         dst = self.mem[ins.buf]
-        dst[_rows(ins, ins.ncores)] = to_storage(np.asarray(float(ins.value)), dst.dtype)
+        dst[_rows(ins, ins.ncores)] = self.stored(ins.buf, np.asarray(float(ins.value)))
 
     def exchange(self, ins: Exchange) -> None:
         super().exchange(ins)
         src, dst = self.mem[ins.src], self.mem[ins.dst]
-        vals = src[np.maximum(ins.src_core, 0), np.maximum(ins.src_off, 0)]
-        dst[_rows(ins, len(ins.src_core))] = to_storage(np.where(ins.src_core >= 0, vals, 0),
-                                                        dst.dtype)
+        flat, pad = exchange_gather(ins, src.shape[1])
+        vals = np.take(src.reshape(-1), flat)  # one gather over every core's table
+        if pad is not None:
+            vals.reshape(-1)[pad] = 0
+        dst[_rows(ins, len(ins.src_core))] = self.stored(ins.dst, vals, ins.src)
 
     def shift(self, ins: Shift) -> None:
         super().shift(ins)
         dst = self.mem[ins.dst]
-        dst[_rows(ins, len(ins.src_core))] = to_storage(self.mem[ins.src][ins.src_core],
-                                                        dst.dtype)
+        dst[_rows(ins, len(ins.src_core))] = self.stored(ins.dst, self.mem[ins.src][ins.src_core],
+                                                         ins.src)
 
     def reduce(self, ins: Reduce) -> None:
         super().reduce(ins)
@@ -134,12 +156,13 @@ class Machine(TimingMachine):
         chunk = dst.shape[1]
         combine = COMBINES[ins.combine]
         width = max(int(ins.offset.max(initial=0)) + chunk - src.shape[1], 0)
-        pad = np.full((self.chip.cores, width), combine.identity, dtype=np.float32)
-        ext = np.concatenate([src.astype(np.float32), pad], axis=1)
+        if width:  # some chunk reads past the end of src: the combine's identity there
+            pad = np.full((self.chip.cores, width), combine.identity, dtype=np.float32)
+            src = np.concatenate([src.astype(np.float32), pad], axis=1)
         cols = ins.offset[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
-        parts = ext[ins.group[:, :, None], cols[:, None, :]]  # (n, G, chunk)
-        red = combine.ufunc.reduce(parts, axis=1)
-        dst[_rows(ins, len(ins.group))] = to_storage(red, dst.dtype)
+        parts = src[ins.group[:, :, None], cols[:, None, :]]  # (n, G, chunk)
+        red = combine.ufunc.reduce(parts.astype(np.float32, copy=False), axis=1)
+        dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red)
 
     def compute(self, ins: Compute) -> None:
         super().compute(ins)
@@ -166,9 +189,9 @@ class Machine(TimingMachine):
         if ins.accumulate:
             if expr.combine is None:
                 raise EmulatorError(f"accumulates into {expr.name}, which has no combine")
-            result = COMBINES[expr.combine].ufunc(view.astype(np.float32), result)
+            result = COMBINES[expr.combine].ufunc(view.astype(np.float32, copy=False), result)
         full = out[:n].reshape((n, *tiles[k]))
-        result = to_storage(result, full.dtype)  # masks (-3.4e38) saturate to -inf in fp16
+        result = self.stored(ins.out, result)  # masks (-3.4e38) saturate to -inf in fp16
         if idx is None:
             full[...] = result
         else:
@@ -191,3 +214,18 @@ def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
     start = time.perf_counter()
     outputs, timeline = Machine(program, chip).run(inputs, constants, progress)
     return outputs, timeline, time.perf_counter() - start
+
+
+def exchange_gather(ins: Exchange, src_elems: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """An exchange's table as one gather: the flat index into the source buffers' ``(cores,
+    elems)`` array of every destination element, and the flat positions of padding (None if
+    there is none). Built in place in one int64 array (numpy gathers fastest with it)."""
+    flat = ins.src_core.astype(np.int64)
+    pad = flat < 0
+    np.multiply(flat, src_elems, out=flat)
+    flat += ins.src_off
+    if not pad.any():
+        return flat, None
+    where = np.flatnonzero(pad)
+    flat.reshape(-1)[where] = 0  # any element will do: it is overwritten with zero
+    return flat, where

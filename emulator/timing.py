@@ -249,10 +249,16 @@ class TimingMachine:
         self.written[buf][cores] = True
 
     # -- checks ---------------------------------------------------------------------------
-    def check_read(self, buf: int, cores: np.ndarray | slice) -> None:
-        """Refuse a read of ``buf`` on ``cores`` where some core never wrote it."""
+    def check_read(self, buf: int,
+                   cores: np.ndarray | slice | Callable[[], np.ndarray]) -> None:
+        """Refuse a read of ``buf`` on ``cores`` (or on the cores a function returns, called
+        only when some core has not written ``buf``) where some core never wrote it."""
         if buf not in self.written:
             raise EmulatorError(f"buffer %{self.prog.buffers[buf].name} is not allocated")
+        if callable(cores):  # the cores are costly to find: only when some core did not write
+            if self.written[buf].all():
+                return
+            cores = cores()
         if not np.all(self.written[buf][cores]):
             raise EmulatorError(f"reads buffer %{self.prog.buffers[buf].name}, which some core "
                                 "never wrote")
@@ -317,14 +323,15 @@ class TimingMachine:
         n = len(ins.src_core)
         rows, here = _rows(ins, n), _phys(ins, n)
         self.check_sources(ins.src_core, padding=True)
-        self.check_read(ins.src, _cores_in(ins.src_core, self.chip.cores))
+        self.check_read(ins.src, lambda: _cores_in(ins.src_core, self.chip.cores))
         self.mark_live(ins.dst)
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
         if self.chip.is_mesh:
             self.receive(ins.op, ins.phase, *_pairs(ins.src_core, here, size))
         else:  # received bytes per core: a remote element counts wherever it comes from
-            remote = ((ins.src_core >= 0) & (ins.src_core != here[:, None])).sum(axis=1)
+            remote = np.count_nonzero((ins.src_core >= 0) & (ins.src_core != here[:, None]),
+                                      axis=1)
             self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
 
     def shift(self, ins: Shift) -> None:
@@ -374,7 +381,7 @@ class TimingMachine:
 
     def store(self, ins: Store) -> None:
         self.check_sources(ins.src_core)
-        self.check_read(ins.src, _cores_in(ins.src_core, self.chip.cores))
+        self.check_read(ins.src, lambda: _cores_in(ins.src_core, self.chip.cores))
 
 
 def _rows(ins: Instr, n: int) -> np.ndarray | slice:
