@@ -22,7 +22,8 @@ def gather_slices(buf: np.ndarray, tile: tuple[int, ...], offsets: np.ndarray,
     Returns the (ncores, *sizes) array and the index that addresses it in the buffers viewed
     as (ncores, *tile) (None when the sub-block is the whole tile). When every core's block
     starts at the same offset (most sub-tasks) the index is slices and the block a view, not
-    a copy; otherwise it is a fancy index.
+    a copy; otherwise the blocks are copied whole from a window view (one block per core, not
+    element by element) and the index is a fancy index.
     """
     n = len(offsets)
     arr = buf[:n].reshape((n, *tile))
@@ -37,8 +38,35 @@ def gather_slices(buf: np.ndarray, tile: tuple[int, ...], offsets: np.ndarray,
         shape = [n] + [1] * nd
         shape[d + 1] = sizes[d]
         index.append((offsets[:, d][:, None] + np.arange(sizes[d])[None, :]).reshape(shape))
-    idx = tuple(index)
-    return arr[idx], idx
+    return _windows(arr, sizes)[_starts(offsets)], tuple(index)
+
+
+def put_slices(buf: np.ndarray, tile: tuple[int, ...], offsets: np.ndarray,
+               sizes: tuple[int, ...], values: np.ndarray) -> None:
+    """Write ``values`` (ncores, *sizes) into each core's sub-block at ``offsets`` of buffers
+    ``buf`` (ncores, elems): the inverse of `gather_slices`."""
+    n = len(offsets)
+    arr = buf[:n].reshape((n, *tile))
+    if tuple(sizes) == tuple(tile):
+        arr[...] = values
+    elif n and (offsets == offsets[0]).all():
+        cut = (slice(None), *(slice(int(o), int(o) + s) for o, s in zip(offsets[0], sizes)))
+        arr[cut] = values
+    else:  # each core writes one window of its own tile: the windows never overlap
+        _windows(arr, sizes, writeable=True)[_starts(offsets)] = values
+
+
+def _windows(arr: np.ndarray, sizes: tuple[int, ...], writeable: bool = False) -> np.ndarray:
+    """(n, *positions, *sizes): every ``sizes`` window of every core's tile, as a view."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    return sliding_window_view(arr, sizes, axis=tuple(range(1, arr.ndim)),
+                               writeable=writeable)
+
+
+def _starts(offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The index of each core's own window in `_windows`."""
+    return (np.arange(len(offsets)), *(offsets[:, d] for d in range(offsets.shape[1])))
 
 
 def operand_sizes(expr: TensorExpr, k: int, sub: dict[str, int], tile: tuple[int, ...]

@@ -44,10 +44,10 @@ from t10c.codegen.program import (
     Store,
     tile_elements,
 )
-from t10c.dtypes import DTYPES
+from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
 
-from .kernels import evaluate, gather_slices, operand_sizes, to_storage
+from .kernels import evaluate, gather_slices, operand_sizes, put_slices, to_storage
 from .timing import (
     EmulatorError,
     PhaseRecord,
@@ -76,6 +76,7 @@ class Machine(TimingMachine):
         self.mem: dict[int, np.ndarray] = {}
         self.outputs: dict[str, np.ndarray] = {}
         self.dtypes = [b.dtype for b in program.buffers]
+        self.host_held: dict[tuple[str, str], np.ndarray] = {}
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
@@ -116,19 +117,28 @@ class Machine(TimingMachine):
                                 f"expects {ins.shape}")
         rows = _rows(ins, ins.ncores)
         dst = self.mem[ins.buf]
-        host = src.reshape(-1)
+        host = self.rounded(ins.tensor, ins.buf, src)
         if ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = np.unique(ins.origin, axis=0, return_inverse=True)
-            flat, valid = tile_elements(uniq, ins.tile, ins.shape)
-            tiles = self.stored(ins.buf, np.where(valid, np.take(host, flat), 0))
+            tiles, counts = load_tiles(host, uniq, ins.tile)
             dst[rows] = tiles[inverse.reshape(-1)]
-            loaded = int(valid.sum(axis=1)[inverse.reshape(-1)].sum())
+            loaded = int(counts[inverse.reshape(-1)].sum())
         else:
             flat, valid = ins.elements()
-            dst[rows] = self.stored(ins.buf, np.where(valid, np.take(host, flat), 0))
+            vals = np.take(host.reshape(-1), flat)
+            dst[rows] = vals if valid.all() else np.where(valid, vals, 0)
             loaded = int(valid.sum())
         self.timeline.host_bytes += loaded * self.itemsize(ins.buf)
+
+    def rounded(self, tensor: str, buf: int, value: np.ndarray) -> np.ndarray:
+        """Host tensor ``tensor`` as buffer ``buf`` holds its values: rounded to the buffer's
+        dtype once per tensor and dtype (a weight's tiles are loaded onto many cores)."""
+        key = (tensor, self.dtypes[buf])
+        held = self.host_held.get(key)
+        if held is None:
+            held = self.host_held[key] = self.stored(buf, value)
+        return held
 
     def fill(self, ins: Fill) -> None:
         super().fill(ins)
@@ -159,8 +169,10 @@ class Machine(TimingMachine):
         if width:  # some chunk reads past the end of src: the combine's identity there
             pad = np.full((self.chip.cores, width), combine.identity, dtype=np.float32)
             src = np.concatenate([src.astype(np.float32), pad], axis=1)
-        cols = ins.offset[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
-        parts = src[ins.group[:, :, None], cols[:, None, :]]  # (n, G, chunk)
+        cols = ins.offset.astype(np.int64)[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
+        # one flat gather of every member's chunk: (n, G, chunk)
+        parts = np.take(src.reshape(-1), ins.group.astype(np.int64)[:, :, None] * src.shape[1]
+                        + cols[:, None, :])
         red = combine.ufunc.reduce(parts.astype(np.float32, copy=False), axis=1)
         dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red)
 
@@ -184,18 +196,14 @@ class Machine(TimingMachine):
         k = len(ins.ins)
         if placed:  # work on a copy of the placed cores' rows, written back below
             whole, out = out, out[rows]
-        view, idx = gather_slices(out, tiles[k], ins.offsets[k],
-                                  operand_sizes(expr, k, sub, tiles[k]))
+        sizes = operand_sizes(expr, k, sub, tiles[k])
         if ins.accumulate:
             if expr.combine is None:
                 raise EmulatorError(f"accumulates into {expr.name}, which has no combine")
+            view = gather_slices(out, tiles[k], ins.offsets[k], sizes)[0]
             result = COMBINES[expr.combine].ufunc(view.astype(np.float32, copy=False), result)
-        full = out[:n].reshape((n, *tiles[k]))
-        result = self.stored(ins.out, result)  # masks (-3.4e38) saturate to -inf in fp16
-        if idx is None:
-            full[...] = result
-        else:
-            full[idx] = result
+        # masks (-3.4e38) saturate to -inf in fp16
+        put_slices(out, tiles[k], ins.offsets[k], sizes, self.stored(ins.out, result))
         if placed:
             whole[rows] = out
 
@@ -216,16 +224,44 @@ def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
     return outputs, timeline, time.perf_counter() - start
 
 
+def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Every ``tile``-shaped block of ``host`` at ``origin[c]`` (zero outside the tensor), as
+    (len(origin), elems), and how many elements of each lie inside the tensor.
+
+    Tiles on the tile grid (the common case) are cut from a blocked view of the tensor (padded
+    to whole tiles) by indexing whole blocks; others are gathered element by element."""
+    shape = host.shape
+    n = len(origin)
+    edge = np.asarray(shape, dtype=np.int64)[None, :] - origin
+    counts = np.prod(np.clip(edge, 0, np.asarray(tile, dtype=np.int64)), axis=1,
+                     dtype=np.int64) if len(tile) else np.ones(n, dtype=np.int64)
+    t = np.asarray(tile, dtype=np.int64)
+    grid = [ceil_div(s, b) if b else 0 for s, b in zip(shape, tile)]
+    if (len(tile) and all(tile) and (origin >= 0).all() and not (origin % t).any()
+            and (origin // t < np.asarray(grid)).all()):
+        pad = [(0, g * b - s) for s, g, b in zip(shape, grid, tile)]
+        whole = np.pad(host, pad) if any(p for _, p in pad) else host
+        split = [x for g, b in zip(grid, tile) for x in (g, b)]
+        nd = len(tile)
+        blocks = whole.reshape(split).transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
+        tiles = blocks[tuple((origin // t).T)]  # (n, *tile)
+        return tiles.reshape(n, -1), counts
+    flat, valid = tile_elements(origin, tile, shape)
+    vals = np.take(host.reshape(-1), flat)
+    return (vals if valid.all() else np.where(valid, vals, 0)), counts
+
+
 def exchange_gather(ins: Exchange, src_elems: int) -> tuple[np.ndarray, np.ndarray | None]:
     """An exchange's table as one gather: the flat index into the source buffers' ``(cores,
     elems)`` array of every destination element, and the flat positions of padding (None if
     there is none). Built in place in one int64 array (numpy gathers fastest with it)."""
+    padded = bool(ins.src_core.size) and int(ins.src_core.min()) < 0
+    where = np.flatnonzero(ins.src_core < 0) if padded else None
     flat = ins.src_core.astype(np.int64)
-    pad = flat < 0
     np.multiply(flat, src_elems, out=flat)
     flat += ins.src_off
-    if not pad.any():
+    if where is None:
         return flat, None
-    where = np.flatnonzero(pad)
     flat.reshape(-1)[where] = 0  # any element will do: it is overwritten with zero
     return flat, where

@@ -57,9 +57,13 @@ def build(shape: tuple[int, ...], chain: list[tuple[str, int]]):  # type: ignore
                 x = g.node("Mul", x, x)
             elif layer == "softmax":
                 x = g.node("Softmax", x, axis=-1)
-            elif layer == "reduce_sum" and len(dims) > 2:
-                x = g.node("ReduceSum", x, g.ints(-1), keepdims=0)
-                dims.pop()
+            elif layer == "reduce_sum":  # keeps rank 2 (a kept axis of one), drops one above
+                keep = len(dims) <= 2
+                x = g.node("ReduceSum", x, g.ints(-1), keepdims=int(keep))
+                if keep:
+                    dims[-1] = 1
+                else:
+                    dims.pop()
             elif layer == "transpose":
                 perm = list(range(len(dims)))
                 perm[-1], perm[-2] = perm[-2], perm[-1]
