@@ -26,6 +26,7 @@ its handlers calls the timing handler, then moves the data. A timing-only run us
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -90,12 +91,16 @@ class Machine(TimingMachine):
         narrower float dtype are exact already and are not rounded again."""
         name = self.dtypes[buf]
         held = HELD[name]
-        if src is not None and (self.dtypes[src] == name
-                                or (name == "fp32" and self.dtypes[src] == "fp16")):
+        if src is not None and self.exact(buf, src):
             return values.astype(held, copy=False)
         if NP_DTYPES[name] != held:  # fp16 held in float32: round through fp16
             return to_storage(values, NP_DTYPES[name]).astype(held)
         return to_storage(values, held)
+
+    def exact(self, buf: int, src: int) -> bool:
+        """Whether every value buffer ``src`` holds is exactly a value of ``buf``'s dtype."""
+        a, b = self.dtypes[buf], self.dtypes[src]
+        return a == b or (a == "fp32" and b == "fp16")
 
     # -- handlers: the timing handler first (it checks), then the values ----------------------
     def alloc(self, ins: Alloc) -> None:
@@ -120,10 +125,13 @@ class Machine(TimingMachine):
         host = self.rounded(ins.tensor, ins.buf, src)
         if ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
-            uniq, inverse = np.unique(ins.origin, axis=0, return_inverse=True)
+            uniq, inverse = unique_rows(ins.origin)
             tiles, counts = load_tiles(host, uniq, ins.tile)
-            dst[rows] = tiles[inverse.reshape(-1)]
-            loaded = int(counts[inverse.reshape(-1)].sum())
+            if isinstance(rows, slice):  # copied straight into the buffers
+                np.take(tiles, inverse, axis=0, out=dst[rows], mode="clip")  # in range: unbuffered
+            else:
+                dst[rows] = tiles[inverse]
+            loaded = int(counts[inverse].sum())
         else:
             flat, valid = ins.elements()
             vals = np.take(host.reshape(-1), flat)
@@ -148,11 +156,15 @@ class Machine(TimingMachine):
     def exchange(self, ins: Exchange) -> None:
         super().exchange(ins)
         src, dst = self.mem[ins.src], self.mem[ins.dst]
-        flat, pad = exchange_gather(ins, src.shape[1])
-        vals = np.take(src.reshape(-1), flat)  # one gather over every core's table
-        if pad is not None:
-            vals.reshape(-1)[pad] = 0
-        dst[_rows(ins, len(ins.src_core))] = self.stored(ins.dst, vals, ins.src)
+        n = len(ins.src_core)
+        rows = _rows(ins, n)
+        if ins.dst != ins.src and isinstance(rows, slice) and self.exact(ins.dst, ins.src):
+            out = dst[rows]  # gathered straight into the destination buffers
+        else:  # every core reads before any core writes (dst may be src)
+            out = np.empty((n, dst.shape[1]), dtype=src.dtype)
+        gather_exchange(ins, src, out)
+        if out.base is not dst:
+            dst[rows] = self.stored(ins.dst, out, ins.src)
 
     def shift(self, ins: Shift) -> None:
         super().shift(ins)
@@ -224,6 +236,19 @@ def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
     return outputs, timeline, time.perf_counter() - start
 
 
+def unique_rows(origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of ``origin`` (n, ndim) and each row's index among them, as
+    ``np.unique(origin, axis=0, return_inverse=True)`` but through one integer key per row."""
+    low = origin.min(axis=0, initial=0)
+    span = origin.max(axis=0, initial=0) - low + 1
+    if not origin.size or math.prod(int(x) for x in span) >= 2 ** 62:
+        uniq, inverse = np.unique(origin, axis=0, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    key = np.ravel_multi_index(tuple((origin - low).T), tuple(int(x) for x in span))
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return origin[first], inverse.reshape(-1)
+
+
 def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
                ) -> tuple[np.ndarray, np.ndarray]:
     """Every ``tile``-shaped block of ``host`` at ``origin[c]`` (zero outside the tensor), as
@@ -252,16 +277,30 @@ def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
     return (vals if valid.all() else np.where(valid, vals, 0)), counts
 
 
-def exchange_gather(ins: Exchange, src_elems: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """An exchange's table as one gather: the flat index into the source buffers' ``(cores,
-    elems)`` array of every destination element, and the flat positions of padding (None if
-    there is none). Built in place in one int64 array (numpy gathers fastest with it)."""
-    padded = bool(ins.src_core.size) and int(ins.src_core.min()) < 0
-    where = np.flatnonzero(ins.src_core < 0) if padded else None
-    flat = ins.src_core.astype(np.int64)
-    np.multiply(flat, src_elems, out=flat)
-    flat += ins.src_off
-    if where is None:
-        return flat, None
-    flat.reshape(-1)[where] = 0  # any element will do: it is overwritten with zero
-    return flat, where
+#: elements of an exchange table gathered at once: the int64 index of a block stays in cache
+GATHER_BLOCK = 1 << 17
+
+
+def gather_exchange(ins: Exchange, src: np.ndarray, out: np.ndarray) -> None:
+    """``out[r, e] = src[src_core[r, e], src_off[r, e]]``, zero where ``src_core`` is -1: the
+    exchange's table as one flat gather into the source buffers' ``(cores, elems)`` array,
+    done in blocks of table rows so that the index (built in int64, which numpy gathers with
+    fastest) never leaves the cache."""
+    core, off = ins.src_core, ins.src_off
+    n, width = core.shape
+    padded = bool(core.size) and int(core.min()) < 0
+    flat_src = src.reshape(-1)
+    step = max(1, GATHER_BLOCK // max(width, 1))
+    for r in range(0, n, step):
+        block = core[r:r + step]
+        flat = block.astype(np.int64)
+        flat *= src.shape[1]
+        flat += off[r:r + step]
+        if padded:
+            hole = block < 0
+            flat[hole] = 0  # any element will do: overwritten with zero below
+            vals = np.take(flat_src, flat)
+            vals[hole] = 0
+            out[r:r + step] = vals
+        else:
+            out[r:r + step] = np.take(flat_src, flat)
