@@ -1,8 +1,14 @@
 """The emulator: executes a `Program` on real data, all cores at once, and times it.
 
-State is one array per live buffer shaped ``(cores, elems)`` in the buffer's dtype, and one
-flag per buffer and core saying whether it has been written. Every instruction acts on all
-cores with numpy (gathers with the program's tables); nothing loops over cores in Python.
+State is one array per live buffer shaped ``(cores, elems)``, and one flag per buffer and core
+saying whether it has been written. Float buffers are held in float32, every value rounded to
+the buffer's dtype when it is written (so an fp16 buffer holds exactly fp16 values, and
+reading it for a computation costs no cast). Every instruction acts on all cores with numpy
+and nothing loops over cores in Python: a compute step is one batched contraction (or one
+broadcast elementwise evaluation) over every core's sub-task; an exchange is one flat gather
+of the table into the source buffers, in cache-sized blocks of table rows; loads cut tiles
+from a blocked view of the host tensor. The per-core reference executor (`reference.py`) is
+the definition this is checked against (``tests/test_emulator_speed.py``).
 
 Timing is bulk-synchronous: compute phases, then a barrier (``Sync``), then an exchange phase.
 On an all-to-all chip (IPU) the phase lasts as long as the busiest core needs to receive its

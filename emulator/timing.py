@@ -100,6 +100,7 @@ class TimingMachine:
         self.prog, self.chip = program, chip
         self.written: dict[int, np.ndarray] = {}
         self.live: dict[int, tuple[int, int]] = {}
+        self.in_use = 0  # bytes per core of the live buffers
         self.timeline = Timeline(chip.clock_hz)
         self.now = 0
         self.pending = np.zeros(chip.cores, dtype=np.int64)  # bytes received this exchange
@@ -289,18 +290,19 @@ class TimingMachine:
                                     f"%{self.prog.buffers[other].name}")
         self.live[ins.buf] = (start, end)
         self.written[ins.buf] = np.zeros(self.chip.cores, dtype=bool)
-        in_use = sum(e - s for s, e in self.live.values())
-        self.timeline.peak_sram_bytes_per_core = max(
-            self.timeline.peak_sram_bytes_per_core, max(e for _, e in self.live.values()))
-        self.timeline.sram_samples.append((self.now, in_use))
+        # running totals: every live buffer raised the peak when it was allocated
+        self.in_use += end - start
+        self.timeline.peak_sram_bytes_per_core = max(self.timeline.peak_sram_bytes_per_core, end)
+        self.timeline.sram_samples.append((self.now, self.in_use))
 
     def free(self, ins: Free) -> None:
         if ins.buf not in self.live:
             raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name}, which is not "
                                 "allocated")
-        self.live.pop(ins.buf)
+        start, end = self.live.pop(ins.buf)
         self.written.pop(ins.buf)
-        self.timeline.sram_samples.append((self.now, sum(e - s for s, e in self.live.values())))
+        self.in_use -= end - start
+        self.timeline.sram_samples.append((self.now, self.in_use))
 
     def load(self, ins: Load) -> None:
         self.mark_live(ins.buf)
