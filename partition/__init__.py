@@ -11,6 +11,7 @@ import time
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
+from .bounds import Bounds, bounds
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
 from .cost import plan_cost
 from .cpsat import Progress
@@ -21,8 +22,8 @@ from .solve import Edge, SolverOptions, choose_plans
 from .transitions import edge_cost
 from .verify import verify_plan
 
-__all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
-           "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
+__all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
+           "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost"]
 
 
@@ -84,6 +85,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
     check_fit(graph, chip, fronts, smallest)
+    plan_bounds = bounds(graph, chip, dtype, fronts)
     if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, "RESIDENT", solver,
@@ -111,6 +113,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
             time_limit_s=solver.time_limit_s),
         search_wall_s=search_wall,
+        bounds=plan_bounds,
     )
 
 
