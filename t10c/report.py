@@ -149,7 +149,7 @@ def _latency_chart(ok: list[Entry]) -> str:
     fig, ax = plt.subplots(figsize=(WIDE, 0.55 * len(ok) + 1.4))
     labels = [_label(e, ok) for e in ok]
     y = np.arange(len(ok))[::-1]
-    left = np.zeros(len(ok))
+    left: np.ndarray = np.zeros(len(ok))
     for phase in PHASES:
         vals = np.array([sum(r.cycles for r in e.result.timeline.records  # type: ignore
                              if r.phase == phase) for e in ok], dtype=float)
@@ -160,9 +160,10 @@ def _latency_chart(ok: list[Entry]) -> str:
         if e.bounds is not None:
             ax.vlines(e.bounds.roofline_cycles, yi - 0.42, yi + 0.42, colors="black",
                       linestyles="dashed", linewidth=2,
-                      label="roofline" if yi == y[0] else None)
+                      label="roofline" if yi == y[0] else "_nolegend_")
             ax.vlines(e.bounds.ideal_cycles, yi - 0.42, yi + 0.42, colors="#d62728",
-                      linestyles="dotted", linewidth=2.5, label="ideal" if yi == y[0] else None)
+                      linestyles="dotted", linewidth=2.5,
+                      label="ideal" if yi == y[0] else "_nolegend_")
     ax.set_yticks(y, labels)
     ax.set_xlabel("cycles (emulated)")
     ax.set_title("Latency by phase; roofline (dashed) and ideal (dotted) of each plan")

@@ -99,9 +99,9 @@ def _chip_doc(chip: Chip) -> dict[str, Any]:
 
 def _model_ref(model: str, root: Path) -> tuple[str, dict[str, Any]]:
     """A model as the worker loads it, and as the point's description names it."""
-    from t10c import models
+    from t10c.models import is_zoo_name
 
-    if models.is_zoo_name(model):
+    if is_zoo_name(model):
         return model, {"zoo": model}
     path = (root / model).resolve()
     if not path.is_file():
@@ -158,7 +158,7 @@ def load_spec(path: Path) -> Spec:
                    for k in ("seq_len", "batch")):
         raise SweepError(f"{path}: dtype is fp16 or fp32, timing_only true or false, seq_len "
                          "and batch positive integers")
-    points = []
+    points: list[Point] = []
     refs = [_model_ref(m, root) for m in models]
     for (model, ref), values in itertools.product(refs, itertools.product(*grid.values())):
         changes = tuple(zip(grid, values))
