@@ -131,6 +131,11 @@ def _color(i: int) -> str:
     return f"C{i % 10}"
 
 
+def _position(entries: list[Entry], entry: Entry) -> int:
+    """Where ``entry`` is in ``entries``, by identity (entries hold arrays: no == on them)."""
+    return next(i for i, e in enumerate(entries) if e is entry)
+
+
 def _op_cycles(e: Entry) -> dict[str, int]:
     """Emulated cycles per op (all phases), ops in program order."""
     return {op: sum(ph.values()) for op, ph in e.result.timeline.by_op().items()}  # type: ignore
@@ -308,9 +313,10 @@ def _front_charts(ok: list[Entry], heavy: int) -> list[tuple[str, str]]:
                    label="SRAM per core")
         for k, e in enumerate(same):
             chosen = e.compiled.plan.ops[i]  # type: ignore[union-attr]
+            color = _color(_position(ok, e))
             ax.plot([chosen.hot_bytes_per_core / 1024], [chosen.cycles.total],
-                    MARKERS[k % len(MARKERS)], color=_color(ok.index(e)),
-                    markersize=16 - 3 * k, markerfacecolor="none" if k else _color(ok.index(e)),
+                    MARKERS[k % len(MARKERS)], color=color,
+                    markersize=16 - 3 * k, markerfacecolor="none" if k else color,
                     markeredgewidth=2, label=f"{e.strategy}'s choice")
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -345,7 +351,7 @@ def _sram_cores_chart(ok: list[Entry]) -> tuple[str, str] | None:
         return "peak SRAM on the chip's grid", _png(fig)
     fig, ax = plt.subplots(figsize=(WIDE, 3.6))
     for e, peak in zip(have, peaks):
-        ax.plot(np.sort(peak)[::-1] / 1024, color=_color(ok.index(e)), label=_label(e, have))
+        ax.plot(np.sort(peak)[::-1] / 1024, color=_color(_position(ok, e)), label=_label(e, have))
     for chip in {e.chip.name: e.chip for e in have}.values():
         ax.axhline(chip.sram_bytes_per_core / 1024, color="#d62728", linestyle="--",
                    label=f"capacity of {chip.name}")
