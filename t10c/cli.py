@@ -141,6 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "large to emulate functionally, such as bert-large at batch 8")
     model_args(b)
 
+    sw = sub.add_parser("sweep", help="a design-space sweep: models x chip fields x strategies",
+                        description="Compile every point of SPEC's grid (see t10c/sweep.py "
+                                    "and the README) and write results.json, results.csv and "
+                                    "pareto.png; finished points are kept and not run again.")
+    sw.add_argument("spec", type=Path, metavar="SPEC.toml")
+    sw.add_argument("-o", "--out", type=Path, metavar="DIR",
+                    help="results folder (default: SPEC without .toml, beside it)")
+    sw.add_argument("--workers", type=int_at_least(1), default=os.cpu_count() or 1,
+                    help="local worker processes (default: one per CPU)")
+    sw.add_argument("--ray", metavar="ADDRESS",
+                    help="run on Ray instead: auto (the cluster `ray start` began here), "
+                         "local (start one in this process) or a cluster address; needs "
+                         "pip install 't10c[sweep]'")
+
     mc = sub.add_parser("mesh-compare",
                         help="mesh-aware plans against the all-to-all assumption on a mesh",
                         description="Compile a prefill GEMM, a decode GEMV and a model twice "
@@ -232,6 +246,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cmd_bench(args)
     if args.command == "mesh-compare":
         return cmd_mesh_compare(args)
+    if args.command == "sweep":
+        from t10c.sweep import cmd_sweep
+        return cmd_sweep(args)
     return cmd_compile(args)
 
 
