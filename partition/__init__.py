@@ -12,6 +12,7 @@ from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
+from .constrain import WEIGHTS, Constraint, ConstraintError, apply_constraints, check_replay
 from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
@@ -23,7 +24,8 @@ from .verify import verify_plan
 
 __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
            "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
-           "search_op", "search_op_front", "plan_cost"]
+           "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
+           "WEIGHTS", "replay_plan"]
 
 
 def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
@@ -55,8 +57,10 @@ def _rename(plan: OpPlan, name: str) -> OpPlan:
 
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
-               front_limit: int = 16, progress: Progress | None = None) -> Plan:
-    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT."""
+               front_limit: int = 16, progress: Progress | None = None,
+               constraints: tuple[Constraint, ...] = ()) -> Plan:
+    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT;
+    the ops ``constraints`` name choose among the plans that obey them (`constrain.py`)."""
     start = time.perf_counter()
     ints, consts = _tensor_sets(graph)
     keys = [(op.signature(), tuple(o.tensor in consts for o in op.inputs),
@@ -83,6 +87,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                   for op, f in zip(graph.ops, fronts)]
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
+    if constraints:  # `--plan FILE`: the named ops' fronts become the plans obeying it
+        apply_constraints(graph, chip, dtype, search, front_limit, constraints, fronts,
+                          smallest, least_cold, keys, ints, consts)
     check_fit(graph, chip, fronts, smallest)
     if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
@@ -148,3 +155,11 @@ def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Ch
                                        ints)
             edges.append(Edge(j, i, slot, cache[key]))
     return edges
+
+
+def replay_plan(graph: Graph, plan: Plan, chip: Chip, dtype: str) -> Plan:
+    """``plan`` (read back from plan.json) for ``graph`` on ``chip``, once every op's costs and
+    re-layouts are re-derived and agree (`constrain.check_replay`); raises `PlanError`."""
+    ints, consts = _tensor_sets(graph)
+    check_replay(graph, plan, chip, dtype, ints, consts)
+    return plan

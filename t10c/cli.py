@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--front", type=int_at_least(1), default=16,
                    help="plans kept per op on its Pareto front (default: 16)")
     c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
+    c.add_argument("--plan", type=Path, metavar="FILE",
+                   help="a plan.json to replay (the same plans, checked against the model and "
+                        "chip), or a TOML/JSON file constraining named ops' F_op, f_t and "
+                        "weights (the planner chooses the rest; README: Giving plans back)")
 
     e = sub.add_parser("explain", help="print one op's Pareto front of plans",
                        description="Search every plan of one op of MODEL and print its Pareto "
@@ -493,13 +497,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.driver import CompileOptions, compile_model, run_compiled
     from t10c.emulator import EmulatorError
     from t10c.frontend import FrontendError, ModelNotFoundError
-    from t10c.partition import PlanError, SolverOptions
-    from t10c.planfile import run_document, write_json
+    from t10c.partition import Plan, PlanError, SolverOptions
+    from t10c.planfile import PlanFileError, load_plan_arg, run_document, write_json
     from t10c.strategies import search_options as strategy_search
 
     problem = _check_compile_args(args)
     if problem:
         return _error(problem, EXIT_USAGE)
+    given = None
+    if args.plan is not None:
+        try:
+            given = load_plan_arg(args.plan)
+        except PlanFileError as exc:
+            return _error(str(exc), EXIT_USAGE)
     chip = load_chip(args.chip)
     if args.core is not None and args.core >= chip.cores:
         return _error(f"core {args.core} does not exist (the chip has {chip.cores} cores: "
@@ -511,7 +521,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
                              planner=args.planner, relative_gap=args.gap),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
-        front_limit=args.front, timing_only=args.timing_only)
+        front_limit=args.front, timing_only=args.timing_only,
+        replay=given if isinstance(given, Plan) else None,
+        constraints=given if isinstance(given, tuple) else ())
     progress = StageProgress()
     try:
         try:
@@ -590,12 +602,18 @@ def _print_summary(compiled, timing_only: bool) -> None:
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
           f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
     s = plan.solver
-    if s.name == "greedy":
+    given = compiled.options
+    if given.replay is not None:  # no search and no solve: the account is the original's
+        print(f"plan replayed (checked against the model and chip), as {s.name} chose it: "
+              f"objective {s.objective_cycles} cycles")
+    elif s.name == "greedy":
         print(f"planner greedy: objective {s.objective_cycles} cycles")
     else:
         print(f"solver {s.status}: objective {s.objective_cycles} cycles, bound "
               f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
               f"{s.greedy_objective_cycles} cycles, {s.wall_s} s")
+    if given.constraints:
+        print(f"{len(given.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program
     frag = max(prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1, 0.0)
     layout = prog.sram_layout if not prog.live_sram_bytes_per_core else \

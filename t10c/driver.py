@@ -24,7 +24,15 @@ from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
 from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.ir import Graph
-from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
+from t10c.partition import (
+    Constraint,
+    Plan,
+    SearchOptions,
+    SolverOptions,
+    plan_graph,
+    replay_plan,
+    verify_plan,
+)
 from t10c.rundir import draw_inputs, input_specs
 
 #: ``progress(stage, done, total)``: how far a stage ("frontend", "search", "solve",
@@ -50,6 +58,10 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
+    #: ``--plan FILE``: a whole plan to replay instead of searching and solving (checked
+    #: against the model and chip first), or constraints on named ops for the planner
+    replay: Plan | None = None
+    constraints: tuple[Constraint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,9 +135,13 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     if progress:
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
-    with _sigint_kept():
-        plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
-                          options.front_limit, progress and _solve_follows_search(progress))
+    if options.replay is not None:
+        plan = replay_plan(graph, options.replay, chip, options.dtype)
+    else:
+        with _sigint_kept():
+            plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
+                              options.front_limit, progress and _solve_follows_search(progress),
+                              options.constraints)
     t_plan = time.perf_counter()
     if progress:  # the verification is codegen's first step (seconds on bert-large)
         progress("codegen", 0, 1)
