@@ -282,8 +282,8 @@ def check_replay(graph: Graph, plan: Plan, chip: Chip, dtype: str, ints: frozens
             raise PlanError(
                 f"op {op.name}: the plan predicts {p.cycles.total} cycles and "
                 f"{p.hot_bytes_per_core} bytes per core, this model on {chip.name} gives "
-                f"{cycles.total} and {hot}: it was made for another shape, chip file or t10c "
-                "version; compile without --plan")
+                f"{cycles.total} and {hot}: it was made for another shape (--seq-len, --batch, "
+                "--shape), chip file or t10c version; compile without --plan")
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     relayout = [0] * len(graph.ops)
     for i, op in enumerate(graph.ops):

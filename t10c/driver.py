@@ -27,6 +27,7 @@ from t10c.ir import Graph
 from t10c.partition import (
     Constraint,
     Plan,
+    PlanError,
     SearchOptions,
     SolverOptions,
     plan_graph,
@@ -145,7 +146,17 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     t_plan = time.perf_counter()
     if progress:  # the verification is codegen's first step (seconds on bert-large)
         progress("codegen", 0, 1)
-    verify_plan(graph, plan, chip)
+    try:
+        verify_plan(graph, plan, chip)
+    except PlanError as exc:
+        if options.replay is None:
+            raise
+        # a replayed plan that does not hold (a hand-edited file, a chip file of the same
+        # name): the user's mistake, said in one line
+        problems = str(exc).splitlines()[1:] or [str(exc)]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PlanError(f"the plan given with --plan does not hold on {chip.name}: "
+                        f"{problems[0].strip()}{more}") from exc
     timeline = None
     if options.timing_only:
         program, timeline = _with_progress(time_only, "codegen", progress, graph, plan, chip)
