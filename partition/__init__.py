@@ -12,7 +12,14 @@ from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
-from .constrain import WEIGHTS, Constraint, ConstraintError, apply_constraints, check_replay
+from .constrain import (
+    WEIGHTS,
+    Constraint,
+    ConstraintError,
+    Replay,
+    apply_constraints,
+    check_replay,
+)
 from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
@@ -25,7 +32,7 @@ from .verify import verify_plan
 __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
            "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
-           "WEIGHTS", "replay_plan"]
+           "WEIGHTS", "Replay", "replay_plan"]
 
 
 def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
@@ -157,9 +164,9 @@ def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Ch
     return edges
 
 
-def replay_plan(graph: Graph, plan: Plan, chip: Chip, dtype: str) -> Plan:
-    """``plan`` (read back from plan.json) for ``graph`` on ``chip``, once every op's costs and
+def replay_plan(graph: Graph, replay: Replay, chip: Chip, dtype: str) -> Plan:
+    """The plan read back from plan.json, for ``graph`` on ``chip``, once every op's costs and
     re-layouts are re-derived and agree (`constrain.check_replay`); raises `PlanError`."""
     ints, consts = _tensor_sets(graph)
-    check_replay(graph, plan, chip, dtype, ints, consts)
-    return plan
+    check_replay(graph, replay, chip, dtype, ints, consts)
+    return replay.plan

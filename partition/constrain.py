@@ -246,25 +246,48 @@ def constrained_front(graph: Graph, op: TensorExpr, c: Constraint, chip: Chip, d
     return Constrained(front, smallest, least_cold, len(total))
 
 
-def check_replay(graph: Graph, plan: Plan, chip: Chip, dtype: str, ints: frozenset[str],
+@dataclass(frozen=True)
+class Replay:
+    """A plan read back from plan.json, with what the file says it was made for."""
+
+    plan: Plan
+    #: per op, its axes and their extents as the file has them (`TensorExpr.axes`)
+    axes: tuple[tuple[tuple[str, int], ...], ...]
+    cores: int
+    sram_bytes_per_core: int
+
+
+def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: frozenset[str],
                  consts: frozenset[str]) -> None:
     """Refuse a plan read back from plan.json that was not made for this graph, chip and
-    dtype: its ops, their axes, every cost it predicts and every re-layout are re-derived."""
+    dtype: its ops and their axes are compared, every cost it predicts and every re-layout
+    are re-derived. Each refusal is one line saying which."""
+    plan = replay.plan
     if plan.dtype != dtype:
         raise PlanError(f"the plan was made for dtype {plan.dtype}, not {dtype}: add "
                         f"--dtype {plan.dtype} or compile without --plan")
     if plan.chip != chip.name:
         raise PlanError(f"the plan was made for chip {plan.chip}, not {chip.name}: compile "
                         f"with --chip {plan.chip} or without --plan")
+    if (replay.cores, replay.sram_bytes_per_core) != (chip.cores, chip.sram_bytes_per_core):
+        raise PlanError(f"the plan was made for a chip {chip.name} of {replay.cores} cores and "
+                        f"{replay.sram_bytes_per_core} bytes of SRAM per core; this one has "
+                        f"{chip.cores} and {chip.sram_bytes_per_core}: another chip file")
     model = f"model {plan.model}" + ("" if plan.model == graph.name else
                                      f", not {graph.name}")
-    if len(plan.ops) != len(graph.ops):
+    if len(plan.ops) != len(graph.ops) or len(replay.axes) != len(graph.ops):
         raise PlanError(f"the plan was made for another model ({model}: {len(plan.ops)} ops, "
                         f"this one has {len(graph.ops)})")
-    for n, (op, p) in enumerate(zip(graph.ops, plan.ops)):
+    for n, (op, p, axes) in enumerate(zip(graph.ops, plan.ops, replay.axes)):
         if p.op != op.name or len(p.F) != len(op.axes):
             raise PlanError(f"the plan was made for another model ({model}): its op {n} is "
                             f"{p.op}, here it is {op.name}")
+        if tuple(axes) != tuple(op.axes):
+            there = ", ".join(f"{a}={e}" for a, e in axes)
+            here = ", ".join(f"{a}={e}" for a, e in op.axes)
+            raise PlanError(f"the plan was made for another shape of {graph.name}: op "
+                            f"{op.name} has axes {there} there, {here} here (--seq-len, "
+                            "--batch, --shape)")
     cache: dict[tuple, tuple] = {}
     for op, p in zip(graph.ops, plan.ops):
         if p.home and not any(o.tensor in consts for o in op.inputs):

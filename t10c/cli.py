@@ -497,7 +497,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.driver import CompileOptions, compile_model, run_compiled
     from t10c.emulator import EmulatorError
     from t10c.frontend import FrontendError, ModelNotFoundError
-    from t10c.partition import Plan, PlanError, SolverOptions
+    from t10c.partition import PlanError, Replay, SolverOptions
     from t10c.planfile import PlanFileError, load_plan_arg, run_document, write_json
     from t10c.strategies import search_options as strategy_search
 
@@ -522,7 +522,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
         front_limit=args.front, timing_only=args.timing_only,
-        replay=given if isinstance(given, Plan) else None,
+        replay=given if isinstance(given, Replay) else None,
         constraints=given if isinstance(given, tuple) else ())
     progress = StageProgress()
     try:

@@ -28,6 +28,7 @@ from t10c.partition import (
     Constraint,
     Plan,
     PlanError,
+    Replay,
     SearchOptions,
     SolverOptions,
     plan_graph,
@@ -61,7 +62,7 @@ class CompileOptions:
     timing_only: bool = False
     #: ``--plan FILE``: a whole plan to replay instead of searching and solving (checked
     #: against the model and chip first), or constraints on named ops for the planner
-    replay: Plan | None = None
+    replay: Replay | None = None
     constraints: tuple[Constraint, ...] = ()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from t10c.driver import Compiled, RunResult
 from t10c.ir import INDIRECT
 from t10c.outputs import write_text
-from t10c.partition import WEIGHTS, Constraint, Cycles, OpPlan, Plan, SolverReport, place
+from t10c.partition import WEIGHTS, Constraint, Cycles, OpPlan, Plan, Replay, SolverReport, place
 from t10c.partition.place import Embedding
 
 if sys.version_info >= (3, 11):
@@ -166,8 +166,8 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 
-def load_plan_arg(path: str | Path) -> Plan | tuple[Constraint, ...]:
-    """What ``--plan FILE`` gives: a whole plan.json to replay (a `Plan`), or the constraints
+def load_plan_arg(path: str | Path) -> Replay | tuple[Constraint, ...]:
+    """What ``--plan FILE`` gives: a whole plan.json to replay (a `Replay`), or the constraints
     of a small TOML or JSON file (README, "Giving plans back"). Raises `PlanFileError` (one
     line naming the file and the field) for a file that cannot be read as either."""
     path = Path(path)
@@ -186,7 +186,13 @@ def load_plan_arg(path: str | Path) -> Plan | tuple[Constraint, ...]:
         except tomllib.TOMLDecodeError as exc2:
             raise PlanFileError(f"{path} is neither JSON nor TOML: {exc2}") from exc2
     if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT:
-        return load_plan(path)
+        plan = load_plan(path)
+        try:
+            axes = tuple(tuple((str(a), int(o["axes"][a])) for a in o["axis_order"])
+                         for o in doc["ops"])
+            return Replay(plan, axes, int(doc["cores"]), int(doc["sram_bytes_per_core"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanFileError(f"{path}: a malformed or missing field ({exc!r})") from exc
     return constraints_from(doc, str(path))
 
 
