@@ -18,7 +18,9 @@ from .constrain import (
     ConstraintError,
     Replay,
     apply_constraints,
+    check_constraint,
     check_replay,
+    match_ops,
 )
 from .cost import plan_cost
 from .cpsat import Progress
@@ -32,7 +34,7 @@ from .verify import verify_plan
 __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
            "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
-           "WEIGHTS", "Replay", "replay_plan"]
+           "WEIGHTS", "Replay", "replay_plan", "check_constraints"]
 
 
 def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
@@ -170,3 +172,14 @@ def replay_plan(graph: Graph, replay: Replay, chip: Chip, dtype: str) -> Plan:
     ints, consts = _tensor_sets(graph)
     check_replay(graph, replay, chip, dtype, ints, consts)
     return replay.plan
+
+
+def check_constraints(graph: Graph, chip: Chip, constraints: tuple[Constraint, ...],
+                      search: SearchOptions = SearchOptions()) -> None:
+    """Refuse, before any search, constraints that name no op or ask what no plan can be
+    (`constrain.check_constraint`); `plan_graph` finds the rest (no legal or fitting plan)."""
+    _, consts = _tensor_sets(graph)
+    for op, c in zip(graph.ops, match_ops(graph, constraints)):
+        if c is not None:
+            check_constraint(op, c, chip, any(o.tensor in consts for o in op.inputs),
+                             search.weights_home)

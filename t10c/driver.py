@@ -31,6 +31,7 @@ from t10c.partition import (
     Replay,
     SearchOptions,
     SolverOptions,
+    check_constraints,
     plan_graph,
     replay_plan,
     verify_plan,
@@ -134,6 +135,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                         weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
+    if options.constraints:  # what is wrong with them is said before any search
+        check_constraints(graph, chip, options.constraints, options.search)
     if progress:
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
