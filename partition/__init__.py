@@ -20,6 +20,7 @@ from .constrain import (
     apply_constraints,
     check_constraint,
     check_replay,
+    constrained_front,
     match_ops,
 )
 from .cost import plan_cost
@@ -34,7 +35,8 @@ from .verify import verify_plan
 __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
            "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
-           "WEIGHTS", "Replay", "replay_plan", "check_constraints"]
+           "WEIGHTS", "Replay", "replay_plan", "check_constraints",
+           "search_op_constrained", "match_ops"]
 
 
 def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
@@ -183,3 +185,12 @@ def check_constraints(graph: Graph, chip: Chip, constraints: tuple[Constraint, .
         if c is not None:
             check_constraint(op, c, chip, any(o.tensor in consts for o in op.inputs),
                              search.weights_home)
+
+
+def search_op_constrained(graph: Graph, op: TensorExpr, chip: Chip, dtype: str, c: Constraint,
+                          opts: SearchOptions = SearchOptions(), limit: int = 16
+                          ) -> list[OpPlan]:
+    """The front of the plans of one op of ``graph`` that obey ``c`` (as `plan_graph` puts
+    it before the solver), for `t10c explain --plan`."""
+    ints, consts = _tensor_sets(graph)
+    return constrained_front(graph, op, c, chip, dtype, opts, limit, ints, consts).front

@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--op", required=True, help="op name, or a part of it that is unique")
     e.add_argument("--chip", type=chip_arg, default="ipu-mk2",
                    help="preset name or chip .toml file")
+    e.add_argument("--plan", type=Path, metavar="FILE",
+                   help="also show the plans FILE gives the op (a constraints file: the front "
+                        "obeying it; a plan.json: its plan) and where they sit against the front")
     model_args(e)
 
     cp = sub.add_parser("compare", help="compare strategies and chips on one model",
@@ -268,10 +271,45 @@ def cmd_explain(args: argparse.Namespace) -> int:
         op = find_op(graph, args.op)
     except OpNotFoundError as exc:
         return _error(str(exc), EXIT_USAGE)
-    explanation = explain_op(graph, op, chip, args.dtype,
-                             strategy_search("t10", search_options(args)))
+    opts = strategy_search("t10", search_options(args))
+    given = None
+    if args.plan is not None:
+        given = _given_plans(args, graph, op, chip, opts)
+        if isinstance(given, int):
+            return given
+    explanation = explain_op(graph, op, chip, args.dtype, opts)
     print(format_explanation(explanation, chip, args.dtype))
+    if given is not None:
+        from t10c.explain import format_given
+
+        print(format_given(op, explanation.front, *given))
     return 0 if explanation.front else EXIT_FAIL
+
+
+def _given_plans(args: argparse.Namespace, graph, op, chip, opts):
+    """(plans, what) that ``explain --plan FILE`` shows for ``op``, or an exit code."""
+    from t10c.partition import PlanError, match_ops, search_op_constrained
+    from t10c.planfile import PlanFileError, load_plan_arg
+
+    try:
+        given = load_plan_arg(args.plan)
+    except PlanFileError as exc:
+        return _error(str(exc), EXIT_USAGE)
+    if not isinstance(given, tuple):
+        mine = [p for p in given.plan.ops if p.op == op.name]
+        if not mine or given.plan.chip != chip.name or given.plan.dtype != args.dtype:
+            return _error(f"{args.plan} has no plan of {op.name} for {chip.name} "
+                          f"({args.dtype}): it was made for {given.plan.model} on "
+                          f"{given.plan.chip} ({given.plan.dtype})", EXIT_FAIL)
+        return mine[:1], f"the plan {args.plan} gives {op.name}"
+    try:
+        c = match_ops(graph, given)[graph.ops.index(op)]
+        if c is None:
+            return _error(f"{args.plan} does not constrain {op.name}", EXIT_USAGE)
+        plans = search_op_constrained(graph, op, chip, args.dtype, c, opts)
+    except PlanError as exc:
+        return _error(str(exc), EXIT_FAIL)
+    return plans, f"obeying {c.pattern} ({c.describe()})"
 
 
 def _base_options(args: argparse.Namespace):

@@ -252,3 +252,22 @@ def test_load_plan_arg_tells_the_two_kinds_apart(first, tmp_path: Path) -> None:
     with pytest.raises(PlanFileError, match="cannot read"):
         load_plan_arg(tmp_path / "missing.json")
     assert CompileOptions().replay is None and CompileOptions().constraints == ()
+
+
+def test_explain_shows_where_the_given_plans_sit(first, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    one_core = write(tmp_path / "c.toml",
+                     f'[[op]]\nname = "{UP}"\nF_op = {{m = 1, n = 1, k = 1}}\n')
+    code, out, err = run(capsys, "explain", "bert-tiny", "--chip", "test16", "--op", UP,
+                         "--plan", one_core)
+    assert code == 0, err
+    assert "obeying" in out and "behind the front" in out
+    code, out, err = run(capsys, "explain", "bert-tiny", "--chip", "test16", "--op", UP,
+                         "--plan", first["test16"] / "plan.json")
+    assert code == 0, err
+    # the plan the solver chose for the op, found on its front or placed against it
+    assert f"the plan {first['test16'] / 'plan.json'} gives {UP}" in out
+    assert "front plan #" in out
+    code, _, err = run(capsys, "explain", "bert-tiny", "--chip", "test16", "--op", Q,
+                       "--plan", one_core)
+    assert code == EXIT_USAGE and "does not constrain" in err
