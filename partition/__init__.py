@@ -11,6 +11,7 @@ import time
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
+from .bounds import Bounds, bounds
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
 from .constrain import (
     WEIGHTS,
@@ -32,8 +33,8 @@ from .solve import Edge, SolverOptions, choose_plans
 from .transitions import edge_cost
 from .verify import verify_plan
 
-__all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
-           "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
+__all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
+           "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
            "WEIGHTS", "Replay", "replay_plan", "check_constraints",
            "search_op_constrained", "match_ops"]
@@ -102,6 +103,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         apply_constraints(graph, chip, dtype, search, front_limit, constraints, fronts,
                           smallest, least_cold, keys, ints, consts)
     check_fit(graph, chip, fronts, smallest)
+    plan_bounds = bounds(graph, chip, dtype, fronts)
     if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, "RESIDENT", solver,
@@ -129,6 +131,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
             time_limit_s=solver.time_limit_s),
         search_wall_s=search_wall,
+        bounds=plan_bounds,
     )
 
 

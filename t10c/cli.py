@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated (default: ipu-mk2)")
     b.add_argument("--json", type=new_file_arg, metavar="FILE",
                    help="also write the rows as JSON")
+    b.add_argument("--timing-only", action="store_true",
+                   help="time every plan without data (no onnxruntime check): for models too "
+                        "large to emulate functionally, such as bert-large at batch 8")
     model_args(b)
 
     mc = sub.add_parser("mesh-compare",
@@ -315,8 +318,10 @@ def _given_plans(args: argparse.Namespace, graph, op, chip, opts):
 def _base_options(args: argparse.Namespace):
     from t10c.driver import CompileOptions
 
+    timing_only = bool(getattr(args, "timing_only", False))
     return CompileOptions(dtype=args.dtype, seq_len=args.seq_len, batch=args.batch,
-                          pinned=dict(args.shape), search=search_options(args))
+                          pinned=dict(args.shape), search=search_options(args),
+                          timing_only=timing_only, weights=not timing_only)
 
 
 def _entries(models: list[str], chips: list[str], strategies: list[str],
@@ -478,8 +483,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     entries = _entries(args.models, args.chips, list(DEFAULT_STRATEGIES), args, slim=True)
     base = [s for s in DEFAULT_STRATEGIES if s != "t10"]  # the baselines
     head = ["model", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
-            *(f"vs {s}" for s in base), "of roofline", "emulation (s)", "onnxruntime (s)",
-            "matches"]
+            *(f"vs {s}" for s in base), "of roofline", "of ideal", "emulation (s)",
+            "onnxruntime (s)", "matches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     groups: dict[tuple[str, str], dict[str, Entry]] = {}
@@ -494,13 +499,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         def x(v: float) -> str:
             return "-" if math.isnan(v) else f"{v:.2f}x"
 
+        def checked(e: Entry) -> bool:
+            return e.result is not None and not e.result.timing_only
+
         ok = all(e.result is None or e.result.ok for e in by.values())
         row = [model, chip, f"{t10.compile_s:.2f}", *(us(by[s]) for s in DEFAULT_STRATEGIES),
                *(x(speedup(entries, t10, s)) for s in base),
                f"{100 * t10.roofline_fraction:.1f}%" if t10.result else "-",
-               f"{t10.result.emulate_wall_s:.2f}" if t10.result else "-",
-               f"{t10.result.reference_wall_s:.3f}" if t10.result else "-",
-               "yes" if ok else "NO"]
+               f"{100 * t10.ideal_fraction:.1f}%" if t10.result else "-",
+               f"{t10.result.emulate_wall_s:.2f}" if checked(t10) else "-",
+               f"{t10.result.reference_wall_s:.3f}" if checked(t10) else "-",
+               "timing only" if args.timing_only else "yes" if ok else "NO"]
         lines.append("| " + " | ".join(row) + " |")
         rows.append(dict(zip(head, row)))
     print("\n".join(lines))
@@ -536,7 +545,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.emulator import EmulatorError
     from t10c.frontend import FrontendError, ModelNotFoundError
     from t10c.partition import PlanError, Replay, SolverOptions
-    from t10c.planfile import PlanFileError, load_plan_arg, run_document, write_json
+    from t10c.planfile import (
+        PlanFileError,
+        load_plan_arg,
+        run_document,
+        timing_run_document,
+        write_json,
+    )
     from t10c.strategies import search_options as strategy_search
 
     problem = _check_compile_args(args)
@@ -600,6 +615,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                      f"{compiled.name} on {chip.name} (timing only)")
     if args.out:
         _write_compile(compiled, args)
+        if compiled.timeline is not None:  # read like a functional run's run.json
+            write_json(args.out / "run.json", timing_run_document(compiled))
     status = 0
     if args.run:
         with StageProgress() as progress:
@@ -610,6 +627,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         tl = result.timeline
         print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
               f"{tl.peak_sram_bytes_per_core} bytes per core")
+        print(_bounds_line(compiled.plan, tl.cycles))
         if chip.is_mesh:
             print(_mesh_summary(tl))
         print(f"max relative error vs onnxruntime {result.max_rel_err:.2e} "
@@ -625,9 +643,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   "tolerance", file=sys.stderr)
             status = EXIT_FAIL
     if args.out:
-        files = "plan.json, compile.json" if args.timing_only else \
-            "plan.json, compile.json, program.json, program.npz"
-        print(f"wrote {args.out}/{files}" + (", run.json" if args.run else ""))
+        print(f"wrote {args.out}: {', '.join(sorted(p.name for p in args.out.iterdir()))}")
     return status
 
 
@@ -664,8 +680,20 @@ def _print_summary(compiled, timing_only: bool) -> None:
         tl = compiled.timeline
         print(f"emulated latency (timing only) {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; "
               f"peak SRAM {tl.peak_sram_bytes_per_core} bytes per core")
+        print(_bounds_line(plan, tl.cycles))
         if chip.is_mesh:
             print(_mesh_summary(tl))
+
+
+def _bounds_line(plan, cycles: int) -> str:
+    """The emulated latency against the plan's lower bounds (`partition.bounds`)."""
+    b = plan.bounds
+    if b is None:
+        return "bounds: none (a plan made by hand)"
+    roof, ideal = b.fractions(cycles)
+    return (f"bounds: {100 * roof:.1f}% of the compute roofline ({b.roofline_cycles} cycles), "
+            f"{100 * ideal:.1f}% of the ideal ({b.ideal_cycles} cycles: every op at its "
+            f"fastest plan, no memory limit, no re-layout)")
 
 
 def _write_compile(compiled, args: argparse.Namespace) -> None:
