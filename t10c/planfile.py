@@ -202,7 +202,29 @@ def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int |
                  for k, v in dataclasses.asdict(c.chip).items()},
         "dtype": c.plan.dtype, "timings_s": {k: round(v, 4) for k, v in c.timings.items()},
         "solver_wall_s": c.plan.solver.wall_s,
+        # `--plan FILE`: "replayed", or the constraints obeyed, in the file's own format
+        "given_plan": ("replayed" if c.options.replay is not None else
+                       constraints_document(c.options.constraints) if c.options.constraints
+                       else None),
     }
+
+
+def constraints_document(constraints: tuple[Constraint, ...]) -> dict[str, Any]:
+    """The constraints as a constraints file holds them (`constraints_from` reads it back)."""
+    ops = []
+    for c in constraints:
+        entry: dict[str, Any] = {"name": c.pattern}
+        if c.F:
+            entry["F_op"] = dict(c.F)
+        if c.f_t:
+            f_t: dict[str, dict[str, int]] = {}
+            for operand, axis, v in c.f_t:
+                f_t.setdefault(operand, {})[axis] = v
+            entry["f_t"] = f_t
+        if c.weights:
+            entry["weights"] = c.weights
+        ops.append(entry)
+    return {"op": ops}
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -285,4 +307,5 @@ def _constraint(entry: Any, where: str) -> Constraint:
                             f"{weights!r}")
     if not (factors or paces or weights):
         raise PlanFileError(f"{where}: constrains nothing (give F_op, f_t or weights)")
-    return Constraint(name, factors, paces, weights)
+    # sorted: the same constraint whatever order the file lists it in
+    return Constraint(name, tuple(sorted(factors)), tuple(sorted(paces)), weights)

@@ -22,7 +22,7 @@ from t10c.partition import (
     plan_graph,
     search_op,
 )
-from t10c.planfile import PlanFileError, load_plan_arg
+from t10c.planfile import PlanFileError, constraints_from, load_plan_arg
 
 UP = "layer0/ffn/up/MatMul"
 Q = "layer0/attn/q/MatMul"
@@ -58,6 +58,7 @@ def test_replaying_a_plan_gives_the_same_files(first, chip: str, tmp_path: Path,
                          "--no-table", "--plan", a / "plan.json")
     assert code == 0, err
     assert "plan replayed" in out
+    assert json.loads((tmp_path / "b" / "compile.json").read_text())["given_plan"] == "replayed"
     for name in ("plan.json", "program.json", "program.npz"):
         assert (a / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
@@ -96,6 +97,9 @@ weights = "resident"
     assert after[Q]["operands"][1]["f_t"]["n"] == 2
     run_doc = json.loads((out / "run.json").read_text())
     assert run_doc["ok"] and run_doc["max_rel_err"] <= run_doc["tolerance"]
+    # compile.json says what was obeyed, in a form that reads back as the same constraints
+    given = json.loads((out / "compile.json").read_text())["given_plan"]
+    assert constraints_from(given, "compile.json") == load_plan_arg(plan)
     # the same constraints as JSON give the same plan
     as_json = write(tmp_path / "c.json", json.dumps({"op": [
         {"name": "layer*/ffn/up/MatMul", "F_op": {"m": 16, "n": 1, "k": 1}},
@@ -271,3 +275,11 @@ def test_explain_shows_where_the_given_plans_sit(first, tmp_path: Path,
     code, _, err = run(capsys, "explain", "bert-tiny", "--chip", "test16", "--op", Q,
                        "--plan", one_core)
     assert code == EXIT_USAGE and "does not constrain" in err
+
+
+def test_resident_weights_under_vgm_are_refused(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write(tmp_path / "c.toml", f'[[op]]\nname = "{Q}"\nweights = "resident"\n')
+    code, _, err = run(capsys, "compile", "bert-tiny", "--chip", "test16", "--no-table",
+                       "--strategy", "vgm", "--plan", plan)
+    assert code == EXIT_FAIL and Q in err and "vgm" in err
