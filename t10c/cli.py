@@ -656,8 +656,8 @@ def _print_summary(compiled, timing_only: bool) -> None:
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
           f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
     s = plan.solver
-    given = compiled.options
-    if given.replay is not None:  # no search and no solve: the account is the original's
+    options = compiled.options
+    if options.replay is not None:  # no search and no solve: the account is the original's
         print(f"plan replayed (checked against the model and chip), as {s.name} chose it: "
               f"objective {s.objective_cycles} cycles")
     elif s.name == "greedy":
@@ -666,8 +666,8 @@ def _print_summary(compiled, timing_only: bool) -> None:
         print(f"solver {s.status}: objective {s.objective_cycles} cycles, bound "
               f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
               f"{s.greedy_objective_cycles} cycles, {s.wall_s} s")
-    if given.constraints:
-        print(f"{len(given.constraints)} plan constraint(s) from --plan obeyed")
+    if options.constraints:
+        print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program
     frag = max(prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1, 0.0)
     layout = prog.sram_layout if not prog.live_sram_bytes_per_core else \
