@@ -13,6 +13,17 @@ from t10c.ir import Graph, TensorExpr
 
 from .bounds import Bounds, bounds
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
+from .constrain import (
+    WEIGHTS,
+    Constraint,
+    ConstraintError,
+    Replay,
+    apply_constraints,
+    check_constraint,
+    check_replay,
+    constrained_front,
+    match_ops,
+)
 from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
@@ -24,7 +35,9 @@ from .verify import verify_plan
 
 __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
            "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
-           "search_op", "search_op_front", "plan_cost"]
+           "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
+           "WEIGHTS", "Replay", "replay_plan", "check_constraints",
+           "search_op_constrained", "match_ops"]
 
 
 def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
@@ -56,8 +69,10 @@ def _rename(plan: OpPlan, name: str) -> OpPlan:
 
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
-               front_limit: int = 16, progress: Progress | None = None) -> Plan:
-    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT."""
+               front_limit: int = 16, progress: Progress | None = None,
+               constraints: tuple[Constraint, ...] = ()) -> Plan:
+    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT;
+    the ops ``constraints`` name choose among the plans that obey them (`constrain.py`)."""
     start = time.perf_counter()
     ints, consts = _tensor_sets(graph)
     keys = [(op.signature(), tuple(o.tensor in consts for o in op.inputs),
@@ -84,6 +99,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                   for op, f in zip(graph.ops, fronts)]
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
+    if constraints:  # `--plan FILE`: the named ops' fronts become the plans obeying it
+        apply_constraints(graph, chip, dtype, search, front_limit, constraints, fronts,
+                          smallest, least_cold, keys, ints, consts)
     check_fit(graph, chip, fronts, smallest)
     plan_bounds = bounds(graph, chip, dtype, fronts)
     if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
@@ -151,3 +169,31 @@ def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Ch
                                        ints)
             edges.append(Edge(j, i, slot, cache[key]))
     return edges
+
+
+def replay_plan(graph: Graph, replay: Replay, chip: Chip, dtype: str) -> Plan:
+    """The plan read back from plan.json, for ``graph`` on ``chip``, once every op's costs and
+    re-layouts are re-derived and agree (`constrain.check_replay`); raises `PlanError`."""
+    ints, consts = _tensor_sets(graph)
+    check_replay(graph, replay, chip, dtype, ints, consts)
+    return replay.plan
+
+
+def check_constraints(graph: Graph, chip: Chip, constraints: tuple[Constraint, ...],
+                      search: SearchOptions = SearchOptions()) -> None:
+    """Refuse, before any search, constraints that name no op or ask what no plan can be
+    (`constrain.check_constraint`); `plan_graph` finds the rest (no legal or fitting plan)."""
+    _, consts = _tensor_sets(graph)
+    for op, c in zip(graph.ops, match_ops(graph, constraints)):
+        if c is not None:
+            check_constraint(op, c, chip, any(o.tensor in consts for o in op.inputs),
+                             search.weights_home)
+
+
+def search_op_constrained(graph: Graph, op: TensorExpr, chip: Chip, dtype: str, c: Constraint,
+                          opts: SearchOptions = SearchOptions(), limit: int = 16
+                          ) -> list[OpPlan]:
+    """The front of the plans of one op of ``graph`` that obey ``c`` (as `plan_graph` puts
+    it before the solver), for `t10c explain --plan`."""
+    ints, consts = _tensor_sets(graph)
+    return constrained_front(graph, op, c, chip, dtype, opts, limit, ints, consts).front

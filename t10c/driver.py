@@ -24,7 +24,18 @@ from t10c.codegen.verify import verify_program
 from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
-from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
+from t10c.partition import (
+    Constraint,
+    Plan,
+    PlanError,
+    Replay,
+    SearchOptions,
+    SolverOptions,
+    check_constraints,
+    plan_graph,
+    replay_plan,
+    verify_plan,
+)
 from t10c.rundir import draw_inputs, input_specs
 
 #: ``progress(stage, done, total)``: how far a stage ("frontend", "search", "solve",
@@ -54,6 +65,10 @@ class CompileOptions:
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
     #: runs before every codegen regardless
     check: bool = False
+    #: ``--plan FILE``: a whole plan to replay instead of searching and solving (checked
+    #: against the model and chip first), or constraints on named ops for the planner
+    replay: Replay | None = None
+    constraints: tuple[Constraint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,16 +151,32 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
     if options.check:
         verify_graph(graph)
+    if options.constraints:  # what is wrong with them is said before any search
+        check_constraints(graph, chip, options.constraints, options.search)
     if progress:
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
-    with _sigint_kept():
-        plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
-                          options.front_limit, progress and _solve_follows_search(progress))
+    if options.replay is not None:
+        plan = replay_plan(graph, options.replay, chip, options.dtype)
+    else:
+        with _sigint_kept():
+            plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
+                              options.front_limit, progress and _solve_follows_search(progress),
+                              options.constraints)
     t_plan = time.perf_counter()
     if progress:  # the verification is codegen's first step (seconds on bert-large)
         progress("codegen", 0, 1)
-    verify_plan(graph, plan, chip)
+    try:
+        verify_plan(graph, plan, chip)
+    except PlanError as exc:
+        if options.replay is None:
+            raise
+        # a replayed plan that does not hold (a hand-edited file, a chip file of the same
+        # name): the user's mistake, said in one line
+        problems = str(exc).splitlines()[1:] or [str(exc)]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PlanError(f"the plan given with --plan does not hold on {chip.name}: "
+                        f"{problems[0].strip()}{more}") from exc
     timeline = None
     if options.timing_only:
         program, timeline = time_only(graph, plan, chip, progress)
