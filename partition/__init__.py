@@ -18,7 +18,7 @@ from .cost import plan_cost
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
-from .transitions import edge_cost
+from .transitions import EdgeCost, Views, barrier_cycles, edge_cost, relayout_cycles
 from .verify import PlanError, verify_plan
 
 __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
@@ -111,19 +111,20 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         # the weights alone cannot be resident: no need to ask the solver
         raise DoesNotFitError(_diagnose(graph, chip, fronts, least_cold, smallest, "RESIDENT",
                                         solver, dtype))
-    edges = _edges(graph, keys, fronts, chip, dtype, ints)
+    views = Views(graph)
+    edges = _edges(graph, keys, fronts, chip, dtype, ints, views)
     no_extra = [[0] * len(f) for f in fronts]
+    barrier = [barrier_cycles(chip)] * len(graph.ops)
     result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
-                                  solver)
+                                  solver, barrier)
     if progress:
         progress("solve", 1, 1)
     if result is None:
         raise DoesNotFitError(_diagnose(graph, chip, fronts, least_cold, smallest, status,
                                         solver, dtype))
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
-    relayout = [0] * len(graph.ops)
-    for e in edges:
-        relayout[e.dst] += e.cost[result.choice[e.src]][result.choice[e.dst]]
+    # the solver priced each input's move on its own; the chosen plans' inputs move together
+    relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
     gap = result.objective_cycles - result.bound_cycles
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
@@ -156,10 +157,10 @@ def _warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip
 
 
 def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
-           dtype: str, ints: frozenset[str]) -> list[Edge]:
+           dtype: str, ints: frozenset[str], views: Views) -> list[Edge]:
     """Every producer -> consumer edge with its re-layout costs; repeated layers share them."""
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    cache: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+    cache: dict[tuple, EdgeCost] = {}
     edges = []
     for i, op in enumerate(graph.ops):
         for slot, operand in enumerate(op.inputs):
@@ -167,11 +168,12 @@ def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Ch
             if j is None:
                 continue
             direct = operand.tensor == graph.ops[j].output.tensor
-            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape)
+            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape,
+                   views.digest(operand.tensor))
             if key not in cache:
                 cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
-                                       ints)
-            edges.append(Edge(j, i, slot, cache[key]))
+                                       ints, views)
+            edges.append(Edge(j, i, slot, cache[key].cycles, cache[key].moves))
     return edges
 
 

@@ -17,7 +17,11 @@ model is built by `build_model`, solved by `solve_model` and decoded by `decode`
   cost depends on the pair of plans, booleans ``y[e, p, q]`` mark the pair in use:
   ``sum_q y[e, p, q] = x[j, p]`` and ``sum_p y[e, p, q] = x[i, q]`` (the tight, "marginal"
   linearisation of ``x[j, p] * x[i, q]``, whose relaxation already prices most edges right).
-- objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]``.
+- (C4) barriers: all the inputs of op ``i`` move in one exchange phase after one barrier,
+  paid once when any of them moves: ``b[i] >= sum_p m_epq * y[e, p, q]`` for every edge ``e``
+  into ``i`` and consumer plan ``q``, where ``m_epq`` is 1 when the pair moves any element.
+- objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]
+  + sum_i barrier_i * b[i]``.
 
 The greedy starts from every op's fastest plan and, while some op's memory (C2) is exceeded,
 moves one op contributing there to its next smaller plan, the one that adds the fewest cycles
@@ -74,12 +78,15 @@ class MemoryTerms:
 @dataclass(frozen=True)
 class Edge:
     """Producer op ``src`` feeds input ``slot`` of consumer op ``dst``; ``cost[p][q]`` is the
-    re-layout cycles from producer plan p to consumer plan q."""
+    re-layout cycles from producer plan p to consumer plan q; ``moves[p][q]`` whether that pair
+    moves anything, which costs the consumer its barrier (`choose_plans`' ``barrier``; None:
+    the cost includes it)."""
 
     src: int
     dst: int
     slot: int
     cost: tuple[tuple[int, ...], ...]
+    moves: tuple[tuple[bool, ...], ...] | None = None
 
 
 def liveness(graph: Graph) -> MemoryTerms:
@@ -169,13 +176,18 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None
         choice[best[1]] = best[2]
 
 
-def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...]) -> int:
+def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...],
+              barrier: list[int] | None = None) -> int:
     total = sum(int(a[k]) for a, k in zip(arrays.cycles, choice))
+    moving = {e.dst for e in edges
+              if e.moves is not None and e.moves[choice[e.src]][choice[e.dst]]}
+    total += sum(barrier[i] for i in moving) if barrier is not None else 0
     return total + sum(e.cost[choice[e.src]][choice[e.dst]] for e in edges)
 
 
 def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
-                edges: list[Edge], cap: int, hint: list[int] | None):
+                edges: list[Edge], cap: int, hint: list[int] | None,
+                barrier: list[int] | None = None):
     model = cp_model.CpModel()
     x = [[model.NewBoolVar(f"x[{i},{p}]") for p in range(len(front))]
          for i, front in enumerate(fronts)]
@@ -196,6 +208,7 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
         model.Add(resident + term(arrays.extra[i], i) + live <= cap)
     # (C3) re-layout between a producer's plan and its consumer's
     transitions = []
+    b: dict[int, cp_model.IntVar] = {}
     for n, e in enumerate(edges):
         if all(r == 0 for row in e.cost for r in row):
             continue
@@ -207,6 +220,15 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
             model.Add(sum(y[p][q] for p in range(len(y))) == x[e.dst][q])
         transitions.extend(r * y[p][q] for p, row in enumerate(e.cost)
                            for q, r in enumerate(row) if r)
+        # (C4) the consumer's barrier, once whichever of its inputs moves
+        if e.moves is not None and barrier is not None and barrier[e.dst]:
+            if e.dst not in b:
+                b[e.dst] = model.NewBoolVar(f"b[{e.dst}]")
+                transitions.append(barrier[e.dst] * b[e.dst])
+            for q in range(len(e.cost[0])):
+                moving = [y[p][q] for p in range(len(y)) if e.moves[p][q]]
+                if moving:
+                    model.Add(b[e.dst] >= sum(moving))
     model.Minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
                    + sum(transitions))
     if hint is not None:
@@ -236,23 +258,24 @@ def decode(solver: cp_model.CpSolver, status: int, x) -> tuple[int, ...] | None:
 
 
 def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
-                 edges: list[Edge], sram_bytes: int, opts: SolverOptions
-                 ) -> tuple[SolverResult | None, str]:
-    """Choose one plan per op; returns the result (None when nothing fits) and the status."""
+                 edges: list[Edge], sram_bytes: int, opts: SolverOptions,
+                 barrier: list[int] | None = None) -> tuple[SolverResult | None, str]:
+    """Choose one plan per op; returns the result (None when nothing fits) and the status.
+    ``barrier[i]`` is what op i pays once when any edge into it moves (see (C4))."""
     start = time.perf_counter()
     terms = liveness(graph)
     arrays = _Arrays(fronts, relayout_in)
     cap = int(sram_bytes * (1 - opts.reserve_fraction))
     base = [len(f) if all(p.home for p in f) else sum(not p.home for p in f) for f in fronts]
     warm = greedy(terms, arrays, cap, base)
-    warm_obj = objective(arrays, edges, warm) if warm is not None else None
+    warm_obj = objective(arrays, edges, warm, barrier) if warm is not None else None
     if opts.planner == "greedy":
         if warm is None:
             return None, "INFEASIBLE"
         assert warm_obj is not None
         return SolverResult(tuple(warm), "FEASIBLE", warm_obj, 0, time.perf_counter() - start,
                             warm_obj), "FEASIBLE"
-    model, x = build_model(terms, fronts, arrays, edges, cap, warm)
+    model, x = build_model(terms, fronts, arrays, edges, cap, warm, barrier)
     solver, status = solve_model(model, opts)
     name = solver.StatusName(status)
     choice = decode(solver, status, x)
@@ -262,7 +285,7 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
             return None, name
         return SolverResult(tuple(warm), "FEASIBLE", warm_obj, int(solver.BestObjectiveBound()),
                             wall, warm_obj), name
-    value = objective(arrays, edges, choice)
+    value = objective(arrays, edges, choice, barrier)
     if warm is not None and warm_obj is not None and warm_obj < value:
         choice, value = tuple(warm), warm_obj
     bound = min(int(round(solver.BestObjectiveBound())), value)
