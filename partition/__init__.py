@@ -169,7 +169,7 @@ def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Ch
                 continue
             direct = operand.tensor == graph.ops[j].output.tensor
             key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape,
-                   views.digest(operand.tensor))
+                   views.chain(operand.tensor))
             if key not in cache:
                 cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
                                        ints, views)

@@ -26,6 +26,7 @@ not one hop): an estimate.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -135,7 +136,7 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
 
 
 def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
-                  to_root: np.ndarray | None) -> Have:
+                  to_root: np.ndarray | None, views: Views | None = None) -> Have:
     """Where plan ``plan`` of op ``j`` leaves the elements of ``tensor`` (its result, or a
     view of it whose flat root index per element is ``to_root``)."""
     op = graph.ops[j]
@@ -147,7 +148,7 @@ def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
         origin[geo.phys] = geo.tile_origin(out, geo.steps - 1)
         holds[geo.phys] = True
         return Have(origin=origin, holds=holds, shape=np.asarray(geo.tile_shape(out)))
-    owner = result_owner(graph, j, plan)
+    owner = views.owner(j, plan) if views is not None else result_owner(graph, j, plan)
     return Have(owner=owner if to_root is None else owner[to_root])
 
 
@@ -180,14 +181,16 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
         assert coords is not None
         # each element can be local only to the consumer core running on its owner
         inverse = np.full(max(int(have.owner.max(initial=0)), int(want.phys.max())) + 2, -1,
-                          dtype=np.int64)
-        inverse[want.phys] = np.arange(len(want.phys))
+                          dtype=np.int32)
+        inverse[want.phys] = np.arange(len(want.phys), dtype=np.int32)
         c = inverse[have.owner]
         ok = c >= 0
         cc = np.maximum(c, 0)
+        origin = want.origin.astype(np.int32)
         for d in range(len(extent)):
-            rel = coords[d] - want.origin[cc, d]
-            ok &= (rel >= 0) & (rel < want.shape[d])
+            # unsigned: a negative offset wraps around past any tile size
+            rel = (coords[d] - origin[:, d][cc]).view(np.uint32)
+            ok &= rel < np.uint32(want.shape[d])
         out[k] = wanted - np.bincount(cc[ok], minlength=len(want.phys))
     return out
 
@@ -207,28 +210,44 @@ class Views:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self._roots: dict[str, np.ndarray] = {}
+        self._roots: dict[tuple, np.ndarray] = {}
         self._coords: dict[tuple[int, ...], np.ndarray] = {}
+        self._owners: dict[tuple, np.ndarray] = {}
+
+    def owner(self, j: int, plan: OpPlan) -> np.ndarray:
+        """`result_owner`, once per op expression and plan (repeated layers share it)."""
+        key = (self.graph.ops[j].signature(), self.graph.tensors[self.graph.ops[j].output.tensor]
+               .shape, dataclasses.replace(plan, op=""))
+        if key not in self._owners:
+            self._owners[key] = result_owner(self.graph, j, plan)
+            self._owners[key].flags.writeable = False
+        return self._owners[key]
+
+    def chain(self, tensor: str) -> tuple:
+        """The views from ``tensor`` down to its root, as (shape, perm) pairs, and the root's
+        shape: equal for repeated layers, so it keys caches (empty for a root)."""
+        links = []
+        while tensor in self.graph.views:
+            view = self.graph.views[tensor]
+            links.append((view.shape, view.perm))
+            tensor = view.source
+        return (tuple(links), self.graph.tensors[tensor].shape) if links else ()
 
     def to_root(self, tensor: str) -> np.ndarray | None:
-        if self.graph.root(tensor) == tensor:
+        """For a view, the flat root index of each of its elements (None for a root)."""
+        key = self.chain(tensor)
+        if not key:
             return None
-        if tensor not in self._roots:
+        if key not in self._roots:
             numel = self.graph.tensors[tensor].numel
-            self._roots[tensor] = map_to_root(self.graph, tensor, np.arange(numel))[1]
-        return self._roots[tensor]
-
-    def digest(self, tensor: str) -> bytes:
-        """Tells views apart: equal for the same element order (repeated layers)."""
-        root = self.to_root(tensor)
-        if root is None:
-            return b""
-        return hashlib.blake2b(root.tobytes(), digest_size=16).digest()
+            self._roots[key] = map_to_root(self.graph, tensor, np.arange(numel))[1]
+            self._roots[key].flags.writeable = False
+        return self._roots[key]
 
     def coords(self, shape: tuple[int, ...]) -> np.ndarray:
         if shape not in self._coords:
             self._coords[shape] = np.stack(np.unravel_index(
-                np.arange(int(np.prod(shape, dtype=np.int64))), shape)).astype(np.int64)
+                np.arange(int(np.prod(shape, dtype=np.int64))), shape)).astype(np.int32)
         return self._coords[shape]
 
 
@@ -259,7 +278,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     have_index: list[int] = []
     seen: dict[bytes, int] = {}
     for p in producer:
-        h = producer_have(graph, j, p, operand.tensor, chip.cores, to_root)
+        h = producer_have(graph, j, p, operand.tensor, chip.cores, to_root, views)
         key = h.digest()
         if key not in seen:
             seen[key] = len(haves)
@@ -318,7 +337,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
                 continue
             shape = graph.tensors[operand.tensor].shape
             have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
-                                 views.to_root(operand.tensor))
+                                 views.to_root(operand.tensor), views)
             want = consumer_want(graph, i, slot, plans[i])
             coords = views.coords(shape) if have.owner is not None else None
             remote = remote_counts([have], want, np.asarray(shape), coords)[0]
