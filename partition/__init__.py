@@ -14,6 +14,7 @@ from t10c.chips import Chip
 from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph, TensorExpr
 
+from .align import aligned_variants
 from .cost import plan_cost
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
@@ -106,13 +107,16 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                   for op, f in zip(graph.ops, fronts)]
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
+    start = time.perf_counter()
+    fronts = _with_aligned(graph, keys, fronts, chip, dtype, ints, consts, search)
+    search_wall += time.perf_counter() - start
     _check_fit(graph, chip, fronts, smallest)
     if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
         raise DoesNotFitError(_diagnose(graph, chip, fronts, least_cold, smallest, "RESIDENT",
                                         solver, dtype))
     views = Views(graph)
-    edges = _edges(graph, keys, fronts, chip, dtype, ints, views)
+    edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
     no_extra = [[0] * len(f) for f in fronts]
     barrier = [barrier_cycles(chip)] * len(graph.ops)
     result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
@@ -156,9 +160,46 @@ def _warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip
                                 cold_bytes_per_core=cold, out_bytes_per_core=out, home=True)]
 
 
-def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
+def _front_ids(fronts: list[list[OpPlan]]) -> list[int]:
+    """Equal numbers for ops whose fronts hold the same plans (repeated layers)."""
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault(tuple(_rename(p, "") for p in f), len(ids)) for f in fronts]
+
+
+def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
+                  dtype: str, ints: frozenset[str], consts: frozenset[str],
+                  search: SearchOptions) -> list[list[OpPlan]]:
+    """Every op's front plus the plans aligned to its producers' (`align.py`), in
+    topological order so that alignment carries along chains; repeated layers share them."""
+    if not search.align or chip.is_mesh:
+        return fronts
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    fronts = list(fronts)
+    table: dict[tuple, int] = {}
+
+    def front_id(f: list[OpPlan]) -> int:
+        return table.setdefault(tuple(_rename(p, "") for p in f), len(table))
+
+    ids = [front_id(f) for f in fronts]
+    cache: dict[tuple, list[OpPlan]] = {}
+    for i, op in enumerate(graph.ops):
+        feeds = tuple((slot, ids[producer[o.tensor]]) for slot, o in enumerate(op.inputs)
+                      if o.tensor in producer)
+        if not feeds:
+            continue
+        key = (keys[i], feeds, ids[i])
+        if key not in cache:
+            cache[key] = aligned_variants(graph, i, fronts, chip, dtype, ints, consts,
+                                          search.align, search.weights_home)
+        fronts[i] = fronts[i] + [_rename(p, op.name) for p in cache[key]]
+        ids[i] = front_id(fronts[i])
+    return fronts
+
+
+def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip,
            dtype: str, ints: frozenset[str], views: Views) -> list[Edge]:
-    """Every producer -> consumer edge with its re-layout costs; repeated layers share them."""
+    """Every producer -> consumer edge with its re-layout costs; ops with equal fronts
+    (``keys``, repeated layers) share them."""
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     cache: dict[tuple, EdgeCost] = {}
     edges = []

@@ -17,9 +17,12 @@ model is built by `build_model`, solved by `solve_model` and decoded by `decode`
   cost depends on the pair of plans, booleans ``y[e, p, q]`` mark the pair in use:
   ``sum_q y[e, p, q] = x[j, p]`` and ``sum_p y[e, p, q] = x[i, q]`` (the tight, "marginal"
   linearisation of ``x[j, p] * x[i, q]``, whose relaxation already prices most edges right).
+  A pair the edge does not allow (a plan aligned to one producer layout beside another, cost
+  None) gets no variable, so the marginals forbid it: ``x[i, q] <= sum of x[j, p]`` over the
+  producer plans it allows.
 - (C4) barriers: all the inputs of op ``i`` move in one exchange phase after one barrier,
-  paid once when any of them moves: ``b[i] >= sum_p m_epq * y[e, p, q]`` for every edge ``e``
-  into ``i`` and consumer plan ``q``, where ``m_epq`` is 1 when the pair moves any element.
+  paid once when any of them moves: ``b[i] >= sum_{p, q} m_epq * y[e, p, q]`` for every edge
+  ``e`` into ``i``, where ``m_epq`` is 1 when the pair moves any element.
 - objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]
   + sum_i barrier_i * b[i]``.
 
@@ -43,6 +46,9 @@ from ortools.sat.python import cp_model
 from t10c.ir import Graph
 
 from .plan import OpPlan
+
+#: the objective of a choice that uses a pair of plans an edge does not allow
+FORBIDDEN = 2 ** 62
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ class Edge:
     src: int
     dst: int
     slot: int
-    cost: tuple[tuple[int, ...], ...]
+    cost: tuple[tuple[int | None, ...], ...]  # None: the pair is not allowed
     moves: tuple[tuple[bool, ...], ...] | None = None
 
 
@@ -182,7 +188,10 @@ def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int,
     moving = {e.dst for e in edges
               if e.moves is not None and e.moves[choice[e.src]][choice[e.dst]]}
     total += sum(barrier[i] for i in moving) if barrier is not None else 0
-    return total + sum(e.cost[choice[e.src]][choice[e.dst]] for e in edges)
+    pairs = [e.cost[choice[e.src]][choice[e.dst]] for e in edges]
+    if any(r is None for r in pairs):
+        return FORBIDDEN
+    return total + sum(r for r in pairs if r is not None)
 
 
 def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
@@ -212,12 +221,14 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
     for n, e in enumerate(edges):
         if all(r == 0 for row in e.cost for r in row):
             continue
-        y = [[model.NewBoolVar(f"y[{n},{p},{q}]") for q in range(len(e.cost[0]))]
-             for p in range(len(e.cost))]
+        # no variable for a pair that is not allowed: the marginals then forbid it
+        y = [[model.NewBoolVar(f"y[{n},{p},{q}]") if r is not None else None
+              for q, r in enumerate(row)] for p, row in enumerate(e.cost)]
         for p, row in enumerate(y):
-            model.Add(sum(row) == x[e.src][p])
+            model.Add(sum(v for v in row if v is not None) == x[e.src][p])
         for q in range(len(e.cost[0])):
-            model.Add(sum(y[p][q] for p in range(len(y))) == x[e.dst][q])
+            model.Add(sum(y[p][q] for p in range(len(y)) if y[p][q] is not None)
+                      == x[e.dst][q])
         transitions.extend(r * y[p][q] for p, row in enumerate(e.cost)
                            for q, r in enumerate(row) if r)
         # (C4) the consumer's barrier, once whichever of its inputs moves
@@ -225,10 +236,12 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
             if e.dst not in b:
                 b[e.dst] = model.NewBoolVar(f"b[{e.dst}]")
                 transitions.append(barrier[e.dst] * b[e.dst])
-            for q in range(len(e.cost[0])):
-                moving = [y[p][q] for p in range(len(y)) if e.moves[p][q]]
-                if moving:
-                    model.Add(b[e.dst] >= sum(moving))
+            # one pair of the edge is in use: its moving pairs sum to 0 or 1 (summing per
+            # consumer plan instead would leave the relaxation a barrier of 1/plans)
+            moving = [y[p][q] for p in range(len(y)) for q in range(len(y[p]))
+                      if e.moves[p][q] and y[p][q] is not None]
+            if moving:
+                model.Add(b[e.dst] >= sum(moving))
     model.Minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
                    + sum(transitions))
     if hint is not None:
@@ -266,7 +279,9 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     terms = liveness(graph)
     arrays = _Arrays(fronts, relayout_in)
     cap = int(sram_bytes * (1 - opts.reserve_fraction))
-    base = [len(f) if all(p.home for p in f) else sum(not p.home for p in f) for f in fronts]
+    # the greedy walks each op's own front: neither warm-up twins nor aligned plans
+    base = [sum(p.aligned < 0 and (not p.home or all(r.home for r in f)) for p in f)
+            for f in fronts]
     warm = greedy(terms, arrays, cap, base)
     warm_obj = objective(arrays, edges, warm, barrier) if warm is not None else None
     if opts.planner == "greedy":

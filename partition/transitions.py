@@ -135,19 +135,42 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     return owner
 
 
+def result_boxes(geo: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
+    """The box each logical core holds of the result after the op, (origins, shape), when
+    every core holds one: always without a reduce-scatter, and with one when the group
+    divides the tile's outermost dimension longer than 1 (each member's contiguous chunk of
+    the row-major tile is then whole rows of it). None otherwise."""
+    out = len(geo.op.inputs)
+    origin = geo.tile_origin(out, geo.steps - 1)
+    shape = np.asarray(geo.tile_shape(out))
+    group = geo.reduce_group
+    if group == 1:
+        return origin, shape
+    outer = [d for d, n in enumerate(shape) if n > 1]
+    if not outer or shape[outer[0]] % group:
+        return None
+    d = outer[0]
+    _, pos, _ = scatter_members(geo)
+    origin = origin.copy()
+    shape = shape.copy()
+    shape[d] //= group
+    origin[:, d] += pos * shape[d]
+    return origin, shape
+
+
 def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
                   to_root: np.ndarray | None, views: Views | None = None) -> Have:
     """Where plan ``plan`` of op ``j`` leaves the elements of ``tensor`` (its result, or a
     view of it whose flat root index per element is ``to_root``)."""
     op = graph.ops[j]
     geo = geometry(graph, op, plan)
-    if to_root is None and geo.reduce_group == 1:
-        out = len(op.inputs)
+    box = result_boxes(geo) if to_root is None else None
+    if box is not None:
         origin = np.zeros((cores, len(op.output.axes)), dtype=np.int64)
         holds = np.zeros(cores, dtype=bool)
-        origin[geo.phys] = geo.tile_origin(out, geo.steps - 1)
+        origin[geo.phys] = box[0]
         holds[geo.phys] = True
-        return Have(origin=origin, holds=holds, shape=np.asarray(geo.tile_shape(out)))
+        return Have(origin=origin, holds=holds, shape=box[1])
     owner = views.owner(j, plan) if views is not None else result_owner(graph, j, plan)
     return Have(owner=owner if to_root is None else owner[to_root])
 
@@ -198,9 +221,11 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
 @dataclass(frozen=True)
 class EdgeCost:
     """One edge's transfer cycles per (producer plan, consumer plan), and whether anything
-    moves (the consumer's barrier is priced once per op, `barrier_cycles`)."""
+    moves (the consumer's barrier is priced once per op, `barrier_cycles`). None marks a
+    pair the solver must not choose: a plan aligned to this input beside a producer plan
+    that leaves another layout."""
 
-    cycles: tuple[tuple[int, ...], ...]
+    cycles: tuple[tuple[int | None, ...], ...]
     moves: tuple[tuple[bool, ...], ...]
 
 
@@ -301,10 +326,13 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     fanout = [replication(op, slot, q) for q in consumer]
     rows, moves = [], []
     for p, h in zip(producer, have_index):
-        row, move = [], []
-        for col, copies in zip(cols, fanout):
+        row: list[int | None] = []
+        move = []
+        for col, copies, q_aligned in zip(cols, fanout, (q.aligned == slot for q in consumer)):
             remote = int(col[h])
-            if not remote:
+            if q_aligned and remote:
+                cyc = None  # an aligned plan runs only beside the layouts it was built for
+            elif not remote:
                 cyc = 0
             elif aware:
                 sent = p.out_bytes_per_core * copies
