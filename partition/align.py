@@ -15,11 +15,18 @@ module builds the consumer plan that wants exactly those boxes:
   runs on the core that holds box ``c`` (`OpPlan.cores`).
 
 The aligned plan is costed by the same cost model (`cost.plan_cost`) and offered to the
-solver beside the front, which weighs its cycles against the re-layouts it saves. Aligned
+solver beside the front, which weighs its cycles against the re-layouts it saves; the solver
+pairs it only with the producer plans that leave its layout (`solve.py`, (C3)). Aligned
 plans leave a box grid themselves, so chains of elementwise ops align transitively. At most
 ``SearchOptions.align`` of them are added per op (those from the producer's fastest plans
-first), which bounds the plan pairs per edge. Mesh chips are left out: there a core's
-position decides what its transfers cost (`place.py`).
+first), which bounds the plan pairs per edge.
+
+Only ops with a single moving input (the others weights) get aligned plans: an op with two
+moving inputs pays its barrier unless both arrive aligned, and offering such ops plans
+aligned to one input made the relaxation of the whole-graph model weak (diamonds such as a
+LayerNorm's mean, variance and normalisation all reading one tensor: bert-mini's solve went
+from 2 s to its time limit). Mesh chips are left out: there a core's position decides what
+its transfers cost (`place.py`).
 """
 
 from __future__ import annotations
@@ -129,6 +136,9 @@ def aligned_variants(graph: Graph, i: int, fronts: list[list[OpPlan]], chip: Chi
     found: list[OpPlan] = []
     # round-robin over the inputs, each producer's plans in front order (fastest first)
     candidates = []
+    made = {o.output.tensor for o in graph.ops}
+    if sum(graph.root(o.tensor) in made for o in op.inputs) != 1:
+        return []  # see the module doc: one moving input only
     for slot, operand in enumerate(op.inputs):
         j = producer.get(operand.tensor)
         if j is not None:

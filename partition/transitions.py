@@ -11,11 +11,14 @@ barrier, which lasts as long as the busiest core needs:
     cycles(op) = sync + transfer(max_c sum over inputs of remote(c) * bytes per element),
                  or 0 when nothing moves (codegen then emits neither barrier nor transfer).
 
-These are the elements the emulator counts from codegen's exchange tables, so on an
-all-to-all chip the prediction is exact. Where the producer leaves a box per core and no view
-lies between, the overlap is computed box against box; otherwise element by element (each
-element's owning core, looked up in the consumer's box on that core), vectorised over the
-producer plans and computed once per distinct layout.
+An op that warms its weights up (`OpPlan.home`) fetches them in the same exchange phase, so
+its re-layout adds no barrier of its own. These are the elements the emulator counts from
+codegen's exchange tables, so on an all-to-all chip the prediction is exact.
+
+Where the producer leaves a box per core and no view lies between, the overlap is computed box
+against box; otherwise element by element (each element's owning core, looked up in the
+consumer's box on that core), vectorised over the producer plans and computed once per
+distinct layout.
 
 The solver prices each edge on its own (`edge_cost`: the transfer of that input alone) and the
 op's barrier once (`barrier_cycles`, paid when any input moves): for an op with several moving
@@ -282,6 +285,13 @@ def barrier_cycles(chip: Chip) -> int:
     return chip.sync_cycles + (0 if chip.is_mesh else chip.hop_latency_cycles)
 
 
+def fetches(graph: Graph, i: int, plan: OpPlan) -> bool:
+    """Whether plan ``plan`` of op ``i`` warms its weights up before it runs: that fetch has
+    a barrier of its own (`cost.plan_cost`), which codegen shares with the re-layout."""
+    return plan.home and any(graph.root(o.tensor) in graph.constants
+                             for o in graph.ops[i].inputs)
+
+
 def _transfer(chip: Chip, nbytes: int) -> int:
     """The all-to-all exchange's bandwidth term (its latency is in `barrier_cycles`)."""
     return chip.transfer_cycles(nbytes) - chip.hop_latency_cycles if nbytes > 0 else 0
@@ -324,11 +334,15 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     # on a mesh a producer core that feeds many consumer cores is a hot spot too: it sends its
     # tile once per consumer core that reads each element (the operand's replication)
     fanout = [replication(op, slot, q) for q in consumer]
+    # a consumer plan that warms its weights up has paid the barrier (not the latency)
+    shared = [fetches(graph, i, q) and not chip.is_mesh for q in consumer]
     rows, moves = [], []
     for p, h in zip(producer, have_index):
         row: list[int | None] = []
         move = []
-        for col, copies, q_aligned in zip(cols, fanout, (q.aligned == slot for q in consumer)):
+        for col, copies, q_aligned, q_shared in zip(cols, fanout,
+                                                    (q.aligned == slot for q in consumer),
+                                                    shared):
             remote = int(col[h])
             if q_aligned and remote:
                 cyc = None  # an aligned plan runs only beside the layouts it was built for
@@ -337,12 +351,12 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
             elif aware:
                 sent = p.out_bytes_per_core * copies
                 cyc = exchange_estimate(chip, remote * nbytes, sent)
-            elif chip.is_mesh:
+            elif chip.is_mesh or q_shared:
                 cyc = chip.transfer_cycles(remote * nbytes)
             else:
                 cyc = _transfer(chip, remote * nbytes)
             row.append(cyc)
-            move.append(remote > 0)
+            move.append(remote > 0 and not q_shared)
         rows.append(tuple(row))
         moves.append(tuple(move))
     return EdgeCost(tuple(rows), tuple(moves))
@@ -381,6 +395,8 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
         most = int(received.max(initial=0))
         if chip.is_mesh:
             out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
+        elif fetches(graph, i, plans[i]):
+            out.append(chip.transfer_cycles(most))
         else:
             out.append(chip.sync_cycles + chip.transfer_cycles(most) if most else 0)
     return out
