@@ -55,7 +55,7 @@ class SearchOptions:
     mesh_aware: bool = True
     #: plans aligned to the layouts their producers leave (`align.py`), at most this many per
     #: op on top of its front; 0 for none
-    align: int = 0
+    align: int = 2
 
 
 def _axis_candidates(extent: int, cores: int) -> list[int]:

@@ -273,9 +273,11 @@ class Views:
         return self._roots[key]
 
     def coords(self, shape: tuple[int, ...]) -> np.ndarray:
+        """(ndim, numel): every element's multi-index (no rows for a 0-d tensor)."""
         if shape not in self._coords:
-            self._coords[shape] = np.stack(np.unravel_index(
-                np.arange(int(np.prod(shape, dtype=np.int64))), shape)).astype(np.int32)
+            numel = int(np.prod(shape, dtype=np.int64))
+            self._coords[shape] = np.stack(np.unravel_index(np.arange(numel), shape)).astype(
+                np.int32) if shape else np.zeros((0, numel), dtype=np.int32)
         return self._coords[shape]
 
 

@@ -13,10 +13,29 @@ from typing import Any
 
 from t10c.driver import Compiled, RunResult
 from t10c.ir import INDIRECT
-from t10c.partition import place
+from t10c.partition import OpPlan, place
 
 PLAN_FORMAT = "t10c-plan/1"
 RUN_FORMAT = "t10c-run/1"
+
+
+def _placement(p: OpPlan) -> str:
+    if p.aligned < 0:
+        return place.describe(p.embed, _prod(p.F))
+    cores = "its cores permuted to" if p.cores is not None else "row-major cores, matching"
+    return f"aligned to input {p.aligned}: {cores} the layout its producer leaves"
+
+
+def _runs(cores: tuple[int, ...]) -> list[list[int]]:
+    """Consecutive physical cores as [first, count] runs (an aligned plan's map is a few
+    hundred runs where the whole list would be thousands of numbers)."""
+    runs: list[list[int]] = []
+    for c in cores:
+        if runs and runs[-1][0] + runs[-1][1] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return runs
 
 
 def plan_document(c: Compiled) -> dict[str, Any]:
@@ -44,7 +63,10 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             # on a mesh: [rows, cols, column driver, its ring, row driver, its ring]; null
             # where logical core c is physical core c
             "embedding": p.embed.as_list() if p.embed is not None else None,
-            "placement": place.describe(p.embed, _prod(p.F)),
+            "placement": _placement(p),
+            # an aligned plan's cores (`partition/align.py`): [[first physical core, count],
+            # ...] runs of consecutive cores, logical core order; null: core c is core c
+            "core_map": _runs(p.cores) if p.cores is not None else None,
         })
     return {
         "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,
