@@ -19,7 +19,7 @@ from .cost import plan_cost
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
-from .transitions import EdgeCost, Views, barrier_cycles, edge_cost, relayout_cycles
+from .transitions import Views, edge_cost, relayout_cycles
 from .verify import PlanError, verify_plan
 
 __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
@@ -118,9 +118,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     views = Views(graph)
     edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
     no_extra = [[0] * len(f) for f in fronts]
-    barrier = [barrier_cycles(chip)] * len(graph.ops)
     result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
-                                  solver, barrier)
+                                  solver)
     if progress:
         progress("solve", 1, 1)
     if result is None:
@@ -201,7 +200,7 @@ def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip
     """Every producer -> consumer edge with its re-layout costs; ops with equal fronts
     (``keys``, repeated layers) share them."""
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    cache: dict[tuple, EdgeCost] = {}
+    cache: dict[tuple, tuple[tuple[int | None, ...], ...]] = {}
     edges = []
     for i, op in enumerate(graph.ops):
         for slot, operand in enumerate(op.inputs):
@@ -214,7 +213,7 @@ def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip
             if key not in cache:
                 cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
                                        ints, views)
-            edges.append(Edge(j, i, slot, cache[key].cycles, cache[key].moves))
+            edges.append(Edge(j, i, slot, cache[key]))
     return edges
 
 

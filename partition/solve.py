@@ -20,11 +20,7 @@ model is built by `build_model`, solved by `solve_model` and decoded by `decode`
   A pair the edge does not allow (a plan aligned to one producer layout beside another, cost
   None) gets no variable, so the marginals forbid it: ``x[i, q] <= sum of x[j, p]`` over the
   producer plans it allows.
-- (C4) barriers: all the inputs of op ``i`` move in one exchange phase after one barrier,
-  paid once when any of them moves: ``b[i] >= sum_{p, q} m_epq * y[e, p, q]`` for every edge
-  ``e`` into ``i``, where ``m_epq`` is 1 when the pair moves any element.
-- objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]
-  + sum_i barrier_i * b[i]``.
+- objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]``.
 
 The greedy starts from every op's fastest plan and, while some op's memory (C2) is exceeded,
 moves one op contributing there to its next smaller plan, the one that adds the fewest cycles
@@ -84,15 +80,12 @@ class MemoryTerms:
 @dataclass(frozen=True)
 class Edge:
     """Producer op ``src`` feeds input ``slot`` of consumer op ``dst``; ``cost[p][q]`` is the
-    re-layout cycles from producer plan p to consumer plan q; ``moves[p][q]`` whether that pair
-    moves anything, which costs the consumer its barrier (`choose_plans`' ``barrier``; None:
-    the cost includes it)."""
+    re-layout cycles from producer plan p to consumer plan q (None: the pair is not allowed)."""
 
     src: int
     dst: int
     slot: int
-    cost: tuple[tuple[int | None, ...], ...]  # None: the pair is not allowed
-    moves: tuple[tuple[bool, ...], ...] | None = None
+    cost: tuple[tuple[int | None, ...], ...]
 
 
 def liveness(graph: Graph) -> MemoryTerms:
@@ -182,12 +175,8 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None
         choice[best[1]] = best[2]
 
 
-def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...],
-              barrier: list[int] | None = None) -> int:
+def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...]) -> int:
     total = sum(int(a[k]) for a, k in zip(arrays.cycles, choice))
-    moving = {e.dst for e in edges
-              if e.moves is not None and e.moves[choice[e.src]][choice[e.dst]]}
-    total += sum(barrier[i] for i in moving) if barrier is not None else 0
     pairs = [e.cost[choice[e.src]][choice[e.dst]] for e in edges]
     if any(r is None for r in pairs):
         return FORBIDDEN
@@ -195,8 +184,7 @@ def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int,
 
 
 def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
-                edges: list[Edge], cap: int, hint: list[int] | None,
-                barrier: list[int] | None = None):
+                edges: list[Edge], cap: int, hint: list[int] | None):
     model = cp_model.CpModel()
     x = [[model.NewBoolVar(f"x[{i},{p}]") for p in range(len(front))]
          for i, front in enumerate(fronts)]
@@ -217,7 +205,6 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
         model.Add(resident + term(arrays.extra[i], i) + live <= cap)
     # (C3) re-layout between a producer's plan and its consumer's
     transitions = []
-    b: dict[int, cp_model.IntVar] = {}
     for n, e in enumerate(edges):
         if all(r == 0 for row in e.cost for r in row):
             continue
@@ -231,17 +218,6 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
                       == x[e.dst][q])
         transitions.extend(r * y[p][q] for p, row in enumerate(e.cost)
                            for q, r in enumerate(row) if r)
-        # (C4) the consumer's barrier, once whichever of its inputs moves
-        if e.moves is not None and barrier is not None and barrier[e.dst]:
-            if e.dst not in b:
-                b[e.dst] = model.NewBoolVar(f"b[{e.dst}]")
-                transitions.append(barrier[e.dst] * b[e.dst])
-            # one pair of the edge is in use: its moving pairs sum to 0 or 1 (summing per
-            # consumer plan instead would leave the relaxation a barrier of 1/plans)
-            moving = [y[p][q] for p in range(len(y)) for q in range(len(y[p]))
-                      if e.moves[p][q] and y[p][q] is not None]
-            if moving:
-                model.Add(b[e.dst] >= sum(moving))
     model.Minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
                    + sum(transitions))
     if hint is not None:
@@ -271,10 +247,9 @@ def decode(solver: cp_model.CpSolver, status: int, x) -> tuple[int, ...] | None:
 
 
 def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
-                 edges: list[Edge], sram_bytes: int, opts: SolverOptions,
-                 barrier: list[int] | None = None) -> tuple[SolverResult | None, str]:
-    """Choose one plan per op; returns the result (None when nothing fits) and the status.
-    ``barrier[i]`` is what op i pays once when any edge into it moves (see (C4))."""
+                 edges: list[Edge], sram_bytes: int, opts: SolverOptions
+                 ) -> tuple[SolverResult | None, str]:
+    """Choose one plan per op; returns the result (None when nothing fits) and the status."""
     start = time.perf_counter()
     terms = liveness(graph)
     arrays = _Arrays(fronts, relayout_in)
@@ -283,14 +258,14 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     base = [sum(p.aligned < 0 and (not p.home or all(r.home for r in f)) for p in f)
             for f in fronts]
     warm = greedy(terms, arrays, cap, base)
-    warm_obj = objective(arrays, edges, warm, barrier) if warm is not None else None
+    warm_obj = objective(arrays, edges, warm) if warm is not None else None
     if opts.planner == "greedy":
         if warm is None:
             return None, "INFEASIBLE"
         assert warm_obj is not None
         return SolverResult(tuple(warm), "FEASIBLE", warm_obj, 0, time.perf_counter() - start,
                             warm_obj), "FEASIBLE"
-    model, x = build_model(terms, fronts, arrays, edges, cap, warm, barrier)
+    model, x = build_model(terms, fronts, arrays, edges, cap, warm)
     solver, status = solve_model(model, opts)
     name = solver.StatusName(status)
     choice = decode(solver, status, x)
@@ -300,7 +275,7 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
             return None, name
         return SolverResult(tuple(warm), "FEASIBLE", warm_obj, int(solver.BestObjectiveBound()),
                             wall, warm_obj), name
-    value = objective(arrays, edges, choice, barrier)
+    value = objective(arrays, edges, choice)
     if warm is not None and warm_obj is not None and warm_obj < value:
         choice, value = tuple(warm), warm_obj
     bound = min(int(round(solver.BestObjectiveBound())), value)

@@ -20,11 +20,12 @@ against box; otherwise element by element (each element's owning core, looked up
 consumer's box on that core), vectorised over the producer plans and computed once per
 distinct layout.
 
-The solver prices each edge on its own (`edge_cost`: the transfer of that input alone) and the
-op's barrier once (`barrier_cycles`, paid when any input moves): for an op with several moving
-inputs that is an upper bound of the joint phase, which `relayout_cycles` computes exactly for
-the chosen plans. On a mesh the transfer is `place.exchange_estimate` (routes across the mesh,
-not one hop): an estimate.
+The solver prices each edge on its own (`edge_cost`: that input's transfer and a barrier):
+for an op with several moving inputs that is an upper bound of the joint phase (one barrier,
+the busiest core's sum), which `relayout_cycles` computes exactly for the chosen plans. (A
+barrier indicator per op shared by its edges made CP-SAT's search on bert-large stall at the
+greedy's objective, 9% worse.) On a mesh the transfer is `place.exchange_estimate` (routes
+across the mesh, not one hop): an estimate.
 """
 
 from __future__ import annotations
@@ -221,17 +222,6 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
     return out
 
 
-@dataclass(frozen=True)
-class EdgeCost:
-    """One edge's transfer cycles per (producer plan, consumer plan), and whether anything
-    moves (the consumer's barrier is priced once per op, `barrier_cycles`). None marks a
-    pair the solver must not choose: a plan aligned to this input beside a producer plan
-    that leaves another layout."""
-
-    cycles: tuple[tuple[int | None, ...], ...]
-    moves: tuple[tuple[bool, ...], ...]
-
-
 class Views:
     """Per view tensor, the flat root index of each element, and per tensor the multi-index
     of each element (computed once per compile)."""
@@ -301,9 +291,11 @@ def _transfer(chip: Chip, nbytes: int) -> int:
 
 def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
               consumer: list[OpPlan], chip: Chip, dtype: str, int_tensors: frozenset[str],
-              views: Views | None = None) -> EdgeCost:
-    """Transfer cycles of input ``slot`` of op ``i`` for every (producer plan, consumer plan)
-    pair of the edge from op ``j``."""
+              views: Views | None = None) -> tuple[tuple[int | None, ...], ...]:
+    """Re-layout cycles of input ``slot`` of op ``i`` alone, barrier included, for every
+    (producer plan, consumer plan) pair of the edge from op ``j``; None marks a pair the
+    solver must not choose (a plan aligned to this input beside a producer plan that leaves
+    another layout)."""
     views = views or Views(graph)
     op = graph.ops[i]
     operand = op.inputs[slot]
@@ -338,10 +330,10 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     fanout = [replication(op, slot, q) for q in consumer]
     # a consumer plan that warms its weights up has paid the barrier (not the latency)
     shared = [fetches(graph, i, q) and not chip.is_mesh for q in consumer]
-    rows, moves = [], []
+    barrier = barrier_cycles(chip)
+    rows = []
     for p, h in zip(producer, have_index):
         row: list[int | None] = []
-        move = []
         for col, copies, q_aligned, q_shared in zip(cols, fanout,
                                                     (q.aligned == slot for q in consumer),
                                                     shared):
@@ -350,18 +342,18 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                 cyc = None  # an aligned plan runs only beside the layouts it was built for
             elif not remote:
                 cyc = 0
+            elif q_shared:  # the barrier is the warm-up's
+                cyc = chip.transfer_cycles(remote * nbytes)
             elif aware:
                 sent = p.out_bytes_per_core * copies
-                cyc = exchange_estimate(chip, remote * nbytes, sent)
-            elif chip.is_mesh or q_shared:
-                cyc = chip.transfer_cycles(remote * nbytes)
+                cyc = barrier + exchange_estimate(chip, remote * nbytes, sent)
+            elif chip.is_mesh:
+                cyc = barrier + chip.transfer_cycles(remote * nbytes)
             else:
-                cyc = _transfer(chip, remote * nbytes)
+                cyc = barrier + _transfer(chip, remote * nbytes)
             row.append(cyc)
-            move.append(remote > 0 and not q_shared)
         rows.append(tuple(row))
-        moves.append(tuple(move))
-    return EdgeCost(tuple(rows), tuple(moves))
+    return tuple(rows)
 
 
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,

@@ -253,7 +253,7 @@ def test_aligned_plans_need_no_relayout_and_compute_the_same() -> None:
                 program = generate(graph, plan, CHIP)
                 outputs, timeline, _ = emulate(program, CHIP, inputs, graph.constants)
                 assert max_rel_err(outputs, want) < 1e-4
-                emulated = _emulated_relayout(program, timeline, CHIP)
+                emulated = _emulated_relayout(program, timeline, CHIP, _warm_ops(graph, chosen))
                 assert [emulated.get(o.name, 0) for o in graph.ops] == relayout
                 have = producer_have(graph, j, p, operand.tensor, CHIP.cores, None)
                 w = consumer_want(graph, i, slot, q)
