@@ -107,9 +107,6 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                   for op, f in zip(graph.ops, fronts)]
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
-    start = time.perf_counter()
-    fronts = _with_aligned(graph, keys, fronts, chip, dtype, ints, consts, search)
-    search_wall += time.perf_counter() - start
     _check_fit(graph, chip, fronts, smallest)
     if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
@@ -128,6 +125,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
+    if search.align and not chip.is_mesh and solver.planner != "greedy":
+        chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
+                                    search, solver, views)
     gap = result.objective_cycles - result.bound_cycles
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
@@ -157,6 +157,32 @@ def _warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip
         return []
     return [dataclasses.replace(p, cycles=cycles, hot_bytes_per_core=hot,
                                 cold_bytes_per_core=cold, out_bytes_per_core=out, home=True)]
+
+
+def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayout: list[int],
+             chip: Chip, dtype: str, ints: frozenset[str], consts: frozenset[str],
+             search: SearchOptions, solver: SolverOptions, views: Views
+             ) -> tuple[tuple[OpPlan, ...], list[int]]:
+    """The second solve: every op chooses between its chosen plan and the plans aligned to
+    what its producers' choices (or their aligned alternatives) leave (`align.py`), under the
+    same memory constraints. Offering the aligned plans in the first solve, beside whole
+    fronts, stalled CP-SAT on bert-large at the greedy's objective; this small model solves
+    at once, starts from the first choice (its greedy hint) and keeps the better of the two."""
+    fronts = _with_aligned(graph, keys, [[p] for p in chosen], chip, dtype, ints, consts,
+                           search)
+    if all(len(f) == 1 for f in fronts):
+        return chosen, relayout
+    edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
+    result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], edges,
+                             chip.sram_bytes_per_core, solver)
+    if result is None:
+        return chosen, relayout
+    picked = tuple(f[k] for f, k in zip(fronts, result.choice))
+    again = relayout_cycles(graph, picked, chip, dtype, ints, views)
+    before = sum(p.cycles.total for p in chosen) + sum(relayout)
+    if sum(p.cycles.total for p in picked) + sum(again) < before:
+        return picked, again
+    return chosen, relayout
 
 
 def _front_ids(fronts: list[list[OpPlan]]) -> list[int]:

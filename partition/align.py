@@ -14,19 +14,19 @@ module builds the consumer plan that wants exactly those boxes:
 - on an all-to-all chip any physical core can run any logical core, so logical core ``c``
   runs on the core that holds box ``c`` (`OpPlan.cores`).
 
-The aligned plan is costed by the same cost model (`cost.plan_cost`) and offered to the
-solver beside the front, which weighs its cycles against the re-layouts it saves; the solver
-pairs it only with the producer plans that leave its layout (`solve.py`, (C3)). Aligned
-plans leave a box grid themselves, so chains of elementwise ops align transitively. At most
-``SearchOptions.align`` of them are added per op (those from the producer's fastest plans
-first), which bounds the plan pairs per edge.
+The aligned plan is costed by the same cost model (`cost.plan_cost`) and offered in a second,
+small solve after the first (`partition.plan_graph`): every op chooses between its chosen plan
+and the plans aligned to what its producers' choices, or their aligned alternatives, leave;
+the solver pairs an aligned plan only with the producer plans that leave its layout
+(`solve.py`, (C3)). Aligned plans leave a box grid themselves, so chains of elementwise ops
+align transitively. At most ``SearchOptions.align`` of them are added per op.
 
 Only ops with a single moving input (the others weights) get aligned plans: an op with two
-moving inputs pays its barrier unless both arrive aligned, and offering such ops plans
-aligned to one input made the relaxation of the whole-graph model weak (diamonds such as a
-LayerNorm's mean, variance and normalisation all reading one tensor: bert-mini's solve went
-from 2 s to its time limit). Mesh chips are left out: there a core's position decides what
-its transfers cost (`place.py`).
+moving inputs pays its barrier unless both arrive aligned, and offering them plans aligned to
+one input made the relaxation of the whole-graph model weak (diamonds such as a LayerNorm's
+mean, variance and normalisation all reading one tensor). Offering aligned plans beside whole
+fronts in the first solve stalled CP-SAT on bert-large (docs/planner.md). Mesh chips are left
+out: there a core's position decides what its transfers cost (`place.py`).
 """
 
 from __future__ import annotations
