@@ -332,12 +332,13 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     shared = [fetches(graph, i, q) and not chip.is_mesh for q in consumer]
     barrier = barrier_cycles(chip)
     rows = []
-    for p, h in zip(producer, have_index):
+    for p, at in zip(producer, have_index):
         row: list[int | None] = []
         for col, copies, q_aligned, q_shared in zip(cols, fanout,
                                                     (q.aligned == slot for q in consumer),
                                                     shared):
-            remote = int(col[h])
+            remote = int(col[at])
+            cyc: int | None
             if q_aligned and remote:
                 cyc = None  # an aligned plan runs only beside the layouts it was built for
             elif not remote:
