@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import dtype_bytes
+from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 
-from .memory import ALIGN, Layout, Rect, layout
+from .memory import Layout, Rect, aligned, layout
 from .program import (
-    DTYPE_BYTES,
     Alloc,
     Buffer,
     Compute,
@@ -53,8 +54,6 @@ from .program import (
     Sync,
     tile_elements,
 )
-
-IDENTITY = {"sum": 0.0, "max": -np.inf}
 
 
 class CodegenError(RuntimeError):
@@ -90,7 +89,7 @@ class _Allocator:
         self.peak = 0
 
     def alloc(self, buf_id: int, nbytes: int) -> int:
-        size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        size = aligned(nbytes)
         offset = 0
         for start, end in sorted(self.live.values()):
             if start - offset >= size:
@@ -106,8 +105,10 @@ class _Allocator:
 
 class _Builder:
     def __init__(self, graph: Graph, plan: Plan, chip: Chip,
-                 sink: Callable[[Instr], None] | None = None) -> None:
+                 sink: Callable[[Instr], None] | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
         self.graph, self.plan, self.chip = graph, plan, chip
+        self.progress = progress
         #: streaming: every instruction goes to ``sink`` as soon as its op is done and is not
         #: kept (timing-only runs of chips too large to hold the whole program)
         self.sink = sink
@@ -126,7 +127,7 @@ class _Builder:
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
         bid = len(self.buffers)
-        offset = self.alloc.alloc(bid, elems * DTYPE_BYTES[dtype])
+        offset = self.alloc.alloc(bid, elems * dtype_bytes(dtype))
         self.buffers.append(Buffer(bid, name, elems, dtype, offset))
         self.instrs.append(Alloc(op, phase, bid))
         return bid
@@ -310,8 +311,8 @@ class _Builder:
                     self.free(self.placement[root].buf, op.name)
 
         if op.combine:
-            self.instrs.append(Fill(op.name, "compute", out, IDENTITY[op.combine], geo.ncores,
-                                    _cores(geo)))
+            identity = COMBINES[op.combine].identity
+            self.instrs.append(Fill(op.name, "compute", out, identity, geo.ncores, _cores(geo)))
         cur.append(out)
         owned.append(True)
         recv = {}
@@ -424,6 +425,8 @@ class _Builder:
         for n, op in enumerate(graph.ops):
             self.load_weights(n, op)
         self.drain()
+        if self.progress:
+            self.progress("codegen", 0, len(graph.ops))
         for n, op in enumerate(graph.ops):
             try:
                 self.emit_op(n, op)
@@ -434,6 +437,8 @@ class _Builder:
             if op.output.tensor not in self.pending:  # nobody reads it
                 self.free(self.placement[op.output.tensor].buf, op.name)
             self.drain()
+            if self.progress:
+                self.progress("codegen", n + 1, len(graph.ops))
         for t in graph.outputs:
             root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
             if root not in self.placement:
@@ -460,7 +465,7 @@ class _Builder:
         start = {i.buf: n for n, i in enumerate(self.instrs) if isinstance(i, Alloc)}
         end = {i.buf: n for n, i in enumerate(self.instrs) if isinstance(i, Free)}
         rects = [Rect(start[b.id], end.get(b.id, len(self.instrs)),
-                      -(-max(b.nbytes, 1) // ALIGN) * ALIGN) for b in self.buffers]
+                      aligned(b.nbytes)) for b in self.buffers]
         capacity = self.chip.sram_bytes_per_core
         sram = layout(rects, capacity)
         online = tuple(b.offset for b in self.buffers)
@@ -482,16 +487,19 @@ def _cores(geo: Geometry) -> np.ndarray | None:
     return geo.phys.astype(np.int32) if geo.placed else None
 
 
-def generate(graph: Graph, plan: Plan, chip: Chip) -> Program:
-    """Emit the SPMD program for ``graph`` under ``plan`` (which must have been verified)."""
-    return _Builder(graph, plan, chip).build()
+def generate(graph: Graph, plan: Plan, chip: Chip,
+             progress: Callable[[str, int, int], None] | None = None) -> Program:
+    """Emit the SPMD program for ``graph`` under ``plan`` (which must have been verified),
+    reporting ``progress("codegen", done, total)`` per op."""
+    return _Builder(graph, plan, chip, progress=progress).build()
 
 
 def stream(graph: Graph, plan: Plan, chip: Chip, buffers: list[Buffer],
-           sink: Callable[[Instr], None]) -> Program:
+           sink: Callable[[Instr], None],
+           progress: Callable[[str, int, int], None] | None = None) -> Program:
     """Emit the program one op at a time into ``sink`` without keeping it: ``buffers`` fills
     up as buffers are created (the sink looks them up there). Returns the program's header
     (buffers and peak SRAM, no instructions)."""
-    builder = _Builder(graph, plan, chip, sink)
+    builder = _Builder(graph, plan, chip, sink, progress)
     builder.buffers = buffers
     return builder.build()

@@ -7,7 +7,9 @@ the end), ``size`` bytes tall. Two buffers alive at the same time must not overl
    placed buffer that shares its lifetime (a classic offline heuristic; usually within a few
    percent of the lower bound, the most bytes alive at once).
 2. When that peak exceeds the SRAM, CP-SAT repairs it: ``AddNoOverlap2D`` over the rectangles
-   with every address in ``[0, SRAM - size]``, the heuristic's layout as the hint, a time limit.
+   with every address in ``[0, SRAM - size]``, the heuristic's layout as the hint, and a limit
+   in CP-SAT's deterministic time only, so the same program gets the same layout on an idle or
+   a loaded machine (`partition/cpsat.py`; Ctrl-C interrupts it).
 
 The lower bound, the peak and the fragmentation (peak over lower bound, minus one) are reported.
 """
@@ -19,7 +21,24 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from t10c.dtypes import DTYPES, ceil_div
+from t10c.partition import cpsat
+
+#: bytes: every buffer starts at a multiple of 8 and its size is rounded up to one. 8 is the
+#: widest access of the cores we target (the IPU's 64-bit ``ld64``/``st64`` and the paired
+#: fp32 vector loads need 8-byte-aligned addresses), and a multiple of every element size, so
+#: no element of any buffer straddles an access boundary. Changing it moves every address.
 ALIGN = 8
+assert all(ALIGN % d.bytes == 0 for d in DTYPES.values())
+
+#: the repair's budget in CP-SAT deterministic seconds (work units, about a second each on an
+#: idle machine)
+REPAIR_LIMIT = 10.0
+
+
+def aligned(nbytes: int) -> int:
+    """The bytes a buffer of ``nbytes`` occupies: at least one, rounded up to ``ALIGN``."""
+    return ceil_div(max(nbytes, 1), ALIGN) * ALIGN
 
 
 @dataclass(frozen=True)
@@ -71,38 +90,40 @@ def best_fit(rects: list[Rect]) -> tuple[int, ...]:
     return tuple(int(x) for x in offset)
 
 
-def repair(rects: list[Rect], hint: tuple[int, ...], capacity: int, time_limit_s: float,
-           seed: int = 0) -> tuple[int, ...] | None:
-    """A layout within ``capacity`` bytes by CP-SAT, or None if none was found in time."""
+def repair(rects: list[Rect], hint: tuple[int, ...], capacity: int,
+           deterministic_limit: float = REPAIR_LIMIT, seed: int = 0) -> tuple[int, ...] | None:
+    """A layout within ``capacity`` bytes by CP-SAT, or None if none was found within
+    ``deterministic_limit`` (CP-SAT deterministic seconds)."""
     model = cp_model.CpModel()
     xs, ys, offs = [], [], []
     for n, r in enumerate(rects):
         if r.size > capacity:
             return None
-        off = model.NewIntVar(0, capacity - r.size, f"off{n}")
-        xs.append(model.NewFixedSizeIntervalVar(r.start, max(r.end - r.start, 1), f"t{n}"))
-        ys.append(model.NewFixedSizeIntervalVar(off, r.size, f"a{n}"))
-        model.AddHint(off, min(hint[n], capacity - r.size))
+        off = model.new_int_var(0, capacity - r.size, f"off{n}")
+        xs.append(model.new_fixed_size_interval_var(r.start, max(r.end - r.start, 1), f"t{n}"))
+        ys.append(model.new_fixed_size_interval_var(off, r.size, f"a{n}"))
+        model.add_hint(off, min(hint[n], capacity - r.size))
         offs.append(off)
-    model.AddNoOverlap2D(xs, ys)
+    model.add_no_overlap_2d(xs, ys)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = seed
-    status = solver.Solve(model)
+    cpsat.configure(solver, deterministic_limit, workers=1, seed=seed)
+    status = cpsat.run(solver, model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    return tuple(int(solver.Value(o)) for o in offs)
+    return tuple(int(solver.value(o)) for o in offs)
 
 
-def layout(rects: list[Rect], capacity: int, time_limit_s: float = 10.0) -> Layout:
+def layout(rects: list[Rect], capacity: int, deterministic_limit: float = REPAIR_LIMIT
+           ) -> Layout:
+    """Addresses for ``rects`` within ``capacity`` bytes if best-fit or the repair finds them
+    (otherwise best-fit's, whose peak then says by how much they overflow)."""
     live = max_live(rects)
     offsets = best_fit(rects)
     peak = max((o + r.size for o, r in zip(offsets, rects)), default=0)
     if peak <= capacity or live > capacity:
         return Layout(offsets, peak, live, "best-fit")
-    repaired = repair(rects, offsets, capacity, time_limit_s)
+    repaired = repair(rects, offsets, capacity, deterministic_limit)
     if repaired is None:
-        return Layout(offsets, peak, live, "best-fit (CP-SAT found no repair in time)")
+        return Layout(offsets, peak, live, "best-fit (CP-SAT found no repair within its limit)")
     peak = max(o + r.size for o, r in zip(repaired, rects))
     return Layout(repaired, peak, live, "best-fit + CP-SAT repair")

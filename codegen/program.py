@@ -31,8 +31,9 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -244,39 +245,202 @@ class Program:
                "sram_layout": self.sram_layout, "instrs": records}
         (directory / "program.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         with open(directory / "program.npz", "wb") as fh:
-            np.savez_compressed(fh, **arrays)
+            np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub
 
     @staticmethod
-    def load(directory: Path) -> Program:
-        """Read a program written by `save`."""
-        doc = json.loads((directory / "program.json").read_text())
-        if doc.get("format") != "t10c-program/1":
-            raise ValueError(f"{directory}/program.json is not a t10c-program/1 file")
-        with np.load(directory / "program.npz") as npz:
+    def parse(directory: Path) -> Program:
+        """Read a program written by `save`, unverified: use `codegen.load_program`, which
+        also verifies it. Anything missing, truncated or malformed is one `ProgramError` that
+        says which file and what is wrong."""
+        return _read(Path(directory))
+
+
+class ProgramError(ValueError):
+    """A program file (or a program) that cannot be run: what is wrong, and where."""
+
+
+def _read(directory: Path) -> Program:
+    import zipfile
+
+    path = directory / "program.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProgramError(f"{path} is missing; write the directory again with "
+                           "t10c compile MODEL -o DIR") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ProgramError(f"{path} is not a readable JSON file ({exc}); write the directory "
+                           "again with t10c compile MODEL -o DIR") from None
+    if not isinstance(doc, dict) or doc.get("format") != "t10c-program/1":
+        raise ProgramError(f"{path} is not a t10c-program/1 file")
+    npz_path = directory / "program.npz"
+    try:
+        with np.load(npz_path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
-        kinds = {cls.__name__: cls for cls in (Alloc, Free, Load, Fill, Exchange, Compute, Shift,
-                                                Reduce, Sync, Store)}
+    except FileNotFoundError:
+        raise ProgramError(f"{npz_path} is missing; write the directory again with "
+                           "t10c compile MODEL -o DIR") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise ProgramError(f"{npz_path} is not a readable program table file ({exc})") from None
+    try:
+        return _from_doc(doc, arrays)
+    except _Malformed as exc:
+        raise ProgramError(f"{path}: {exc}") from None
 
-        def value(v: object) -> object:
-            if isinstance(v, dict) and "npz" in v:
-                ref = v["npz"]
-                return tuple(arrays[k] for k in ref) if isinstance(ref, list) else arrays[ref]
-            if isinstance(v, list):
-                return tuple(value(x) for x in v)
-            return v
 
-        instrs = []
-        for rec in doc["instrs"]:
-            cls = kinds[rec["kind"]]
-            instrs.append(cls(**{f.name: value(rec[f.name]) for f in fields(cls)
-                                 if f.name in rec}))
-        return Program(
-            doc["name"], doc["chip"], doc["dtype"], doc["cores"],
-            tuple(Buffer(**b) for b in doc["buffers"]),
-            tuple(expr_from_json(e) for e in doc["exprs"]), tuple(instrs),
-            {k: (tuple(s), d) for k, (s, d) in doc["inputs"].items()}, tuple(doc["outputs"]),
-            doc["peak_sram_bytes_per_core"], doc.get("live_sram_bytes_per_core", 0),
-            doc.get("sram_layout", ""))
+class _Malformed(Exception):
+    pass
+
+
+_KINDS: dict[str, type[Instr]] = {}  # filled below, once the classes exist
+
+
+def _field(name: str, kind: str, v: object, arrays: dict[str, np.ndarray]) -> object:
+    """One instruction field from its JSON form, checked against its declared type."""
+
+    def ints(x: object) -> tuple[int, ...]:
+        if not isinstance(x, list) or not all(type(i) is int for i in x):
+            raise _Malformed(f"{name} is not a list of integers")
+        return tuple(x)
+
+    def array(ref: object) -> np.ndarray:
+        if not isinstance(ref, str) or ref not in arrays:
+            raise _Malformed(f"{name} names table {ref!r}, which program.npz lacks")
+        return arrays[ref]
+
+    if kind == "str":
+        if not isinstance(v, str):
+            raise _Malformed(f"{name} is not a string")
+        return v
+    if kind == "int":
+        if type(v) is not int:
+            raise _Malformed(f"{name} is not an integer")
+        return v
+    if kind == "bool":
+        if type(v) is not bool:
+            raise _Malformed(f"{name} is not true or false")
+        return v
+    if kind == "float":
+        if type(v) not in (int, float):
+            raise _Malformed(f"{name} is not a number")
+        return float(v)  # type: ignore[arg-type]
+    if kind == "tuple[int, ...]":
+        return ints(v)
+    if kind == "tuple[tuple[int, ...], ...]":
+        if not isinstance(v, list):
+            raise _Malformed(f"{name} is not a list of shapes")
+        return tuple(ints(x) for x in v)
+    if kind == "np.ndarray | None" and v is None:
+        return None
+    ref = v.get("npz") if isinstance(v, dict) and len(v) == 1 else None
+    if kind in ("np.ndarray", "np.ndarray | None"):
+        return array(ref)
+    if kind == "tuple[np.ndarray, ...]":
+        if not isinstance(ref, list):
+            raise _Malformed(f"{name} is not a list of tables")
+        return tuple(array(r) for r in ref)
+    raise AssertionError(f"field type {kind} has no reader")  # pragma: no cover
+
+
+def _from_doc(doc: dict[str, object], arrays: dict[str, np.ndarray]) -> Program:
+    def need(key: str, typ: type | tuple[type, ...]) -> Any:
+        v = doc.get(key)
+        if not isinstance(v, typ) or isinstance(v, bool):
+            raise _Malformed(f"field {key!r} is missing or malformed")
+        return v
+
+    records = need("instrs", list)
+    instrs: list[Instr] = []
+    for n, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise _Malformed(f"instruction {n} is not an object")
+        cls = _KINDS.get(rec.get("kind"))  # type: ignore[arg-type]  # any JSON value
+        if cls is None:
+            raise _Malformed(f"instruction {n} has unknown kind {rec.get('kind')!r} (known: "
+                             f"{', '.join(_KINDS)})")
+        known = {f.name: f for f in fields(cls)}
+        extra = set(rec) - set(known) - {"kind"}
+        if extra:
+            raise _Malformed(f"instruction {n} ({cls.__name__}) has unknown fields "
+                             f"{', '.join(sorted(extra))}")
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            if name not in rec:
+                if f.default is MISSING:
+                    raise _Malformed(f"instruction {n} ({cls.__name__}) lacks field {name}")
+                continue
+            try:
+                values[name] = _field(name, str(f.type), rec[name], arrays)
+            except _Malformed as exc:
+                raise _Malformed(f"instruction {n} ({cls.__name__}): {exc}") from None
+        instrs.append(cls(**values))
+    try:
+        buffers = []
+        for b in need("buffers", list):
+            if not (isinstance(b, dict) and set(b) == {"id", "name", "elems", "dtype", "offset"}
+                    and all(type(b[k]) is int for k in ("id", "elems", "offset"))
+                    and isinstance(b["name"], str) and isinstance(b["dtype"], str)):
+                raise _Malformed(f"buffer {b!r} is malformed")
+            buffers.append(Buffer(**b))
+        exprs = tuple(expr_from_json(_expr_json(k, e))
+                      for k, e in enumerate(need("exprs", list)))
+        inputs = {str(k): (ints_of(s), str(d))
+                  for k, (s, d) in need("inputs", dict).items()}
+        outputs = tuple(str(o) for o in need("outputs", list))
+        cores = need("cores", int)
+        peak = need("peak_sram_bytes_per_core", int)
+        live = doc.get("live_sram_bytes_per_core", 0)
+        if type(live) is not int:
+            raise _Malformed("field 'live_sram_bytes_per_core' is malformed")
+        return Program(str(need("name", str)), str(need("chip", str)), str(need("dtype", str)),
+                       cores, tuple(buffers), exprs, tuple(instrs), inputs,
+                       outputs, peak, live, str(doc.get("sram_layout", "")))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _Malformed(f"malformed header or expression ({type(exc).__name__}: {exc})"
+                         ) from None
+
+
+def _expr_json(k: int, e: object) -> dict[str, Any]:
+    """Expression ``k``'s JSON, checked for the types `expr_from_json` expects."""
+
+    def axis_pair(x: object) -> bool:
+        return isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) \
+            and type(x[1]) is int
+
+    def dim(x: object) -> bool:
+        if isinstance(x, dict):
+            return set(x) == {"terms", "offset"} and type(x["offset"]) is int \
+                and isinstance(x["terms"], list) and all(axis_pair(t) for t in x["terms"])
+        return isinstance(x, str)
+
+    def operand(o: object) -> bool:
+        return isinstance(o, dict) and set(o) == {"tensor", "axes"} \
+            and isinstance(o["tensor"], str) and isinstance(o["axes"], list) \
+            and all(dim(x) for x in o["axes"])
+
+    def body(b: object) -> bool:
+        if isinstance(b, list):
+            return bool(b) and isinstance(b[0], str) and all(body(x) for x in b[1:])
+        return type(b) in (int, float)
+
+    ok = (isinstance(e, dict) and set(e) <= {"name", "axes", "output", "inputs", "combine",
+                                              "body", "source"}
+          and isinstance(e.get("name"), str) and isinstance(e.get("source", ""), str)
+          and isinstance(e.get("axes"), list) and all(axis_pair(a) for a in e["axes"])
+          and operand(e.get("output")) and isinstance(e.get("inputs"), list)
+          and all(operand(o) for o in e["inputs"])
+          and (e.get("combine") is None or isinstance(e.get("combine"), str))
+          and body(e.get("body")))
+    if not ok:
+        raise _Malformed(f"expression {k} is malformed")
+    return e  # type: ignore[return-value]
+
+
+def ints_of(x: object) -> tuple[int, ...]:
+    """A JSON list of integers as a shape."""
+    if not isinstance(x, list) or not all(type(i) is int and i >= 0 for i in x):
+        raise _Malformed(f"{x!r} is not a shape")
+    return tuple(x)
 
 
 def _asm(prog: Program, ins: Instr, core: int) -> str | None:
@@ -341,3 +505,7 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
         held = int((ins.src_core == core).sum())
         return f"store  host:{ins.tensor} <- {b(ins.src)} ({held} elems){tag}" if held else None
     raise TypeError(f"unknown instruction {type(ins).__name__}")
+
+
+_KINDS.update({cls.__name__: cls for cls in (Alloc, Free, Load, Fill, Exchange, Compute, Shift,
+                                              Reduce, Sync, Store)})

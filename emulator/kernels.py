@@ -10,38 +10,8 @@ import math
 
 import numpy as np
 
+from t10c.elementwise import COMBINES, FNS
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
-
-IDENTITY = {"sum": 0.0, "max": -np.inf}
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    """Error function (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7), in float64."""
-    x = np.asarray(x, dtype=np.float64)
-    s = np.sign(x)
-    a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
-                                                                          + t * 1.061405429))))
-    return s * (1.0 - poly * np.exp(-a * a))
-
-
-UNARY = {
-    "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x), "recip": lambda x: 1.0 / x,
-    "erf": lambda x: erf(x).astype(np.float32), "tanh": np.tanh,
-    "relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "abs": np.abs, "square": np.square, "sin": np.sin, "cos": np.cos,
-    "not": lambda x: x == 0, "floor": np.floor,
-}
-BINARY = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-    "max": np.maximum, "min": np.minimum, "pow": np.power,
-    "eq": np.equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-    "ge": np.greater_equal, "and": lambda a, b: (a != 0) & (b != 0),
-    "or": lambda a, b: (a != 0) | (b != 0),
-}
-TERNARY = {"where": lambda c, a, b: np.where(c != 0, a, b)}
 
 
 def gather_slices(buf: np.ndarray, tile: tuple[int, ...], offsets: np.ndarray,
@@ -126,21 +96,24 @@ def evaluate(expr: TensorExpr, values: list[np.ndarray], sub: dict[str, int],
             shape = [n] + [1] * len(axes)
             shape[j + 1] = sub[a]
             mask = mask & (pos < expr.extents[a]).reshape(shape)
-        result = np.where(mask, result, np.float32(IDENTITY[expr.combine]))
+        combine = COMBINES[expr.combine]
+        result = np.where(mask, result, np.float32(combine.identity))
         red_dims = tuple(axes.index(a) + 1 for a in red)
-        reducer = np.sum if expr.combine == "sum" else np.max
-        result = reducer(result, axis=red_dims)
+        result = combine.ufunc.reduce(result, axis=red_dims)
         kept = [a for a in axes if a not in red]
     else:
         kept = list(axes)
-    perm = [0] + [kept.index(a) + 1 for a in expr.output.axes]
+    perm = [0] + [kept.index(str(a)) + 1 for a in expr.output.axes]
     return np.transpose(result, perm)
 
 
 def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray, list[str]]]) -> np.ndarray:
     """Batched matmul over the core axis: (Z, batch, m, k) @ (Z, batch, k, n)."""
     (a, a_axes), (b, b_axes) = expanded
-    out_axes = list(expr.output.axes)
+    out_axes = [str(a) for a in expr.output.axes]  # output dimensions are plain axes
+    lifted = [x for x in out_axes if x not in a_axes and x not in b_axes]
+    if lifted:  # the unit axis of a scalar result (`Context.emit` adds it): one more of a's
+        a, a_axes = a.reshape(a.shape + (1,) * len(lifted)), [*a_axes, *lifted]
     red = list(expr.reduction_axes)
     if not all(x in a_axes and x in b_axes for x in red):
         letters = {x: chr(ord("a") + i) for i, x in enumerate(expr.axis_names)}
@@ -167,13 +140,9 @@ def _eval_body(node: tuple, full: list[np.ndarray]) -> np.ndarray:
     if head == "in":
         return full[node[1]]
     if head == "const":
-        return np.float32(node[1])
+        return np.asarray(node[1], dtype=np.float32)
     args = [_eval_body(a, full) for a in node[1:]]
-    if head in UNARY:
-        return np.asarray(UNARY[head](args[0]), dtype=np.float32)
-    if head in TERNARY:
-        return np.asarray(TERNARY[head](*args), dtype=np.float32)
-    return np.asarray(BINARY[head](args[0], args[1]), dtype=np.float32)
+    return np.asarray(FNS[head].numpy(*args), dtype=np.float32)
 
 
 def _take(expr: TensorExpr, values: list[np.ndarray], n: int, origin: np.ndarray
@@ -198,3 +167,18 @@ def _take(expr: TensorExpr, values: list[np.ndarray], n: int, origin: np.ndarray
     have = list(expr.inputs[index_k].axes) + rest
     perm = [0] + [have.index(a) + 1 for a in expr.output.axes]
     return np.transpose(picked, perm).astype(np.float32)
+
+
+def to_storage(values: np.ndarray, dtype: np.dtype | type[np.generic]) -> np.ndarray:
+    """``values`` cast to a buffer's dtype, saturating explicitly: a float too large for a
+    narrower float type becomes an infinity of its sign (exactly what IEEE rounding does, so
+    an fp16 mask of -3.4e38 is -inf), without numpy's overflow warning."""
+    target = np.dtype(dtype)
+    values = np.asarray(values)
+    if target.kind == "f" and values.dtype.kind == "f" and values.dtype.itemsize > target.itemsize:
+        info = np.finfo(target)
+        # the smallest magnitude that rounds to infinity: the largest finite value plus half
+        # of its unit in the last place
+        limit = values.dtype.type(float(info.max) + float(info.max - np.nextafter(info.max, 0)) / 2)
+        values = np.where(np.abs(values) >= limit, np.copysign(np.inf, values), values)
+    return values.astype(target, copy=False)

@@ -32,12 +32,13 @@ from t10c.codegen.program import (
     Sync,
 )
 from t10c.dtypes import DTYPES
+from t10c.elementwise import COMBINES
 
-from .kernels import IDENTITY, evaluate, operand_sizes
+from .kernels import evaluate, operand_sizes, to_storage
+from .timing import HANDLERS
 
 NP_DTYPES = {name: d.numpy for name, d in DTYPES.items()}
 POISON = {name: d.poison for name, d in DTYPES.items()}
-COMBINE = {"sum": np.add, "max": np.maximum}
 
 Memory = list[dict[int, np.ndarray]]  # per core: buffer id -> 1-D array
 
@@ -48,48 +49,75 @@ def run_reference(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
     if program.cores != chip.cores:
         raise ValueError(f"program is for {program.cores} cores, chip {chip.name} has "
                          f"{chip.cores}")
-    host = {**constants, **inputs}
-    mem: Memory = [{} for _ in range(chip.cores)]
-    outputs: dict[str, np.ndarray] = {}
+    ref = Reference(program, {**constants, **inputs})
+    sources = {e.name: e.source for e in program.exprs}
     for n, ins in enumerate(program.instrs):
         try:
-            _step(program, mem, host, outputs, ins)
+            ref.step(ins)
         except Exception as exc:
-            raise RuntimeError(f"while executing instruction {n} ({type(ins).__name__} of op "
-                               f"{ins.op or '-'}): {exc}") from exc
-    return outputs
+            where = f"instruction {n} ({type(ins).__name__}) of op {ins.op or '-'}"
+            if sources.get(ins.op):
+                where += f" (ONNX {sources[ins.op]})"
+            raise RuntimeError(f"while executing {where}: {exc}") from exc
+    return ref.outputs
 
 
-def _step(program: Program, mem: Memory, host: dict[str, np.ndarray],
-          outputs: dict[str, np.ndarray], ins: Instr) -> None:
-    cores = range(len(mem))
-    if isinstance(ins, Alloc):
-        b = program.buffers[ins.buf]
-        for c in cores:
-            mem[c][ins.buf] = np.full(b.elems, POISON[b.dtype], dtype=NP_DTYPES[b.dtype])
-    elif isinstance(ins, Free):
-        for c in cores:
-            del mem[c][ins.buf]
-    elif isinstance(ins, Sync):
+class Reference:
+    """The per-core interpreter: one handler per instruction class (the names of `HANDLERS`,
+    which the emulator shares)."""
+
+    def __init__(self, program: Program, host: dict[str, np.ndarray]) -> None:
+        self.prog, self.host = program, host
+        self.mem: Memory = [{} for _ in range(program.cores)]
+        self.outputs: dict[str, np.ndarray] = {}
+        self.handlers = {cls: getattr(self, name) for cls, name in HANDLERS.items()}
+
+    def step(self, ins: Instr) -> None:
+        handler = self.handlers.get(type(ins))
+        if handler is None:
+            raise TypeError(f"unknown instruction {type(ins).__name__}")
+        handler(ins)
+
+    @property
+    def cores(self) -> range:
+        return range(len(self.mem))
+
+    def alloc(self, ins: Alloc) -> None:
+        b = self.prog.buffers[ins.buf]
+        for c in self.cores:
+            self.mem[c][ins.buf] = np.full(b.elems, POISON[b.dtype], dtype=NP_DTYPES[b.dtype])
+
+    def free(self, ins: Free) -> None:
+        for c in self.cores:
+            del self.mem[c][ins.buf]
+
+    def sync(self, ins: Sync) -> None:
         pass
-    elif isinstance(ins, Load):
-        value = np.asarray(host[ins.tensor])
+
+    def load(self, ins: Load) -> None:
+        mem = self.mem
+        value = np.asarray(self.host[ins.tensor])
         flat = value.reshape(-1)
         for c in range(ins.ncores):
             if ins.index is not None:
                 idx = ins.index[c]
-                mem[c][ins.buf][:] = np.where(idx >= 0, flat[np.maximum(idx, 0)], 0)
+                mem[c][ins.buf][:] = to_storage(np.where(idx >= 0, flat[np.maximum(idx, 0)], 0),
+                                                mem[c][ins.buf].dtype)
                 continue
             # the tile at origin[c], cut at the tensor's edge, zero beyond it
             block = np.zeros(ins.tile, dtype=mem[c][ins.buf].dtype)
             start = ins.origin[c]
             part = value[tuple(slice(int(s), int(s) + t) for s, t in zip(start, ins.tile))]
-            block[tuple(slice(0, n) for n in part.shape)] = part
+            block[tuple(slice(0, n) for n in part.shape)] = to_storage(part, block.dtype)
             mem[c][ins.buf][:] = block.reshape(-1)
-    elif isinstance(ins, Fill):
+
+    def fill(self, ins: Fill) -> None:
         for c in range(ins.ncores):
-            mem[c][ins.buf][:] = ins.value
-    elif isinstance(ins, Exchange):
+            buf = self.mem[c][ins.buf]
+            buf[:] = to_storage(np.asarray(float(ins.value)), buf.dtype)
+
+    def exchange(self, ins: Exchange) -> None:
+        mem = self.mem
         # every core reads before any core writes (dst may be src)
         new = []
         for c in range(len(ins.src_core)):
@@ -97,64 +125,68 @@ def _step(program: Program, mem: Memory, host: dict[str, np.ndarray],
             for s in np.unique(ins.src_core[c]):
                 if s >= 0:
                     here = ins.src_core[c] == s
-                    vals[here] = mem[s][ins.src][ins.src_off[c][here]]
+                    vals[here] = to_storage(mem[s][ins.src][ins.src_off[c][here]], vals.dtype)
             new.append(vals)
         for c, vals in enumerate(new):
             mem[c][ins.dst][:] = vals
-    elif isinstance(ins, Shift):
-        new = [mem[s][ins.src].copy() for s in ins.src_core]
+
+    def shift(self, ins: Shift) -> None:
+        new = [self.mem[s][ins.src].copy() for s in ins.src_core]
         for c, vals in enumerate(new):
-            mem[c][ins.dst][:] = vals
-    elif isinstance(ins, Reduce):
-        chunk = program.buffers[ins.dst].elems
+            dst = self.mem[c][ins.dst]
+            dst[:] = to_storage(vals, dst.dtype)
+
+    def reduce(self, ins: Reduce) -> None:
+        chunk = self.prog.buffers[ins.dst].elems
+        combine = COMBINES[ins.combine]
         new = []
         for c in range(len(ins.group)):
             start = int(ins.offset[c])
-            total = np.full(chunk, IDENTITY[ins.combine], dtype=np.float32)
+            total = np.full(chunk, combine.identity, dtype=np.float32)
             for g in ins.group[c]:
-                part = np.full(chunk, IDENTITY[ins.combine], dtype=np.float32)
-                have = mem[g][ins.src][start: start + chunk]  # identity past the end
+                part = np.full(chunk, combine.identity, dtype=np.float32)
+                have = self.mem[g][ins.src][start: start + chunk]  # identity past the end
                 part[: len(have)] = have
-                total = COMBINE[ins.combine](total, part)
+                total = combine.ufunc(total, part)
             new.append(total)
         for c, vals in enumerate(new):
-            mem[c][ins.dst][:] = vals
-    elif isinstance(ins, Compute):
-        _compute(program, mem, ins)
-    elif isinstance(ins, Store):
+            dst = self.mem[c][ins.dst]
+            dst[:] = to_storage(vals, dst.dtype)
+
+    def compute(self, ins: Compute) -> None:
+        mem = self.mem
+        expr = self.prog.exprs[ins.expr]
+        sub = dict(zip(expr.axis_names, ins.sub))
+        buffers = (*ins.ins, ins.out)
+
+        def block(c: int, k: int) -> tuple[np.ndarray, tuple[slice, ...]]:
+            """Core c's operand k as its tile (a view), and the slices of its sub-task."""
+            tile = mem[c][buffers[k]].reshape(ins.tiles[k])
+            sizes = operand_sizes(expr, k, sub, tile.shape)
+            region = tuple(slice(int(o), int(o) + s) for o, s in zip(ins.offsets[k][c], sizes))
+            if tile[region].shape != tuple(sizes):
+                raise IndexError(f"operand {k} block {region} falls outside its tile "
+                                 f"{tile.shape}")
+            return tile, region
+
+        for c in range(len(ins.origin)):
+            values = []
+            for k in range(len(ins.ins)):
+                tile, region = block(c, k)
+                values.append(tile[region][None])  # a core axis of size 1 for `evaluate`
+            with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
+                result = evaluate(expr, values, sub, ins.origin[c: c + 1])[0]
+            out, region = block(c, len(ins.ins))
+            if ins.accumulate:
+                if expr.combine is None:
+                    raise ValueError(f"accumulates into {expr.name}, which has no combine")
+                result = COMBINES[expr.combine].ufunc(out[region].astype(np.float32), result)
+            out[region] = to_storage(result, out.dtype)
+
+    def store(self, ins: Store) -> None:
         core, off = ins.src_core.reshape(-1), ins.src_off.reshape(-1)
         out = np.full(core.size, np.nan, dtype=np.float32)  # NaN: stored by no core
-        for c in cores:
+        for c in self.cores:
             mine = core == c
-            out[mine] = mem[c][ins.src][off[mine]]
-        outputs[ins.tensor] = out.reshape(ins.shape)
-    else:
-        raise TypeError(f"unknown instruction {type(ins).__name__}")
-
-
-def _compute(program: Program, mem: Memory, ins: Compute) -> None:
-    expr = program.exprs[ins.expr]
-    sub = dict(zip(expr.axis_names, ins.sub))
-    buffers = (*ins.ins, ins.out)
-
-    def block(c: int, k: int) -> tuple[np.ndarray, tuple[slice, ...]]:
-        """Core c's operand k as its tile (a view), and the slices of its sub-task."""
-        tile = mem[c][buffers[k]].reshape(ins.tiles[k])
-        sizes = operand_sizes(expr, k, sub, tile.shape)
-        region = tuple(slice(int(o), int(o) + s) for o, s in zip(ins.offsets[k][c], sizes))
-        if tile[region].shape != tuple(sizes):
-            raise IndexError(f"operand {k} block {region} falls outside its tile {tile.shape}")
-        return tile, region
-
-    for c in range(len(ins.origin)):
-        values = []
-        for k in range(len(ins.ins)):
-            tile, region = block(c, k)
-            values.append(tile[region][None])  # a core axis of size 1 for `evaluate`
-        result = evaluate(expr, values, sub, ins.origin[c: c + 1])[0]
-        out, region = block(c, len(ins.ins))
-        if ins.accumulate:
-            if expr.combine is None:
-                raise ValueError(f"accumulates into {expr.name}, which has no combine")
-            result = COMBINE[expr.combine](out[region].astype(np.float32), result)
-        out[region] = result
+            out[mine] = self.mem[c][ins.src][off[mine]]
+        self.outputs[ins.tensor] = out.reshape(ins.shape)

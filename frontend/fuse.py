@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from t10c.costs import FN_OPS
+from t10c.elementwise import body_cost
 from t10c.ir import Body, Dim, Graph, Operand, TensorExpr, Window, is_contraction
 
 #: vector operations per point up to which a producer counts as cheap (rule 3)
@@ -44,12 +44,6 @@ def _reindex(body: Body, mapping: dict[int, Body]) -> Body:
     if body[0] == "const":
         return body
     return (body[0], *(_reindex(arg, mapping) for arg in body[1:]))
-
-
-def _cost(body: Body) -> int:
-    if body[0] in ("in", "const"):
-        return 0
-    return FN_OPS.get(body[0], 1) + sum(_cost(arg) for arg in body[1:])
 
 
 def _uses(body: Body, slot: int) -> int:
@@ -106,12 +100,12 @@ def _may_inline(producer: TensorExpr, consumer: TensorExpr, slot: int, readers: 
         return False
     if _is_copy(producer):
         return True
-    if _uses(consumer.body, slot) > 1 and _cost(producer.body) > 2:
+    if _uses(consumer.body, slot) > 1 and body_cost(producer.body) > 2:
         return False  # read several times in one body: each read would recompute it
     same_space = set(read.axes) == set(consumer.axis_names)
     if readers == 1 and same_space:
         return True
-    if is_contraction(consumer) or _cost(producer.body) > CHEAP_OPS:
+    if is_contraction(consumer) or body_cost(producer.body) > CHEAP_OPS:
         return False
     return readers == 1 or _normalising(producer, computed)
 

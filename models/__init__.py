@@ -16,6 +16,8 @@ Building the same name with the same arguments gives a byte-identical
 
 from __future__ import annotations
 
+import difflib
+import math
 from types import MappingProxyType
 
 import onnx
@@ -38,6 +40,7 @@ __all__ = [
     "VIT_SIZES",
     "ZOO_NAMES",
     "BertSize",
+    "ModelTooLargeError",
     "UnknownModelError",
     "build",
     "build_bert",
@@ -48,6 +51,7 @@ __all__ = [
     "build_resnet",
     "build_vit",
     "is_zoo_name",
+    "suggest",
 ]
 
 ZOO_NAMES: tuple[str, ...] = (
@@ -58,15 +62,22 @@ ZOO_NAMES: tuple[str, ...] = (
     "bert-large",
     "gpt2-tiny",
     "gpt2",
+    "gpt2-medium",
     "gpt2-xl",
     "vit-tiny",
     "vit-base",
     "llama-tiny",
     "llama-135m",
     "llama-360m",
+    "llama3-8b",
+    "llama2-13b",
+    "llama2-70b",
     "llama-tiny-decode",
     "llama-135m-decode",
     "llama-360m-decode",
+    "llama3-8b-decode",
+    "llama2-13b-decode",
+    "llama2-70b-decode",
     "resnet-tiny",
     "resnet50",
 )
@@ -83,15 +94,49 @@ DEFAULT_BATCH: MappingProxyType[str, int] = MappingProxyType(
 """Batch size `build` uses when the caller passes ``batch=None``."""
 
 
+#: protobuf serialises no message of 2 GiB or more, so a ModelProto with weights stays below
+MAX_WEIGHT_BYTES = 2**31 - 1
+
+
+class ModelTooLargeError(ValueError):
+    """Raised by `build` for weights that no ModelProto can hold: plan such models shape-only."""
+
+    def __init__(self, name: str, nbytes: int) -> None:
+        super().__init__(
+            f"{name} has {nbytes / 1e9:.1f} GB of float32 weights, past protobuf's 2 GB limit "
+            f"for one ONNX model, so it is built shape-only: compile it without --run (or "
+            f"with --timing-only) to plan and time it")
+        self.name, self.nbytes = name, nbytes
+
+
 class UnknownModelError(ValueError):
-    """Raised by `build` for a name that is not in `ZOO_NAMES`."""
+    """Raised by `build` for a name that is not in `ZOO_NAMES`.
+
+    ``suggestions`` holds the closest known names (`suggest`), best first; the message says
+    "did you mean" with them, then lists the zoo.
+    """
 
     def __init__(self, name: str) -> None:
+        self.name = name
+        self.suggestions = suggest(name)
+        first, *others = self.suggestions or ("",)
+        also = f" (or {', '.join(repr(s) for s in others)})" if others else ""
+        hint = f"did you mean {first!r}{also}? " if first else ""
         super().__init__(
-            f"unknown model {name!r}; known models: {', '.join(ZOO_NAMES)}, "
+            f"unknown model {name!r}; {hint}known models: {', '.join(ZOO_NAMES)}, "
             "matmul-MxKxN"
         )
-        self.name = name
+
+
+def suggest(name: str) -> tuple[str, ...]:
+    """Up to three zoo names (or aliases) close to a misspelt ``name``, closest first."""
+    known = [*ZOO_NAMES, *ALIASES]
+    lowered = name.strip().lower()
+    if lowered != name and is_zoo_name(lowered):
+        return (lowered,)
+    if lowered.startswith("matmul"):
+        return ("matmul-MxKxN",)
+    return tuple(difflib.get_close_matches(lowered, known, n=3, cutoff=0.6))
 
 
 def is_zoo_name(name: str) -> bool:
@@ -117,7 +162,24 @@ def build(
 
     Raises:
         UnknownModelError: ``name`` is not in `ZOO_NAMES`; the message lists them.
+        ModelTooLargeError: weights were asked for a model whose float32 weights exceed
+            protobuf's 2 GB limit (llama3-8b, gpt2-xl, ...): build it shape-only instead.
     """
+    if weights:  # a shape-only build costs milliseconds and says how large the weights are
+        skeleton = _build(name, seq_len=seq_len, batch=batch, seed=seed, weights=False)
+        nbytes = weight_bytes(skeleton)
+        if nbytes > MAX_WEIGHT_BYTES:
+            raise ModelTooLargeError(name, nbytes)
+    return _build(name, seq_len=seq_len, batch=batch, seed=seed, weights=weights)
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's initializers as float32 (shape-only ones counted by shape)."""
+    return sum(4 * math.prod(t.dims) for t in model.graph.initializer)
+
+
+def _build(name: str, *, seq_len: int, batch: int | None, seed: int, weights: bool
+           ) -> onnx.ModelProto:
     if not is_zoo_name(name):
         raise UnknownModelError(name)
     dims = parse_matmul(name)

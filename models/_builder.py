@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from t10c.shape_only import SHAPE_ONLY_LOCATION
+
 OPSET = 17
 """Opset of the default ``ai.onnx`` domain used by every zoo model."""
 
@@ -27,8 +29,6 @@ IR_VERSION = 8
 PRODUCER_NAME = "t10c.models"
 
 
-#: where a shape-only initializer says its data is: nowhere (see `NoWeights`)
-UNMATERIALISED = "t10c:unmaterialised"
 SHAPE_ONLY_MIN_ELEMS = 4096  # smaller tensors (shapes, scalars, norms) always carry data
 
 
@@ -38,8 +38,8 @@ class NoWeights:
     Planning and code generation need the weights' shapes, not their values; a model like
     GPT-2 XL (1.5B parameters) does not even fit ONNX's 2 GB protobuf limit with them. Every
     draw is a zero-stride array of the right shape (no memory), and `GraphBuilder` with
-    ``materialize=False`` writes large initializers as shape-only tensors whose external
-    data location is `UNMATERIALISED`.
+    ``materialize=False`` writes large initializers as shape-only tensors: the frontend's
+    public convention, external data at `t10c.shape_only.SHAPE_ONLY_LOCATION`.
     """
 
     def standard_normal(self, shape: Sequence[int], dtype: type = np.float32) -> np.ndarray:
@@ -125,7 +125,7 @@ class GraphBuilder:
             tensor.dims.extend(array.shape)
             tensor.data_location = onnx.TensorProto.EXTERNAL
             entry = tensor.external_data.add()
-            entry.key, entry.value = "location", UNMATERIALISED
+            entry.key, entry.value = "location", SHAPE_ONLY_LOCATION
             return name
         # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them [1])
         tensor = numpy_helper.from_array(np.asarray(array, order="C"), name=name)

@@ -39,6 +39,7 @@ class GPT2Size:
 GPT2_SIZES: MappingProxyType[str, GPT2Size] = MappingProxyType({
     "gpt2-tiny": GPT2Size(hidden=128, layers=2, heads=2),
     "gpt2": GPT2Size(hidden=768, layers=12, heads=12),  # 124M parameters
+    "gpt2-medium": GPT2Size(hidden=1024, layers=24, heads=16),  # 355M parameters
     "gpt2-xl": GPT2Size(hidden=1600, layers=48, heads=25),  # 1.5B parameters: build it shape-only
 })
 

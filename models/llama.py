@@ -58,6 +58,15 @@ LLAMA_SIZES: MappingProxyType[str, LlamaSize] = MappingProxyType({
                             vocab=49152, rope_theta=100000.0),
     "llama-360m": LlamaSize(hidden=960, layers=32, heads=15, kv_heads=5, intermediate=2560,
                             vocab=49152, rope_theta=100000.0),
+    # the models the wafer-scale and off-chip papers run (WaferLLM, ELK), after the published
+    # configurations (Meta's config.json files for Llama-3-8B, Llama-2-13B and Llama-2-70B):
+    # untied output heads; too large to build with weights, so they are planned shape-only
+    "llama3-8b": LlamaSize(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                           vocab=128256, rope_theta=500000.0, tied=False),
+    "llama2-13b": LlamaSize(hidden=5120, layers=40, heads=40, kv_heads=40, intermediate=13824,
+                            vocab=32000, tied=False),
+    "llama2-70b": LlamaSize(hidden=8192, layers=80, heads=64, kv_heads=8, intermediate=28672,
+                            vocab=32000, tied=False),
 })
 
 LLAMA_DECODE_SIZES: MappingProxyType[str, LlamaSize] = MappingProxyType(

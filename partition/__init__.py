@@ -7,46 +7,25 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from t10c.chips import Chip
-from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph, TensorExpr
 
 from .align import aligned_variants
+from .bounds import Bounds, bounds
+from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
 from .cost import plan_cost
+from .cpsat import Progress
+from .diagnose import check_fit, diagnose
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
 from .transitions import Views, edge_cost, relayout_cycles
-from .verify import PlanError, verify_plan
+from .verify import verify_plan
 
-__all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
-           "DoesNotFitError", "plan_graph", "verify_plan", "geometry", "search_op",
-           "search_op_front", "plan_cost"]
-
-
-class DoesNotFitError(PlanError):
-    """No choice of plans fits the chip's SRAM; the message says by how much and where."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The chosen plan of every op of a graph, with the solver's account of the choice."""
-
-    model: str
-    chip: str
-    dtype: str
-    ops: tuple[OpPlan, ...]
-    relayout_cycles: tuple[int, ...]  # predicted re-layout cycles before each op
-    front_sizes: tuple[int, ...]
-    solver: dict[str, object]
-    search_wall_s: float
-
-    @property
-    def total_cycles(self) -> int:
-        return sum(p.cycles.total for p in self.ops) + sum(self.relayout_cycles)
+__all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
+           "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
+           "search_op", "search_op_front", "plan_cost"]
 
 
 def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
@@ -78,8 +57,7 @@ def _rename(plan: OpPlan, name: str) -> OpPlan:
 
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
-               front_limit: int = 16,
-               progress: Callable[[str, int, int], None] | None = None) -> Plan:
+               front_limit: int = 16, progress: Progress | None = None) -> Plan:
     """Search every op's plans (once per distinct op), then choose one per op with CP-SAT."""
     start = time.perf_counter()
     ints, consts = _tensor_sets(graph)
@@ -107,21 +85,19 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                   for op, f in zip(graph.ops, fronts)]
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
-    _check_fit(graph, chip, fronts, smallest)
+    check_fit(graph, chip, fronts, smallest)
+    plan_bounds = bounds(graph, chip, dtype, fronts)
     if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
-        raise DoesNotFitError(_diagnose(graph, chip, fronts, least_cold, smallest, "RESIDENT",
-                                        solver, dtype))
+        raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, "RESIDENT", solver,
+                                       dtype))
     views = Views(graph)
     edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
     no_extra = [[0] * len(f) for f in fronts]
     result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
-                                  solver)
-    if progress:
-        progress("solve", 1, 1)
+                                  solver, progress)
     if result is None:
-        raise DoesNotFitError(_diagnose(graph, chip, fronts, least_cold, smallest, status,
-                                        solver, dtype))
+        raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
@@ -133,13 +109,15 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
         relayout_cycles=tuple(relayout),
         front_sizes=tuple(len(f) for f in fronts),
-        solver={"name": solver.planner, "status": result.status,
-                "objective_cycles": result.objective_cycles, "bound_cycles": result.bound_cycles,
-                "gap": round(gap / max(result.objective_cycles, 1), 6),
-                "greedy_objective_cycles": result.greedy_objective_cycles,
-                "wall_s": round(result.wall_s, 3), "workers": solver.workers,
-                "seed": solver.seed, "time_limit_s": solver.time_limit_s},
+        solver=SolverReport(
+            name=solver.planner, status=result.status,
+            objective_cycles=result.objective_cycles, bound_cycles=result.bound_cycles,
+            gap=round(gap / max(result.objective_cycles, 1), 6),
+            greedy_objective_cycles=result.greedy_objective_cycles,
+            wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
+            time_limit_s=solver.time_limit_s),
         search_wall_s=search_wall,
+        bounds=plan_bounds,
     )
 
 
@@ -241,61 +219,3 @@ def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip
                                        ints, views)
             edges.append(Edge(j, i, slot, cache[key]))
     return edges
-
-
-def _fmt_bytes(n: float) -> str:
-    return f"{n / 1024:.1f} KiB" if n < 1024 ** 2 else f"{n / 1024 ** 2:.2f} MiB"
-
-
-def _check_fit(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
-               smallest: list[OpPlan | None]) -> None:
-    empty = [(op, s) for op, f, s in zip(graph.ops, fronts, smallest) if not f]
-    if empty:
-        lines = []
-        for op, s in empty[:10]:
-            need = f"needs at least {_fmt_bytes(s.hot_bytes_per_core)} per core" if s else \
-                "has no legal plan"
-            lines.append(f"  {op.name} ({op.source or op.kind}): {need}")
-        raise DoesNotFitError(
-            f"{len(empty)} op(s) cannot run within {_fmt_bytes(chip.sram_bytes_per_core)} of "
-            f"SRAM per core on {chip.name}:\n" + "\n".join(lines) +
-            "\nUse a chip with more SRAM per core or more cores, or a smaller model.")
-
-
-def _diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]],
-              least_cold: list[int], smallest: list[OpPlan | None], status: str,
-              opts: SolverOptions, dtype: str) -> str:
-    """Why nothing fits, in numbers, and what would help."""
-    if status not in ("INFEASIBLE", "MODEL_INVALID", "RESIDENT"):
-        return (f"the solver found no plan within {opts.time_limit_s:g} s (status {status}) and "
-                "the greedy found none either; raise --time-limit")
-    sram = chip.sram_bytes_per_core
-    cap = int(sram * (1 - opts.reserve_fraction))
-    resident = sum(least_cold)
-    running = max((s.hot_bytes_per_core - s.cold_bytes_per_core for s in smallest if s),
-                  default=0)
-    need = resident + running
-    weights = sorted(((graph.tensors[t].numel, t) for t in graph.constants
-                      if t in graph.tensors), reverse=True)
-    total_weight_bytes = sum(n for n, _ in weights) * dtype_bytes(dtype)
-    heavy = sorted(zip(least_cold, (op.name for op in graph.ops)), reverse=True)[:5]
-    lines = [
-        f"the model does not fit on {chip.name}: it needs at least {_fmt_bytes(need)} per core "
-        f"({_fmt_bytes(resident)} of resident weights in their least replicated layouts, plus "
-        f"{_fmt_bytes(running)} for the largest op's working buffers), and "
-        f"{_fmt_bytes(cap)} of {_fmt_bytes(sram)} per core are usable.",
-        f"the weights alone are {total_weight_bytes / 1e6:.1f} MB in {dtype}; the chip has "
-        f"{chip.total_sram_bytes / 1e6:.1f} MB of SRAM in all.",
-        "ops with the most resident bytes per core:"]
-    lines += [f"  {name}: {_fmt_bytes(b)}" for b, name in heavy]
-    lines.append("largest weight tensors:")
-    lines += [f"  {name}: {n * dtype_bytes(dtype) / 1e6:.1f} MB" for n, name in
-              weights[:5]]
-    chips = -(-need // cap)
-    helps = [f"a chip with at least {_fmt_bytes(need / (1 - opts.reserve_fraction))} of SRAM "
-             f"per core or about {chips}x the cores", f"splitting the layers over {chips} chips"]
-    if dtype == "fp32":
-        helps.insert(0, "--dtype fp16 (halves every byte)")
-    helps.append("a chip with off-chip memory for the weights (not supported yet)")
-    lines.append("What would help: " + "; ".join(helps) + ".")
-    return "\n".join(lines)

@@ -92,7 +92,7 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         if geo.T[J] == 1:
             continue
         count = math.prod(geo.T[:J]) * (geo.T[J] - 1)
-        movers = [i for i in range(nops) if rot_axis[i] is not None and rot_axis[i] >= J]
+        movers = [i for i in range(nops) if (r := rot_axis[i]) is not None and r >= J]
         if sum(tile_bytes[i] for i in movers):
             shift += count * step_cycles(movers)
             sync += count * chip.sync_cycles

@@ -31,6 +31,7 @@ real routes.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,26 +86,73 @@ def ring_drivers(T: tuple[int, ...], rot: tuple[tuple[str, ...], ...],
 
 
 def fits(chip: Chip, ncores: int, tc: int, tr: int) -> bool:
+    """Whether ``ncores`` cores cut into ``tr x tc`` blocks fit the chip's grid."""
+    return bool(_fits(chip, np.array([ncores]), np.array([tc]), np.array([tr]))[0])
+
+
+def _fits(chip: Chip, ncores: np.ndarray, tc: np.ndarray, tr: np.ndarray) -> np.ndarray:
     rows, cols = chip.grid
-    if tc > cols or tr > rows:
-        return False
-    return -(-ncores // (tc * tr)) <= (rows // tr) * (cols // tc)
+    tc, tr = np.maximum(tc, 1), np.maximum(tr, 1)
+    return (tc <= cols) & (tr <= rows) & (-(-ncores // (tc * tr)) <= (rows // tr) * (cols // tc))
+
+
+def embed_rows(chip: Chip, ncores: np.ndarray, driver: dict[int, np.ndarray],
+               ring: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                               np.ndarray]:
+    """The embedding rule, over many grids at once (the search prices whole arrays of F).
+
+    Row ``n`` is a grid of ``ncores[n]`` cores whose rotating operand ``i`` runs a ring of
+    ``ring[i]`` cores along axis position ``driver[i][n]``. Returns per row: whether it embeds
+    (one ring length per driver, at most two drivers, their routes within the chip's, blocks
+    that fit the grid), the column driver's axis position (-1: none) and ring length, and the
+    row driver's. The driver with the lower axis position goes along the columns unless only
+    the other way round fits."""
+    n = len(ncores)
+    ok = np.ones(n, dtype=bool)
+    big = np.iinfo(np.int64).max
+    ops = list(driver)
+    for a, b in itertools.combinations(ops, 2):  # one ring length per driver
+        if ring[a] != ring[b]:
+            ok &= driver[a] != driver[b]
+    first = np.full(n, big)
+    for i in ops:
+        first = np.minimum(first, driver[i])
+    second = np.full(n, big)
+    for i in ops:
+        second = np.minimum(second, np.where(driver[i] != first, driver[i], big))
+    for i in ops:  # at most two drivers
+        ok &= (driver[i] == first) | (driver[i] == second)
+    t_first = np.ones(n, dtype=np.int64)
+    t_second = np.ones(n, dtype=np.int64)
+    for i in ops:
+        t_first = np.where(driver[i] == first, ring[i], t_first)
+        t_second = np.where(driver[i] == second, ring[i], t_second)
+    first = np.where(first == big, -1, first)
+    second = np.where(second == big, -1, second)
+    ndrivers = (first >= 0).astype(np.int64) + (second >= 0)
+    if chip.routes_per_core:
+        ok &= ROUTES_PER_RING * ndrivers <= chip.routes_per_core
+    straight, swapped = _fits(chip, ncores, t_first, t_second), \
+        _fits(chip, ncores, t_second, t_first)
+    ok &= straight | swapped
+    return (ok, np.where(straight, first, second), np.where(straight, t_first, t_second),
+            np.where(straight, second, first), np.where(straight, t_second, t_first))
 
 
 def choose(chip: Chip, ncores: int, rings: dict[str, int] | None, axes: tuple[str, ...]
            ) -> Embedding | None:
     """The embedding of a grid of ``ncores`` cores with ``rings`` (driver -> ring length), or
-    None when it cannot be placed with every ring edge within 2 hops."""
-    if rings is None or len(rings) > 2:
+    None when it cannot be placed with every ring edge within 2 hops (`embed_rows`' rule)."""
+    if rings is None:  # one driver would carry two ring lengths
         return None
-    if chip.routes_per_core and ROUTES_PER_RING * len(rings) > chip.routes_per_core:
+    names = list(rings)
+    ok, cd, ct, rd, rt = embed_rows(
+        chip, np.array([ncores]), {k: np.array([axes.index(d)]) for k, d in enumerate(names)},
+        {k: rings[d] for k, d in enumerate(names)})
+    if not ok[0]:
         return None
-    named = sorted(rings.items(), key=lambda kv: axes.index(kv[0]))
-    named += [("", 1)] * (2 - len(named))
-    for (cd, ct), (rd, rt) in (named, named[::-1]):
-        if fits(chip, ncores, ct, rt):
-            return Embedding(chip.rows, chip.cols, cd, ct, rd, rt)
-    return None
+    return Embedding(chip.rows, chip.cols, axes[cd[0]] if cd[0] >= 0 else "", int(ct[0]),
+                     axes[rd[0]] if rd[0] >= 0 else "", int(rt[0]))
 
 
 def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...],
@@ -201,6 +249,6 @@ def describe(embed: Embedding | None, ncores: int) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["Embedding", "choose", "physical_cores", "shift_cycles", "gather_estimate",
+__all__ = ["Embedding", "choose", "embed_rows", "physical_cores", "shift_cycles", "gather_estimate",
            "exchange_estimate", "interleave", "ring_drivers", "hops_of_ring", "fits",
            "ROUTES_PER_RING"]

@@ -134,7 +134,7 @@ def _axis_rotations(op: TensorExpr, grid: np.ndarray, opts: SearchOptions
     axes = op.axis_names
     lacks = _lacks(op)
     plain = [set(o.plain_axes) for o in op.operands]
-    found = []
+    found: list[_AxisRotation] = []
     for j, a in enumerate(axes):
         users = [i for i, ax in enumerate(plain) if a in ax]
         longest = int((-(-op.axes[j][1] // grid[:, j])).max()) if len(grid) else 0
@@ -189,7 +189,8 @@ def _feasible(op: TensorExpr, combo: tuple[_AxisRotation, ...], grid: np.ndarray
 
 def _ring_driver(lacks: list[int], F: tuple[int, ...], t: int) -> int:
     """The axis an operand's ring of ``t`` cores runs along: the first it lacks whose factor
-    ``t`` divides (`vcost.mesh_rings` applies the same rule to whole arrays of F)."""
+    ``t`` divides (`vcost.mesh_rings` applies the same rule to whole arrays of F, and both
+    embed through `place.embed_rows`)."""
     return next(k for k in lacks if F[k] % t == 0)
 
 
@@ -249,7 +250,7 @@ def enumerate_plans(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tu
                     int_tensors: frozenset[str], const_tensors: frozenset[str],
                     opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
     """Every legal plan of ``op`` that survives pruning, costed (all of them materialised)."""
-    plans = []
+    plans: list[OpPlan] = []
     for tpl, combo, rows, c, mesh in _search(op, chip, dtype, shapes, int_tensors,
                                              const_tensors, opts):
         plans.extend(_plan(op, tpl, combo, rows[r], c, r, chip, mesh) for r in range(len(rows)))

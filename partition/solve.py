@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from t10c.ir import Graph
 
+from . import cpsat
+from .cpsat import Progress
 from .plan import OpPlan
 
 #: the objective of a choice that uses a pair of plans an edge does not allow
@@ -49,6 +52,10 @@ FORBIDDEN = 2 ** 62
 
 @dataclass(frozen=True)
 class SolverOptions:
+    """How the whole-graph choice is made (`choose_plans`)."""
+
+    #: CP-SAT's deterministic time limit (work units, about seconds on an idle machine); the
+    #: only limit of the solve, so the plan does not depend on the machine's load
     time_limit_s: float = 30.0
     workers: int = 1
     seed: int = 0
@@ -186,69 +193,69 @@ def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int,
 def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
                 edges: list[Edge], cap: int, hint: list[int] | None):
     model = cp_model.CpModel()
-    x = [[model.NewBoolVar(f"x[{i},{p}]") for p in range(len(front))]
+    x = [[model.new_bool_var(f"x[{i},{p}]") for p in range(len(front))]
          for i, front in enumerate(fronts)]
     # (C1) one plan per op
     for xs in x:
-        model.AddExactlyOne(xs)
+        model.add_exactly_one(xs)
 
     def term(values: np.ndarray, i: int):
         return sum(int(v) * x[i][k] for k, v in enumerate(values) if v)
 
     # (C2) resident weights + the running op + live activations fit the SRAM at every op; the
     # resident bytes are one variable, so each op's constraint stays short
-    resident = model.NewIntVar(0, cap, "resident")
-    model.Add(resident == sum(term(arrays.cold[i], i) for i in range(len(fronts))))
+    resident = model.new_int_var(0, cap, "resident")
+    model.add(resident == sum(term(arrays.cold[i], i) for i in range(len(fronts))))
     for i in range(len(fronts)):
         live = sum(term(arrays.out[j], j)
                    for j in (*terms.live_after[i], *terms.dying_inputs[i]))
-        model.Add(resident + term(arrays.extra[i], i) + live <= cap)
+        model.add(resident + term(arrays.extra[i], i) + live <= cap)
     # (C3) re-layout between a producer's plan and its consumer's
-    transitions = []
+    transitions: list[Any] = []  # CP-SAT linear terms
     for n, e in enumerate(edges):
         if all(r == 0 for row in e.cost for r in row):
             continue
         # no variable for a pair that is not allowed: the marginals then forbid it
-        y = [[model.NewBoolVar(f"y[{n},{p},{q}]") if r is not None else None
-              for q, r in enumerate(row)] for p, row in enumerate(e.cost)]
+        y: list[list[Any]] = [[model.new_bool_var(f"y[{n},{p},{q}]") if r is not None else None
+                               for q, r in enumerate(row)] for p, row in enumerate(e.cost)]
         for p, row in enumerate(y):
-            model.Add(sum(v for v in row if v is not None) == x[e.src][p])
+            model.add(sum(v for v in row if v is not None) == x[e.src][p])
         for q in range(len(e.cost[0])):
-            model.Add(sum(y[p][q] for p in range(len(y)) if y[p][q] is not None)
+            model.add(sum(y[p][q] for p in range(len(y)) if y[p][q] is not None)
                       == x[e.dst][q])
         transitions.extend(r * y[p][q] for p, row in enumerate(e.cost)
                            for q, r in enumerate(row) if r)
-    model.Minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
+    model.minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
                    + sum(transitions))
     if hint is not None:
         for i, k in enumerate(hint):
             for kk, var in enumerate(x[i]):
-                model.AddHint(var, kk == k)
+                model.add_hint(var, kk == k)
     return model, x
 
 
-def solve_model(model: cp_model.CpModel, opts: SolverOptions) -> tuple[cp_model.CpSolver, int]:
+def solve_model(model: cp_model.CpModel, opts: SolverOptions,
+                progress: Progress | None = None
+                ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
+    """Solve under CP-SAT's deterministic time limit alone (`cpsat.py` says why), reporting
+    progress as ``"solve"``; Ctrl-C raises ``KeyboardInterrupt``."""
     solver = cp_model.CpSolver()
-    # the limit is CP-SAT's deterministic time (work, roughly seconds), so that a solve cut
-    # short by it stops at the same point every run; wall-clock time backs it up
-    solver.parameters.max_deterministic_time = opts.time_limit_s
-    solver.parameters.max_time_in_seconds = 3 * opts.time_limit_s
-    solver.parameters.num_workers = opts.workers
-    solver.parameters.random_seed = opts.seed
+    cpsat.configure(solver, opts.time_limit_s, opts.workers, opts.seed)
     solver.parameters.relative_gap_limit = opts.relative_gap
-    status = solver.Solve(model)
+    status = cpsat.run(solver, model, progress, "solve")
     return solver, status
 
 
-def decode(solver: cp_model.CpSolver, status: int, x) -> tuple[int, ...] | None:
+def decode(solver: cp_model.CpSolver, status: cp_model.CpSolverStatus, x: list[list[Any]]
+           ) -> tuple[int, ...] | None:
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    return tuple(next(k for k, v in enumerate(xs) if solver.Value(v)) for xs in x)
+    return tuple(next(k for k, v in enumerate(xs) if solver.value(v)) for xs in x)
 
 
 def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
-                 edges: list[Edge], sram_bytes: int, opts: SolverOptions
-                 ) -> tuple[SolverResult | None, str]:
+                 edges: list[Edge], sram_bytes: int, opts: SolverOptions,
+                 progress: Progress | None = None) -> tuple[SolverResult | None, str]:
     """Choose one plan per op; returns the result (None when nothing fits) and the status."""
     start = time.perf_counter()
     terms = liveness(graph)
@@ -260,23 +267,88 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     warm = greedy(terms, arrays, cap, base)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     if opts.planner == "greedy":
+        if progress:  # the greedy is the whole choice: it starts and ends at once
+            progress("solve", 1, 1)
         if warm is None:
             return None, "INFEASIBLE"
         assert warm_obj is not None
         return SolverResult(tuple(warm), "FEASIBLE", warm_obj, 0, time.perf_counter() - start,
                             warm_obj), "FEASIBLE"
     model, x = build_model(terms, fronts, arrays, edges, cap, warm)
-    solver, status = solve_model(model, opts)
-    name = solver.StatusName(status)
+    solver, status = solve_model(model, opts, progress)
+    name = solver.status_name(status)
     choice = decode(solver, status, x)
     wall = time.perf_counter() - start
     if choice is None:
         if warm is None or warm_obj is None:
             return None, name
-        return SolverResult(tuple(warm), "FEASIBLE", warm_obj, int(solver.BestObjectiveBound()),
+        return SolverResult(tuple(warm), "FEASIBLE", warm_obj, int(solver.best_objective_bound),
                             wall, warm_obj), name
     value = objective(arrays, edges, choice)
     if warm is not None and warm_obj is not None and warm_obj < value:
         choice, value = tuple(warm), warm_obj
-    bound = min(int(round(solver.BestObjectiveBound())), value)
+    bound = min(int(round(solver.best_objective_bound)), value)
     return SolverResult(tuple(choice), name, value, bound, wall, warm_obj), name
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The least SRAM per core any choice of plans needs, found by minimising (C2)'s largest
+    left-hand side: where that peak is and what it is made of. For diagnoses."""
+
+    proven: bool  # CP-SAT proved ``peak`` the least (else: the best found within the limit)
+    peak: int  # bytes per core at op ``at`` under the best choice found
+    bound: int  # no choice needs less than this
+    at: int  # the op where the peak is reached
+    resident: int  # every op's resident bytes (weights), under that choice
+    working: int  # op ``at``'s hot bytes beyond its resident ones
+    live: int  # activations alive while ``at`` runs and re-lays out its inputs
+    live_tensors: int
+
+
+def least_peak(graph: Graph, fronts: list[list[OpPlan]], opts: SolverOptions,
+               progress: Progress | None = None) -> Peak | None:
+    """Minimise the peak of (C2) over every choice of plans (None if the solve found no
+    choice at all within its deterministic limit)."""
+    terms = liveness(graph)
+    arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
+    model = cp_model.CpModel()
+    x = [[model.new_bool_var(f"x[{i},{p}]") for p in range(len(front))]
+         for i, front in enumerate(fronts)]
+    for xs in x:
+        model.add_exactly_one(xs)
+
+    def term(values: np.ndarray, i: int):
+        return sum(int(v) * x[i][k] for k, v in enumerate(values) if v)
+
+    top = int(sum(int(a.max()) for a in arrays.cold) + max(int(a.max()) for a in arrays.extra)
+              + sum(int(a.max()) for a in arrays.out))
+    peak = model.new_int_var(0, top, "peak")
+    resident = model.new_int_var(0, top, "resident")
+    model.add(resident == sum(term(arrays.cold[i], i) for i in range(len(fronts))))
+    for i in range(len(fronts)):
+        live = sum(term(arrays.out[j], j)
+                   for j in (*terms.live_after[i], *terms.dying_inputs[i]))
+        model.add(resident + term(arrays.extra[i], i) + live <= peak)
+    model.minimize(peak)
+    # hint: every op's least resident plan
+    for i, a in enumerate(arrays.cold):
+        k = int(np.argmin(a))
+        for kk, var in enumerate(x[i]):
+            model.add_hint(var, kk == k)
+    solver = cp_model.CpSolver()
+    cpsat.configure(solver, opts.time_limit_s, opts.workers, opts.seed)
+    status = cpsat.run(solver, model, progress, "solve")
+    choice = decode(solver, status, x)
+    if choice is None:
+        return None
+    use = memory_use(terms, arrays, choice)
+    at = int(np.argmax(use))
+    around = (*terms.live_after[at], *terms.dying_inputs[at])
+    return Peak(
+        proven=status == cp_model.OPTIMAL, peak=int(use[at]),
+        bound=int(round(solver.best_objective_bound)), at=at,
+        resident=int(sum(int(a[k]) for a, k in zip(arrays.cold, choice))),
+        working=int(arrays.extra[at][choice[at]]),
+        live=int(sum(int(arrays.out[j][choice[j]]) for j in around)),
+        live_tensors=len(around))

@@ -8,7 +8,6 @@ that both agree on every plan.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from t10c.costs import body_ops
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 from .cost import element_bytes, home_bytes
-from .place import ROUTES_PER_RING, exchange_estimate, hops_of_ring
+from .place import embed_rows, exchange_estimate, hops_of_ring
 
 
 @dataclass(frozen=True)
@@ -74,39 +73,7 @@ def mesh_rings(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip
         for k in reversed(lacks[i]):  # the first lacking axis whose factor t divides wins
             d = np.where(F[:, k] % t == 0, k, d)
         driver[i], ring[i] = d, t
-    ok = np.ones(n, dtype=bool)
-    big = np.iinfo(np.int64).max
-    ops = list(driver)
-    for a, b in itertools.combinations(ops, 2):  # one ring length per driver
-        if ring[a] != ring[b]:
-            ok &= driver[a] != driver[b]
-    first = np.full(n, big)
-    for i in ops:
-        first = np.minimum(first, driver[i])
-    second = np.full(n, big)
-    for i in ops:
-        second = np.minimum(second, np.where(driver[i] != first, driver[i], big))
-    for i in ops:  # at most two drivers
-        ok &= (driver[i] == first) | (driver[i] == second)
-    t_first = np.ones(n, dtype=np.int64)
-    t_second = np.ones(n, dtype=np.int64)
-    for i in ops:
-        t_first = np.where(driver[i] == first, ring[i], t_first)
-        t_second = np.where(driver[i] == second, ring[i], t_second)
-    second = np.where(second == big, -1, second)
-    ndrivers = (first < np.iinfo(np.int64).max).astype(np.int64) + (second >= 0)
-    if chip.routes_per_core:
-        ok &= ROUTES_PER_RING * ndrivers <= chip.routes_per_core
-    ncores = np.prod(F, axis=1)
-
-    def fit(tc: np.ndarray, tr: np.ndarray) -> np.ndarray:
-        tc, tr = np.maximum(tc, 1), np.maximum(tr, 1)
-        return (tc <= chip.cols) & (tr <= chip.rows) & (
-            _ceil_div(ncores, tc * tr) <= (chip.rows // tr) * (chip.cols // tc))
-
-    straight, swapped = fit(t_first, t_second), fit(t_second, t_first)
-    ok &= straight | swapped
-    col_ring = np.where(straight, t_first, t_second)
+    ok, _, col_ring, _, _ = embed_rows(chip, np.prod(F, axis=1), driver, ring)
     return ok, driver, col_ring
 
 
@@ -176,7 +143,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         placeable, driver, col_ring = np.ones(n, dtype=bool), {}, ones
 
     def step(movers: list[int]) -> np.ndarray:
-        moved = sum(tile_bytes[i] for i in movers)
+        moved = sum((tile_bytes[i] for i in movers), np.zeros(n, dtype=np.int64))
         if mesh:  # operands on the same driver share its links (`place.shift_cycles`)
             busiest = np.zeros(n, dtype=np.int64)
             for i in movers:
@@ -196,7 +163,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     for J in range(len(axes)):
         if tpl.T[J] == 1:
             continue
-        movers = [i for i in range(nops) if rot_axis[i] is not None and rot_axis[i] >= J]
+        movers = [i for i in range(nops) if (r := rot_axis[i]) is not None and r >= J]
         if not movers:
             continue
         count = math.prod(tpl.T[:J]) * (tpl.T[J] - 1)
@@ -221,8 +188,9 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
 
     red = [j for j, a in enumerate(axes) if a not in op.output.axes]
     group = np.prod(F[:, red], axis=1) if red else ones
-    if rot_axis[out_index] is not None:
-        group = group // tpl.T[rot_axis[out_index]]
+    out_axis = rot_axis[out_index]
+    if out_axis is not None:
+        group = group // tpl.T[out_axis]
     out_elem = element_bytes(op, out_index, dtype, int_tensors)
     chunk = _ceil_div(elems[out_index], group)
     chunk_bytes = np.where(group > 1, chunk * out_elem, 0)

@@ -20,21 +20,17 @@ Repeated layers (ops with the same expression and plan) are checked once.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from t10c.chips import Chip
 from t10c.ir import Graph
 
-from .plan import Geometry
+from .chosen import Plan, PlanError
+from .plan import Geometry, geometry
+from .solve import liveness
 
-if TYPE_CHECKING:
-    from . import Plan
-
-
-class PlanError(ValueError):
-    """A plan that is illegal or does not fit."""
+__all__ = ["PlanError", "verify_plan"]
 
 
 def _check_op(geo: Geometry, chip: Chip) -> list[str]:
@@ -57,8 +53,8 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
     for j, (e, f, t) in enumerate(zip(geo.E, geo.F, geo.T)):
         starts = (np.arange(f)[:, None] * geo.b[j] + np.arange(t)[None, :] * geo.u[j]).ravel()
         cover = np.zeros(f * geo.b[j], dtype=np.int64)
-        for s in starts:
-            cover[s:s + geo.u[j]] += 1
+        for first in starts:
+            cover[first:first + geo.u[j]] += 1
         if not (cover[:e] == 1).all():
             problems.append(f"axis {geo.axes[j]} is not covered exactly once")
     # a core's visits depend on it only through its skew: check each distinct skew once
@@ -122,9 +118,6 @@ def _part_offset(geo: Geometry, index: int, step: int) -> np.ndarray:
 
 def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:
     """Raise `PlanError` listing every problem of ``plan``; return quietly when it is sound."""
-    from .plan import geometry
-    from .solve import liveness
-
     problems = []
     if len(plan.ops) != len(graph.ops):
         raise PlanError(f"plan has {len(plan.ops)} ops, graph has {len(graph.ops)}")

@@ -16,13 +16,15 @@ from a preset with ``base = "ipu-mk2"`` and override any field::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from t10c.dtypes import STORAGE_DTYPES, dtype_bytes
+from t10c.dtypes import STORAGE_DTYPES, ceil_div, dtype_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -117,18 +119,18 @@ class Chip:
     def matmul_cycles(self, m: int, k: int, n: int, batch: int, dtype: str) -> int:
         """Cycles for ``batch`` products of (m x k) by (k x n) on one core's matrix unit."""
         uk, un = self.matmul_unit
-        macs = batch * m * (-(-k // uk) * uk) * (-(-n // un) * un)
-        return self.compute_overhead_cycles + -(-macs // self.matmul_macs_per_cycle[dtype])
+        macs = batch * m * (ceil_div(k, uk) * uk) * (ceil_div(n, un) * un)
+        return self.compute_overhead_cycles + ceil_div(macs, self.matmul_macs_per_cycle[dtype])
 
     def vector_cycles(self, ops: int, dtype: str) -> int:
         """Cycles for ``ops`` elementwise operations on one core's vector unit."""
-        return self.compute_overhead_cycles + -(-ops // self.vector_ops_per_cycle[dtype])
+        return self.compute_overhead_cycles + ceil_div(ops, self.vector_ops_per_cycle[dtype])
 
     def transfer_cycles(self, bytes_per_core: int, hops: int = 1) -> int:
         """Cycles for each core to receive ``bytes_per_core`` (the exchange phase, no barrier)."""
         if bytes_per_core <= 0:
             return 0
-        return self.hop_latency_cycles * hops + -(-bytes_per_core // self.link_bytes_per_cycle)
+        return self.hop_latency_cycles * hops + ceil_div(bytes_per_core, self.link_bytes_per_cycle)
 
 
 _IPU_SRC = "Graphcore IPU-M2000 / GC200 datasheet (docs.graphcore.ai); T10 (SOSP 2024)"
@@ -268,31 +270,70 @@ _OPTIONAL = {f.name for f in dataclasses.fields(Chip) if f.default is not datacl
              or f.default_factory is not dataclasses.MISSING}
 
 
+#: a chip file is a few dozen lines; anything much larger is not one (and is not read)
+MAX_CHIP_FILE_BYTES = 1 << 20
+
+#: integer fields and their least legal value (0 where zero means "none" or "free")
+_INT_FIELDS = {"cores": 1, "sram_bytes_per_core": 1, "link_bytes_per_cycle": 1,
+               "compute_overhead_cycles": 0, "hop_latency_cycles": 0, "sync_cycles": 0,
+               "routes_per_core": 0}
+#: the largest integer any field takes: far beyond every real chip, and small enough that
+#: products such as cores x SRAM stay inside the int64 arithmetic of the planner and emulator
+_INT_MAX = 2**31 - 1
+
+
 def load_chip(spec: str) -> Chip:
-    """A preset by name, or a chip from a TOML file path."""
+    """A preset by name, or a chip from a TOML file path.
+
+    Raises `ChipError` (the CLI exits 2) for an unknown name, a path that is not a readable
+    regular file, a file that is not UTF-8 TOML, or fields `chip_from_dict` refuses.
+    """
     if spec in PRESETS:
         return PRESETS[spec]
     path = Path(spec)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise ChipError(f"chip file {spec!r} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ChipError(f"chip file {spec}: not valid TOML: {exc}") from None
-        return chip_from_dict(data, origin=spec)
-    raise ChipError(f"unknown chip {spec!r}: use one of {', '.join(PRESETS)} "
+    if path.is_dir():
+        raise ChipError(f"chip file {spec!r} is a directory; give a .toml chip file")
+    if path.exists():
+        return chip_from_dict(_read_toml(path), origin=spec)
+    if path.suffix == ".toml" or len(path.parts) > 1:
+        raise ChipError(f"chip file {spec!r} does not exist")
+    close = difflib.get_close_matches(spec.lower(), list(PRESETS), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ChipError(f"unknown chip {spec!r}: {hint}use one of {', '.join(PRESETS)} "
                     "or a path to a .toml chip file (see `t10c chips`)")
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ChipError(f"chip file {str(path)!r} is not a regular file; give a .toml file")
+        if st.st_size > MAX_CHIP_FILE_BYTES:
+            raise ChipError(f"chip file {path} is {st.st_size:,} bytes, too large for a chip "
+                            "file (a few lines of TOML)")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ChipError(f"chip file {path}: cannot read it ({exc.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ChipError(f"chip file {path}: not UTF-8 text (byte {exc.start}); save it as "
+                        "UTF-8 TOML") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ChipError(f"chip file {path}: not valid TOML: {exc}") from None
+
+
 def chip_from_dict(data: dict[str, Any], origin: str = "<dict>") -> Chip:
-    """Build and validate a chip from TOML data; every problem is reported at once."""
+    """Build and validate a chip from TOML data; every wrong field is reported at once, in
+    one `ChipError` line."""
     errors: list[str] = []
     data = dict(data)
     base_name = data.pop("base", None)
     values: dict[str, Any] = {}
     if base_name is not None:
-        if base_name not in PRESETS:
+        if not isinstance(base_name, str) or base_name not in PRESETS:
             errors.append(f"base: unknown preset {base_name!r} (presets: {', '.join(PRESETS)})")
         else:
             values = dataclasses.asdict(PRESETS[base_name])
@@ -301,54 +342,75 @@ def chip_from_dict(data: dict[str, Any], origin: str = "<dict>") -> Chip:
         if key not in _FIELD_TYPES:
             errors.append(f"{key}: unknown field (valid fields: base, {', '.join(_FIELD_TYPES)})")
     sources = dict(values.get("sources", {}))
-    sources.update({k: str(v) for k, v in data.get("sources", {}).items()})
+    user_sources = data.get("sources", {})
+    if not isinstance(user_sources, dict) or not all(
+            isinstance(v, str) for v in user_sources.values()):
+        errors.append(f"sources: expected a table of strings ([sources] with field = \"where "
+                      f"the figure comes from\"), got {user_sources!r}")
+    else:
+        sources.update(user_sources)
     for key, val in data.items():
         if key in _FIELD_TYPES and key != "sources":
             values[key] = val
             sources.setdefault(key, f"user chip file {origin}")
     values["sources"] = sources
     values.setdefault("description", f"user chip from {origin}")
-    values.setdefault("grid", (1, values.get("cores", 1)))
+    if "grid" not in values and "cores" in values:
+        # an all-to-all chip's grid is one row; a wrong cores is reported on its own
+        values["grid"] = (1, values["cores"] if _is_int(values["cores"]) else 1)
     missing = [k for k in _FIELD_TYPES if k not in values and k not in _OPTIONAL]
-    for key in missing:
-        errors.append(f"{key}: missing (set it, or start from a preset with base = \"ipu-mk2\")")
-    if not missing:
-        errors.extend(_check_values(values))
+    if missing:
+        errors.append(f"missing {', '.join(missing)} (set them, or start from a preset with "
+                      f"base = \"ipu-mk2\")")
+    errors.extend(_check_values(values))
     if errors:
-        raise ChipError(f"chip file {origin}:\n  " + "\n  ".join(errors))
-    values["grid"] = tuple(int(x) for x in values["grid"])
-    values["matmul_unit"] = tuple(int(x) for x in values["matmul_unit"])
+        raise ChipError(f"chip file {origin}: " + "; ".join(errors))
+    values["grid"] = tuple(values["grid"])
+    values["matmul_unit"] = tuple(values["matmul_unit"])
     values["clock_hz"] = float(values["clock_hz"])
     return Chip(**values)
 
 
+def _is_int(val: Any) -> bool:
+    # TOML's true and false are Python bools, which are ints: never a count
+    return isinstance(val, int) and not isinstance(val, bool) and val <= _INT_MAX
+
+
 def _check_values(v: dict[str, Any]) -> list[str]:
+    """One message per wrong field among those present (missing ones are reported apart)."""
     errors = []
-    for key in ("cores", "sram_bytes_per_core", "compute_overhead_cycles", "link_bytes_per_cycle",
-                "hop_latency_cycles", "sync_cycles", "routes_per_core"):
-        val = v.get(key, 0)
-        low = 1 if key in ("cores", "sram_bytes_per_core", "link_bytes_per_cycle") else 0
-        if not isinstance(val, int) or isinstance(val, bool) or val < low:
-            errors.append(f"{key}: expected an integer >= {low}, got {val!r}")
-    if not isinstance(v["clock_hz"], (int, float)) or v["clock_hz"] <= 0:
-        errors.append(f"clock_hz: expected a positive number, got {v['clock_hz']!r}")
-    if v["topology"] not in TOPOLOGIES:
+    for key in ("name", "description"):
+        if key in v and (not isinstance(v[key], str) or not v[key].strip()):
+            errors.append(f"{key}: expected a non-empty string, got {v[key]!r}")
+    for key, low in _INT_FIELDS.items():
+        if key in v and (not _is_int(v[key]) or v[key] < low):
+            errors.append(f"{key}: expected an integer from {low} to {_INT_MAX}, got "
+                          f"{v[key]!r}")
+    if "clock_hz" in v:
+        hz = v["clock_hz"]
+        if not isinstance(hz, (int, float)) or isinstance(hz, bool) or not math.isfinite(hz) \
+                or not 0 < hz <= 1e15:
+            errors.append(f"clock_hz: expected a finite positive number (at most 1e15), got "
+                          f"{hz!r}")
+    if "topology" in v and (not isinstance(v["topology"], str)
+                            or v["topology"] not in TOPOLOGIES):
         errors.append(f"topology: {v['topology']!r} is not one of {', '.join(TOPOLOGIES)}")
     for key in ("matmul_macs_per_cycle", "vector_ops_per_cycle"):
-        table = v[key]
-        if not isinstance(table, dict) or set(table) != set(DTYPES) or not all(
-                isinstance(x, int) and x > 0 for x in table.values()):
+        table = v.get(key)
+        if key in v and not (isinstance(table, dict) and set(table) == set(DTYPES) and all(
+                _is_int(x) and x > 0 for x in table.values())):
             errors.append(f"{key}: expected a table with positive integers for "
                           f"{', '.join(DTYPES)}, got {table!r}")
     for key in ("grid", "matmul_unit"):
-        val = v[key]
-        if not (isinstance(val, (list, tuple)) and len(val) == 2
-                and all(isinstance(x, int) and x > 0 for x in val)):
+        val = v.get(key)
+        if key in v and not (isinstance(val, (list, tuple)) and len(val) == 2
+                             and all(_is_int(x) and x > 0 for x in val)):
             errors.append(f"{key}: expected two positive integers, got {val!r}")
-    if (v["topology"] != "all-to-all" and isinstance(v["grid"], (list, tuple))
-            and isinstance(v["cores"], int) and math.prod(v["grid"]) != v["cores"]):
-        errors.append(f"grid: {v['grid']} has {math.prod(v['grid'])} cores but "
-                      f"cores = {v['cores']}")
+    grid, cores = v.get("grid"), v.get("cores")
+    if (v.get("topology") in ("mesh2d", "torus2d") and isinstance(grid, (list, tuple))
+            and len(grid) == 2 and all(_is_int(x) for x in grid) and _is_int(cores)
+            and math.prod(grid) != cores):
+        errors.append(f"grid: {list(grid)} has {math.prod(grid)} cores but cores = {cores}")
     if not isinstance(v.get("overlap", False), bool):
         errors.append(f"overlap: expected true or false, got {v['overlap']!r}")
     return errors

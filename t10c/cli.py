@@ -1,114 +1,145 @@
 """The ``t10c`` command line.
 
-Exit codes: 0 success; 1 the model cannot be compiled or run, or the emulator disagrees with
-onnxruntime; 2 bad usage (unknown flag, bad chip file, unknown model).
+Exit codes: 0 success; 1 the model cannot be compiled or run, the emulator disagrees with
+onnxruntime, or an output cannot be written; 2 bad usage (unknown flag or value, bad chip
+file, unknown model, an output path that cannot be used); 130 interrupted (Ctrl-C).
+Every error is one line on stderr, ``t10c: error: ...``; an unexpected exception is reported
+as an internal error (``T10C_DEBUG=1`` shows its traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
-from t10c import __version__
-from t10c.chips import PRESETS, ChipError, describe, load_chip
-from t10c.models import ZOO_NAMES as ZOO
-from t10c.partition.search import SearchOptions
-
-#: every --strategy (`t10c.compare` documents them); "all-to-all" matters on meshes only
-ALL_STRATEGIES = ("t10", "no-rotation", "vgm", "all-to-all")
+try:
+    from t10c import __version__
+    from t10c.args import (
+        Parser,
+        chip_arg,
+        dims_arg,
+        float_in,
+        int_at_least,
+        list_of,
+        model_arg,
+        model_args,
+        new_file_arg,
+        out_dir_arg,
+        search_options,
+        strategy_arg,
+    )
+    from t10c.chips import PRESETS, ChipError, describe, load_chip
+    from t10c.models import ZOO_NAMES as ZOO
+    from t10c.outputs import OutputError
+    from t10c.progress import StageProgress
+    from t10c.strategies import DEFAULT_STRATEGIES, STRATEGIES
+    from t10c.strategies import help_text as strategies_help
+except KeyboardInterrupt:  # Ctrl-C while numpy, onnx and OR-Tools load: the same as later
+    print("t10c: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 EXIT_FAIL = 1
 EXIT_USAGE = 2
-
-
-def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
-    try:
-        name, dims = text.split("=", 1)
-        return name, tuple(int(d) for d in dims.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NAME=DxDx..., e.g. input_ids=1x128, got "
-                                         f"{text!r}") from None
+EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The parser of every command; bad values are refused here, before any work."""
+    parser = Parser(
         prog="t10c", description="Compile ONNX models for inter-core-connected AI chips.")
     parser.add_argument("--version", action="version", version=f"t10c {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compile", help="compile a model (and optionally emulate it)",
                        description="Compile MODEL (a zoo name or an .onnx file) for CHIP.")
-    c.add_argument("model", help="zoo name (see `t10c compile --help`: "
-                                 f"{', '.join(ZOO)}, matmul-MxKxN) or path to an .onnx file")
-    c.add_argument("--chip", default="ipu-mk2", help="preset name or chip .toml file "
-                                                      "(default: ipu-mk2)")
-    c.add_argument("-o", "--out", type=Path, help="write plan.json, program.json/.npz and "
-                                                  "run.json here")
+    c.add_argument("model", type=model_arg, help="zoo name (see `t10c compile --help`: "
+                   f"{', '.join(ZOO)}, matmul-MxKxN) or path to an .onnx file")
+    c.add_argument("--chip", type=chip_arg, default="ipu-mk2",
+                   help="preset name or chip .toml file (default: ipu-mk2)")
+    c.add_argument("-o", "--out", type=out_dir_arg, metavar="DIR",
+                   help="write plan.json, compile.json, program.json/.npz and run.json into "
+                        "this directory (replaced as a whole)")
     c.add_argument("--run", action="store_true", help="emulate on seeded random inputs and "
                                                       "check against onnxruntime")
     c.add_argument("--timing-only", action="store_true",
                    help="emulate the timing without data (no onnxruntime check): for chips too "
                         "large to emulate functionally, such as wse2; the program is streamed "
                         "into the emulator, not kept")
-    c.add_argument("--trace", type=Path, metavar="FILE",
+    c.add_argument("--check", action="store_true",
+                   help="also run the verifiers between stages: the graph's after the "
+                        "frontend and the program's (against the chip) after codegen (the "
+                        "plan's runs always)")
+    c.add_argument("--trace", type=new_file_arg, metavar="FILE",
                    help="with --run or --timing-only, write the timeline as a Chrome trace "
                         "(Perfetto opens it)")
-    _model_args(c)
+    model_args(c)
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")
-    c.add_argument("--core", type=int, default=0, help="core for --emit asm (default: 0)")
-    c.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
-    c.add_argument("--time-limit", type=float, default=30.0,
+    c.add_argument("--core", type=int_at_least(0),
+                   help="core for --emit asm (default: 0)")
+    c.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="seed of the random inputs (default: 0)")
+    c.add_argument("--time-limit", type=float_in(0.0, low_open=True), default=30.0,
                    help="CP-SAT time limit in seconds (default: 30)")
-    c.add_argument("--workers", type=int, default=1,
+    c.add_argument("--workers", type=int_at_least(1), default=1,
                    help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
-    c.add_argument("--strategy", choices=ALL_STRATEGIES, default="t10",
-                   help="t10: compute-shift plans (default); no-rotation: the baseline that "
-                        "replicates every shared sub-tensor (all f_t = 1); vgm: virtual global "
-                        "memory, weights spread over all cores and fetched by every op; "
-                        "all-to-all: t10 planned as if every ring were one hop, cores numbered "
-                        "row-major (T10 as published; differs from t10 on meshes only)")
+    c.add_argument("--strategy", type=strategy_arg, default="t10",
+                   metavar="{" + ",".join(STRATEGIES) + "}",
+                   help=f"what to compile: {strategies_help()}")
     c.add_argument("--planner", choices=("cp-sat", "greedy"), default="cp-sat",
                    help="whole-graph choice: CP-SAT (warm-started by the greedy) or T10's "
                         "greedy memory reconciliation alone (default: cp-sat)")
-    c.add_argument("--gap", type=float, default=0.001,
-                   help="stop CP-SAT once within this fraction of the optimum (default: 0.001)")
-    c.add_argument("--front", type=int, default=16,
+    c.add_argument("--gap", type=float_in(0.0, 1.0), default=0.001,
+                   help="stop CP-SAT once within this fraction of the optimum, 0 to 1 "
+                        "(default: 0.001)")
+    c.add_argument("--front", type=int_at_least(1), default=16,
                    help="plans kept per op on its Pareto front (default: 16)")
     c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
 
     e = sub.add_parser("explain", help="print one op's Pareto front of plans",
                        description="Search every plan of one op of MODEL and print its Pareto "
                                    "front: cycles by phase, hot and idle bytes per core.")
-    e.add_argument("model", help="zoo name (also matmul-MxKxN) or .onnx file")
+    e.add_argument("model", type=model_arg, help="zoo name (also matmul-MxKxN) or .onnx file")
     e.add_argument("--op", required=True, help="op name, or a part of it that is unique")
-    e.add_argument("--chip", default="ipu-mk2", help="preset name or chip .toml file")
-    _model_args(e)
+    e.add_argument("--chip", type=chip_arg, default="ipu-mk2",
+                   help="preset name or chip .toml file")
+    model_args(e)
 
     cp = sub.add_parser("compare", help="compare strategies and chips on one model",
                         description="Compile and emulate MODEL under each strategy on each chip "
                                     "and report latency, roofline, speedups, SRAM and compile "
                                     "time.")
-    cp.add_argument("model")
-    cp.add_argument("--chip", default="ipu-mk2", help="chip (default: ipu-mk2)")
-    cp.add_argument("--chips", help="comma-separated chips, instead of --chip")
-    cp.add_argument("--strategies", default="t10,no-rotation,vgm",
-                    help="comma-separated strategies (default: t10,no-rotation,vgm)")
-    cp.add_argument("-o", "--out", type=Path, help="write the report here (default: stdout)")
+    cp.add_argument("model", type=model_arg)
+    cp.add_argument("--chip", type=chip_arg, default="ipu-mk2", help="chip (default: ipu-mk2)")
+    cp.add_argument("--chips", type=list_of(chip_arg), help="comma-separated chips, instead "
+                                                            "of --chip")
+    cp.add_argument("--strategies", type=list_of(strategy_arg),
+                    default=list(DEFAULT_STRATEGIES),
+                    help=f"comma-separated, of {', '.join(STRATEGIES)} (default: "
+                         f"{','.join(DEFAULT_STRATEGIES)})")
+    cp.add_argument("-o", "--out", type=new_file_arg, metavar="FILE",
+                    help="write the report here (default: stdout)")
     cp.add_argument("--format", choices=("html", "md", "json"),
                     help="report format (default: html for -o FILE.html, else md)")
-    _model_args(cp)
+    model_args(cp)
 
     b = sub.add_parser("bench", help="the benchmark matrix: models x chips x strategies",
                        description="Compile time, emulated latency per strategy, speedups over "
                                    "the baselines, fraction of the roofline, and emulation wall "
                                    "time next to onnxruntime's, as a Markdown table.")
-    b.add_argument("--models", default="mlp,bert-mini", help="comma-separated (default: "
-                                                              "mlp,bert-mini)")
-    b.add_argument("--chips", default="ipu-mk2", help="comma-separated (default: ipu-mk2)")
-    b.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
-    _model_args(b)
+    b.add_argument("--models", type=list_of(model_arg), default=["mlp", "bert-mini"],
+                   help="comma-separated (default: mlp,bert-mini)")
+    b.add_argument("--chips", type=list_of(chip_arg), default=["ipu-mk2"],
+                   help="comma-separated (default: ipu-mk2)")
+    b.add_argument("--json", type=new_file_arg, metavar="FILE",
+                   help="also write the rows as JSON")
+    b.add_argument("--timing-only", action="store_true",
+                   help="time every plan without data (no onnxruntime check): for models too "
+                        "large to emulate functionally, such as bert-large at batch 8")
+    model_args(b)
 
     mc = sub.add_parser("mesh-compare",
                         help="mesh-aware plans against the all-to-all assumption on a mesh",
@@ -116,90 +147,92 @@ def build_parser() -> argparse.ArgumentParser:
                                     "for one mesh chip, mesh-aware (t10) and under the "
                                     "all-to-all assumption (T10 as published), emulate both "
                                     "on the mesh and print the ratio.")
-    mc.add_argument("--chip", default="wse2", help="a mesh or torus chip (default: wse2)")
-    mc.add_argument("--gemm", default="2048x4096x4096", metavar="MxKxN",
-                    help="the prefill GEMM (default: 2048x4096x4096)")
-    mc.add_argument("--gemv", default="4096x4096", metavar="KxN",
-                    help="the decode GEMV, one row (default: 4096x4096)")
-    mc.add_argument("--model", default="bert-base", help="the whole model (default: bert-base)")
+    mc.add_argument("--chip", type=chip_arg, default="wse2",
+                    help="a mesh or torus chip (default: wse2)")
+    mc.add_argument("--gemm", type=dims_arg(3, "2048x4096x4096"), default=(2048, 4096, 4096),
+                    metavar="MxKxN", help="the prefill GEMM (default: 2048x4096x4096)")
+    mc.add_argument("--gemv", type=dims_arg(2, "4096x4096"), default=(4096, 4096),
+                    metavar="KxN", help="the decode GEMV, one row (default: 4096x4096)")
+    mc.add_argument("--model", type=model_arg, default="bert-base",
+                    help="the whole model (default: bert-base)")
     mode = mc.add_mutually_exclusive_group()
     mode.add_argument("--timing-only", dest="timing_only", action="store_true", default=None,
                       help="time without data (the default above 16,384 cores)")
     mode.add_argument("--functional", dest="timing_only", action="store_false",
                       help="run on data and check against onnxruntime")
-    _model_args(mc)
+    model_args(mc)
 
     r = sub.add_parser("run", help="emulate a compiled directory (compile -o DIR) again",
                        description="Load DIR's program, emulate it on seeded random inputs, "
                                    "check it against onnxruntime and write DIR/run.json.")
     r.add_argument("dir", type=Path)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--trace", type=Path, metavar="FILE", help="write a Chrome trace")
+    r.add_argument("--seed", type=int_at_least(0), default=0)
+    r.add_argument("--trace", type=new_file_arg, metavar="FILE", help="write a Chrome trace")
 
     from t10c.check import add_check_parser
     add_check_parser(sub)
 
     ch = sub.add_parser("chips", help="list the built-in chips and their figures")
-    ch.add_argument("chip", nargs="?", help="show one chip (preset or .toml) with sources")
+    ch.add_argument("chip", nargs="?", type=chip_arg,
+                    help="show one chip (preset or .toml) with sources")
     ch.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
-                   help="storage dtype for memory, timing and numerics (default: fp16)")
-    p.add_argument("--seq-len", type=int, help="sequence length of zoo transformers (128)")
-    p.add_argument("--batch", type=int, help="batch size of zoo models")
-    p.add_argument("--shape", type=_shape_arg, action="append", default=[],
-                   metavar="NAME=DxD", help="pin a dynamic input shape (repeatable)")
-    d = SearchOptions()
-    p.add_argument("--min-util", type=float, default=d.min_util,
-                   help=f"keep plans using at least this share of the cores (default: "
-                        f"{d.min_util})")
-    p.add_argument("--max-pad", type=float, default=d.max_pad,
-                   help=f"keep plans padding the iteration space by at most this share "
-                        f"(default: {d.max_pad})")
-    p.add_argument("--max-steps", type=int, default=d.max_steps,
-                   help=f"at most this many compute steps per op (default: {d.max_steps})")
-    p.add_argument("--chains", action="store_true",
-                   help="also enumerate inputs rotating slower than their axis' steps "
-                        "(legal, but dominated under bulk-synchronous timing)")
-
-
-def _search_options(args: argparse.Namespace) -> SearchOptions:
-    # the no-rotation baseline replicates every shared sub-tensor: all f_t = 1
-    strategy = getattr(args, "strategy", "t10")
-    return SearchOptions(min_util=args.min_util, max_pad=args.max_pad, max_steps=args.max_steps,
-                         chains=args.chains,
-                         max_rot_axes=2 if strategy in ("t10", "all-to-all") else 0,
-                         weights_home=strategy == "vgm", mesh_aware=strategy != "all-to-all")
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; return its exit code. Every failure is one line on stderr."""
     try:
-        if args.command == "chips":
-            return cmd_chips(args)
-        if args.command == "explain":
-            return cmd_explain(args)
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "check":
-            from t10c.check import cmd_check
-            return cmd_check(args)
-        if args.command == "compare":
-            return cmd_compare(args)
-        if args.command == "bench":
-            return cmd_bench(args)
-        if args.command == "mesh-compare":
-            return cmd_mesh_compare(args)
-        return cmd_compile(args)
+        args = build_parser().parse_args(argv)
+        return _dispatch(args)
+    except SystemExit as exc:  # argparse: --help, --version, or a usage error it reported
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nt10c: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except ChipError as exc:
-        print(f"t10c: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:  # pragma: no cover
-        print("t10c: interrupted", file=sys.stderr)
-        return 130
+        return _error(str(exc), EXIT_USAGE)
+    except OutputError as exc:
+        return _error(str(exc), EXIT_FAIL)
+    except BrokenPipeError:  # `t10c chips | head`: the reader left; nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAIL
+    except MemoryError:
+        return _error("out of memory: the model (or the chip) is too large for this machine; "
+                      "a smaller --batch or --seq-len, or compile --timing-only, needs less",
+                      EXIT_FAIL)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _error(f"{where}{exc.strerror or exc}", EXIT_FAIL)
+    except Exception as exc:  # the last resort: a bug in t10c, said in one line
+        if os.environ.get("T10C_DEBUG"):
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        return _error(f"internal error: {type(exc).__name__}: {first} (this is a bug in "
+                      "t10c; run again with T10C_DEBUG=1 to see the traceback)", EXIT_FAIL)
+
+
+def _error(message: str, code: int) -> int:
+    print(f"t10c: error: {message}", file=sys.stderr)
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "chips":
+        return cmd_chips(args)
+    if args.command == "explain":
+        return cmd_explain(args)
+    if args.command == "run":
+        return cmd_run(args)
+    if args.command == "check":
+        from t10c.check import cmd_check
+        return cmd_check(args)
+    if args.command == "compare":
+        return cmd_compare(args)
+    if args.command == "bench":
+        return cmd_bench(args)
+    if args.command == "mesh-compare":
+        return cmd_mesh_compare(args)
+    return cmd_compile(args)
 
 
 def cmd_chips(args: argparse.Namespace) -> int:
@@ -221,24 +254,25 @@ def cmd_chips(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from t10c import frontend, models
+    from t10c.driver import load_source
     from t10c.explain import OpNotFoundError, explain_op, find_op, format_explanation
+    from t10c.strategies import search_options as strategy_search
 
     chip = load_chip(args.chip)
     try:
-        model = frontend.load_model(args.model, seq_len=args.seq_len, batch=args.batch)
+        # explain plans one op: shapes are all it needs, so zoo weights are not drawn
+        model = load_source(args.model, seq_len=args.seq_len, batch=args.batch, weights=False)
         graph = frontend.to_graph(model, pinned=dict(args.shape))
     except (models.UnknownModelError, frontend.ModelNotFoundError) as exc:
-        print(f"t10c: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _error(str(exc), EXIT_USAGE)
     except frontend.FrontendError as exc:
-        print(f"t10c: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return _error(str(exc), EXIT_FAIL)
     try:
         op = find_op(graph, args.op)
     except OpNotFoundError as exc:
-        print(f"t10c: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    explanation = explain_op(graph, op, chip, args.dtype, _search_options(args))
+        return _error(str(exc), EXIT_USAGE)
+    explanation = explain_op(graph, op, chip, args.dtype,
+                             strategy_search("t10", search_options(args)))
     print(format_explanation(explanation, chip, args.dtype))
     return 0 if explanation.front else EXIT_FAIL
 
@@ -246,54 +280,76 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _base_options(args: argparse.Namespace):
     from t10c.driver import CompileOptions
 
+    timing_only = bool(getattr(args, "timing_only", False))
     return CompileOptions(dtype=args.dtype, seq_len=args.seq_len, batch=args.batch,
-                          pinned=dict(args.shape), search=_search_options(args))
+                          pinned=dict(args.shape), search=search_options(args),
+                          timing_only=timing_only, weights=not timing_only)
 
 
 def _entries(models: list[str], chips: list[str], strategies: list[str],
              args: argparse.Namespace, slim: bool = False):
-    from t10c.compare import KNOWN, run_entry
+    from t10c.compare import run_entry
 
-    bad = [s for s in strategies if s not in KNOWN]
-    if bad:
-        raise ChipError(f"unknown strategy {', '.join(bad)}: use {', '.join(KNOWN)}")
     loaded = [load_chip(c) for c in chips]
     entries = []
     for model in models:
         for chip in loaded:
             for strategy in strategies:
                 print(f"[{model} on {chip.name}: {strategy}]", file=sys.stderr)
-                entry = run_entry(model, chip, strategy, _base_options(args))
+                with StageProgress() as progress:
+                    entry = run_entry(model, chip, strategy, _base_options(args),
+                                      progress=progress)
                 entries.append(entry.slim() if slim else entry)
     return entries
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from t10c import frontend
+    """Emulate a program directory again: its program, weights and input specs come from DIR
+    (no frontend runs), and onnxruntime checks it on DIR's model.onnx."""
     from t10c.chips import chip_from_dict
-    from t10c.codegen import Program
-    from t10c.driver import TOLERANCE, make_inputs, max_rel_err, reference
+    from t10c.codegen.program import ProgramError
+    from t10c.codegen.verify import verify_program
+    from t10c.driver import TOLERANCE, max_rel_err, reference
     from t10c.emulator import EmulatorError, emulate
     from t10c.planfile import write_json
+    from t10c.rundir import RunDirError, draw_inputs, load_run_dir
 
     meta_path = args.dir / "compile.json"
     if not meta_path.is_file():
+        if (args.dir / "program.json").is_file():  # a compiled directory that lost a file
+            print(f"t10c: error: {meta_path} is missing; write the directory again with "
+                  f"t10c compile MODEL -o {args.dir}", file=sys.stderr)
+            return EXIT_FAIL
         print(f"t10c: error: {args.dir} has no compile.json; write one with "
               f"t10c compile MODEL -o {args.dir}", file=sys.stderr)
         return EXIT_USAGE
-    meta = json.loads(meta_path.read_text())
-    chip = chip_from_dict({k: v for k, v in meta["chip"].items()}, origin=str(meta_path))
-    source = args.dir / meta["model_file"] if meta["model_file"] else meta["source"]
-    model = frontend.load_model(str(source), seq_len=meta["seq_len"], batch=meta["batch"])
-    graph = frontend.to_graph(model, pinned={k: tuple(v) for k, v in meta["pinned"].items()})
-    program = Program.load(args.dir)
-    inputs = make_inputs(graph, args.seed)
     try:
-        outputs, tl, wall = emulate(program, chip, inputs, graph.constants)
+        meta = json.loads(meta_path.read_text())
+        chip_doc, model_name = dict(meta["chip"]), str(meta["model"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        print(f"t10c: error: {meta_path} is not a readable compile.json ({exc}); write the "
+              f"directory again with t10c compile MODEL -o {args.dir}", file=sys.stderr)
+        return EXIT_FAIL
+    chip = chip_from_dict(chip_doc, origin=str(meta_path))
+    try:
+        run = load_run_dir(args.dir)
+        verify_program(run.program, chip)
+    except (RunDirError, ProgramError) as exc:
+        print(f"t10c: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    program = run.program
+    inputs = draw_inputs(run.inputs, args.seed)
+    try:
+        outputs, tl, wall = emulate(program, chip, inputs, run.weights)
     except EmulatorError as exc:
         print(f"t10c: error: emulation failed: {exc}", file=sys.stderr)
         return EXIT_FAIL
-    ref, ref_wall = reference(model, inputs)
+    try:
+        ref, ref_wall = reference(run.model, inputs)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own kinds
+        print(f"t10c: error: onnxruntime cannot run {args.dir / 'model.onnx'}: "
+              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return EXIT_FAIL
     err = max_rel_err(outputs, ref)
     tol = TOLERANCE[program.dtype]
     print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
@@ -302,35 +358,59 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{'OK' if err <= tol else 'MISMATCH'}")
     print(f"emulation wall time {wall:.2f} s; onnxruntime {ref_wall:.3f} s")
     write_json(args.dir / "run.json", {
-        "format": "t10c-run/1", "model": meta["model"], "chip": chip.name,
+        "format": "t10c-run/1", "model": model_name, "chip": chip.name,
         "dtype": program.dtype, "seed": args.seed, "cycles": tl.cycles,
-        "latency_s": tl.latency_s, "max_rel_err": err, "tolerance": tol, "ok": err <= tol,
+        "latency_s": tl.latency_s, "predicted_cycles": _predicted_cycles(args.dir),
+        "max_rel_err": err, "tolerance": tol, "ok": err <= tol,
         "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core, "host_bytes": tl.host_bytes,
         "emulate_wall_s": wall, "reference_wall_s": ref_wall, "ops": tl.by_op()})
     if args.trace:
         from t10c.emulator.trace import write_trace
-        write_trace(tl, args.trace, f"{meta['model']} on {chip.name}")
+        write_trace(tl, args.trace, f"{model_name} on {chip.name}")
         print(f"wrote trace {args.trace}")
     return 0 if err <= tol else EXIT_FAIL
 
 
+def _predicted_cycles(directory: Path) -> int | None:
+    """The plan's predicted latency, from DIR/plan.json (None if it cannot be read)."""
+    try:
+        value = json.loads((directory / "plan.json").read_text())["total_cycles"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return value if type(value) is int else None
+
+
+def _save_program_dir(compiled, out: Path, source: str) -> None:
+    """The program and what `cmd_run` needs to run it alone: weights, input specs, and the
+    model (written here for a zoo model; a file model is copied by `cmd_compile`)."""
+    from t10c import frontend, models
+    from t10c.rundir import save_run_files
+
+    compiled.program.save(out)
+    if frontend.has_weights(compiled.graph):  # shape-only: nothing to run, nothing to save
+        save_run_files(out, compiled.program, compiled.graph,
+                       compiled.model if models.is_zoo_name(source) else None)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from t10c import report
+    from t10c.outputs import write_text
 
-    chips = args.chips.split(",") if args.chips else [args.chip]
-    entries = _entries([args.model], chips, args.strategies.split(","), args)
+    chips = args.chips or [args.chip]
     fmt = args.format or ("html" if args.out and args.out.suffix == ".html" else "md")
     if fmt == "html":
-        try:
-            text = report.to_html(entries)
+        try:  # before any work: the page cannot be drawn without it
+            import matplotlib  # noqa: F401
         except ImportError:
-            print("t10c: error: the HTML report needs matplotlib: pip install 't10c[report]'",
-                  file=sys.stderr)
-            return EXIT_FAIL
+            return _error("the HTML report needs matplotlib: pip install 't10c[report]' (or "
+                          "ask for --format md or json)", EXIT_FAIL)
+    entries = _entries([args.model], chips, args.strategies, args)
+    if fmt == "html":
+        text = report.to_html(entries)
     else:
         text = report.to_json(entries) if fmt == "json" else report.to_markdown(entries)
     if args.out:
-        args.out.write_text(text + "\n")
+        write_text(args.out, text + "\n")
         print(f"wrote {args.out}")
     else:
         print(text)
@@ -342,14 +422,14 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
     from t10c.meshcompare import mesh_compare, table
 
     chip = load_chip(args.chip)
-    workloads = [("prefill GEMM", f"matmul-{args.gemm}"),
-                 ("decode GEMV", f"matmul-1x{args.gemv}"), ("model", args.model)]
+    gemm, gemv = "x".join(map(str, args.gemm)), "x".join(map(str, args.gemv))
+    workloads = [("prefill GEMM", f"matmul-{gemm}"),
+                 ("decode GEMV", f"matmul-1x{gemv}"), ("model", args.model)]
     try:
         rows = mesh_compare(workloads, chip, _base_options(args), args.timing_only,
-                            log=lambda m: print(m, file=sys.stderr))
+                            log=lambda m: print(m, file=sys.stderr), progress=StageProgress)
     except ValueError as exc:
-        print(f"t10c: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return _error(str(exc).splitlines()[0], EXIT_FAIL)
     print(f"{chip.name}: {chip.rows} x {chip.cols} {chip.topology}; ratio = all-to-all-"
           "assumption latency / mesh-aware latency, both emulated on the mesh")
     print(table(rows, chip))
@@ -359,66 +439,65 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import math
 
-    from t10c.compare import STRATEGIES, speedup
+    from t10c.compare import Entry, speedup
+    from t10c.outputs import write_text
 
-    entries = _entries(args.models.split(","), args.chips.split(","), list(STRATEGIES), args,
-                       slim=True)
-    head = ["model", "chip", "compile (s)", "t10 (us)", "no-rotation (us)", "vgm (us)",
-            "vs no-rotation", "vs vgm", "of roofline", "emulation (s)", "onnxruntime (s)",
-            "matches"]
+    entries = _entries(args.models, args.chips, list(DEFAULT_STRATEGIES), args, slim=True)
+    base = [s for s in DEFAULT_STRATEGIES if s != "t10"]  # the baselines
+    head = ["model", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
+            *(f"vs {s}" for s in base), "of roofline", "of ideal", "emulation (s)",
+            "onnxruntime (s)", "matches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
-    groups: dict[tuple[str, str], dict[str, object]] = {}
+    groups: dict[tuple[str, str], dict[str, Entry]] = {}
     for e in entries:
         groups.setdefault((e.model, e.chip.name), {})[e.strategy] = e
     for (model, chip), by in groups.items():
         t10 = by["t10"]
 
-        def us(e) -> str:
+        def us(e: Entry) -> str:
             return f"{e.latency_s * 1e6:.1f}" if e.result else "does not fit"
 
         def x(v: float) -> str:
             return "-" if math.isnan(v) else f"{v:.2f}x"
 
+        def checked(e: Entry) -> bool:
+            return e.result is not None and not e.result.timing_only
+
         ok = all(e.result is None or e.result.ok for e in by.values())
-        row = [model, chip, f"{t10.compile_s:.2f}", us(t10), us(by["no-rotation"]),
-               us(by["vgm"]), x(speedup(entries, t10, "no-rotation")),
-               x(speedup(entries, t10, "vgm")),
+        row = [model, chip, f"{t10.compile_s:.2f}", *(us(by[s]) for s in DEFAULT_STRATEGIES),
+               *(x(speedup(entries, t10, s)) for s in base),
                f"{100 * t10.roofline_fraction:.1f}%" if t10.result else "-",
-               f"{t10.result.emulate_wall_s:.2f}" if t10.result else "-",
-               f"{t10.result.reference_wall_s:.3f}" if t10.result else "-",
-               "yes" if ok else "NO"]
+               f"{100 * t10.ideal_fraction:.1f}%" if t10.result else "-",
+               f"{t10.result.emulate_wall_s:.2f}" if checked(t10) else "-",
+               f"{t10.result.reference_wall_s:.3f}" if checked(t10) else "-",
+               "timing only" if args.timing_only else "yes" if ok else "NO"]
         lines.append("| " + " | ".join(row) + " |")
         rows.append(dict(zip(head, row)))
     print("\n".join(lines))
     if args.json:
         from t10c import report
 
-        args.json.write_text(json.dumps({"format": "t10c-bench/1", "table": rows,
-                                         "runs": json.loads(report.to_json(entries))["rows"]},
-                                        indent=1) + "\n")
+        write_text(args.json, json.dumps({"format": "t10c-bench/1", "table": rows,
+                                          "runs": json.loads(report.to_json(entries))["rows"]},
+                                         indent=1) + "\n")
     bad = [e for e in entries if e.result is not None and not e.result.ok]
     return EXIT_FAIL if bad else 0
 
 
-def _progress():
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None, None
-    bar = tqdm(total=0, desc="search", unit="op", disable=None, leave=False, file=sys.stderr)
-
-    def update(stage: str, done: int, total: int) -> None:
-        if bar.disable:
-            return
-        if stage == "search":
-            bar.total = total
-            bar.n = done
-            bar.refresh()
-        else:
-            bar.set_description("solve")
-
-    return update, bar
+def _check_compile_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with a combination of compile's flags, or None."""
+    if args.timing_only and (args.run or args.emit):
+        return ("--timing-only runs without data and keeps no program: it cannot be combined "
+                "with --run or --emit")
+    if args.trace and not (args.run or args.timing_only):
+        return "--trace writes the timeline of a run: add --run or --timing-only"
+    if args.core is not None and args.emit is None:
+        return "--core picks the core of --emit asm: add --emit asm"
+    if args.out is not None and args.trace is not None and \
+            args.trace.resolve().is_relative_to(args.out.resolve()):
+        return "--trace cannot go inside the -o directory, which is replaced as a whole"
+    return None
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -428,59 +507,109 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.emulator import EmulatorError
     from t10c.frontend import FrontendError, ModelNotFoundError
     from t10c.partition import PlanError, SolverOptions
-    from t10c.planfile import compile_document, plan_document, run_document, write_json
+    from t10c.planfile import run_document, timing_run_document, write_json
+    from t10c.strategies import search_options as strategy_search
 
+    problem = _check_compile_args(args)
+    if problem:
+        return _error(problem, EXIT_USAGE)
     chip = load_chip(args.chip)
-    if args.timing_only and (args.run or args.emit):
-        print("t10c: error: --timing-only runs without data and keeps no program: it cannot "
-              "be combined with --run or --emit", file=sys.stderr)
-        return EXIT_USAGE
+    if args.core is not None and args.core >= chip.cores:
+        return _error(f"core {args.core} does not exist (the chip has {chip.cores} cores: "
+                      f"0 to {chip.cores - 1})", EXIT_USAGE)
     options = CompileOptions(
         dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, pinned=dict(args.shape),
-        search=_search_options(args),
+        search=strategy_search(args.strategy, search_options(args)),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
                              planner=args.planner, relative_gap=args.gap),
-        weights=args.run,  # zoo weights are drawn only when the program will run
-        front_limit=args.front, timing_only=args.timing_only)
-    update, bar = _progress()
+        # zoo weights are drawn only when the program will run, here or from -o DIR
+        weights=args.run or (args.out is not None and not args.timing_only),
+        front_limit=args.front, timing_only=args.timing_only, check=args.check)
+    progress = StageProgress()
     try:
-        compiled = compile_model(args.model, chip, options, update)
+        try:
+            compiled = compile_model(args.model, chip, options, progress)
+        except models.ModelTooLargeError as exc:
+            if args.run:
+                raise
+            # -o wanted weights for `t10c run`; a model past protobuf's limit has none to give
+            print(f"t10c: note: {exc.name}'s weights are past protobuf's 2 GB limit: "
+                  f"{args.out} holds the plan and program without weights (t10c run cannot "
+                  "run it)", file=sys.stderr)
+            options = dataclasses.replace(options, weights=False)
+            compiled = compile_model(args.model, chip, options, progress)
     except (models.UnknownModelError, ModelNotFoundError) as exc:
-        print(f"t10c: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _error(str(exc), EXIT_USAGE)
     except (FrontendError, PlanError, CodegenError, ValueError) as exc:
-        print(f"t10c: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return _error(str(exc), EXIT_FAIL)
     finally:
-        if bar is not None:
-            bar.close()
+        progress.close()
 
     if args.emit == "asm":
+        core = args.core or 0
         try:
-            lines = compiled.program.for_core(args.core)
+            lines = compiled.program.for_core(core)
         except ValueError as exc:
-            print(f"t10c: error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        print(f"; core {args.core} of {chip.cores}: {compiled.name} on {chip.name} "
+            return _error(str(exc), EXIT_USAGE)
+        print(f"; core {core} of {chip.cores}: {compiled.name} on {chip.name} "
               f"({compiled.plan.dtype})")
         print("\n".join(lines))
 
     if not args.no_table and args.emit is None:
         print_table(compiled)
-    t = compiled.timings
-    plan = compiled.plan
+    _print_summary(compiled, args.timing_only)
+    if compiled.timeline is not None and args.trace:
+        _write_trace(compiled.timeline, args.trace,
+                     f"{compiled.name} on {chip.name} (timing only)")
+    if args.out:
+        _write_compile(compiled, args)
+        if compiled.timeline is not None:  # read like a functional run's run.json
+            write_json(args.out / "run.json", timing_run_document(compiled))
+    status = 0
+    if args.run:
+        with StageProgress() as progress:
+            try:
+                result = run_compiled(compiled, args.seed, progress)
+            except EmulatorError as exc:
+                return _error(f"emulation failed: {exc}", EXIT_FAIL)
+        tl = result.timeline
+        print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
+              f"{tl.peak_sram_bytes_per_core} bytes per core")
+        print(_bounds_line(compiled.plan, tl.cycles))
+        if chip.is_mesh:
+            print(_mesh_summary(tl))
+        print(f"max relative error vs onnxruntime {result.max_rel_err:.2e} "
+              f"(tolerance {result.tolerance:.0e}): {'OK' if result.ok else 'MISMATCH'}")
+        print(f"emulation wall time {result.emulate_wall_s:.2f} s; onnxruntime "
+              f"{result.reference_wall_s:.3f} s")
+        if args.out:  # one more file in the compile's directory, itself written atomically
+            write_json(args.out / "run.json", run_document(compiled, result, args.seed))
+        if args.trace:
+            _write_trace(tl, args.trace, f"{compiled.name} on {chip.name}")
+        if not result.ok:
+            print("t10c: error: the emulator's outputs differ from onnxruntime's beyond the "
+                  "tolerance", file=sys.stderr)
+            status = EXIT_FAIL
+    if args.out:
+        print(f"wrote {args.out}: {', '.join(sorted(p.name for p in args.out.iterdir()))}")
+    return status
+
+
+def _print_summary(compiled, timing_only: bool) -> None:
+    """The compile's figures: stages' times, the solver, latency and SRAM."""
+    chip, plan, t = compiled.chip, compiled.plan, compiled.timings
     print(f"model {compiled.name}: {len(compiled.graph.ops)} ops, "
           f"{compiled.graph.flops() / 1e9:.2f} GFLOP; chip {chip.name}; dtype {plan.dtype}")
-    stage = "codegen with timing-only emulation" if args.timing_only else "codegen"
+    stage = "codegen with timing-only emulation" if timing_only else "codegen"
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
           f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
     s = plan.solver
-    if s["name"] == "greedy":
-        print(f"planner greedy: objective {s['objective_cycles']} cycles")
+    if s.name == "greedy":
+        print(f"planner greedy: objective {s.objective_cycles} cycles")
     else:
-        print(f"solver {s['status']}: objective {s['objective_cycles']} cycles, bound "
-              f"{s['bound_cycles']} (gap {100 * float(s['gap']):.2f}%), greedy "  # type: ignore
-              f"{s['greedy_objective_cycles']} cycles, {s['wall_s']} s")
+        print(f"solver {s.status}: objective {s.objective_cycles} cycles, bound "
+              f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
+              f"{s.greedy_objective_cycles} cycles, {s.wall_s} s")
     prog = compiled.program
     frag = max(prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1, 0.0)
     layout = prog.sram_layout if not prog.live_sram_bytes_per_core else \
@@ -493,56 +622,59 @@ def cmd_compile(args: argparse.Namespace) -> int:
         tl = compiled.timeline
         print(f"emulated latency (timing only) {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; "
               f"peak SRAM {tl.peak_sram_bytes_per_core} bytes per core")
+        print(_bounds_line(plan, tl.cycles))
         if chip.is_mesh:
             print(_mesh_summary(tl))
-        if args.trace:
-            from t10c.emulator.trace import write_trace
-            write_trace(tl, args.trace, f"{compiled.name} on {chip.name} (timing only)")
-            print(f"wrote trace {args.trace}")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        write_json(args.out / "plan.json", plan_document(compiled))
+
+
+def _bounds_line(plan, cycles: int) -> str:
+    """The emulated latency against the plan's lower bounds (`partition.bounds`)."""
+    b = plan.bounds
+    if b is None:
+        return "bounds: none (a plan made by hand)"
+    roof, ideal = b.fractions(cycles)
+    return (f"bounds: {100 * roof:.1f}% of the compute roofline ({b.roofline_cycles} cycles), "
+            f"{100 * ideal:.1f}% of the ideal ({b.ideal_cycles} cycles: every op at its "
+            f"fastest plan, no memory limit, no re-layout)")
+
+
+def _write_compile(compiled, args: argparse.Namespace) -> None:
+    """Fill ``args.out`` with the compile: written in a temporary sibling directory and swapped
+    in at the end, so that the directory holds the old compile, the new one, or nothing."""
+    import shutil
+
+    from t10c import models, outputs
+    from t10c.planfile import compile_document, plan_document, write_json
+
+    keep_model = not models.is_zoo_name(args.model)  # keep the model next to its program
+    steps = 2 + (compiled.timeline is None) + keep_model
+    with StageProgress() as progress, outputs.directory(args.out) as tmp:
+        progress("write", 0, steps)
+        write_json(tmp / "plan.json", plan_document(compiled))
+        done = 1
+        progress("write", done, steps)
         if compiled.timeline is None:
-            compiled.program.save(args.out)
+            _save_program_dir(compiled, tmp, args.model)
+            done += 1
+            progress("write", done, steps)
         model_file = None
-        if not models.is_zoo_name(args.model):  # keep the model next to its program
-            import shutil
+        if keep_model:
             model_file = "model.onnx"
-            if Path(args.model).resolve() != (args.out / model_file).resolve():
-                shutil.copyfile(args.model, args.out / model_file)
-        write_json(args.out / "compile.json", compile_document(
+            shutil.copyfile(args.model, tmp / model_file)
+            done += 1
+            progress("write", done, steps)
+        write_json(tmp / "compile.json", compile_document(
             compiled, args.model, args.seq_len, args.batch, dict(args.shape), model_file))
-    status = 0
-    if args.run:
-        try:
-            result = run_compiled(compiled, args.seed)
-        except EmulatorError as exc:
-            print(f"t10c: error: emulation failed: {exc}", file=sys.stderr)
-            return EXIT_FAIL
-        tl = result.timeline
-        print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
-              f"{tl.peak_sram_bytes_per_core} bytes per core")
-        if chip.is_mesh:
-            print(_mesh_summary(tl))
-        print(f"max relative error vs onnxruntime {result.max_rel_err:.2e} "
-              f"(tolerance {result.tolerance:.0e}): {'OK' if result.ok else 'MISMATCH'}")
-        print(f"emulation wall time {result.emulate_wall_s:.2f} s; onnxruntime "
-              f"{result.reference_wall_s:.3f} s")
-        if args.out:
-            write_json(args.out / "run.json", run_document(compiled, result, args.seed))
-        if args.trace:
-            from t10c.emulator.trace import write_trace
-            write_trace(tl, args.trace, f"{compiled.name} on {chip.name}")
-            print(f"wrote trace {args.trace}")
-        if not result.ok:
-            print("t10c: error: the emulator's outputs differ from onnxruntime's beyond the "
-                  "tolerance", file=sys.stderr)
-            status = EXIT_FAIL
-    if args.out:
-        files = "plan.json, compile.json" if args.timing_only else \
-            "plan.json, compile.json, program.json, program.npz"
-        print(f"wrote {args.out}/{files}" + (", run.json" if args.run else ""))
-    return status
+        progress("write", steps, steps)
+
+
+def _write_trace(timeline, path: Path, name: str) -> None:
+    from t10c import outputs
+    from t10c.emulator.trace import write_trace
+
+    with outputs.replacing(path) as tmp:
+        write_trace(timeline, tmp, name)
+    print(f"wrote trace {path}")
 
 
 def _mesh_summary(tl) -> str:

@@ -1,18 +1,13 @@
 """Compare plans: compile and emulate a model under several strategies and chips, side by side.
 
-Strategies (all compiled by the same pipeline, executed by the same emulator and checked
-against onnxruntime like t10c's own plans):
+The strategies are listed in `t10c.strategies` (t10, no-rotation, vgm and, for meshes,
+all-to-all); all are compiled by the same pipeline, executed by the same emulator and checked
+against onnxruntime like t10c's own plans. On a mesh, the emulator routes the all-to-all plans'
+transfers on the real mesh, so comparing them with ``t10`` shows what the mesh-aware embedding
+and costs are worth (`t10c mesh-compare`).
 
-- ``t10``: compute-shift plans (rotation), chosen for the whole graph by CP-SAT;
-- ``no-rotation``: every shared sub-tensor replicated, all ``f_t = 1``;
-- ``vgm``: virtual global memory: weights spread evenly over all cores and fetched by every op
-  before it computes, as shared-memory compilers do on these chips;
-- ``all-to-all`` (meshes): t10's search and solver under the all-to-all assumption, as T10 was
-  published for the IPU: every ring shift priced as one hop without contention, cores numbered
-  row-major. The emulator routes its transfers on the real mesh, so comparing it with ``t10``
-  shows what the mesh-aware embedding and costs are worth (`t10c mesh-compare`).
-
-The roofline of a run is the model's FLOPs at the chip's peak matrix rate in the storage dtype.
+A run is judged against its plan's bounds (`t10c.partition.bounds`): the roofline (the
+model's FLOPs at the chip's peak matrix rate in the storage dtype) and the ideal.
 """
 
 from __future__ import annotations
@@ -24,22 +19,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.driver import Compiled, CompileOptions, RunResult, compile_model, run_compiled
-from t10c.partition import SearchOptions
-
-STRATEGIES = ("t10", "no-rotation", "vgm")
-KNOWN = (*STRATEGIES, "all-to-all")
+from t10c.driver import (
+    Compiled,
+    CompileOptions,
+    Progress,
+    RunResult,
+    compile_model,
+    run_compiled,
+)
+from t10c.partition import Bounds
+from t10c.strategies import search_options
 
 
 def strategy_options(strategy: str, base: CompileOptions = CompileOptions()) -> CompileOptions:
-    if strategy not in KNOWN:
-        raise ValueError(f"unknown strategy {strategy!r}: use {', '.join(KNOWN)}")
-    s = base.search
-    rotating = strategy in ("t10", "all-to-all")
-    search = SearchOptions(min_util=s.min_util, max_pad=s.max_pad, max_steps=s.max_steps,
-                           chains=s.chains, max_rot_axes=s.max_rot_axes if rotating else 0,
-                           weights_home=strategy == "vgm", mesh_aware=strategy != "all-to-all")
-    return dataclasses.replace(base, search=search)
+    """``base`` with its search options changed as ``strategy`` asks (`t10c.strategies`)."""
+    return dataclasses.replace(base, search=search_options(strategy, base.search))
 
 
 @dataclass(frozen=True)
@@ -55,6 +49,7 @@ class Entry:
     flops: int = 0
     dtype: str = "fp16"
     compile_wall_s: float = math.nan
+    bounds: Bounds | None = None
 
     def slim(self) -> Entry:
         """The figures without the program, model and outputs (for long benchmark runs)."""
@@ -70,28 +65,37 @@ class Entry:
         return self.result.timeline.latency_s if self.result else math.nan
 
     @property
-    def roofline_s(self) -> float:
-        return self.flops / self.chip.peak_flops(self.dtype) if self.flops else math.nan
+    def roofline_fraction(self) -> float:
+        """The compute roofline (`partition.bounds`) as a fraction of the emulated latency."""
+        if not self.result or self.bounds is None:
+            return math.nan
+        return self.bounds.fractions(self.result.timeline.cycles)[0]
 
     @property
-    def roofline_fraction(self) -> float:
-        return self.roofline_s / self.latency_s if self.result else math.nan
+    def ideal_fraction(self) -> float:
+        """The ideal (every op at its fastest plan) as a fraction of the emulated latency."""
+        if not self.result or self.bounds is None:
+            return math.nan
+        return self.bounds.fractions(self.result.timeline.cycles)[1]
 
     @property
     def compile_s(self) -> float:
         return self.compile_wall_s
 
 
-def run_entry(model: str, chip: Chip, strategy: str, options: CompileOptions, seed: int = 0
-              ) -> Entry:
-    """Compile and emulate; a failure (say the baseline does not fit) is recorded, not raised."""
+def run_entry(model: str, chip: Chip, strategy: str, options: CompileOptions, seed: int = 0,
+              progress: Progress | None = None) -> Entry:
+    """Compile and emulate; a failure (say the baseline does not fit) is recorded, not raised.
+    ``progress`` is told about every stage (see `t10c.driver.compile_model`)."""
     try:
-        compiled = compile_model(model, chip, strategy_options(strategy, options))
+        compiled = compile_model(model, chip, strategy_options(strategy, options), progress)
     except ValueError as exc:  # frontend and planner errors are ValueErrors
         return Entry(model, chip, strategy, None, None, str(exc).splitlines()[0])
-    result = run_compiled(compiled, seed)
+    result = RunResult.timed(compiled) if options.timing_only else \
+        run_compiled(compiled, seed, progress)
     return Entry(model, chip, strategy, compiled, result, flops=compiled.graph.flops(),
-                 dtype=compiled.plan.dtype, compile_wall_s=compiled.timings["total_s"])
+                 dtype=compiled.plan.dtype, compile_wall_s=compiled.timings["total_s"],
+                 bounds=compiled.plan.bounds)
 
 
 def speedup(entries: list[Entry], entry: Entry, over: str) -> float:

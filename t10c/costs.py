@@ -11,27 +11,16 @@ import math
 
 from t10c.chips import Chip
 from t10c.dtypes import INDEX_DTYPE, dtype_bytes
+from t10c.elementwise import body_cost
 from t10c.ir import TensorExpr, is_contraction
 
-#: vector-unit operations per evaluation of each body function; transcendental functions are
-#: software sequences on these cores (t10c modelling assumption)
-FN_OPS = {"exp": 4, "log": 4, "erf": 8, "tanh": 8, "sigmoid": 6, "pow": 8, "sqrt": 4,
-          "rsqrt": 4, "recip": 2, "div": 2, "sin": 8, "cos": 8}
 INDEX_BYTES = dtype_bytes(INDEX_DTYPE)  # integer operands (embedding indices) on chip
 
 
 def body_ops(op: TensorExpr) -> int:
-    """Vector operations per point of the op's iteration space (at least one: the store)."""
-
-    def count(node: tuple) -> int:
-        head = node[0]
-        if head in ("in", "const"):
-            return 0
-        if head == "take":
-            return 1
-        return FN_OPS.get(head, 1) + sum(count(arg) for arg in node[1:])
-
-    return max(1, count(op.body) + (1 if op.combine else 0))
+    """Vector operations per point of the op's iteration space (at least one: the store); the
+    functions' costs are `t10c.elementwise.FNS`'s."""
+    return max(1, body_cost(op.body) + (1 if op.combine else 0))
 
 
 def contraction_dims(op: TensorExpr, sub: dict[str, int]) -> tuple[int, int, int, int]:
@@ -57,7 +46,7 @@ def compute_cycles(op: TensorExpr, sub: dict[str, int], chip: Chip, dtype: str) 
         m, k, n, batch = contraction_dims(op, sub)
         return chip.matmul_cycles(m, k, n, batch, dtype)
     if op.body[0] == "take":  # one lookup per output point, whatever share of rows is here
-        return chip.vector_cycles(math.prod(sub[a] for a in op.output.axes), dtype)
+        return chip.vector_cycles(math.prod(sub[str(a)] for a in op.output.axes), dtype)
     return chip.vector_cycles(math.prod(sub.values()) * body_ops(op), dtype)
 
 

@@ -6,19 +6,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 
-from t10c import frontend
+from t10c import frontend, models
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
-from t10c.emulator import Machine, Timeline, emulate
+from t10c.codegen.verify import verify_program
+from t10c.emulator import Timeline, TimingMachine, emulate
+from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
 from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
+from t10c.rundir import draw_inputs, input_specs
+
+#: ``progress(stage, done, total)``: how far a stage ("frontend", "search", "solve",
+#: "codegen", "emulate", "write") has come; a stage starts at its first call
+Progress = Callable[[str, int, int], None]
 
 #: error bounds against onnxruntime per storage dtype (max abs error over max abs reference)
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
@@ -39,6 +50,10 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
+    #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
+    #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
+    #: runs before every codegen regardless
+    check: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,47 +82,120 @@ class RunResult:
     emulate_wall_s: float
     reference_wall_s: float
     tolerance: float
+    #: the run timed the program without data (`Compiled.timeline`): nothing was checked
+    timing_only: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.max_rel_err <= self.tolerance
+        """Nothing failed: the outputs match onnxruntime's, or (timing only) none were made."""
+        return self.timing_only or self.max_rel_err <= self.tolerance
+
+    @staticmethod
+    def timed(c: Compiled) -> RunResult:
+        """The result of a timing-only compile: its timeline, no outputs, no check."""
+        assert c.timeline is not None, "only a timing-only compile carries a timeline"
+        return RunResult({}, {}, float("nan"), c.timeline, float(c.timings["codegen_s"]), 0.0,
+                         TOLERANCE[c.plan.dtype], timing_only=True)
+
+
+def load_source(source: str | Path | onnx.ModelProto, *, seq_len: int | None = None,
+                batch: int | None = None, weights: bool = True) -> onnx.ModelProto:
+    """The model a user named: a zoo name is built (``weights=False``: shape-only, see
+    `t10c.frontend.SHAPE_ONLY_LOCATION`), anything else is loaded by the frontend as ONNX.
+
+    Raises `t10c.models.UnknownModelError` (with "did you mean") for a name that is neither a
+    file nor a zoo model and does not look like a path, `frontend.ModelNotFoundError` for a
+    missing path, `frontend.FrontendError` for a model that cannot be read.
+    """
+    if isinstance(source, onnx.ModelProto):
+        return frontend.load_model(source)
+    name = str(source)
+    if models.is_zoo_name(name):
+        kwargs: dict = {"batch": batch, "weights": weights}
+        if seq_len is not None:
+            kwargs["seq_len"] = seq_len
+        return models.build(name, **kwargs)
+    path = Path(name)
+    if not path.exists() and not path.is_symlink() and len(path.parts) == 1 and (
+            path.suffix == "" or models.suggest(name)):
+        raise models.UnknownModelError(name)  # a bare word: a misspelt zoo name, not a path
+    return frontend.load_model(path)
 
 
 def compile_model(source: str | onnx.ModelProto, chip: Chip,
                   options: CompileOptions = CompileOptions(),
-                  progress: Callable[[str, int, int], None] | None = None) -> Compiled:
-    """Compile a zoo name, ONNX path or ModelProto for ``chip``."""
+                  progress: Progress | None = None) -> Compiled:
+    """Compile a zoo name, ONNX path or ModelProto for ``chip``, telling ``progress`` how far
+    each stage has come."""
     start = time.perf_counter()
-    model = frontend.load_model(source, seq_len=options.seq_len, batch=options.batch,
-                                weights=options.weights)
+    if progress:
+        progress("frontend", 0, 1)
+    model = load_source(source, seq_len=options.seq_len, batch=options.batch,
+                        weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
+    if options.check:
+        verify_graph(graph)
+    if progress:
+        progress("frontend", 1, 1)
     t_front = time.perf_counter()
-    plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
-                      options.front_limit, progress)
+    with _sigint_kept():
+        plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
+                          options.front_limit, progress and _solve_follows_search(progress))
     t_plan = time.perf_counter()
+    if progress:  # the verification is codegen's first step (seconds on bert-large)
+        progress("codegen", 0, 1)
     verify_plan(graph, plan, chip)
     timeline = None
     if options.timing_only:
-        program, timeline = time_only(graph, plan, chip)
+        program, timeline = time_only(graph, plan, chip, progress)
     else:
-        program = generate(graph, plan, chip)
+        program = generate(graph, plan, chip, progress)
+        if options.check:
+            verify_program(program, chip)
     t_code = time.perf_counter()
     timings = {"frontend_s": t_front - start, "search_s": plan.search_wall_s,
-               "solve_s": float(plan.solver["wall_s"]),  # type: ignore[arg-type]
+               "solve_s": plan.solver.wall_s,
                "plan_s": t_plan - t_front, "codegen_s": t_code - t_plan,
                "total_s": t_code - start}
     return Compiled(_short(name), model, graph, chip, plan, program, timings, options, timeline)
 
 
-def time_only(graph: Graph, plan: Plan, chip: Chip) -> tuple[Program, Timeline]:
+@contextlib.contextmanager
+def _sigint_kept() -> Iterator[None]:
+    """Put Ctrl-C's handler back as it was: OR-Tools' solver installs its own and leaves
+    SIGINT at the default action when it is done, after which Ctrl-C would kill the process
+    without a word (instead of raising KeyboardInterrupt in every later stage)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
+
+
+def _solve_follows_search(progress: Progress) -> Progress:
+    """``progress``, also told that the solve starts as soon as the search ends (the planner
+    may report the solve only once it is over; the clock must start with the solve)."""
+    def report(stage: str, done: int, total: int) -> None:
+        progress(stage, done, total)
+        if stage == "search" and done >= total:
+            progress("solve", 0, 1)
+    return report
+
+
+def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = None
+              ) -> tuple[Program, Timeline]:
     """Generate the program op by op straight into a data-less emulator: the same instructions
     and routes as a functional run, without values and without keeping the program."""
     buffers: list[Buffer] = []
     header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
                      graph.ops, (), {}, graph.outputs, 0)
-    machine = Machine(header, chip, data=False)
-    program = stream(graph, plan, chip, buffers, _TimingSink(machine))
+    machine = TimingMachine(header, chip)
+    program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress)
     machine.flush()
     return program, machine.timeline
 
@@ -116,13 +204,13 @@ class _TimingSink:
     """Feeds streamed instructions to a data-less machine; repeated layers replay the records
     of their first occurrence (`codegen.lower` finds them by op key)."""
 
-    def __init__(self, machine: Machine) -> None:
+    def __init__(self, machine: TimingMachine) -> None:
         self.machine = machine
         self.mark, self.since, self.replay = machine.mark, machine.since, machine.replay
         self.written = machine.mark_written
 
     def __call__(self, ins: object) -> None:
-        self.machine.step(ins, {})  # type: ignore[arg-type]
+        self.machine.step(ins)  # type: ignore[arg-type]
 
 
 def _short(name: str) -> str:
@@ -130,23 +218,9 @@ def _short(name: str) -> str:
 
 
 def make_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs: normal floats; integer indices within the table they index."""
-    rng = np.random.default_rng(seed)
-    limits: dict[str, int] = {}
-    for op in graph.ops:
-        if op.body and op.body[0] == "take":
-            table, index = op.inputs[op.body[1]], op.inputs[op.body[2]]
-            rows = graph.tensors[table.tensor].shape[op.take_dim()]
-            root = graph.root(index.tensor)
-            limits[root] = min(limits.get(root, rows), rows)
-    inputs = {}
-    for name in graph.inputs:
-        info = graph.tensors[name]
-        if info.dtype == "float32":
-            inputs[name] = rng.standard_normal(info.shape).astype(np.float32)
-        else:
-            inputs[name] = rng.integers(0, limits.get(name, 2), info.shape).astype(np.int64)
-    return inputs
+    """Seeded random inputs: normal floats; integer indices within the table they index
+    (`t10c.rundir`, which ``t10c run DIR`` draws them with too)."""
+    return draw_inputs(input_specs(graph), seed)
 
 
 def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
@@ -160,6 +234,12 @@ def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
     session = ort.InferenceSession(model.SerializeToString(), opts,
                                    providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
+    inputs = dict(inputs)
+    elem = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    for inp in session.get_inputs():  # a zero-size input is a constant the frontend folded
+        if inp.name not in inputs and 0 in inp.shape:
+            inputs[inp.name] = np.zeros(inp.shape,
+                                        onnx.helper.tensor_dtype_to_np_dtype(elem[inp.name]))
     start = time.perf_counter()
     values = session.run(names, inputs)
     wall = time.perf_counter() - start
@@ -178,13 +258,14 @@ def max_rel_err(outputs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> f
     return worst
 
 
-def run_compiled(c: Compiled, seed: int = 0) -> RunResult:
-    """Emulate the program on seeded inputs and check it against onnxruntime."""
+def run_compiled(c: Compiled, seed: int = 0, progress: Progress | None = None) -> RunResult:
+    """Emulate the program on seeded inputs and check it against onnxruntime; ``progress``
+    hears about the "emulate" stage."""
     if not frontend.has_weights(c.graph):
         raise ValueError("this compile has shape-only weights (built without weights); "
                          "compile with CompileOptions(weights=True) to run it")
     inputs = make_inputs(c.graph, seed)
-    outputs, timeline, wall = emulate(c.program, c.chip, inputs, c.graph.constants)
+    outputs, timeline, wall = emulate(c.program, c.chip, inputs, c.graph.constants, progress)
     ref, ref_wall = reference(c.model, inputs)
     err = max_rel_err(outputs, ref)
     return RunResult(outputs, ref, err, timeline, wall, ref_wall, TOLERANCE[c.plan.dtype])

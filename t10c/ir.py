@@ -18,9 +18,12 @@ A body is a small expression tree of tuples, evaluated elementwise over the op's
   reduction axis, combine ``sum``): the lookup is then *sharded*, each core holding a block of
   the table's rows and contributing the rows that fall in it (zero for the others), and the
   sum over the cores that split the axis completes it (`take_axis`);
-- ``(fn, arg, ...)``: one of `UNARY_FNS`, `BINARY_FNS` or `TERNARY_FNS`. Comparisons and logic
-  (``eq``, ``lt``, ``not``, ``and``, ...) give 1.0 for true and 0.0 for false and read any
-  nonzero value as true; ``("where", c, a, b)`` is ``a`` where ``c`` is nonzero, else ``b``.
+- ``(fn, arg, ...)``: one of the functions of `t10c.elementwise.FNS` (the one table of their
+  arity, numpy implementation and vector cost). Comparisons and logic (``eq``, ``lt``, ``not``,
+  ``and``, ...) give 1.0 for true and 0.0 for false and read any nonzero value as true;
+  ``("where", c, a, b)`` is ``a`` where ``c`` is nonzero, else ``b``.
+
+An op's ``combine`` is None (elementwise) or one of `t10c.elementwise.COMBINES`.
 
 Reshape and Transpose of a tensor are `View`s, not ops: they cost nothing by themselves and are
 folded into the re-layout that feeds the next op (codegen maps element indices through them).
@@ -39,12 +42,6 @@ Body = tuple[Any, ...]
 #: Such a dimension is never split across cores.
 INDIRECT = "@"
 
-UNARY_FNS = ("neg", "exp", "log", "sqrt", "rsqrt", "recip", "erf", "tanh", "relu", "sigmoid",
-             "abs", "square", "sin", "cos", "not", "floor")
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "pow",
-              "eq", "lt", "le", "gt", "ge", "and", "or")
-TERNARY_FNS = ("where",)
-COMBINES = ("sum", "max")
 
 
 @dataclass(frozen=True)
@@ -235,10 +232,10 @@ def map_to_root(graph: Graph, tensor: str, flat: np.ndarray) -> tuple[str, np.nd
             # view[i] = src[j] where j[perm[d]] = i[d]
             src_shape = graph.tensors[view.source].shape
             idx = np.unravel_index(flat, view.shape)
-            src_idx = [None] * len(view.perm)
+            src_idx: list[Any] = [None] * len(view.perm)
             for d, p in enumerate(view.perm):
                 src_idx[p] = idx[d]
-            flat = np.ravel_multi_index(tuple(src_idx), src_shape)
+            flat = np.asarray(np.ravel_multi_index(tuple(src_idx), src_shape))
         tensor = view.source
     return tensor, flat
 

@@ -17,13 +17,16 @@ runs otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from t10c.chips import Chip
 from t10c.compare import strategy_options
-from t10c.driver import CompileOptions, compile_model, run_compiled
+from t10c.driver import CompileOptions, Progress, compile_model, run_compiled
 from t10c.emulator import Timeline
 
 #: functional emulation above this many cores takes too long and too much memory: time only
@@ -62,17 +65,18 @@ class Row:
         return self.assumed.timeline.cycles / max(self.aware.timeline.cycles, 1)
 
 
-def run_side(model: str, chip: Chip, strategy: str, base: CompileOptions, timing_only: bool
-             ) -> Side:
+def run_side(model: str, chip: Chip, strategy: str, base: CompileOptions, timing_only: bool,
+             progress: Progress | None = None) -> Side:
+    """Compile ``model`` under ``strategy`` and emulate it (``progress`` hears every stage)."""
     start = time.perf_counter()
     options = dataclasses.replace(strategy_options(strategy, base), timing_only=timing_only,
                                   weights=not timing_only)
-    compiled = compile_model(model, chip, options)
+    compiled = compile_model(model, chip, options, progress)
     if timing_only:
         assert compiled.timeline is not None
         return Side(compiled.timeline, compiled.plan.total_cycles,
                     time.perf_counter() - start, None)
-    result = run_compiled(compiled)
+    result = run_compiled(compiled, progress=progress)
     if not result.ok:
         raise ValueError(f"{model} ({strategy}) does not match onnxruntime on {chip.name}: "
                          f"max relative error {result.max_rel_err:.2e}")
@@ -81,8 +85,11 @@ def run_side(model: str, chip: Chip, strategy: str, base: CompileOptions, timing
 
 
 def mesh_compare(workloads: list[tuple[str, str]], chip: Chip, base: CompileOptions,
-                 timing_only: bool | None = None, log=None) -> list[Row]:
-    """Compile and emulate every (label, model) of ``workloads`` both ways on ``chip``."""
+                 timing_only: bool | None = None, log: Callable[[str], None] | None = None,
+                 progress: Callable[[], AbstractContextManager[Progress]] | None = None
+                 ) -> list[Row]:
+    """Compile and emulate every (label, model) of ``workloads`` both ways on ``chip``;
+    ``progress()`` makes a fresh progress display for each compile."""
     if not chip.is_mesh:
         raise ValueError(f"{chip.name} is {chip.topology}: mesh-compare needs a mesh2d or "
                          "torus2d chip (wse2, wse3, wormhole-n150, blackhole-p150, or a .toml)")
@@ -95,7 +102,8 @@ def mesh_compare(workloads: list[tuple[str, str]], chip: Chip, base: CompileOpti
             if log:
                 log(f"[{label}: {model} on {chip.name}, {strategy}"
                     f"{', timing only' if timing_only else ''}]")
-            sides[strategy] = run_side(model, chip, strategy, base, timing_only)
+            with progress() if progress else contextlib.nullcontext() as report:
+                sides[strategy] = run_side(model, chip, strategy, base, timing_only, report)
         rows.append(Row(model, label, sides["t10"], sides["all-to-all"]))
     return rows
 

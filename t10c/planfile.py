@@ -1,19 +1,23 @@
 """The on-disk formats: ``plan.json`` (format "t10c-plan/1") and ``run.json``.
 
 ``plan.json`` is meant for other tools; its fields are documented in the README ("Files").
-Keys are sorted and numbers are integers except where a field says seconds, so the same compile
-gives the same file apart from the solver's wall time.
+Keys are sorted and numbers are integers except where a field says seconds, and wall times are
+left out, so the same compile gives the same file byte for byte. `load_plan` reads it back
+into the `Plan` it was written from (wall times zero).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from t10c.driver import Compiled, RunResult
 from t10c.ir import INDIRECT
-from t10c.partition import OpPlan, place
+from t10c.outputs import write_text
+from t10c.partition import Bounds, Cycles, OpPlan, Plan, SolverReport, place
+from t10c.partition.place import Embedding
 
 PLAN_FORMAT = "t10c-plan/1"
 RUN_FORMAT = "t10c-run/1"
@@ -21,7 +25,7 @@ RUN_FORMAT = "t10c-run/1"
 
 def _placement(p: OpPlan) -> str:
     if p.aligned < 0:
-        return place.describe(p.embed, _prod(p.F))
+        return place.describe(p.embed, math.prod(p.F))
     cores = "its cores permuted to" if p.cores is not None else "row-major cores, matching"
     return f"aligned to input {p.aligned}: {cores} the layout its producer leaves"
 
@@ -59,7 +63,15 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             "hot_bytes_per_core": p.hot_bytes_per_core,
             "weights": "warmed-up" if p.home else "resident",
             "cold_bytes_per_core": p.cold_bytes_per_core,
-            "cores": _prod(p.F), "front_size": front,
+            "cores": math.prod(p.F), "front_size": front,
+            # exactly what the planner chose, for `load_plan`: per op axis the axes that skew
+            # it, per operand its rotation axes and its f_t along them, and the bytes the
+            # result occupies until its readers are done
+            # (keys are sorted on disk: ``axis_order`` is the op's own order of its axes)
+            "axis_order": list(op.axis_names),
+            "drivers": {a: list(d) for a, d in zip(op.axis_names, p.drivers)},
+            "rot": [list(r) for r in p.rot], "chain": list(p.chain),
+            "out_bytes_per_core": p.out_bytes_per_core,
             # on a mesh: [rows, cols, column driver, its ring, row driver, its ring]; null
             # where logical core c is physical core c
             "embedding": p.embed.as_list() if p.embed is not None else None,
@@ -67,6 +79,7 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             # an aligned plan's cores (`partition/align.py`): [[first physical core, count],
             # ...] runs of consecutive cores, logical core order; null: core c is core c
             "core_map": _runs(p.cores) if p.cores is not None else None,
+            "aligned_input": p.aligned,
         })
     return {
         "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,
@@ -82,21 +95,105 @@ def plan_document(c: Compiled) -> dict[str, Any]:
                  "layout": c.program.sram_layout},
         # wall-clock times vary run to run: they go to compile.json, so that the same compile
         # gives the same plan.json byte for byte
-        "solver": {k: v for k, v in plan.solver.items() if k != "wall_s"},
+        "solver": plan.solver.document(),
+        # lower bounds on the latency (`partition.bounds`): FLOPs at the chip's peak, and
+        # every op at its fastest plan with memory and re-layouts ignored
+        "bounds": plan.bounds.as_dict() if plan.bounds is not None else None,
     }
 
 
+class PlanFileError(ValueError):
+    """A ``plan.json`` that cannot be read back (the message names the file and the field)."""
+
+
+def load_plan(path: str | Path) -> Plan:
+    """The `Plan` a ``plan.json`` was written from (its wall times, not stored, are zero)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanFileError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+        raise PlanFileError(f"{path} is not a {PLAN_FORMAT} file")
+    try:
+        ops = tuple(_op_plan(o) for o in doc["ops"])
+        return Plan(
+            model=str(doc["model"]), chip=str(doc["chip"]), dtype=str(doc["dtype"]), ops=ops,
+            relayout_cycles=tuple(int(o["relayout_cycles"]) for o in doc["ops"]),
+            front_sizes=tuple(int(o["front_size"]) for o in doc["ops"]),
+            solver=SolverReport.from_document(doc["solver"]), search_wall_s=0.0,
+            bounds=_bounds(doc.get("bounds")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanFileError(f"{path}: a malformed or missing field ({exc!r}); write it again "
+                            "with `t10c compile ... -o DIR`") from exc
+
+
+def _bounds(doc: dict[str, Any] | None) -> Bounds | None:
+    if doc is None:
+        return None
+    return Bounds(int(doc["roofline_cycles"]), int(doc["ideal_cycles"]))
+
+
+def _op_plan(o: dict[str, Any]) -> OpPlan:
+    axes = [str(a) for a in o["axis_order"]]
+    c = o["cycles"]
+    return OpPlan(
+        op=str(o["name"]), F=tuple(int(o["F_op"][a]) for a in axes),
+        T=tuple(int(o["T"][a]) for a in axes),
+        rot=tuple(tuple(str(a) for a in r) for r in o["rot"]),
+        drivers=tuple(tuple(str(d) for d in o["drivers"][a]) for a in axes),
+        chain=tuple(int(k) for k in o["chain"]),
+        cycles=Cycles(int(c["compute"]), int(c["shift"]), int(c["sync"]), int(c["reduce"])),
+        hot_bytes_per_core=int(o["hot_bytes_per_core"]),
+        cold_bytes_per_core=int(o["cold_bytes_per_core"]),
+        out_bytes_per_core=int(o["out_bytes_per_core"]),
+        home=o["weights"] == "warmed-up", embed=Embedding.from_list(o["embedding"]),
+        cores=_unruns(o.get("core_map")), aligned=int(o.get("aligned_input", -1)))
+
+
+def _unruns(runs: list[list[int]] | None) -> tuple[int, ...] | None:
+    """`_runs` undone: the physical core of every logical core."""
+    if runs is None:
+        return None
+    return tuple(int(first) + k for first, count in runs for k in range(int(count)))
+
+
 def run_document(c: Compiled, r: RunResult, seed: int) -> dict[str, Any]:
-    tl = r.timeline
+    """``run.json`` of a functional run: the timing (`timeline_fields`) and the check."""
     return {
         "format": RUN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": c.plan.dtype,
-        "seed": seed, "cycles": tl.cycles, "latency_s": tl.latency_s,
-        "predicted_cycles": c.plan.total_cycles,
+        "timing_only": False, "seed": seed, **timeline_fields(c.plan, r.timeline),
         "max_rel_err": r.max_rel_err, "tolerance": r.tolerance, "ok": r.ok,
-        "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core,
-        "host_bytes": tl.host_bytes,
         "emulate_wall_s": r.emulate_wall_s, "reference_wall_s": r.reference_wall_s,
-        "ops": tl.by_op(),
+    }
+
+
+def timing_run_document(c: Compiled) -> dict[str, Any]:
+    """``run.json`` of a timing-only compile: the same timing fields as a functional run's,
+    without the check against onnxruntime (no data ran)."""
+    assert c.timeline is not None, "a timing-only compile keeps its timeline"
+    return {"format": RUN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": c.plan.dtype,
+            "timing_only": True, **timeline_fields(c.plan, c.timeline)}
+
+
+def timeline_fields(plan: Plan, tl: Any) -> dict[str, Any]:
+    """What a run's timeline says, as ``run.json`` stores it: cycles and latency, the
+    prediction, the split by phase, barriers, the bounds, and per op cycles by phase."""
+    phases: dict[str, int] = {}
+    barriers: dict[str, int] = {}
+    for rec in tl.records:
+        phases[rec.phase] = phases.get(rec.phase, 0) + rec.cycles
+        if rec.phase == "sync":
+            barriers[rec.op] = barriers.get(rec.op, 0) + 1
+    bounds = plan.bounds
+    return {
+        "cycles": tl.cycles, "latency_s": tl.latency_s, "predicted_cycles": plan.total_cycles,
+        "phases": dict(sorted(phases.items())), "barriers": sum(barriers.values()),
+        "bounds": None if bounds is None else {
+            **bounds.as_dict(), "of_roofline": round(bounds.fractions(tl.cycles)[0], 6),
+            "of_ideal": round(bounds.fractions(tl.cycles)[1], 6)},
+        "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core, "host_bytes": tl.host_bytes,
+        "ops": tl.by_op(), "barriers_by_op": barriers,
     }
 
 
@@ -117,16 +214,11 @@ def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int |
         "chip": {k: (list(v) if isinstance(v, tuple) else v)
                  for k, v in dataclasses.asdict(c.chip).items()},
         "dtype": c.plan.dtype, "timings_s": {k: round(v, 4) for k, v in c.timings.items()},
-        "solver_wall_s": c.plan.solver["wall_s"],
+        "solver_wall_s": c.plan.solver.wall_s,
     }
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    """Write ``doc`` as sorted, indented JSON, atomically (`t10c.outputs`)."""
+    write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out

@@ -12,7 +12,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from t10c.check import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_check_parser, cmd_check
+from t10c.check import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_check_parser, check_model, cmd_check
+from t10c.chips import PRESETS
+from t10c.frontend import to_graph
+from t10c.ir import Graph
+from t10c.models import build
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -55,13 +59,13 @@ def test_lists_every_unsupported_node(capsys: pytest.CaptureFixture[str],
 
 
 def test_says_weights_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
-    # llama-tiny's embedding and its transposed copy (the tied LM head) need 17 MB in fp16;
-    # the test chip has 16 x 640 KiB
-    code, out, _ = run(capsys, "llama-tiny", "--chip", "test16", "--seq-len", "16")
+    # gpt2-tiny: 6.96M parameters (the tied LM head counted once) need 13.7 MB in fp16; the
+    # test chip has 16 x 640 KiB
+    code, out, _ = run(capsys, "gpt2-tiny", "--chip", "test16", "--seq-len", "16")
     assert code == EXIT_FAIL
     assert "every node is supported" in out
     assert "do NOT fit" in out
-    assert "the weights need 17.1 MB, the chip has 10.5 MB" in out
+    assert "the weights need 13.7 MB, the chip has 10.5 MB" in out
 
 
 def test_summarises_a_compilable_model(capsys: pytest.CaptureFixture[str]) -> None:
@@ -69,7 +73,46 @@ def test_summarises_a_compilable_model(capsys: pytest.CaptureFixture[str]) -> No
     assert code == EXIT_OK
     assert "device graph: 53 ops (contraction 16, elementwise 22, gather 1, reduce 14)" in out
     assert "parameters: 4,369,156" in out
-    assert "they fit" in out and "can be compiled" in out
+    # only necessary conditions are checked: the verdict must not promise a plan
+    assert "they fit in it" in out and "nothing found that stops bert-tiny" in out
+    assert "can be compiled" not in out
+
+
+def test_flops_are_compiles_count() -> None:
+    # the embedding lookup counts its output points, not the table (1.876 GFLOP before)
+    report = check_model("bert-mini", PRESETS["ipu-mk2"])
+    graph = compile_graph("bert-mini")
+    assert report.flops == graph.flops() == 875_593_728
+
+
+def test_tied_embedding_counted_once() -> None:
+    report = check_model("gpt2-tiny", PRESETS["ipu-mk2"], seq_len=16)
+    graph = compile_graph("gpt2-tiny", seq_len=16)
+    copy = graph.constants["lm_head/Transpose_output_0"]  # wte, folded through Transpose
+    assert copy.shape == graph.constants["wte"].shape[::-1]
+    every = sum(v.size * (2 if v.dtype.kind == "f" else 4) for v in graph.constants.values())
+    assert report.weight_bytes == every - copy.size * 2
+    assert report.weight_bytes < 2 * report.parameters * 1.01
+
+
+def test_check_draws_no_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    import t10c.models
+
+    asked: list[bool] = []
+    real = t10c.models.build
+
+    def spy(name: str, **kwargs: object) -> onnx.ModelProto:
+        asked.append(bool(kwargs.get("weights", True)))
+        return real(name, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(t10c.models, "build", spy)
+    check_model("bert-tiny", PRESETS["ipu-mk2"], seq_len=8)
+    assert asked == [False]
+
+
+def compile_graph(name: str, **kwargs: object) -> Graph:
+    """The device graph compile lowers (shape-only, as compile without --run builds it)."""
+    return to_graph(build(name, weights=False, **kwargs))  # type: ignore[arg-type]
 
 
 def test_dynamic_input_needs_shape(capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,7 +123,15 @@ def test_dynamic_input_needs_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == EXIT_OK, out
 
 
-@pytest.mark.parametrize("argv", [["no-such-model"], ["mlp", "--chip", "tpu-v9"]])
+@pytest.mark.parametrize("argv", [["no-such-model"], ["mlp", "--chip", "tpu-v9"],
+                                  ["no/such/model.onnx"]])
 def test_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, *argv)
     assert code == EXIT_USAGE and err.startswith("t10c: error:")
+    assert err.count("\n") == 1
+
+
+def test_misspelt_zoo_name_gets_did_you_mean(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "bert-tinny")
+    assert code == EXIT_USAGE
+    assert "did you mean 'bert-tiny'" in err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,9 +114,7 @@ def test_chips_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["--version"])
-    assert info.value.code == 0
+    assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("t10c ")
 
 
@@ -346,7 +345,138 @@ def test_not_onnx_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path
     [],
 ], ids=["dtype", "emit", "shape-syntax", "unknown-flag", "no-model", "no-command"])
 def test_argparse_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == EXIT_USAGE
-    assert "usage: t10c" in capsys.readouterr().err
+    code, out, err = run(capsys, *argv)
+    assert code == EXIT_USAGE
+    assert len(error_lines(err)) == 1 and err.count("\n") == 1, err
+    assert "--help" in err
+
+
+# -- every flag's bad values: one line, exit 2, before any work -----------------------------
+
+def compile_with(*flags: str) -> Argv:
+    return lambda tmp: ["compile", "mlp", "--chip", "test16", *flags]
+
+
+def non_empty_dir(tmp: Path) -> Path:
+    (tmp / "mine").mkdir()
+    write(tmp / "mine" / "notes.txt", "my notes\n")
+    return tmp / "mine"
+
+
+BAD_VALUES = [
+    ErrorCase("seed-negative", compile_with("--seed", "-1"), EXIT_USAGE,
+              ("--seed", "at least 0", "-1")),
+    ErrorCase("seed-not-int", compile_with("--seed", "1.5"), EXIT_USAGE,
+              ("--seed", "integer", "1.5")),
+    ErrorCase("time-limit-negative", compile_with("--time-limit", "-1"), EXIT_USAGE,
+              ("--time-limit", "above 0")),
+    ErrorCase("time-limit-zero", compile_with("--time-limit", "0"), EXIT_USAGE,
+              ("--time-limit", "above 0")),
+    ErrorCase("time-limit-nan", compile_with("--time-limit", "nan"), EXIT_USAGE,
+              ("--time-limit", "finite", "nan")),
+    ErrorCase("time-limit-inf", compile_with("--time-limit", "inf"), EXIT_USAGE,
+              ("--time-limit", "finite")),
+    ErrorCase("workers-negative", compile_with("--workers", "-3"), EXIT_USAGE,
+              ("--workers", "at least 1", "-3")),
+    ErrorCase("front-zero", compile_with("--front", "0"), EXIT_USAGE,
+              ("--front", "at least 1")),
+    ErrorCase("gap-above-one", compile_with("--gap", "2"), EXIT_USAGE,
+              ("--gap", "at most 1")),
+    ErrorCase("gap-nan", compile_with("--gap", "nan"), EXIT_USAGE, ("--gap", "finite")),
+    ErrorCase("seq-len-zero", compile_with("--seq-len", "0"), EXIT_USAGE,
+              ("--seq-len", "at least 1")),
+    ErrorCase("batch-zero", compile_with("--batch", "0"), EXIT_USAGE,
+              ("--batch", "at least 1")),
+    ErrorCase("min-util-above-one", compile_with("--min-util", "1.5"), EXIT_USAGE,
+              ("--min-util", "at most 1")),
+    ErrorCase("max-pad-negative", compile_with("--max-pad", "-0.1"), EXIT_USAGE,
+              ("--max-pad", "at least 0")),
+    ErrorCase("max-steps-zero", compile_with("--max-steps", "0"), EXIT_USAGE,
+              ("--max-steps", "at least 1")),
+    ErrorCase("core-negative", compile_with("--emit", "asm", "--core", "-1"), EXIT_USAGE,
+              ("--core", "at least 0")),
+    ErrorCase("core-without-emit", compile_with("--core", "3"), EXIT_USAGE,
+              ("--core", "--emit asm")),
+    ErrorCase("shape-zero-dim", compile_with("--shape", "feats=0x8"), EXIT_USAGE,
+              ("--shape", "positive", "feats=0x8")),
+    ErrorCase("strategy-misspelt", compile_with("--strategy", "vgn"), EXIT_USAGE,
+              ("vgn", "did you mean vgm?", "no-rotation")),
+    ErrorCase("model-misspelt", lambda tmp: ["compile", "bert-mni"], EXIT_USAGE,
+              ("bert-mni", "did you mean bert-mini?", "mlp")),
+    ErrorCase("chip-misspelt", lambda tmp: ["compile", "mlp", "--chip", "ipu-mk3"], EXIT_USAGE,
+              ("ipu-mk3", "did you mean ipu-mk2?", "wse2")),
+    ErrorCase("out-onto-file",
+              lambda tmp: compile_with("-o", str(write(tmp / "plan.txt", "x")))(tmp),
+              EXIT_USAGE, ("plan.txt", "not a directory")),
+    ErrorCase("out-into-missing-dir", lambda tmp: compile_with("-o", str(tmp / "no" / "d"))(tmp),
+              EXIT_USAGE, ("no", "does not exist", "create it first")),
+    ErrorCase("out-over-foreign-dir",
+              lambda tmp: compile_with("-o", str(non_empty_dir(tmp)))(tmp),
+              EXIT_USAGE, ("mine", "holds no compile")),
+    ErrorCase("out-over-working-dir", lambda tmp: compile_with("-o", ".")(tmp), EXIT_USAGE,
+              ("current directory",)),
+    ErrorCase("trace-into-dir", lambda tmp: compile_with("--run", "--trace", str(tmp))(tmp),
+              EXIT_USAGE, ("--trace", "is a directory")),
+    ErrorCase("trace-without-run", lambda tmp: compile_with("--trace",
+                                                            str(tmp / "t.json"))(tmp),
+              EXIT_USAGE, ("--trace", "--run or --timing-only")),
+    ErrorCase("trace-inside-out",
+              lambda tmp: compile_with("--run", "-o", str(tmp), "--trace",
+                                       str(tmp / "t.json"))(tmp),
+              EXIT_USAGE, ("--trace", "-o directory")),
+    ErrorCase("trace-into-missing-dir",
+              lambda tmp: compile_with("--run", "--trace", str(tmp / "no" / "t.json"))(tmp),
+              EXIT_USAGE, ("--trace", "does not exist")),
+    ErrorCase("bench-unknown-model", lambda tmp: ["bench", "--models", "mlp,nosuch"],
+              EXIT_USAGE, ("--models", "nosuch")),
+    ErrorCase("bench-unknown-chip", lambda tmp: ["bench", "--chips", "test16,tpu"],
+              EXIT_USAGE, ("--chips", "tpu")),
+    ErrorCase("bench-empty-list", lambda tmp: ["bench", "--models", "mlp,"],
+              EXIT_USAGE, ("--models", "comma-separated")),
+    ErrorCase("bench-json-into-dir", lambda tmp: ["bench", "--json", str(tmp)],
+              EXIT_USAGE, ("--json", "is a directory")),
+    ErrorCase("compare-unknown-strategy",
+              lambda tmp: ["compare", "mlp", "--strategies", "t10,t11"], EXIT_USAGE,
+              ("t11", "did you mean t10?")),
+    ErrorCase("compare-out-into-missing-dir",
+              lambda tmp: ["compare", "mlp", "-o", str(tmp / "no" / "r.html")], EXIT_USAGE,
+              ("does not exist",)),
+    ErrorCase("mesh-compare-bad-gemm", lambda tmp: ["mesh-compare", "--gemm", "12x3"],
+              EXIT_USAGE, ("--gemm", "3 positive integers", "12x3")),
+    ErrorCase("mesh-compare-zero-gemv", lambda tmp: ["mesh-compare", "--gemv", "0x8"],
+              EXIT_USAGE, ("--gemv", "0x8")),
+    ErrorCase("mesh-compare-not-a-mesh", lambda tmp: ["mesh-compare", "--chip", "test16"],
+              EXIT_FAIL, ("test16", "all-to-all", "mesh")),
+    ErrorCase("explain-unknown-model", lambda tmp: ["explain", "gpt3", "--op", "x"],
+              EXIT_USAGE, ("gpt3",)),
+    ErrorCase("run-seed-negative", lambda tmp: ["run", str(tmp), "--seed", "-2"],
+              EXIT_USAGE, ("--seed", "at least 0")),
+    ErrorCase("chips-misspelt", lambda tmp: ["chips", "wse-2"], EXIT_USAGE,
+              ("wse-2", "did you mean")),
+]
+
+
+@pytest.mark.parametrize("case", BAD_VALUES, ids=lambda c: c.name)
+def test_bad_value(case: ErrorCase, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Refused by the argument parser (or before any stage starts): one line, no output."""
+    argv = case.argv(tmp_path)
+    capsys.readouterr()
+    code, out, err = run(capsys, *argv)
+    assert code == case.code, err
+    assert err.count("\n") == 1 and err.startswith("t10c: error:"), err
+    for fragment in case.fragments:
+        assert fragment in err, (fragment, err)
+    assert out == ""
+
+
+
+def test_out_into_unwritable_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    # as root every directory is writable: say this one is not, as it would be to a user
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and real(p, mode))
+    code, out, err = run(capsys, "compile", "mlp", "-o", str(locked / "out"))
+    assert code == EXIT_USAGE and err.count("\n") == 1
+    assert "not writable" in err and str(locked) in err

@@ -42,7 +42,7 @@ def check_plans(graph: Graph, values: dict[str, np.ndarray], want: np.ndarray, c
         plans = [plans[i] for i in np.linspace(0, len(plans) - 1, limit).astype(int)]
     inputs = {k: v for k, v in values.items() if k in graph.inputs}
     for p in plans:
-        plan = Plan(graph.name, chip.name, "fp32", (p,), (0,), (1,), {}, 0.0)
+        plan = Plan(graph.name, chip.name, "fp32", (p,), (0,), (1,))
         verify_plan(graph, plan, chip)
         out, timeline, _ = emulate(generate(graph, plan, chip), chip, inputs, graph.constants)
         got = out[op.output.tensor]

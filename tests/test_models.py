@@ -173,9 +173,11 @@ def test_unknown_name_lists_known_models() -> None:
 
 def test_zoo_names() -> None:
     assert ZOO_NAMES == ("mlp", "bert-tiny", "bert-mini", "bert-base", "bert-large",
-                         "gpt2-tiny", "gpt2", "gpt2-xl", "vit-tiny", "vit-base", "llama-tiny",
-                         "llama-135m", "llama-360m", "llama-tiny-decode", "llama-135m-decode",
-                         "llama-360m-decode", "resnet-tiny", "resnet50")
+                         "gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-xl", "vit-tiny", "vit-base",
+                         "llama-tiny", "llama-135m", "llama-360m", "llama3-8b", "llama2-13b",
+                         "llama2-70b", "llama-tiny-decode", "llama-135m-decode",
+                         "llama-360m-decode", "llama3-8b-decode", "llama2-13b-decode",
+                         "llama2-70b-decode", "resnet-tiny", "resnet50")
     assert set(ZOO_NAMES) == {"mlp", *BERT_SIZES, *GPT2_SIZES, *VIT_SIZES, *LLAMA_SIZES,
                               *LLAMA_DECODE_SIZES, *RESNET_SIZES}
     assert all(is_zoo_name(n) for n in ZOO_NAMES)
@@ -303,6 +305,11 @@ def test_builder_rejects_duplicate_names() -> None:
     ("vit-base", VIT_SIZES["vit-base"], 86_567_656),
     ("llama-360m", LLAMA_SIZES["llama-135m"], 134_515_008),
     ("llama-360m", LLAMA_SIZES["llama-360m"], 361_821_120),
+    # the model cards' counts: Llama-3-8B 8.03 B, Llama-2-13B 13.0 B, Llama-2-70B 69.0 B
+    ("llama-360m", LLAMA_SIZES["llama3-8b"], 8_030_261_248),
+    ("llama-360m", LLAMA_SIZES["llama2-13b"], 13_015_864_320),
+    ("llama-360m", LLAMA_SIZES["llama2-70b"], 68_976_648_192),
+    ("gpt2", GPT2_SIZES["gpt2-medium"], 354_823_168),  # GPT-2 medium, "355M"
     ("resnet50", RESNET_SIZES["resnet50"], 25_557_032),
 ])
 def test_standard_sizes_have_their_parameter_counts(name: str, size: object,
@@ -343,7 +350,8 @@ def _count(name: str, s) -> int:  # noqa: ANN001
     if name == "llama-360m":
         h, d = s.hidden, s.hidden // s.heads
         per_layer = 2 * h + h * h + 2 * h * s.kv_heads * d + h * h + 3 * h * s.intermediate
-        return s.vocab * h + s.layers * per_layer + h
+        head = 0 if s.tied else s.vocab * h  # an untied output head is a weight of its own
+        return s.vocab * h + s.layers * per_layer + h + head
     width_in, total = s.stem, 3 * 49 * s.stem + 2 * s.stem  # stem conv and its BN (scale, bias)
     for stage, (depth, width) in enumerate(zip(s.depths, s.widths)):
         for block in range(depth):
@@ -361,3 +369,11 @@ def test_build_llama_and_gpt2_reject_bad_shapes() -> None:
         build_llama(32, 1, 4, 3, 64)
     with pytest.raises(ValueError, match="seq_len"):
         build("gpt2-tiny", seq_len=2048)
+
+
+
+def test_weights_past_the_protobuf_limit_are_refused_in_one_message() -> None:
+    from t10c.models import ModelTooLargeError
+
+    with pytest.raises(ModelTooLargeError, match="32.1 GB .* shape-only"):
+        build("llama3-8b-decode", seq_len=16)

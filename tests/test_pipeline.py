@@ -128,6 +128,9 @@ def test_gpt2_xl_gets_a_diagnosis(capsys) -> None:
     assert main(["compile", "gpt2-xl", "--chip", "ipu-mk2", "--no-table"]) == 1
     err = capsys.readouterr().err
     assert "does not fit on ipu-mk2" in err and "What would help" in err
+    # the tied embedding is one weight: lm_head reads a transposed view of wte
+    assert "  wte: 160.8 MB" in err and "lm_head/Transpose_output_0" not in err
+    assert "the weights alone are 3113.9 MB" in err  # 1.557 G parameters, once each
 
 
 def test_weights_can_be_warmed_up_from_the_idle_layout() -> None:
@@ -139,3 +142,65 @@ def test_weights_can_be_warmed_up_from_the_idle_layout() -> None:
     result = run_compiled(compiled)
     assert result.ok, result.max_rel_err
     assert "fetch" in {r.phase for r in result.timeline.records}
+
+
+def _diagnosis(strategy: str, sram_kb: int) -> str:
+    import dataclasses
+
+    from t10c.partition import DoesNotFitError, SearchOptions
+
+    chip = dataclasses.replace(TEST16, name="mid", sram_bytes_per_core=sram_kb * 1000)
+    search = SearchOptions(max_rot_axes=2 if strategy == "t10" else 0)
+    with pytest.raises(DoesNotFitError) as err:
+        compile_model("bert-tiny", chip, CompileOptions(dtype="fp32", seq_len=64, search=search,
+                                                        weights=False))
+    return str(err.value)
+
+
+def _need_and_usable(text: str) -> tuple[int, int]:
+    import re
+
+    first = text.splitlines()[0]
+    need = re.search(r"needs is [\d.]+ KiB \(([\d,]+) bytes\) per core", first)
+    usable = re.search(r"; [\d.]+ KiB \(([\d,]+) bytes\) of [\d.]+ KiB per core are usable",
+                       first)
+    assert need and usable, first
+    return int(need[1].replace(",", "")), int(usable[1].replace(",", ""))
+
+
+def test_a_diagnosis_names_what_does_not_fit() -> None:
+    """The weights fit (1.03 MiB of 1.05 MiB usable) but no choice of plans does: the
+    diagnosis names the op where the least peak is, and that peak exceeds the usable SRAM."""
+    text = _diagnosis("t10", 1160)
+    need, usable = _need_and_usable(text)
+    assert need > usable
+    assert "at op layer0/ffn/gelu/Mul_half" in text and "resident weights" in text
+    assert "about 2x the cores" in text and "splitting the layers over 2 chips" in text
+    assert "1x" not in text and " 1 chips" not in text
+
+
+def test_advice_changes_something() -> None:
+    """Every factor advised is at least 2 (never "1x the cores" or "1 chips")."""
+    import re
+
+    text = _diagnosis("no-rotation", 1170)
+    need, usable = _need_and_usable(text)
+    assert need > usable and "layer0/ffn/down/MatMul" in text
+    factors = [int(k) for k in re.findall(r"about (\d+)x the cores|over (\d+) chips", text)
+               for k in k if k]
+    assert factors and min(factors) >= 2, text
+
+
+def test_splitting_is_advised_only_when_it_helps() -> None:
+    from t10c.partition.diagnose import _advice
+    from t10c.partition.solve import SolverOptions
+
+    opts = SolverOptions()
+    # one op's working set (650) exceeds the usable 600 whatever the resident weights
+    helps = _advice(need=1100, resident=450, working=650, cap=600, opts=opts, dtype="fp16")
+    assert not any("splitting" in h for h in helps) and any("2x the cores" in h for h in helps)
+    # resident weights dominate: over 2 chips each holds 250 + 100 working <= 600
+    helps = _advice(need=600 + 1, resident=501, working=100, cap=600, opts=opts, dtype="fp16")
+    assert "splitting the layers over 2 chips" in helps
+    helps = _advice(need=2100, resident=2000, working=100, cap=600, opts=opts, dtype="fp32")
+    assert helps[0].startswith("--dtype fp16") and "splitting the layers over 4 chips" in helps

@@ -37,7 +37,7 @@ def matmul_graph(m: int, k: int, n: int, batch: int = 0, seed: int = 0) -> Graph
 
 
 def one_op_plan(graph: Graph, p) -> Plan:
-    return Plan(graph.name, "test", "fp32", (p,), (0,), (1,), {}, 0.0)
+    return Plan(graph.name, "test", "fp32", (p,), (0,), (1,))
 
 
 def check_all_plans(graph: Graph, chip, dtype: str = "fp32", limit: int = 60) -> int:
@@ -175,3 +175,27 @@ def test_rotated_weights_return_home() -> None:
             flat, valid = ld.elements()
             want = np.where(valid, graph.constants[ld.tensor].reshape(-1)[flat], 0)
             np.testing.assert_array_equal(machine.mem[ld.buf][:ld.ncores], want)
+
+
+def test_solve_and_codegen_report_progress() -> None:
+    """The solve reports its start and end (in thousandths of a deterministic second, with
+    improving solutions between); codegen reports every op."""
+    from t10c.chips import load_chip
+    from t10c.codegen import generate
+    from t10c.driver import load_source
+    from t10c.frontend import to_graph
+    from t10c.partition import plan_graph
+
+    graph = to_graph(load_source("bert-tiny", seq_len=16, weights=False))
+    chip = load_chip("test16")
+    calls: list[tuple[str, int, int]] = []
+    plan = plan_graph(graph, chip, progress=lambda *c: calls.append(c))
+    solve = [c for c in calls if c[0] == "solve"]
+    total = solve[0][2]
+    assert total == 30_000  # the default limit, 30 deterministic seconds
+    assert solve[0] == ("solve", 0, total) and solve[-1] == ("solve", total, total)
+    assert [d for _, d, _ in solve] == sorted(d for _, d, _ in solve)
+    calls.clear()
+    generate(graph, plan, chip, progress=lambda *c: calls.append(c))
+    n = len(graph.ops)
+    assert calls == [("codegen", i, n) for i in range(n + 1)]

@@ -8,6 +8,7 @@ and by onnxruntime on the compiled models.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,8 +33,9 @@ from t10c.driver import (
     max_rel_err,
     reference,
 )
-from t10c.emulator import emulate
+from t10c.emulator import EmulatorError, emulate
 from t10c.emulator.reference import run_reference
+from t10c.ir import Operand, TensorExpr
 
 MIB = 1024 * 1024
 
@@ -109,3 +111,71 @@ def test_hand_checked_program() -> None:
     program = _hand_program(chip)
     np.testing.assert_array_equal(run_reference(program, chip, x, {})["y"], want)
     np.testing.assert_array_equal(emulate(program, chip, x, {})[0]["y"], want)
+
+
+def _fp16_program(chip: Chip) -> Program:
+    """A float32 mask of -3.4e38 loaded into fp16 and shifted around: it saturates to -inf."""
+    bufs = (Buffer(0, "a", 2, "fp16", 0), Buffer(1, "b", 2, "fp16", 16))
+    instrs = (
+        Alloc("", "", 0), Alloc("", "", 1),
+        Load("", "", 0, "m", (4, 2), (1, 2), np.arange(4, dtype=np.int32)[:, None] * [1, 0]),
+        Shift("", "", 1, 0, np.array([1, 2, 3, 0])),
+        Store("", "", "y", (4, 2), 1, np.repeat(np.arange(4), 2), np.tile([0, 1], 4)),
+    )
+    return Program("fp16", chip.name, "fp16", 4, bufs, (), instrs, {"m": ((4, 2), "float32")},
+                   ("y",), 32)
+
+
+def test_fp16_masks_saturate_without_warnings() -> None:
+    chip = dataclasses.replace(PRESETS["test16"], cores=4, grid=(2, 2))
+    m = np.array([[np.finfo(np.float32).min, 1.0]] * 4, dtype=np.float32)
+    want = np.array([[-np.inf, 1.0]] * 4, dtype=np.float32)
+    program = _fp16_program(chip)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "overflow encountered in cast" would raise
+        np.testing.assert_array_equal(emulate(program, chip, {"m": m}, {})[0]["y"], want)
+        np.testing.assert_array_equal(run_reference(program, chip, {"m": m}, {})["y"], want)
+
+
+def test_failures_name_the_instruction_op_and_onnx_node() -> None:
+    """A numpy error inside an instruction is reported fx-style, wherever it happens."""
+    chip = dataclasses.replace(PRESETS["test16"], cores=4, grid=(2, 2))
+    program = _hand_program(chip)
+    expr = TensorExpr("layer0/q", (("i", 3),), Operand("y", ("i",)), (Operand("x", ("i",)),),
+                      None, ("neg", ("in", 0)), "MatMul node '/encoder/layer.0/q/MatMul'")
+    shift = next(n for n, i in enumerate(program.instrs) if isinstance(i, Shift))
+    instrs = list(program.instrs)
+    # a Shift whose source table is too short for its destination's rows: numpy's error
+    instrs[shift] = Shift("layer0/q", "shift", 2, 1, np.array([[3, 0], [1, 2]]))
+    bad = dataclasses.replace(program, exprs=(expr,), instrs=tuple(instrs))
+    x = {"x": np.zeros((4, 3), dtype=np.float32)}
+    with pytest.raises(EmulatorError) as exc:
+        emulate(bad, chip, x, {})
+    assert str(exc.value).startswith(
+        f"while executing instruction {shift} (Shift) of op layer0/q (ONNX MatMul node "
+        "'/encoder/layer.0/q/MatMul'): ")
+    with pytest.raises(RuntimeError, match=f"instruction {shift} \\(Shift\\) of op layer0/q"):
+        run_reference(bad, chip, x, {})
+
+
+def test_emulate_reports_progress() -> None:
+    chip = dataclasses.replace(PRESETS["test16"], cores=4, grid=(2, 2))
+    program = _hand_program(chip)
+    calls: list[tuple[str, int, int]] = []
+    x = {"x": np.arange(1, 13, dtype=np.float32).reshape(4, 3)}
+    emulate(program, chip, x, {}, progress=lambda *a: calls.append(a))
+    total = len(program.instrs)
+    assert calls[0] == ("emulate", 0, total) and calls[-1] == ("emulate", total, total)
+    assert all(s == "emulate" and 0 <= d <= t == total for s, d, t in calls)
+
+
+def test_timing_machine_times_as_the_data_machine() -> None:
+    """The timing-only machine shares the data machine's timing handlers: same records."""
+    from t10c.emulator import Machine, TimingMachine
+
+    c = compile_model("mlp", PRESETS["test16"], CompileOptions(batch=2))
+    inputs = make_inputs(c.graph, seed=0)
+    _, full = Machine(c.program, c.chip).run(inputs, c.graph.constants)
+    timing = TimingMachine(c.program, c.chip).execute(inputs, c.graph.constants)
+    assert timing.records == full.records and timing.cycles > 0
+    assert not hasattr(TimingMachine(c.program, c.chip), "mem")

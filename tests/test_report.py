@@ -41,7 +41,21 @@ def test_html_is_self_contained(html_report) -> None:
         assert f"id='{section}'" in text
     assert text.count("data:image/png;base64,") >= 6
     assert not re.search(r"(src|href)=['\"]?(https?:)?//", text)  # nothing from a network
-    assert "does not fit" in text or "failed" in text or "vgm" in text
+    # every strategy has one summary row: its latency, or (a baseline that does not fit) why
+    summary = text.split("id='summary'", 1)[1].split("</section>", 1)[0]
+    head = re.findall(r"<th>(.*?)</th>", summary)
+    rows = [dict(zip(head, re.findall(r"<td>(.*?)</td>", tr))) for tr in
+            summary.split("<tr>")[2:]]
+    assert [r["strategy"] for r in rows] == ["t10", "no-rotation", "vgm"]
+    for r in rows:
+        ran = r.get("latency_us", "") != ""
+        assert ran != (r.get("error", "") != ""), r  # one or the other
+        assert ran == (f"alt='timeline {r['strategy']}'" in text), r
+        if ran:
+            assert float(r["latency_us"]) > 0 and r["matches_onnxruntime"] == "True", r
+        else:
+            assert "cannot run within" in r["error"] or "does not fit" in r["error"], r
+    assert rows[0]["latency_us"], "t10 must compile"
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed")

@@ -36,3 +36,35 @@ def test_run_a_compiled_file_model(tmp_path) -> None:
 def test_run_needs_a_compiled_directory(tmp_path, capsys) -> None:
     assert main(["run", str(tmp_path)]) == 2
     assert "compile.json" in capsys.readouterr().err
+
+
+def test_run_needs_no_frontend(tmp_path, monkeypatch, capsys) -> None:
+    """The directory holds the program, its weights, its input specs and the model: `t10c run`
+    emulates and checks without lowering anything, and keeps the predicted latency."""
+    from t10c import frontend
+
+    out = tmp_path / "bt"
+    assert main(["compile", "bert-tiny", "--chip", "test16", "--seq-len", "16", "-o", str(out),
+                 "--no-table", "--run"]) == 0
+    first = json.loads((out / "run.json").read_text())
+    assert {"weights.npz", "inputs.json", "model.onnx"} <= {p.name for p in out.iterdir()}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("t10c run must not run the frontend")
+
+    monkeypatch.setattr(frontend, "load_model", refuse)
+    monkeypatch.setattr(frontend, "to_graph", refuse)
+    assert main(["run", str(out)]) == 0
+    again = json.loads((out / "run.json").read_text())
+    plan = json.loads((out / "plan.json").read_text())
+    assert again["predicted_cycles"] == plan["total_cycles"] == first["predicted_cycles"]
+    # the same seeded inputs as compile --run: the same outputs, so the same error
+    assert again["max_rel_err"] == first["max_rel_err"] and again["cycles"] == first["cycles"]
+    assert "OK" in capsys.readouterr().out
+
+
+def test_a_timing_only_compile_draws_no_weights(tmp_path) -> None:
+    out = tmp_path / "t"
+    assert main(["compile", "bert-tiny", "--chip", "test16", "--seq-len", "16", "-o", str(out),
+                 "--no-table", "--timing-only"]) == 0
+    assert not (out / "weights.npz").exists() and not (out / "program.json").exists()

@@ -8,7 +8,7 @@ import pytest
 from t10c.chips import PRESETS
 from t10c.driver import CompileOptions, compile_model, run_compiled
 from t10c.frontend import to_graph
-from t10c.models import build
+from t10c.models import UnknownModelError, build, suggest
 
 MK2 = PRESETS["ipu-mk2"]
 TINY = ["gpt2-tiny", "vit-tiny", "llama-tiny", "resnet-tiny"]
@@ -46,3 +46,20 @@ def test_device_graphs_hold_only_real_computation() -> None:
     # step (bias, Relu, residual); the pools are reductions; the head is one more matmul
     assert resnet.count("contraction") == 1 + 3 * 4 + 1
     assert resnet.count("reduce") == 2
+
+
+@pytest.mark.parametrize("typo, best", [("bert-tinny", "bert-tiny"), ("gpt2xl", "gpt2-xl"),
+                                        ("BERT-TINY", "bert-tiny"), ("resnet-50", "resnet50"),
+                                        ("lama", "llama"), ("matmul-4x4", "matmul-MxKxN")])
+def test_misspelt_names_get_did_you_mean(typo: str, best: str) -> None:
+    assert suggest(typo)[0] == best
+    with pytest.raises(UnknownModelError) as info:
+        build(typo)
+    assert info.value.suggestions[0] == best
+    assert f"did you mean {best!r}" in str(info.value)
+
+
+def test_no_suggestion_for_a_name_like_nothing() -> None:
+    with pytest.raises(UnknownModelError) as info:
+        build("qwertyuiop")
+    assert info.value.suggestions == () and "did you mean" not in str(info.value)

@@ -1,0 +1,438 @@
+"""The timing machine: a `Program`'s clock, SRAM and written flags, without values.
+
+`TimingMachine` is the emulator without data: one handler per instruction class (the table
+`HANDLERS`, looked up by the instruction's class as torch.fx looks up ``node.op``) that checks
+what the chip would refuse, marks what every core has written and times the instruction.
+`Machine` (`machine.py`) extends each handler with the values; a timing-only run uses this
+class alone, so both share one timing code. The timing model is described in `machine.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.codegen.program import (
+    DTYPE_BYTES,
+    Alloc,
+    Compute,
+    Exchange,
+    Fill,
+    Free,
+    Instr,
+    Load,
+    Program,
+    Reduce,
+    Shift,
+    Store,
+    Sync,
+)
+from t10c.costs import compute_cycles
+
+from .routing import Routed, route
+
+Progress = Callable[[str, int, int], None]
+
+
+class EmulatorError(RuntimeError):
+    """The program did something the chip would not allow."""
+
+
+@dataclass
+class PhaseRecord:
+    op: str
+    phase: str
+    start: int
+    cycles: int
+    bytes_per_core: int = 0  # all-to-all: most bytes a core received; mesh: busiest link's bytes
+    hops: int = 0  # mesh: the longest route of the phase
+
+
+@dataclass
+class Timeline:
+    """What the run did, in order: per op and phase, cycles and bytes; SRAM use over time."""
+
+    clock_hz: float
+    records: list[PhaseRecord] = field(default_factory=list)
+    sram_samples: list[tuple[int, int]] = field(default_factory=list)  # (cycle, bytes per core)
+    peak_sram_bytes_per_core: int = 0
+    host_bytes: int = 0
+    #: mesh chips: bytes carried by every directed link over the run, (4, rows, cols) as in
+    #: `routing.Routed.loads`
+    link_bytes: np.ndarray | None = None
+
+    @property
+    def cycles(self) -> int:
+        return sum(r.cycles for r in self.records)
+
+    @property
+    def latency_s(self) -> float:
+        return self.cycles / self.clock_hz
+
+    def by_op(self) -> dict[str, dict[str, int]]:
+        """Cycles per op and phase, ops in program order."""
+        table: dict[str, dict[str, int]] = {}
+        for r in self.records:
+            row = table.setdefault(r.op, {})
+            row[r.phase] = row.get(r.phase, 0) + r.cycles
+        return table
+
+
+#: the handler (a method name) of every instruction class
+HANDLERS: dict[type[Instr], str] = {
+    Alloc: "alloc", Free: "free", Load: "load", Fill: "fill", Sync: "sync",
+    Exchange: "exchange", Shift: "shift", Reduce: "reduce", Compute: "compute", Store: "store",
+}
+
+
+class TimingMachine:
+    """One emulated chip running one program for its timing: buffers hold no values, only who
+    has written them."""
+
+    def __init__(self, program: Program, chip: Chip) -> None:
+        if program.cores != chip.cores:
+            raise EmulatorError(f"program is for {program.cores} cores, chip {chip.name} has "
+                                f"{chip.cores}")
+        self.prog, self.chip = program, chip
+        self.written: dict[int, np.ndarray] = {}
+        self.live: dict[int, tuple[int, int]] = {}
+        self.timeline = Timeline(chip.clock_hz)
+        self.now = 0
+        self.pending = np.zeros(chip.cores, dtype=np.int64)  # bytes received this exchange
+        self.pending_op = ""
+        self.pending_phase = ""
+        self.transfers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # mesh: src, dst, B
+        self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
+        self.routes: dict[tuple[int, ...], Routed] = {}  # routes by a digest of their transfers
+        self.host: dict[str, np.ndarray] = {}
+        self.executed = 0  # instructions stepped so far: the index of the next one
+        #: bound methods, so that a subclass's handlers are the ones called
+        self.handlers: dict[type[Instr], Callable[[Any], None]] = {
+            cls: getattr(self, name) for cls, name in HANDLERS.items()}
+        self.sources = {e.name: e.source for e in program.exprs}
+
+    # -- driving --------------------------------------------------------------------------
+    def execute(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
+                progress: Progress | None = None) -> Timeline:
+        """Execute the whole program; ``progress("emulate", done, total)`` at every op."""
+        self.check_inputs(inputs)
+        host = {**constants, **inputs}
+        total = len(self.prog.instrs)
+        if progress is not None:
+            progress("emulate", 0, total)
+        op = None
+        for n, ins in enumerate(self.prog.instrs):
+            if progress is not None and ins.op != op and ins.op:
+                op = ins.op
+                progress("emulate", n, total)
+            self.step(ins, host)
+        self.flush()
+        if progress is not None:
+            progress("emulate", total, total)
+        return self.timeline
+
+    def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
+        for name, (shape, _) in self.prog.inputs.items():
+            if name not in inputs:
+                raise EmulatorError(f"missing input {name!r} (shape {shape})")
+            if tuple(inputs[name].shape) != tuple(shape):
+                raise EmulatorError(f"input {name!r} has shape {inputs[name].shape}, the program "
+                                    f"was compiled for {shape}")
+
+    def step(self, ins: Instr, host: dict[str, np.ndarray] | None = None) -> None:
+        """Execute one instruction; any failure is re-raised naming the instruction (its index
+        among those stepped, its kind, its op and the op's ONNX node)."""
+        n = self.executed
+        self.executed += 1
+        if host is not None:
+            self.host = host
+        try:
+            handler = self.handlers[type(ins)]
+        except KeyError:
+            raise self.wrap(n, ins, "unknown instruction") from None
+        try:
+            handler(ins)
+        except Exception as exc:  # noqa: BLE001 - every failure gets the instruction's name
+            raise self.wrap(n, ins, str(exc) or type(exc).__name__) from exc
+
+    def wrap(self, n: int, ins: Instr, msg: str) -> EmulatorError:
+        where = f"instruction {n} ({type(ins).__name__}) of op {ins.op or '-'}"
+        source = self.sources.get(ins.op, "")
+        if source:
+            where += f" (ONNX {source})"
+        return EmulatorError(f"while executing {where}: {msg}")
+
+    # -- timing ---------------------------------------------------------------------------
+    def record(self, op: str, phase: str, cycles: int, nbytes: int = 0, hops: int = 0) -> None:
+        if cycles or nbytes:
+            self.timeline.records.append(PhaseRecord(op, phase, self.now, cycles, nbytes, hops))
+            self.now += cycles
+
+    def receive(self, op: str, phase: str, src: np.ndarray, dst: np.ndarray,
+                nbytes: np.ndarray) -> None:
+        """Queue transfers (``nbytes[k]`` from core ``src[k]`` to ``dst[k]``) of one phase."""
+        if self.pending_phase and (op, phase) != (self.pending_op, self.pending_phase):
+            self.flush()
+        self.pending_op, self.pending_phase = op, phase
+        if self.chip.is_mesh:
+            self.transfers.append((src, dst, nbytes))
+        else:  # only what each core receives matters
+            np.add.at(self.pending, dst, np.where(src != dst, nbytes, 0))
+
+    def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+              ) -> tuple[int, int, int]:
+        """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads.
+
+        Steps of a rotation and repeated layers route the same transfers again and again:
+        routes are remembered by a digest of the transfers."""
+        key = _digest(src, dst, nbytes)
+        routed = self.routes.get(key)
+        if routed is None:
+            routed = route(self.chip, src, dst, nbytes)
+            self.routes[key] = routed
+        if routed.loads is not None:
+            if self.timeline.link_bytes is None:
+                self.timeline.link_bytes = np.zeros_like(routed.loads)
+            self.timeline.link_bytes += routed.loads
+        return routed.cycles, routed.max_link_bytes, routed.max_hops
+
+    def flush(self) -> None:
+        if not self.pending_phase:
+            return
+        if self.chip.is_mesh:
+            src, dst, nbytes = (np.concatenate(x) for x in zip(*self.transfers))
+            cycles, most, hops = self.timed(src, dst, nbytes)
+            self.transfers = []
+        else:
+            most, hops = int(self.pending.max()), 1
+            cycles = self.chip.transfer_cycles(most)
+            self.pending[:] = 0
+        if self.pending_phase == "shift" and self.chip.overlap:
+            cycles = max(cycles - self.credit, 0)
+        self.credit = 0
+        self.record(self.pending_op, self.pending_phase, cycles, most, hops if most else 0)
+        self.pending_phase = ""
+
+    # -- streamed timing-only runs: repeated layers ----------------------------------------
+    def mark(self) -> tuple[int, np.ndarray | None]:
+        """Where the timeline stands (records and link loads), before an op."""
+        self.flush()
+        links = self.timeline.link_bytes
+        return len(self.timeline.records), None if links is None else links.copy()
+
+    def since(self, mark: tuple[int, np.ndarray | None], cached: Any) -> Any:
+        """Store on ``cached`` what the timeline gained since ``mark``: one op's records."""
+        self.flush()
+        start, links = mark
+        cached.records = [(r.phase, r.cycles, r.bytes_per_core, r.hops)
+                          for r in self.timeline.records[start:]]
+        if self.timeline.link_bytes is not None:
+            cached.link_bytes = self.timeline.link_bytes - (0 if links is None else links)
+        return cached
+
+    def replay(self, op: str, cached: Any) -> None:
+        """Append the records of an earlier op with the same instructions, as op ``op``."""
+        self.flush()
+        for phase, cycles, nbytes, hops in cached.records:
+            self.record(op, phase, cycles, nbytes, hops)
+        if cached.link_bytes is not None:
+            if self.timeline.link_bytes is None:
+                self.timeline.link_bytes = np.zeros_like(cached.link_bytes)
+            self.timeline.link_bytes += cached.link_bytes
+        self.credit = 0
+
+    def mark_written(self, buf: int, cores: np.ndarray) -> None:
+        self.written[buf][cores] = True
+
+    # -- checks ---------------------------------------------------------------------------
+    def check_read(self, buf: int, cores: np.ndarray | slice) -> None:
+        """Refuse a read of ``buf`` on ``cores`` where some core never wrote it."""
+        if buf not in self.written:
+            raise EmulatorError(f"buffer %{self.prog.buffers[buf].name} is not allocated")
+        if not np.all(self.written[buf][cores]):
+            raise EmulatorError(f"reads buffer %{self.prog.buffers[buf].name}, which some core "
+                                "never wrote")
+
+    def check_sources(self, src_core: np.ndarray, padding: bool = False) -> None:
+        """Every source core exists (-1 is allowed where it means padding)."""
+        if not src_core.size:
+            return
+        if src_core.max() >= self.chip.cores:
+            raise EmulatorError(f"transfer from core {int(src_core.max())}, which does not exist")
+        if src_core.min() < (-1 if padding else 0):
+            raise EmulatorError(f"transfer from core {int(src_core.min())}, which does not exist")
+        # all-to-all exchange: every pair of cores is linked (mesh links come with mesh chips)
+
+    def itemsize(self, buf: int) -> int:
+        return DTYPE_BYTES[self.prog.buffers[buf].dtype]
+
+    # -- handlers -------------------------------------------------------------------------
+    def alloc(self, ins: Alloc) -> None:
+        b = self.prog.buffers[ins.buf]
+        start, end = b.offset, b.offset + b.nbytes
+        if end > self.chip.sram_bytes_per_core:
+            raise EmulatorError(f"buffer %{b.name} [{start}, {end}) overflows the "
+                                f"{self.chip.sram_bytes_per_core}-byte SRAM")
+        for other, (s, e) in self.live.items():
+            if start < e and s < end:
+                raise EmulatorError(f"buffer %{b.name} overlaps live buffer "
+                                    f"%{self.prog.buffers[other].name}")
+        self.live[ins.buf] = (start, end)
+        self.written[ins.buf] = np.zeros(self.chip.cores, dtype=bool)
+        in_use = sum(e - s for s, e in self.live.values())
+        self.timeline.peak_sram_bytes_per_core = max(
+            self.timeline.peak_sram_bytes_per_core, max(e for _, e in self.live.values()))
+        self.timeline.sram_samples.append((self.now, in_use))
+
+    def free(self, ins: Free) -> None:
+        if ins.buf not in self.live:
+            raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name}, which is not "
+                                "allocated")
+        self.live.pop(ins.buf)
+        self.written.pop(ins.buf)
+        self.timeline.sram_samples.append((self.now, sum(e - s for s, e in self.live.values())))
+
+    def load(self, ins: Load) -> None:
+        self.mark_live(ins.buf)
+        self.written[ins.buf][_rows(ins, ins.ncores)] = True
+
+    def fill(self, ins: Fill) -> None:
+        self.mark_live(ins.buf)
+        self.written[ins.buf][_rows(ins, ins.ncores)] = True
+
+    def mark_live(self, buf: int) -> None:
+        if buf not in self.written:
+            raise EmulatorError(f"writes buffer %{self.prog.buffers[buf].name}, which is not "
+                                "allocated")
+
+    def sync(self, ins: Sync) -> None:
+        self.flush()
+        self.record(ins.op, "sync", self.chip.sync_cycles)
+
+    def exchange(self, ins: Exchange) -> None:
+        n = len(ins.src_core)
+        rows, here = _rows(ins, n), _phys(ins, n)
+        self.check_sources(ins.src_core, padding=True)
+        self.check_read(ins.src, _cores_in(ins.src_core, self.chip.cores))
+        self.mark_live(ins.dst)
+        self.written[ins.dst][rows] = True
+        size = self.itemsize(ins.dst)
+        if self.chip.is_mesh:
+            self.receive(ins.op, ins.phase, *_pairs(ins.src_core, here, size))
+        else:  # received bytes per core: a remote element counts wherever it comes from
+            remote = ((ins.src_core >= 0) & (ins.src_core != here[:, None])).sum(axis=1)
+            self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
+
+    def shift(self, ins: Shift) -> None:
+        n = len(ins.src_core)
+        rows, here = _rows(ins, n), _phys(ins, n)
+        self.check_sources(ins.src_core)
+        self.check_read(ins.src, ins.src_core)
+        self.mark_live(ins.dst)
+        self.written[ins.dst][rows] = True
+        size = np.full(n, self.prog.buffers[ins.dst].nbytes, dtype=np.int64)
+        self.receive(ins.op, "shift", ins.src_core.astype(np.int64), here, size)
+
+    def reduce(self, ins: Reduce) -> None:
+        self.flush()
+        n = len(ins.group)
+        rows, here = _rows(ins, n), _phys(ins, n)
+        self.check_sources(ins.group)
+        self.check_read(ins.src, ins.group.ravel())
+        self.mark_live(ins.dst)
+        chunk = self.prog.buffers[ins.dst].elems
+        group = ins.group.shape[1]
+        self.written[ins.dst][rows] = True
+        add = self.chip.vector_cycles((group - 1) * chunk, self.prog.dtype)
+        nbytes = chunk * self.itemsize(ins.dst)
+        if self.chip.is_mesh:  # each core gathers its chunk from every other member
+            members = np.broadcast_to(here[:, None], ins.group.shape)
+            cycles, most, hops = self.timed(ins.group.ravel(), members.ravel(),
+                                            np.full(members.size, nbytes, dtype=np.int64))
+            self.record(ins.op, "reduce", cycles + add, most, hops)
+        else:
+            remote = (group - 1) * nbytes
+            self.record(ins.op, "reduce", self.chip.transfer_cycles(remote) + add, remote)
+        self.credit = 0
+
+    def compute(self, ins: Compute) -> None:
+        self.flush()
+        expr = self.prog.exprs[ins.expr]
+        rows = _rows(ins, len(ins.origin))
+        for bid in ins.ins + ((ins.out,) if ins.accumulate else ()):
+            self.check_read(bid, rows)
+        self.mark_live(ins.out)
+        self.written[ins.out][rows] = True
+        cycles = compute_cycles(expr, dict(zip(expr.axis_names, ins.sub)), self.chip,
+                                self.prog.dtype)
+        self.record(expr.name, "compute", cycles)
+        self.credit = cycles
+
+    def store(self, ins: Store) -> None:
+        self.check_sources(ins.src_core)
+        self.check_read(ins.src, _cores_in(ins.src_core, self.chip.cores))
+
+
+def _rows(ins: Instr, n: int) -> np.ndarray | slice:
+    """The cores an instruction's table rows stand for, as an index into core arrays."""
+    cores = getattr(ins, "cores", None)
+    return slice(0, n) if cores is None else cores
+
+
+def _phys(ins: Instr, n: int) -> np.ndarray:
+    cores = getattr(ins, "cores", None)
+    return np.arange(n, dtype=np.int64) if cores is None else cores.astype(np.int64)
+
+
+_MIX = np.random.default_rng(0x7104).integers(1, 2 ** 63, size=(2, 1 << 18), dtype=np.uint64)
+
+
+def _digest(*arrays: np.ndarray) -> tuple[int, ...]:
+    """A 128-bit fingerprint of integer arrays: two random-weighted sums modulo 2^64 per
+    array (cheaper than hashing the bytes of the large tables of wafer-sized chips)."""
+    key: list[int] = []
+    for a in arrays:
+        flat = np.ascontiguousarray(a, dtype=np.int64).ravel().view(np.uint64)
+        n = len(flat)
+        reps = -(-n // _MIX.shape[1])
+        with np.errstate(over="ignore"):
+            for w in _MIX:
+                if reps > 1:  # each repetition of the weights gets its own multiplier
+                    block = np.repeat(np.arange(1, reps + 1, dtype=np.uint64), len(w))[:n]
+                    weights = np.tile(w, reps)[:n] * (block * np.uint64(0x9E3779B97F4A7C15))
+                else:
+                    weights = w[:n]
+                key.append(int((flat * weights).sum(dtype=np.uint64)))
+        key.append(n)
+    return tuple(key)
+
+
+def _pairs(src_core: np.ndarray, here: np.ndarray, itemsize: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, bytes) per distinct pair of cores of an element table whose row r lands on
+    core ``here[r]``; -1 entries (padding) move nothing. Each row is sorted and its runs
+    counted, which is cheaper than a global unique over the whole table."""
+    n, e = src_core.shape
+    if not n or not e:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    srt = np.sort(src_core, axis=1)
+    start = np.ones(srt.shape, dtype=bool)
+    start[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    r, c = np.nonzero(start)
+    first = r.astype(np.int64) * e + c
+    counts = np.append(first[1:], n * e) - first
+    src = srt[r, c].astype(np.int64)
+    dst = np.asarray(here, dtype=np.int64)[r]
+    keep = (src >= 0) & (src != dst)
+    return src[keep], dst[keep], counts[keep] * itemsize
+
+
+def _cores_in(table: np.ndarray, cores: int) -> np.ndarray:
+    """The distinct cores a table refers to (-1 entries ignored), in O(size)."""
+    counts = np.bincount(table.ravel().astype(np.int64) + 1, minlength=cores + 1)
+    return np.flatnonzero(counts[1:])

@@ -1,0 +1,79 @@
+"""The partition stage's result: the chosen `Plan` of a whole graph and the solver's account.
+
+Kept apart from `partition/__init__.py` (which builds plans) so that the verifier, codegen and
+the file formats can use the type without importing the search and the solver: nothing here
+imports another module of the stage except `plan.py` and `bounds.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .bounds import Bounds
+from .plan import OpPlan
+
+
+class PlanError(ValueError):
+    """A plan that is illegal or does not fit."""
+
+
+class DoesNotFitError(PlanError):
+    """No choice of plans fits the chip's SRAM; the message says by how much and where."""
+
+
+@dataclass(frozen=True)
+class SolverReport:
+    """How the whole-graph choice was made and how good it is known to be."""
+
+    name: str  # the planner: "cp-sat" or "greedy"
+    status: str  # CP-SAT's status (OPTIMAL: proven within ``gap``; FEASIBLE: limit reached)
+    objective_cycles: int
+    bound_cycles: int  # no choice of plans from the fronts is faster than this
+    gap: float  # (objective - bound) / objective, rounded to 6 digits
+    greedy_objective_cycles: int | None  # the warm start's objective (None: greedy found none)
+    wall_s: float  # wall time of the choice; varies run to run, so kept out of plan.json
+    workers: int
+    seed: int
+    time_limit_s: float  # CP-SAT's deterministic limit (work units, about seconds)
+
+    def document(self) -> dict[str, object]:
+        """The reproducible fields, as plan.json stores them (everything but ``wall_s``)."""
+        doc = asdict(self)
+        del doc["wall_s"]
+        return doc
+
+    @staticmethod
+    def from_document(doc: dict, wall_s: float = 0.0) -> SolverReport:
+        """The inverse of `document` (``wall_s`` is not stored there)."""
+        return SolverReport(
+            name=str(doc["name"]), status=str(doc["status"]),
+            objective_cycles=int(doc["objective_cycles"]), bound_cycles=int(doc["bound_cycles"]),
+            gap=float(doc["gap"]),
+            greedy_objective_cycles=(None if doc["greedy_objective_cycles"] is None
+                                     else int(doc["greedy_objective_cycles"])),
+            wall_s=wall_s, workers=int(doc["workers"]), seed=int(doc["seed"]),
+            time_limit_s=float(doc["time_limit_s"]))
+
+
+#: the report of a plan put together by hand (tests, tools), not chosen by a solver
+HAND_MADE = SolverReport("hand", "GIVEN", 0, 0, 0.0, None, 0.0, 1, 0, 0.0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen plan of every op of a graph, with the solver's account of the choice."""
+
+    model: str
+    chip: str
+    dtype: str
+    ops: tuple[OpPlan, ...]
+    relayout_cycles: tuple[int, ...]  # predicted re-layout cycles before each op
+    front_sizes: tuple[int, ...]
+    solver: SolverReport = HAND_MADE
+    search_wall_s: float = 0.0
+    #: the roofline and ideal lower bounds (`partition.bounds`); None for a hand-made plan
+    bounds: Bounds | None = None
+
+    @property
+    def total_cycles(self) -> int:
+        return sum(p.cycles.total for p in self.ops) + sum(self.relayout_cycles)

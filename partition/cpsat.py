@@ -1,0 +1,116 @@
+"""Running a CP-SAT solve so that it is reproducible, interruptible and visible.
+
+Shared by the whole-graph plan choice (`solve.py`) and codegen's SRAM layout repair
+(`codegen/memory.py`):
+
+- reproducible: the only limit is CP-SAT's *deterministic* time (a count of work, about a
+  second per unit on an idle machine), with one worker and a fixed seed, so a solve cut short
+  stops at the same point on an idle or a loaded machine. There is deliberately no wall-clock
+  limit: on a busy machine one deterministic second measured up to 14 s of wall time, so any
+  wall-clock backstop would decide the result exactly when the machine is loaded. Ctrl-C is
+  the user's wall-clock limit.
+- interruptible: CP-SAT would otherwise install its own SIGINT handler, swallow the signal
+  and return its best solution as if nothing happened. Here it does not (the
+  ``catch_sigint_signal`` parameter), the solve runs in a helper thread (the native solver
+  releases the GIL), and the main thread, which is where Python delivers ``KeyboardInterrupt``,
+  stops the search, waits for the solver to return, and re-raises.
+- visible: every improving solution reports ``progress(stage, done, total)`` in thousandths of
+  a deterministic second.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ortools.sat.python import cp_model
+
+Progress = Callable[[str, int, int], None]
+
+#: how often the main thread wakes up to report progress (seconds of wall time). It only
+#: paces the display: the solve itself never reads the clock.
+_POLL_S = 0.05
+
+
+class _Watch(cp_model.CpSolverSolutionCallback):
+    """Records the deterministic time of the latest improving solution (read by the main
+    thread for progress; a callback does not change the search)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.det_time = 0.0
+        self.solutions = 0
+
+    def on_solution_callback(self) -> None:
+        self.det_time = float(self.deterministic_time)
+        self.solutions += 1
+
+
+def configure(solver: cp_model.CpSolver, deterministic_limit: float, workers: int = 1,
+              seed: int = 0) -> None:
+    """Set the parameters that make a solve reproducible and leave SIGINT to Python."""
+    solver.parameters.max_deterministic_time = deterministic_limit
+    solver.parameters.num_workers = workers
+    # several workers race by default (whoever finds a solution first shares it): interleaved,
+    # they run in deterministic batches, so --workers N gives the same plan every run too
+    solver.parameters.interleave_search = workers > 1
+    solver.parameters.random_seed = seed
+    solver.parameters.catch_sigint_signal = False
+
+
+def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress | None = None,
+        stage: str = "solve") -> cp_model.CpSolverStatus:
+    """Solve ``model`` with ``solver`` (already `configure`d) and return CP-SAT's status.
+
+    Raises ``KeyboardInterrupt`` promptly (within ``_POLL_S``) when the user presses Ctrl-C,
+    after stopping the search."""
+    limit = float(solver.parameters.max_deterministic_time)
+    total = max(int(limit * 1000), 1)
+    watch = _Watch()
+    outcome: list[cp_model.CpSolverStatus] = []
+    failure: list[BaseException] = []
+    # the worker signals its end through an Event: Thread.join interrupted by Ctrl-C can
+    # report a thread finished while it still runs (CPython 3.11), and the native solver must
+    # have returned before the interpreter exits
+    finished = threading.Event()
+
+    def work() -> None:
+        try:
+            outcome.append(solver.solve(model, watch))
+        except BaseException as exc:  # pragma: no cover - re-raised in the main thread
+            failure.append(exc)
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=work, name="cp-sat", daemon=True)
+    if progress:
+        progress(stage, 0, total)
+    shown = 0
+    try:
+        thread.start()
+        while not finished.wait(_POLL_S):
+            done = min(int(watch.det_time * 1000), total - 1)
+            if progress and done > shown:
+                progress(stage, done, total)
+                shown = done
+    except KeyboardInterrupt:
+        solver.stop_search()
+        _wait_out(finished)
+        raise
+    thread.join()
+    if failure:
+        raise failure[0]
+    if progress:
+        progress(stage, total, total)
+    return outcome[0]
+
+
+def _wait_out(finished: threading.Event) -> None:
+    """Wait for a stopped solve to return (it does within milliseconds), through any further
+    Ctrl-C: the interrupt that stopped it is already on its way."""
+    while True:
+        try:
+            if finished.wait(_POLL_S):
+                return
+        except KeyboardInterrupt:
+            continue

@@ -1,0 +1,163 @@
+"""The self-contained program directory: what ``t10c run DIR`` needs, without the frontend.
+
+``compile -o DIR`` writes, next to ``plan.json`` and ``compile.json``:
+
+- ``program.json`` / ``program.npz``: the program (`codegen.program`);
+- ``weights.npz``: every host tensor the program loads that is not an input (the graph's
+  constants, after the frontend's folding: what the chip holds, not the ONNX initializers);
+- ``inputs.json`` (format ``t10c-inputs/1``): the graph inputs in order, with shape, dtype and,
+  for integer inputs, the exclusive upper bound of the seeded indices (the rows of the table
+  they index), so that ``t10c run`` draws the same inputs as ``compile --run``;
+- ``model.onnx``: the model with its weights, the reference onnxruntime runs (a file model is
+  copied; a zoo model is written).
+
+`load_run_dir` reads them back; every missing or malformed file is one `RunDirError`.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from t10c.codegen.program import Load, Program, ProgramError
+from t10c.codegen.verify import load_program
+from t10c.ir import Graph
+
+INPUTS_FORMAT = "t10c-inputs/1"
+
+
+class RunDirError(ValueError):
+    """A program directory that cannot be run: which file, and what is wrong."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One graph input as the seeded inputs are drawn: normal floats, or integer indices in
+    ``[0, high)``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "float32" or "int64"
+    high: int = 2
+
+
+def input_specs(graph: Graph) -> list[InputSpec]:
+    """The graph's inputs; an integer input that indexes tables gets the smallest table's rows."""
+    limits: dict[str, int] = {}
+    for op in graph.ops:
+        if op.body and op.body[0] == "take":
+            table, index = op.inputs[op.body[1]], op.inputs[op.body[2]]
+            rows = graph.tensors[table.tensor].shape[op.take_dim()]
+            root = graph.root(index.tensor)
+            limits[root] = min(limits.get(root, rows), rows)
+    return [InputSpec(name, tuple(graph.tensors[name].shape), graph.tensors[name].dtype,
+                      limits.get(name, 2)) for name in graph.inputs]
+
+
+def draw_inputs(specs: list[InputSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs: normal floats; integer indices within the table they index."""
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for s in specs:
+        if s.dtype == "float32":
+            inputs[s.name] = rng.standard_normal(s.shape).astype(np.float32)
+        else:
+            inputs[s.name] = rng.integers(0, s.high, s.shape).astype(np.int64)
+    return inputs
+
+
+def save_run_files(directory: Path, program: Program, graph: Graph,
+                   model: onnx.ModelProto | None) -> None:
+    """Write ``weights.npz``, ``inputs.json`` and (given ``model``) ``model.onnx``."""
+    loaded = {ins.tensor for ins in program.instrs if isinstance(ins, Load)}
+    weights = {k: np.asarray(v) for k, v in graph.constants.items() if k in loaded}
+    with open(directory / "weights.npz", "wb") as fh:
+        np.savez(fh, **weights)  # type: ignore[arg-type]  # compressing weights: not worth it
+    doc = {"format": INPUTS_FORMAT,
+           "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype, "high": s.high}
+                      for s in input_specs(graph)]}
+    (directory / "inputs.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if model is not None:
+        if model.ByteSize() < 2 ** 31 - 2 ** 20:
+            onnx.save_model(model, directory / "model.onnx")
+        else:  # past protobuf's 2 GB: the weights go to a file next to it
+            onnx.save_model(model, directory / "model.onnx", save_as_external_data=True,
+                            location="model.onnx.data")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A program directory read back: the program, its weights, its inputs and its model."""
+
+    program: Program
+    weights: dict[str, np.ndarray]
+    inputs: list[InputSpec]
+    model: onnx.ModelProto
+
+
+def load_run_dir(directory: Path) -> RunDir:
+    """Read what ``t10c run`` needs from ``directory`` (the program is verified without a
+    chip by `codegen.load_program`)."""
+    try:
+        program = load_program(directory)
+    except ProgramError as exc:
+        raise RunDirError(str(exc)) from None
+    weights = _weights(directory / "weights.npz")
+    specs = _inputs(directory / "inputs.json")
+    if [s.name for s in specs] != list(program.inputs) or any(
+            s.shape != tuple(program.inputs[s.name][0]) for s in specs):
+        raise RunDirError(f"{directory}/inputs.json does not describe the program's inputs "
+                          f"{', '.join(program.inputs)}")
+    path = directory / "model.onnx"
+    if not path.is_file():
+        raise RunDirError(f"{path} is missing; write the directory again with "
+                          "t10c compile MODEL -o DIR")
+    try:
+        model = onnx.load_model(str(path))
+    except Exception as exc:  # noqa: BLE001 - protobuf and onnx raise many kinds
+        raise RunDirError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
+                          f"{exc})") from None
+    return RunDir(program, weights, specs, model)
+
+
+def _weights(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except FileNotFoundError:
+        raise RunDirError(f"{path} is missing: the directory holds no weights to run (its "
+                          "model was compiled shape-only, being past protobuf's 2 GB limit, or "
+                          "the file was removed); compile a model with weights with -o again"
+                          ) from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise RunDirError(f"{path} is not a readable weights file ({exc})") from None
+
+
+def _inputs(path: Path) -> list[InputSpec]:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunDirError(f"{path} is missing; write the directory again with "
+                          "t10c compile MODEL -o DIR") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RunDirError(f"{path} is not a readable JSON file ({exc})") from None
+    try:
+        if doc["format"] != INPUTS_FORMAT:
+            raise ValueError(f"format {doc['format']!r} is not {INPUTS_FORMAT}")
+        specs = []
+        for x in doc["inputs"]:
+            shape = tuple(x["shape"])
+            ok = (isinstance(x["name"], str) and x["dtype"] in ("float32", "int64")
+                  and all(type(d) is int and d >= 0 for d in shape)
+                  and type(x["high"]) is int and x["high"] >= 1)
+            if not ok:
+                raise ValueError(f"input {x!r} is malformed")
+            specs.append(InputSpec(x["name"], shape, x["dtype"], x["high"]))
+        return specs
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunDirError(f"{path}: {exc}") from None

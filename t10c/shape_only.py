@@ -1,0 +1,21 @@
+"""Shape-only weights: an ONNX convention shared by the producers of models and the frontend.
+
+An initializer may carry its shape without its values: data location ``EXTERNAL`` with the
+external-data entry ``location`` equal to `SHAPE_ONLY_LOCATION`. Planning and code generation
+need only shapes; emulation refuses such a graph. The zoo builds models past protobuf's 2 GB
+limit (gpt2-xl) this way, and any producer may do the same. It lives in the core because two
+stages (the zoo that writes it, the frontend that reads it) share it.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+#: the external-data location that marks an initializer as shape-only
+SHAPE_ONLY_LOCATION = "t10c:shape-only"
+
+
+def is_shape_only(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor`` is a shape-only initializer (`SHAPE_ONLY_LOCATION`)."""
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == SHAPE_ONLY_LOCATION for e in tensor.external_data)

@@ -1,0 +1,78 @@
+"""The strategies t10c can compile a model under: one table read by the CLI, compare, bench and
+mesh-compare.
+
+Each strategy is a name, a one-line description (the CLI's help) and the change it makes to
+the search options the user gave; everything else (planner, solver, codegen, emulator) is the
+same for all of them, so their runs compare like with like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from t10c.partition.search import SearchOptions
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way of compiling: what it is called, what it is, and the search options it sets."""
+
+    name: str
+    description: str
+    #: the user's search options -> this strategy's
+    search: Callable[[SearchOptions], SearchOptions]
+    #: part of the default comparison (`t10c compare`, `t10c bench`); the others matter only
+    #: on some chips and are asked for by name
+    default: bool = True
+
+
+def _t10(s: SearchOptions) -> SearchOptions:
+    return s
+
+
+def _no_rotation(s: SearchOptions) -> SearchOptions:
+    # every shared sub-tensor replicated: nothing rotates, all f_t = 1
+    return dataclasses.replace(s, max_rot_axes=0)
+
+
+def _vgm(s: SearchOptions) -> SearchOptions:
+    # nothing rotates either: every op fetches its weight tiles from their home layout
+    return dataclasses.replace(s, max_rot_axes=0, weights_home=True)
+
+
+def _all_to_all(s: SearchOptions) -> SearchOptions:
+    return dataclasses.replace(s, mesh_aware=False)
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("t10", "compute-shift plans: operands rotate around rings of cores (default)",
+             _t10),
+    Strategy("no-rotation", "the baseline that replicates every shared sub-tensor "
+             "(all f_t = 1)", _no_rotation),
+    Strategy("vgm", "virtual global memory: weights spread over all cores and fetched by "
+             "every op before it computes", _vgm),
+    Strategy("all-to-all", "t10 planned as if every ring were one hop, cores numbered "
+             "row-major (T10 as published; differs from t10 on meshes only)", _all_to_all,
+             default=False),
+)}
+
+#: the strategies `t10c compare` and `t10c bench` run unless told otherwise
+DEFAULT_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGIES.items() if s.default)
+
+
+def search_options(strategy: str, base: SearchOptions = SearchOptions()) -> SearchOptions:
+    """The search options of ``strategy`` given the user's ``base`` options.
+
+    >>> search_options("no-rotation").max_rot_axes
+    0
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: use {', '.join(STRATEGIES)}")
+    return STRATEGIES[strategy].search(base)
+
+
+def help_text() -> str:
+    """Every strategy with its description, for ``--help``."""
+    return "; ".join(f"{s.name}: {s.description}" for s in STRATEGIES.values())

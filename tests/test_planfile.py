@@ -1,0 +1,60 @@
+"""plan.json reads back: the loaded plan is the compiled one, verifies, and gives the same
+program byte for byte."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from t10c.chips import load_chip
+from t10c.codegen import generate
+from t10c.driver import CompileOptions, compile_model
+from t10c.partition import verify_plan
+from t10c.planfile import PlanFileError, load_plan, plan_document, write_json
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_model("bert-tiny", load_chip("test16"), CompileOptions(seq_len=16))
+
+
+def test_a_loaded_plan_is_the_plan(compiled, tmp_path: Path) -> None:
+    write_json(tmp_path / "plan.json", plan_document(compiled))
+    loaded = load_plan(tmp_path / "plan.json")
+    # wall times are not stored
+    want = dataclasses.replace(compiled.plan, search_wall_s=0.0,
+                               solver=dataclasses.replace(compiled.plan.solver, wall_s=0.0))
+    assert loaded == want
+    verify_plan(compiled.graph, loaded, compiled.chip)
+    again = generate(compiled.graph, loaded, compiled.chip)
+    for name, program in (("a", compiled.program), ("b", again)):
+        (tmp_path / name).mkdir()
+        program.save(tmp_path / name)
+    for f in ("program.json", "program.npz"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+
+def test_a_loaded_plan_writes_the_same_file(compiled, tmp_path: Path) -> None:
+    write_json(tmp_path / "plan.json", plan_document(compiled))
+    loaded = load_plan(tmp_path / "plan.json")
+    write_json(tmp_path / "again.json",
+               plan_document(dataclasses.replace(compiled, plan=loaded)))
+    assert (tmp_path / "plan.json").read_bytes() == (tmp_path / "again.json").read_bytes()
+
+
+def test_a_broken_plan_file_is_refused(compiled, tmp_path: Path) -> None:
+    doc = plan_document(compiled)
+    path = tmp_path / "plan.json"
+    path.write_text("{")
+    with pytest.raises(PlanFileError, match="cannot read"):
+        load_plan(path)
+    path.write_text(json.dumps({**doc, "format": "t10c-plan/0"}))
+    with pytest.raises(PlanFileError, match="is not a t10c-plan/1 file"):
+        load_plan(path)
+    del doc["ops"][0]["drivers"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanFileError, match="drivers"):
+        load_plan(path)
