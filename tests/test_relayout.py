@@ -276,3 +276,16 @@ def test_solver_chooses_aligned_plans() -> None:
     program = generate(graph, aligned, CHIP)
     _, timeline, _ = emulate(program, CHIP, make_inputs(graph, 0), graph.constants)
     assert timeline.cycles == aligned.total_cycles
+
+
+def test_aligned_plans_read_back_from_plan_json(tmp_path) -> None:
+    from t10c.driver import CompileOptions, compile_model
+    from t10c.planfile import load_plan, plan_document, write_json
+
+    _, model = _graph("chain")
+    c = compile_model(model, CHIP, CompileOptions(dtype="fp32"))
+    assert any(p.aligned >= 0 for p in c.plan.ops)
+    write_json(tmp_path / "plan.json", plan_document(c))
+    loaded = load_plan(tmp_path / "plan.json")
+    assert [(p.cores, p.aligned) for p in loaded.ops] == \
+        [(p.cores, p.aligned) for p in c.plan.ops]
