@@ -11,6 +11,7 @@ import time
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
+from .align import aligned_variants
 from .bounds import Bounds, bounds
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
 from .constrain import (
@@ -30,7 +31,7 @@ from .diagnose import check_fit, diagnose
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
-from .transitions import edge_cost
+from .transitions import Views, edge_cost, relayout_cycles
 from .verify import verify_plan
 
 __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
@@ -108,16 +109,19 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         # the weights alone cannot be resident: no need to ask the solver
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, "RESIDENT", solver,
                                        dtype))
-    edges = _edges(graph, keys, fronts, chip, dtype, ints)
+    views = Views(graph)
+    edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
     no_extra = [[0] * len(f) for f in fronts]
     result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
                                   solver, progress)
     if result is None:
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
-    relayout = [0] * len(graph.ops)
-    for e in edges:
-        relayout[e.dst] += e.cost[result.choice[e.src]][result.choice[e.dst]]
+    # the solver priced each input's move on its own; the chosen plans' inputs move together
+    relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
+    if search.align and not chip.is_mesh and solver.planner != "greedy":
+        chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
+                                    search, solver, views)
     gap = result.objective_cycles - result.bound_cycles
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
@@ -151,11 +155,74 @@ def _warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip
                                 cold_bytes_per_core=cold, out_bytes_per_core=out, home=True)]
 
 
-def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
-           dtype: str, ints: frozenset[str]) -> list[Edge]:
-    """Every producer -> consumer edge with its re-layout costs; repeated layers share them."""
+def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayout: list[int],
+             chip: Chip, dtype: str, ints: frozenset[str], consts: frozenset[str],
+             search: SearchOptions, solver: SolverOptions, views: Views
+             ) -> tuple[tuple[OpPlan, ...], list[int]]:
+    """The second solve: every op chooses between its chosen plan and the plans aligned to
+    what its producers' choices (or their aligned alternatives) leave (`align.py`), under the
+    same memory constraints. Offering the aligned plans in the first solve, beside whole
+    fronts, stalled CP-SAT on bert-large at the greedy's objective; this small model solves
+    at once, starts from the first choice (its greedy hint) and keeps the better of the two."""
+    fronts = _with_aligned(graph, keys, [[p] for p in chosen], chip, dtype, ints, consts,
+                           search)
+    if all(len(f) == 1 for f in fronts):
+        return chosen, relayout
+    edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
+    result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], edges,
+                             chip.sram_bytes_per_core, solver)
+    if result is None:
+        return chosen, relayout
+    picked = tuple(f[k] for f, k in zip(fronts, result.choice))
+    again = relayout_cycles(graph, picked, chip, dtype, ints, views)
+    before = sum(p.cycles.total for p in chosen) + sum(relayout)
+    if sum(p.cycles.total for p in picked) + sum(again) < before:
+        return picked, again
+    return chosen, relayout
+
+
+def _front_ids(fronts: list[list[OpPlan]]) -> list[int]:
+    """Equal numbers for ops whose fronts hold the same plans (repeated layers)."""
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault(tuple(_rename(p, "") for p in f), len(ids)) for f in fronts]
+
+
+def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
+                  dtype: str, ints: frozenset[str], consts: frozenset[str],
+                  search: SearchOptions) -> list[list[OpPlan]]:
+    """Every op's front plus the plans aligned to its producers' (`align.py`), in
+    topological order so that alignment carries along chains; repeated layers share them."""
+    if not search.align or chip.is_mesh:
+        return fronts
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    cache: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+    fronts = list(fronts)
+    table: dict[tuple, int] = {}
+
+    def front_id(f: list[OpPlan]) -> int:
+        return table.setdefault(tuple(_rename(p, "") for p in f), len(table))
+
+    ids = [front_id(f) for f in fronts]
+    cache: dict[tuple, list[OpPlan]] = {}
+    for i, op in enumerate(graph.ops):
+        feeds = tuple((slot, ids[producer[o.tensor]]) for slot, o in enumerate(op.inputs)
+                      if o.tensor in producer)
+        if not feeds:
+            continue
+        key = (keys[i], feeds, ids[i])
+        if key not in cache:
+            cache[key] = aligned_variants(graph, i, fronts, chip, dtype, ints, consts,
+                                          search.align, search.weights_home)
+        fronts[i] = fronts[i] + [_rename(p, op.name) for p in cache[key]]
+        ids[i] = front_id(fronts[i])
+    return fronts
+
+
+def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip,
+           dtype: str, ints: frozenset[str], views: Views) -> list[Edge]:
+    """Every producer -> consumer edge with its re-layout costs; ops with equal fronts
+    (``keys``, repeated layers) share them."""
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    cache: dict[tuple, tuple[tuple[int | None, ...], ...]] = {}
     edges = []
     for i, op in enumerate(graph.ops):
         for slot, operand in enumerate(op.inputs):
@@ -163,10 +230,11 @@ def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Ch
             if j is None:
                 continue
             direct = operand.tensor == graph.ops[j].output.tensor
-            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape)
+            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape,
+                   views.chain(operand.tensor))
             if key not in cache:
                 cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
-                                       ints)
+                                       ints, views)
             edges.append(Edge(j, i, slot, cache[key]))
     return edges
 

@@ -17,6 +17,9 @@ model is built by `build_model`, solved by `solve_model` and decoded by `decode`
   cost depends on the pair of plans, booleans ``y[e, p, q]`` mark the pair in use:
   ``sum_q y[e, p, q] = x[j, p]`` and ``sum_p y[e, p, q] = x[i, q]`` (the tight, "marginal"
   linearisation of ``x[j, p] * x[i, q]``, whose relaxation already prices most edges right).
+  A pair the edge does not allow (a plan aligned to one producer layout beside another, cost
+  None) gets no variable, so the marginals forbid it: ``x[i, q] <= sum of x[j, p]`` over the
+  producer plans it allows.
 - objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]``.
 
 The greedy starts from every op's fastest plan and, while some op's memory (C2) is exceeded,
@@ -42,6 +45,9 @@ from t10c.ir import Graph
 from . import cpsat
 from .cpsat import Progress
 from .plan import OpPlan
+
+#: the objective of a choice that uses a pair of plans an edge does not allow
+FORBIDDEN = 2 ** 62
 
 
 @dataclass(frozen=True)
@@ -81,12 +87,12 @@ class MemoryTerms:
 @dataclass(frozen=True)
 class Edge:
     """Producer op ``src`` feeds input ``slot`` of consumer op ``dst``; ``cost[p][q]`` is the
-    re-layout cycles from producer plan p to consumer plan q."""
+    re-layout cycles from producer plan p to consumer plan q (None: the pair is not allowed)."""
 
     src: int
     dst: int
     slot: int
-    cost: tuple[tuple[int, ...], ...]
+    cost: tuple[tuple[int | None, ...], ...]
 
 
 def liveness(graph: Graph) -> MemoryTerms:
@@ -178,7 +184,10 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None
 
 def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...]) -> int:
     total = sum(int(a[k]) for a, k in zip(arrays.cycles, choice))
-    return total + sum(e.cost[choice[e.src]][choice[e.dst]] for e in edges)
+    pairs = [e.cost[choice[e.src]][choice[e.dst]] for e in edges]
+    if any(r is None for r in pairs):
+        return FORBIDDEN
+    return total + sum(r for r in pairs if r is not None)
 
 
 def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
@@ -206,12 +215,14 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
     for n, e in enumerate(edges):
         if all(r == 0 for row in e.cost for r in row):
             continue
-        y = [[model.new_bool_var(f"y[{n},{p},{q}]") for q in range(len(e.cost[0]))]
-             for p in range(len(e.cost))]
+        # no variable for a pair that is not allowed: the marginals then forbid it
+        y: list[list[Any]] = [[model.new_bool_var(f"y[{n},{p},{q}]") if r is not None else None
+                               for q, r in enumerate(row)] for p, row in enumerate(e.cost)]
         for p, row in enumerate(y):
-            model.add(sum(row) == x[e.src][p])
+            model.add(sum(v for v in row if v is not None) == x[e.src][p])
         for q in range(len(e.cost[0])):
-            model.add(sum(y[p][q] for p in range(len(y))) == x[e.dst][q])
+            model.add(sum(y[p][q] for p in range(len(y)) if y[p][q] is not None)
+                      == x[e.dst][q])
         transitions.extend(r * y[p][q] for p, row in enumerate(e.cost)
                            for q, r in enumerate(row) if r)
     model.minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
@@ -250,7 +261,9 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     terms = liveness(graph)
     arrays = _Arrays(fronts, relayout_in)
     cap = int(sram_bytes * (1 - opts.reserve_fraction))
-    base = [len(f) if all(p.home for p in f) else sum(not p.home for p in f) for f in fronts]
+    # the greedy walks each op's own front: neither warm-up twins nor aligned plans
+    base = [sum(p.aligned < 0 and (not p.home or all(r.home for r in f)) for p in f)
+            for f in fronts]
     warm = greedy(terms, arrays, cap, base)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     if opts.planner == "greedy":

@@ -41,6 +41,25 @@ PLAN_FORMAT = "t10c-plan/1"
 RUN_FORMAT = "t10c-run/1"
 
 
+def _placement(p: OpPlan) -> str:
+    if p.aligned < 0:
+        return place.describe(p.embed, math.prod(p.F))
+    cores = "its cores permuted to" if p.cores is not None else "row-major cores, matching"
+    return f"aligned to input {p.aligned}: {cores} the layout its producer leaves"
+
+
+def _runs(cores: tuple[int, ...]) -> list[list[int]]:
+    """Consecutive physical cores as [first, count] runs (an aligned plan's map is a few
+    hundred runs where the whole list would be thousands of numbers)."""
+    runs: list[list[int]] = []
+    for c in cores:
+        if runs and runs[-1][0] + runs[-1][1] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return runs
+
+
 def plan_document(c: Compiled) -> dict[str, Any]:
     graph, plan = c.graph, c.plan
     ops = []
@@ -74,7 +93,11 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             # on a mesh: [rows, cols, column driver, its ring, row driver, its ring]; null
             # where logical core c is physical core c
             "embedding": p.embed.as_list() if p.embed is not None else None,
-            "placement": place.describe(p.embed, math.prod(p.F)),
+            "placement": _placement(p),
+            # an aligned plan's cores (`partition/align.py`): [[first physical core, count],
+            # ...] runs of consecutive cores, logical core order; null: core c is core c
+            "core_map": _runs(p.cores) if p.cores is not None else None,
+            "aligned_input": p.aligned,
         })
     return {
         "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,
@@ -142,7 +165,15 @@ def _op_plan(o: dict[str, Any]) -> OpPlan:
         hot_bytes_per_core=int(o["hot_bytes_per_core"]),
         cold_bytes_per_core=int(o["cold_bytes_per_core"]),
         out_bytes_per_core=int(o["out_bytes_per_core"]),
-        home=o["weights"] == "warmed-up", embed=Embedding.from_list(o["embedding"]))
+        home=o["weights"] == "warmed-up", embed=Embedding.from_list(o["embedding"]),
+        cores=_unruns(o.get("core_map")), aligned=int(o.get("aligned_input", -1)))
+
+
+def _unruns(runs: list[list[int]] | None) -> tuple[int, ...] | None:
+    """`_runs` undone: the physical core of every logical core."""
+    if runs is None:
+        return None
+    return tuple(int(first) + k for first, count in runs for k in range(int(count)))
 
 
 def run_document(c: Compiled, r: RunResult, seed: int) -> dict[str, Any]:
