@@ -120,8 +120,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
     if search.align and not chip.is_mesh and solver.planner != "greedy":
+        fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
         chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
-                                    search, solver, views)
+                                    search, solver, views, fixed)
     gap = result.objective_cycles - result.bound_cycles
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
@@ -157,15 +158,18 @@ def _warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip
 
 def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayout: list[int],
              chip: Chip, dtype: str, ints: frozenset[str], consts: frozenset[str],
-             search: SearchOptions, solver: SolverOptions, views: Views
-             ) -> tuple[tuple[OpPlan, ...], list[int]]:
+             search: SearchOptions, solver: SolverOptions, views: Views,
+             fixed: frozenset[int] = frozenset()) -> tuple[tuple[OpPlan, ...], list[int]]:
     """The second solve: every op chooses between its chosen plan and the plans aligned to
     what its producers' choices (or their aligned alternatives) leave (`align.py`), under the
     same memory constraints. Offering the aligned plans in the first solve, beside whole
     fronts, stalled CP-SAT on bert-large at the greedy's objective; this small model solves
-    at once, starts from the first choice (its greedy hint) and keeps the better of the two."""
+    at once, starts from the first choice (its greedy hint) and keeps the better of the two.
+    The ops in ``fixed`` (named by `--plan` constraints) keep their chosen plan."""
     fronts = _with_aligned(graph, keys, [[p] for p in chosen], chip, dtype, ints, consts,
                            search)
+    # ops a `--plan` constraint names keep the plan that obeys it
+    fronts = [[chosen[i]] if i in fixed else f for i, f in enumerate(fronts)]
     if all(len(f) == 1 for f in fronts):
         return chosen, relayout
     edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)

@@ -31,7 +31,7 @@ from .chosen import Plan, PlanError
 from .cost import plan_cost
 from .plan import OpPlan, geometry
 from .search import SearchOptions, _factor_grids, _feasible, _plan, _templates
-from .transitions import edge_cost
+from .transitions import relayout_cycles
 from .vcost import CostArrays, costs_for
 
 WEIGHTS = ("resident", "warmed-up")
@@ -307,14 +307,8 @@ def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: fro
                 f"{p.hot_bytes_per_core} bytes per core, this model on {chip.name} gives "
                 f"{cycles.total} and {hot}: it was made for another shape (--seq-len, --batch, "
                 "--shape), chip file or t10c version; compile without --plan")
-    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    relayout = [0] * len(graph.ops)
-    for i, op in enumerate(graph.ops):
-        for slot, operand in enumerate(op.inputs):
-            j = producer.get(graph.root(operand.tensor))
-            if j is not None:
-                relayout[i] += edge_cost(graph, j, i, slot, [plan.ops[j]], [plan.ops[i]],
-                                         chip, dtype, ints)[0][0]
+    # priced as the planner prices a chosen plan: all of an op's inputs in one phase
+    relayout = relayout_cycles(graph, plan.ops, chip, dtype, ints)
     for op, want, have in zip(graph.ops, relayout, plan.relayout_cycles):
         if want != have:
             raise PlanError(f"op {op.name}: the plan's re-layout takes {have} cycles, this "

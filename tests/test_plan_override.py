@@ -73,8 +73,7 @@ def test_a_constraint_changes_its_ops_plans_and_still_matches_onnxruntime(
     before = ops_of(first["test16"])
     # what the unconstrained planner chose differs from what is asked, so the test can fail
     assert before[UP]["F_op"] != {"m": 16, "n": 1, "k": 1}
-    assert before[Q]["weights"] == "warmed-up"
-    assert before[Q]["operands"][1]["f_t"]["n"] == 1
+    assert before[Q]["operands"][1]["f_t"]["n"] == 1  # (its weights may be either: asked below)
     plan = write(tmp_path / "c.toml", f'''
 [[op]]
 name = "layer*/ffn/up/MatMul"
