@@ -411,10 +411,10 @@ class _Builder:
         place = self.finish_output(op, geo, cur[nin])
         self.placement[op.output.tensor] = place
         if op.epilogue is not None:
-            self.emit_epilogue(n, geo, place.buf, [b for b, _ in extra])
-        for b, own in extra:
+            self.emit_epilogue(n, geo, place.buf, [xb for xb, _ in extra])
+        for xb, own in extra:
             if own:
-                self.free(b, op.name)
+                self.free(xb, op.name)
 
     def emit_epilogue(self, n: int, geo: Geometry, out: int, extra: list[int]) -> None:
         """Op n's epilogue on every element of its finished result, in place (one Compute of

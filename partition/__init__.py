@@ -60,8 +60,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     """Search every op's plans (once per distinct op), then choose one per op with CP-SAT."""
     start = time.perf_counter()
     ints, consts = _tensor_sets(graph)
-    keys = [(op.signature(), tuple(o.tensor in consts for o in op.inputs),
-             tuple(o.tensor in ints for o in op.inputs)) for op in graph.ops]
+    keys = [(op.signature(), tuple(o.tensor in consts for o in op.reads),
+             tuple(o.tensor in ints for o in op.reads)) for op in graph.ops]
     cache: dict[tuple, SearchResult] = {}
     fronts: list[list[OpPlan]] = []
     smallest: list[OpPlan | None] = []
