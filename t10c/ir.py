@@ -233,12 +233,16 @@ class Graph:
 
     def flops(self) -> int:
         """Two flops per multiply-accumulate of contractions, one per point of other ops (a
-        lookup counts its output points, not the table rows it could have read)."""
+        lookup counts its output points, not the table rows it could have read) and of
+        epilogues."""
         total = 0
         for op in self.ops:
             axes = [e for a, e in op.axes if op.body[0] != "take" or a in op.output.axes]
             points = int(np.prod(axes, dtype=np.int64))
             total += 2 * points if is_contraction(op) else points
+            if op.epilogue is not None:  # one per output point, as the unfused consumer had
+                total += int(np.prod([op.extents[str(a)] for a in op.output.axes],
+                                     dtype=np.int64))
         return total
 
 
