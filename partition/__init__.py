@@ -16,6 +16,7 @@ from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
 from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
+from .epilogue import extra_edge_cost
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
@@ -149,5 +150,16 @@ def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Ch
             if key not in cache:
                 cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
                                        ints)
+            edges.append(Edge(j, i, slot, cache[key]))
+        for k, operand in enumerate(op.extra):  # epilogue operands: slots past the output's
+            j = producer.get(graph.root(operand.tensor))
+            if j is None:
+                continue
+            slot = len(op.inputs) + 1 + k
+            direct = operand.tensor == graph.ops[j].output.tensor
+            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape)
+            if key not in cache:
+                cache[key] = extra_edge_cost(graph, j, i, k, fronts[j], fronts[i], chip, dtype,
+                                             ints)
             edges.append(Edge(j, i, slot, cache[key]))
     return edges

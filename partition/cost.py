@@ -19,8 +19,8 @@ Formulas (all per core; the slowest core sets the pace of a bulk-synchronous ste
 - epilogue (a fused op, `t10c.ir.TensorExpr.epilogue`; `epilogue_cost`): once the result is
   complete, its vector work on each core's share of it (the chunk after a reduce-scatter, the
   output tile otherwise), counted as compute; each extra operand is one more buffer of that
-  share, resident for a weight, and for an activation received with the op's other inputs
-  (all of it counted as remote, as shift: the producer's layout is not known here).
+  share, resident for a weight; an activation's re-layout is an edge of the whole-graph
+  choice, as an input's is (`partition/epilogue.py`).
 
 The emulator times the program with the same `Chip` primitives from the instructions' actual
 shapes and tables, so a one-op program's measured cycles equal these predictions.
@@ -60,7 +60,7 @@ def home_bytes(op: TensorExpr, shapes: dict[str, tuple[int, ...]], chip: Chip, d
 def epilogue_cost(op: TensorExpr, share: Any, chip: Chip, dtype: str,
                   int_tensors: frozenset[str], const_tensors: frozenset[str]
                   ) -> tuple[Any, Any, Any, Any]:
-    """(compute cycles, received bytes, hot bytes, cold bytes) per core of op's epilogue on
+    """(compute cycles, activation bytes, hot bytes, cold bytes) per core of op's epilogue on
     ``share`` elements of its finished result (all zero without an epilogue). ``share`` may
     be a numpy array (`vcost`): the arithmetic is elementwise."""
     if op.epilogue is None:
@@ -147,10 +147,9 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
         out_bytes = chunk_bytes
     share = chunk if group > 1 else math.prod(geo.tile_shape(out))
-    epi_compute, epi_moved, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype,
-                                                              int_tensors, const_tensors)
-    compute += epi_compute
-    shift += chip.transfer_cycles(epi_moved)
+    epi_compute, _, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype, int_tensors,
+                                                      const_tensors)
+    compute += epi_compute  # (the activations' re-layout is an edge: partition/epilogue.py)
 
     # while computing: every operand's tile and a receive buffer per rotating one; during the
     # reduce-scatter the activation inputs and receive buffers are gone, and the weights, the

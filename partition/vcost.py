@@ -206,10 +206,9 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
     out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
     share = np.where(group > 1, chunk, elems[out_index])
-    epi_compute, epi_moved, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype,
-                                                              int_tensors, const_tensors)
+    epi_compute, _, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype, int_tensors,
+                                                      const_tensors)
     compute = compute + epi_compute
-    shift = shift + _transfer(chip, epi_moved * ones)
 
     cold = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
                np.zeros(n, dtype=np.int64))

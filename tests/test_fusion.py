@@ -242,8 +242,9 @@ def test_fused_costs_vectorised_equal_scalar_and_price_the_epilogue() -> None:
             assert got == (p.cycles, p.hot_bytes_per_core, p.cold_bytes_per_core,
                            p.out_bytes_per_core), p
             base = plan_cost(geometry(bare, plain, p), chip, "fp16", frozenset(), consts, home)
-            # the epilogue adds vector work, the residual's exchange and two buffers
-            assert got[0].compute > base[0].compute and got[0].shift > base[0].shift
+            # the epilogue adds vector work and two buffers (the residual's exchange is an
+            # edge of the whole-graph choice)
+            assert got[0].compute > base[0].compute and got[0].shift == base[0].shift
             assert got[1] > base[1] and got[2] > base[2]
 
 
