@@ -267,3 +267,20 @@ def test_fused_and_unfused_zoo_models_agree(name: str) -> None:
         ref = results["none"].outputs[out]
         scale = max(float(np.abs(ref).max()), 1e-6)
         assert float(np.abs(value - ref).max()) / scale < 1e-3, out
+
+
+def test_compile_fuse_options(capsys) -> None:
+    """``--no-fuse`` and ``--fuse inline`` reach the frontend: the op table shrinks with
+    each level of fusion; a bad level is refused with one line (exit 2)."""
+    from t10c.cli import main
+
+    counts = {}
+    for flags in (["--no-fuse"], ["--fuse", "inline"], []):
+        assert main(["compile", "bert-tiny", "--seq-len", "8", "--chip", "test16",
+                     "--no-table", *flags]) == 0
+        text = capsys.readouterr().out
+        counts[" ".join(flags)] = int(text.split("model bert-tiny: ")[1].split(" ops")[0])
+    assert counts[""] < counts["--fuse inline"] < counts["--no-fuse"]
+    assert main(["compile", "bert-tiny", "--fuse", "some"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("t10c: error:")
