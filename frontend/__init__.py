@@ -16,7 +16,8 @@ The pipeline, as `to_graph` runs it:
    needs no op), and a graph output that is a constant is copied out by one op on chip;
 5. `fuse_elementwise` (`fuse.py`): elementwise ops are inlined into their readers, so that
    decomposed GELU, LayerNorm and RMSNorm become one expression chain and copies fold into
-   the ops that read them.
+   the ops that read them; and elementwise consumers (bias, scale, GELU, residual) fold into
+   the matmul or reduction before them as its epilogue.
 """
 
 from __future__ import annotations
