@@ -29,6 +29,7 @@ import math
 import numpy as np
 import onnx
 
+from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, Body, Dim, Operand, Window
 
 from .context import Context, Unsupported, broadcast_shape, register
@@ -262,7 +263,7 @@ def _split_sizes(ctx: Context, node: onnx.NodeProto, dim: int, split: list[int] 
     if split is not None:
         return list(split)
     if num_outputs is not None:  # opset 18: the last chunk may be smaller
-        size = -(-dim // num_outputs)
+        size = ceil_div(dim, num_outputs)
         return [min(size, dim - i * size) for i in range(num_outputs)]
     if dim % n:
         raise Unsupported(f"cannot split {dim} into {n} equal parts")

@@ -25,6 +25,7 @@ import math
 import numpy as np
 import onnx
 
+from t10c.dtypes import ceil_div
 from t10c.ir import Body, Dim, Operand, Window
 
 from .context import Context, Unsupported, register
@@ -42,7 +43,7 @@ def _spatial(ctx: Context, node: onnx.NodeProto, x_shape: tuple[int, ...],
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-s // st) for s, st in zip(spatial, strides)]
+        out = [ceil_div(s, st) for s, st in zip(spatial, strides)]
         total = [max(0, (o - 1) * st + (k - 1) * d + 1 - s)
                  for o, st, k, d, s in zip(out, strides, kernel, dilations, spatial)]
         begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
@@ -53,7 +54,7 @@ def _spatial(ctx: Context, node: onnx.NodeProto, x_shape: tuple[int, ...],
         out = []
         for s, k, st, d, b, e in zip(spatial, kernel, strides, dilations, begin, end):
             span = s + b + e - ((k - 1) * d + 1)
-            o = (-(-span // st) if ceil_mode else span // st) + 1
+            o = (ceil_div(span, st) if ceil_mode else span // st) + 1
             if ceil_mode and (o - 1) * st >= s + b:  # the last window must start inside
                 o -= 1
             out.append(o)
@@ -173,7 +174,7 @@ def ConvTranspose(ctx: Context, node: onnx.NodeProto, auto_pad: str = "NOTSET",
             table[m - m0, r, kh] = 1.0
         tables.append(table)
         m0s.append(m0)
-        qs.append(-(-o // s))
+        qs.append(ceil_div(o, s))
     phased = _phased_weight(ctx, node, w, group, cg, co, kernel, tables)
     t_axes = [f"t{i}" for i in range(nd)]
     r_axes = [f"r{i}" for i in range(nd)]

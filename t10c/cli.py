@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emulate the timing without data (no onnxruntime check): for chips too "
                         "large to emulate functionally, such as wse2; the program is streamed "
                         "into the emulator, not kept")
+    c.add_argument("--check", action="store_true",
+                   help="also run the verifiers between stages: the graph's after the "
+                        "frontend and the program's (against the chip) after codegen (the "
+                        "plan's runs always)")
     c.add_argument("--trace", type=new_file_arg, metavar="FILE",
                    help="with --run or --timing-only, write the timeline as a Chrome trace "
                         "(Perfetto opens it)")
@@ -526,7 +530,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                              planner=args.planner, relative_gap=args.gap),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
-        front_limit=args.front, timing_only=args.timing_only, fuse=args.fuse)
+        front_limit=args.front, timing_only=args.timing_only, fuse=args.fuse,
+        check=args.check)
     progress = StageProgress()
     try:
         try:
