@@ -28,6 +28,7 @@ from .constrain import (
 from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
+from .epilogue import extra_edge_cost
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
@@ -76,8 +77,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     the ops ``constraints`` name choose among the plans that obey them (`constrain.py`)."""
     start = time.perf_counter()
     ints, consts = _tensor_sets(graph)
-    keys = [(op.signature(), tuple(o.tensor in consts for o in op.inputs),
-             tuple(o.tensor in ints for o in op.inputs)) for op in graph.ops]
+    keys = [(op.signature(), tuple(o.tensor in consts for o in op.reads),
+             tuple(o.tensor in ints for o in op.reads)) for op in graph.ops]
     cache: dict[tuple, SearchResult] = {}
     fronts: list[list[OpPlan]] = []
     smallest: list[OpPlan | None] = []
@@ -239,6 +240,17 @@ def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip
             if key not in cache:
                 cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
                                        ints, views)
+            edges.append(Edge(j, i, slot, cache[key]))
+        for k, operand in enumerate(op.extra):  # epilogue operands: slots past the output's
+            j = producer.get(graph.root(operand.tensor))
+            if j is None:
+                continue
+            slot = len(op.inputs) + 1 + k
+            direct = operand.tensor == graph.ops[j].output.tensor
+            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape)
+            if key not in cache:
+                cache[key] = extra_edge_cost(graph, j, i, k, fronts[j], fronts[i], chip, dtype,
+                                             ints)
             edges.append(Edge(j, i, slot, cache[key]))
     return edges
 

@@ -100,7 +100,7 @@ def liveness(graph: Graph) -> MemoryTerms:
     last_use: dict[int, int] = {}
     inputs_of: list[tuple[int, ...]] = []
     for i, op in enumerate(graph.ops):
-        prods = sorted({producer[graph.root(o.tensor)] for o in op.inputs
+        prods = sorted({producer[graph.root(o.tensor)] for o in op.reads
                         if graph.root(o.tensor) in producer})
         inputs_of.append(tuple(prods))
         for p in prods:

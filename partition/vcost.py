@@ -17,7 +17,7 @@ from t10c.chips import Chip
 from t10c.costs import body_ops
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
-from .cost import element_bytes, home_bytes
+from .cost import element_bytes, epilogue_cost, home_bytes
 from .place import embed_rows, exchange_estimate, hops_of_ring
 
 
@@ -205,13 +205,19 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         moving = _transfer(chip, (group - 1) * chunk * out_elem)
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
     out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
+    share = np.where(group > 1, chunk, elems[out_index])
+    epi_compute, _, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype, int_tensors,
+                                                      const_tensors)
+    compute = compute + epi_compute
 
     cold = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
                np.zeros(n, dtype=np.int64))
     hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
                                 np.zeros(n, dtype=np.int64))
     hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + chunk_bytes), hot)
+    hot = hot + epi_hot
     if weights_home:
         cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
         hot = hot + cold
+    cold = cold + epi_cold
     return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes, placeable)

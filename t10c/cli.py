@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --run or --timing-only, write the timeline as a Chrome trace "
                         "(Perfetto opens it)")
     model_args(c)
+    c.add_argument("--fuse", choices=("all", "inline", "none"), default="all",
+                   help="all (default): elementwise chains inlined and elementwise consumers "
+                        "folded into the matmul or reduction before them as epilogues; "
+                        "inline: no epilogues; none: no fusion, one op per lowered node")
+    c.add_argument("--no-fuse", dest="fuse", action="store_const", const="none",
+                   help="the same as --fuse none")
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")
     c.add_argument("--core", type=int_at_least(0),
                    help="core for --emit asm (default: 0)")
@@ -595,8 +601,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                              planner=args.planner, relative_gap=args.gap),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
-        front_limit=args.front, timing_only=args.timing_only, check=args.check,
-        replay=given if isinstance(given, Replay) else None,
+        front_limit=args.front, timing_only=args.timing_only, fuse=args.fuse,
+        check=args.check, replay=given if isinstance(given, Replay) else None,
         constraints=given if isinstance(given, tuple) else ())
     progress = StageProgress()
     try:

@@ -20,6 +20,7 @@ import onnx
 from t10c import frontend, models
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
+from t10c.codegen.epilogue import program_exprs
 from t10c.codegen.verify import verify_program
 from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.graphcheck import verify_graph
@@ -61,6 +62,8 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
+    #: "all": elementwise inlining and epilogues; "inline": inlining only; "none": no fusion
+    fuse: str = "all"
     #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
     #: runs before every codegen regardless
@@ -148,7 +151,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     model = load_source(source, seq_len=options.seq_len, batch=options.batch,
                         weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
-    graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
+    graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name),
+                              fuse=options.fuse != "none", epilogues=options.fuse == "all")
     if options.check:
         verify_graph(graph)
     if options.constraints:  # what is wrong with them is said before any search
@@ -224,7 +228,7 @@ def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = 
     and routes as a functional run, without values and without keeping the program."""
     buffers: list[Buffer] = []
     header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
-                     graph.ops, (), {}, graph.outputs, 0)
+                     program_exprs(graph), (), {}, graph.outputs, 0)
     machine = TimingMachine(header, chip)
     program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress)
     machine.flush()
