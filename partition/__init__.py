@@ -247,7 +247,8 @@ def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip
                 continue
             slot = len(op.inputs) + 1 + k
             direct = operand.tensor == graph.ops[j].output.tensor
-            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape)
+            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape,
+                   views.chain(operand.tensor))
             if key not in cache:
                 cache[key] = extra_edge_cost(graph, j, i, k, fronts[j], fronts[i], chip, dtype,
                                              ints)

@@ -15,12 +15,45 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.costs import INDEX_BYTES
-from t10c.dtypes import dtype_bytes
+from t10c.dtypes import ceil_div, dtype_bytes
 from t10c.ir import Graph
 
 from .place import exchange_estimate
 from .plan import OpPlan, geometry
-from .transitions import output_box, remote_elements
+
+Box = tuple[np.ndarray, np.ndarray] | None  # (origins (ncores, ndim), shape (ndim,))
+
+
+def _output_box(graph: Graph, j: int, plan: OpPlan) -> Box:
+    """The box of op j's result each core holds after its last step (None: reduce-scattered,
+    not a box)."""
+    op = graph.ops[j]
+    geo = geometry(graph, op, plan)
+    if geo.reduce_group > 1:
+        return None
+    out = len(op.inputs)
+    return geo.tile_origin(out, geo.steps - 1), np.asarray(geo.tile_shape(out))
+
+
+def _clip(lo: np.ndarray, hi: np.ndarray, extent: np.ndarray) -> np.ndarray:
+    return np.maximum(np.minimum(hi, extent) - np.maximum(lo, 0), 0)
+
+
+def _remote_elements(have: Box, want: tuple[np.ndarray, np.ndarray], extent: np.ndarray
+                     ) -> int:
+    """The most elements any core must receive to go from ``have`` to ``want`` (all of them
+    when ``have`` is not a box)."""
+    w_origin, w_shape = want
+    wanted = np.prod(_clip(w_origin, w_origin + w_shape, extent), axis=1)
+    if have is None:
+        return int(wanted.max(initial=0))
+    h_origin, h_shape = have
+    n = min(len(h_origin), len(w_origin))
+    lo = np.maximum(h_origin[:n], w_origin[:n])
+    hi = np.minimum(h_origin[:n] + h_shape, w_origin[:n] + w_shape)
+    local = np.zeros(len(w_origin), dtype=np.int64)
+    local[:n] = np.prod(_clip(lo, np.maximum(hi, lo), extent), axis=1)
+    return int((wanted - local).max(initial=0))
 
 
 def extra_box(graph: Graph, i: int, k: int, plan: OpPlan
@@ -46,14 +79,14 @@ def extra_edge_cost(graph: Graph, j: int, i: int, k: int, producer: list[OpPlan]
     direct = operand.tensor == graph.ops[j].output.tensor
     extent = np.asarray(graph.tensors[operand.tensor].shape)
     nbytes = INDEX_BYTES if operand.tensor in int_tensors else dtype_bytes(dtype)
-    haves = [output_box(graph, j, p) if direct else None for p in producer]
+    haves = [_output_box(graph, j, p) if direct else None for p in producer]
     wants = [extra_box(graph, i, k, q) for q in consumer]
     moving = (lambda b: exchange_estimate(chip, b)) if chip.is_mesh else chip.transfer_cycles
     rows = []
     for have in haves:
         row = []
         for want, group in wants:
-            remote = -(-remote_elements(have, want, extent) // group)
+            remote = ceil_div(_remote_elements(have, want, extent), group)
             row.append(chip.sync_cycles + moving(remote * nbytes) if remote else 0)
         rows.append(tuple(row))
     return tuple(rows)
