@@ -89,8 +89,11 @@ def test_pareto_front() -> None:
     assert pareto_front([(2, 5), (1, 9), (3, 5), (4, 1), (1, 7)]) == [(1, 7), (2, 5), (4, 1)]
 
 
-def test_sweep_on_a_local_ray_cluster(tmp_path, capsys) -> None:
+def test_sweep_on_a_local_ray_cluster(tmp_path, capsys, monkeypatch) -> None:
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 't10c[sweep]')")
+    # Ray's workers start in the driver's folder: not the repository root, whose t10c/ would
+    # shadow the installed package (which maps the stage folders in)
+    monkeypatch.chdir(tmp_path)
     spec = _spec(tmp_path, SPEC.replace('["t10", "vgm"]', '["t10"]'))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # a local cluster
     try:
