@@ -214,19 +214,27 @@ class _Builder:
             else:
                 geo = geometry(self.graph, op, self.plan.ops[n])
                 self.weights[n, i] = self.bring_input(op, geo, i, [])[0]
-        if any(self.graph.root(o.tensor) in self.graph.constants for o in op.extra):
+        weights = [k for k, o in enumerate(op.extra)
+                   if self.graph.root(o.tensor) in self.graph.constants]
+        if weights and self.plan.ops[n].home:  # fetched with the op's other weights
+            for k in weights:
+                root = self.graph.root(op.extra[k].tensor)
+                if root not in self.home:
+                    self.home[root] = self.load_home(root, op.name)
+        elif weights:
             geo = geometry(self.graph, op, self.plan.ops[n])
             flat, valid = self.final_elements(op, geo)[:2]
-            for k, operand in enumerate(op.extra):
-                if self.graph.root(operand.tensor) in self.graph.constants:
-                    self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
+            for k in weights:
+                self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
 
     def bring_extra(self, op: TensorExpr, geo: Geometry, k: int, flat: np.ndarray,
-                    valid: np.ndarray, moves: list[Exchange]) -> tuple[int, bool]:
+                    valid: np.ndarray, moves: list[Exchange], warm_up: bool = False
+                    ) -> tuple[int, bool]:
         """Put epilogue operand ``extra[k]`` element for element beside the op's finished
         result (``flat``, ``valid``: `final_elements`); returns (buffer, owned by this op).
-        Weights are loaded once before the run, graph inputs from the host, activations
-        exchanged with the op's other inputs (one barrier for all)."""
+        Weights are loaded once before the run, or with ``warm_up`` fetched from their compact
+        idle layout (`cost.epilogue_cost`), graph inputs from the host, activations exchanged;
+        all with the op's other inputs (one barrier for all)."""
         operand = op.extra[k]
         idx = extra_elements(self.graph, op, k, flat, valid)
         root = self.graph.root(operand.tensor)
@@ -234,7 +242,8 @@ class _Builder:
             idx = np.where(idx >= 0, self.to_root(operand.tensor)[np.maximum(idx, 0)], -1)
         elems = flat.shape[1]
         bid = -1
-        if root in self.graph.constants or root in self.graph.inputs:
+        home = warm_up and root in self.home
+        if not home and (root in self.graph.constants or root in self.graph.inputs):
             phase = "resident" if root in self.graph.constants else "host"
             bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor),
                                   op.name, phase)
@@ -242,16 +251,19 @@ class _Builder:
             self.instrs.append(Load(op.name, phase, bid, root, self.graph.tensors[root].shape,
                                     (elems,), origin, idx.astype(np.int32), _cores(geo)))
             return bid, root not in self.graph.constants
-        if root not in self.placement:
+        if home:
+            place = self.home[root]
+        elif root not in self.placement:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
-        place = self.placement[root]
+        else:
+            place = self.placement[root]
         hit = np.maximum(idx, 0)
         src_core = np.where(idx >= 0, place.core[hit], -1).astype(np.int32)
         src_off = np.where(idx >= 0, place.off[hit], -1).astype(np.int32)
+        phase = "fetch" if home else "relayout"
         bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor), op.name,
-                              "relayout")
-        moves.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off,
-                              _cores(geo)))
+                              phase)
+        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off, _cores(geo)))
         return bid, True
 
     def load_home(self, tensor: str, op: str) -> Placement:
@@ -345,7 +357,8 @@ class _Builder:
                 if (n, k) in self.extra_weights:
                     extra.append((self.extra_weights[n, k], False))
                 else:
-                    extra.append(self.bring_extra(op, geo, k, flat, valid, moves))
+                    extra.append(self.bring_extra(op, geo, k, flat, valid, moves,
+                                                  self.plan.ops[n].home))
         # one barrier before the exchange phase, unless every copy stays on its core
         here = geo.phys[:, None]
         if any(((m.src_core >= 0) & (m.src_core != here)).any() for m in moves):
