@@ -19,9 +19,9 @@ Formulas (all per core; the slowest core sets the pace of a bulk-synchronous ste
 - epilogue (a fused op, `t10c.ir.TensorExpr.epilogue`; `epilogue_cost`): once the result is
   complete, its vector work on each core's share of it (the chunk after a reduce-scatter, the
   output tile otherwise), counted as compute; each extra operand is one more buffer of that
-  share. A weight (a bias) is resident in that buffer, or, in a plan that warms its weights up,
-  kept compact in its idle layout and fetched into it with the other weights; an activation's
-  re-layout is an edge of the whole-graph choice, as an input's is (`partition/epilogue.py`).
+  share. A weight (a bias) waits in a compact idle layout and is fetched into that buffer
+  before the op, with any weights the op warms up (one barrier); an activation's re-layout is
+  an edge of the whole-graph choice, as an input's is (`partition/epilogue.py`).
 
 The emulator times the program with the same `Chip` primitives from the instructions' actual
 shapes and tables, so a one-op program's measured cycles equal these predictions.
@@ -67,23 +67,24 @@ class EpilogueCost:
 
     compute: Any = 0  # cycles of vector work on the finished result
     moved: Any = 0  # bytes of activations brought beside the result (an edge of the solve)
-    hot: Any = 0  # bytes of the extra operands' buffers (and idle copies), live through the op
-    cold: Any = 0  # bytes resident between runs: weights, in place or in their idle layout
+    hot: Any = 0  # bytes of the extra operands' buffers and idle copies, live through the op
+    cold: Any = 0  # bytes resident between runs: the weights' idle copies
     fetched: Any = 0  # bytes of weights fetched from their idle layout before the op
 
 
 def epilogue_cost(op: TensorExpr, share: Any, chip: Chip, dtype: str,
                   int_tensors: frozenset[str], const_tensors: frozenset[str],
-                  shapes: dict[str, tuple[int, ...]], weights_home: bool = False
-                  ) -> EpilogueCost:
+                  shapes: dict[str, tuple[int, ...]]) -> EpilogueCost:
     """What op's epilogue costs per core on ``share`` elements of its finished result
     (``share`` may be a numpy array, `vcost`: the arithmetic is elementwise).
 
-    An epilogue weight (a bias) is broadcast over the result, laid element for element beside
-    a core's share: as many bytes as the share, which at large batches adds up to much of
-    SRAM over a model's ops. In a plan that warms its weights up (``weights_home``) it lives
-    in its compact idle layout instead (``shapes`` gives its size) and is fetched into the
-    share buffer with the op's other weights."""
+    An epilogue weight (a bias) is broadcast over the result and laid element for element
+    beside a core's share: kept there between runs it would take as many bytes as the share,
+    which at large batches adds up to much of SRAM over a model's ops. It waits in a compact
+    idle layout instead (``shapes`` gives its size; `idle_cores`) and is fetched into the share
+    buffer before the op, with the op's other weights. The idle copy avoids core 0, on which
+    every op runs: that core receives its whole share, so the busiest core's bytes are the
+    share's, as priced here (one core alone keeps its weights resident)."""
     if op.epilogue is None:
         return EpilogueCost()
     rate = chip.vector_ops_per_cycle[dtype]
@@ -92,11 +93,16 @@ def epilogue_cost(op: TensorExpr, share: Any, chip: Chip, dtype: str,
     each = [share * (INDEX_BYTES if o.tensor in int_tensors else DTYPES[dtype]) for o in op.extra]
     moved = sum(b for b, o in zip(each, op.extra) if o.tensor not in const_tensors)
     weights = sum(b for b, o in zip(each, op.extra) if o.tensor in const_tensors)
-    if not weights_home:
+    if chip.cores == 1:
         return EpilogueCost(compute, moved, sum(each), weights)
-    idle = sum(ceil_div(math.prod(shapes[o.tensor]), chip.cores) * DTYPES[dtype]
+    idle = sum(ceil_div(math.prod(shapes[o.tensor]), chip.cores - 1) * DTYPES[dtype]
                for o in op.extra if o.tensor in const_tensors)
     return EpilogueCost(compute, moved, sum(each) + idle, idle, weights)
+
+
+def idle_cores(chip: Chip) -> range:
+    """The cores an epilogue weight's idle copy is spread over (`epilogue_cost`)."""
+    return range(1, chip.cores) if chip.cores > 1 else range(1)
 
 
 def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
@@ -153,10 +159,12 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         sync += chip.sync_cycles
 
     epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
-                        geo.shapes, weights_home)
-    fetched = sum(tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
-    fetched += epi.fetched
-    if weights_home and fetched:
+                        geo.shapes)
+    fetched = epi.fetched
+    if weights_home:
+        fetched += sum(tile_bytes[i] for i, o in enumerate(op.inputs)
+                       if o.tensor in const_tensors)
+    if fetched:
         shift += (exchange_estimate(chip, fetched) if geo.embed is not None
                   else chip.transfer_cycles(fetched))
         sync += chip.sync_cycles

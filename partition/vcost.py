@@ -180,11 +180,12 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     if out_axis is not None:
         group = group // tpl.T[out_axis]
     share = np.where(group > 1, ceil_div(elems[out_index], group), elems[out_index])
-    epi = epilogue_cost(op, share, chip, dtype, int_tensors, const_tensors, shapes,
-                        weights_home)
-    fetched = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
-                  ones * epi.fetched)
+    epi = epilogue_cost(op, share, chip, dtype, int_tensors, const_tensors, shapes)
+    fetched = ones * epi.fetched
     if weights_home:
+        fetched = fetched + sum((tile_bytes[i] for i, o in enumerate(op.inputs)
+                                 if o.tensor in const_tensors), np.zeros(n, dtype=np.int64))
+    if fetched.any():
         if mesh:
             shift = shift + np.asarray([exchange_estimate(chip, int(x)) for x in fetched])
         else:

@@ -248,14 +248,13 @@ def test_fused_costs_vectorised_equal_scalar_and_price_the_epilogue() -> None:
             assert got[0].compute > base[0].compute
             assert got[1] > base[1] and got[2] > base[2]
             share = ceil_div(math.prod(geo.tile_shape(2)), geo.reduce_group)
-            if home:  # the bias waits in its idle layout, 2 of its 20 elements per core,
-                # and is fetched, as the weight is, in one exchange
-                assert got[2] == base[2] + 2 * 2
-                assert got[0].shift == base[0].shift - chip.transfer_cycles(
-                    base_fetch(geo)) + chip.transfer_cycles(base_fetch(geo) + 2 * share)
-            else:  # the bias lies beside each core's share of the result, resident
-                assert got[0].shift == base[0].shift
-                assert got[2] == base[2] + 2 * share
+            # the bias waits in its idle layout (20 elements over cores 1 to 11: 2 each) and
+            # is fetched, with the weight when it warms up, in one exchange after a barrier
+            assert got[2] == base[2] + 2 * 2
+            weights = base_fetch(geo) if home else 0
+            assert got[0].shift == base[0].shift - chip.transfer_cycles(weights) + \
+                chip.transfer_cycles(weights + 2 * share)
+            assert got[0].sync == base[0].sync + (0 if home else chip.sync_cycles)
 
 
 def base_fetch(geo) -> int:
