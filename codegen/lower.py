@@ -32,10 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import dtype_bytes
+from t10c.dtypes import ceil_div, dtype_bytes
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
+from t10c.partition.cost import idle_cores
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import Layout, Rect, aligned, layout
@@ -125,6 +126,7 @@ class _Builder:
         self.extra_weights: dict[tuple[int, int], int] = {}  # (op, extra) -> resident buffer
         self.view_tables: dict[str, np.ndarray] = {}
         self.home: dict[str, Placement] = {}  # vgm: where each weight lives
+        self.idle: dict[str, Placement] = {}  # where each epilogue weight waits
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
@@ -214,19 +216,26 @@ class _Builder:
             else:
                 geo = geometry(self.graph, op, self.plan.ops[n])
                 self.weights[n, i] = self.bring_input(op, geo, i, [])[0]
-        if any(self.graph.root(o.tensor) in self.graph.constants for o in op.extra):
+        weights = [k for k, o in enumerate(op.extra)
+                   if self.graph.root(o.tensor) in self.graph.constants]
+        if weights and len(idle_cores(self.chip)) > 1:  # fetched by each run
+            for k in weights:
+                root = self.graph.root(op.extra[k].tensor)
+                if root not in self.idle:
+                    self.idle[root] = self.load_home(root, op.name, idle_cores(self.chip))
+        elif weights:  # one core: resident beside the result
             geo = geometry(self.graph, op, self.plan.ops[n])
             flat, valid = self.final_elements(op, geo)[:2]
-            for k, operand in enumerate(op.extra):
-                if self.graph.root(operand.tensor) in self.graph.constants:
-                    self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
+            for k in weights:
+                self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
 
     def bring_extra(self, op: TensorExpr, geo: Geometry, k: int, flat: np.ndarray,
                     valid: np.ndarray, moves: list[Exchange]) -> tuple[int, bool]:
         """Put epilogue operand ``extra[k]`` element for element beside the op's finished
         result (``flat``, ``valid``: `final_elements`); returns (buffer, owned by this op).
-        Weights are loaded once before the run, graph inputs from the host, activations
-        exchanged with the op's other inputs (one barrier for all)."""
+        Weights are fetched from their compact idle layout (`partition.cost.epilogue_cost`
+        says why; loaded once before the run on a one-core chip), graph inputs loaded from
+        the host, activations exchanged; all with the op's other inputs (one barrier)."""
         operand = op.extra[k]
         idx = extra_elements(self.graph, op, k, flat, valid)
         root = self.graph.root(operand.tensor)
@@ -234,7 +243,8 @@ class _Builder:
             idx = np.where(idx >= 0, self.to_root(operand.tensor)[np.maximum(idx, 0)], -1)
         elems = flat.shape[1]
         bid = -1
-        if root in self.graph.constants or root in self.graph.inputs:
+        home = root in self.idle
+        if not home and (root in self.graph.constants or root in self.graph.inputs):
             phase = "resident" if root in self.graph.constants else "host"
             bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor),
                                   op.name, phase)
@@ -242,31 +252,38 @@ class _Builder:
             self.instrs.append(Load(op.name, phase, bid, root, self.graph.tensors[root].shape,
                                     (elems,), origin, idx.astype(np.int32), _cores(geo)))
             return bid, root not in self.graph.constants
-        if root not in self.placement:
+        if home:
+            place = self.idle[root]
+        elif root not in self.placement:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
-        place = self.placement[root]
+        else:
+            place = self.placement[root]
         hit = np.maximum(idx, 0)
         src_core = np.where(idx >= 0, place.core[hit], -1).astype(np.int32)
         src_off = np.where(idx >= 0, place.off[hit], -1).astype(np.int32)
+        phase = "fetch" if home else "relayout"
         bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor), op.name,
-                              "relayout")
-        moves.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off,
-                              _cores(geo)))
+                              phase)
+        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off, _cores(geo)))
         return bid, True
 
-    def load_home(self, tensor: str, op: str) -> Placement:
-        """Element e of ``tensor`` on core e // chunk at offset e % chunk."""
+    def load_home(self, tensor: str, op: str, over: range | None = None) -> Placement:
+        """Element e of ``tensor`` on the (e // chunk)-th core of ``over`` (default: all
+        cores) at offset e % chunk; the other cores hold padding."""
         numel = self.graph.tensors[tensor].numel
         cores = self.chip.cores
-        chunk = -(-numel // cores)
+        over = over if over is not None else range(cores)
+        chunk = ceil_div(numel, len(over))
         bid = self.new_buffer(f"{tensor}.home", chunk, self.storage(tensor), op, "resident")
-        flat = np.arange(cores * chunk, dtype=np.int64).reshape(cores, chunk)
+        flat = np.full((cores, chunk), -1, dtype=np.int64)
+        flat[over.start:over.stop] = np.arange(len(over) * chunk).reshape(len(over), chunk)
         table = np.where(flat < numel, flat, -1).astype(np.int32)
         shape = self.graph.tensors[tensor].shape
         self.instrs.append(Load(op, "resident", bid, tensor, shape, (chunk,),
                                 np.zeros((cores, 1), dtype=np.int32), table))
         idx = np.arange(numel)
-        return Placement(bid, (idx // chunk).astype(np.int32), (idx % chunk).astype(np.int32))
+        return Placement(bid, (over.start + idx // chunk).astype(np.int32),
+                         (idx % chunk).astype(np.int32))
 
     # -- repeated layers (streaming) ----------------------------------------------------------
     def op_key(self, n: int, op: TensorExpr) -> tuple:

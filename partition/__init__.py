@@ -29,7 +29,7 @@ from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
 from .epilogue import extra_edge_cost
-from .plan import Cycles, Geometry, OpPlan, geometry
+from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
 from .transitions import Views, edge_cost, relayout_cycles
@@ -52,7 +52,7 @@ def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
               opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
     """Every plan of one op of ``graph`` that survives pruning (not yet reduced to a front)."""
     ints, consts = _tensor_sets(graph)
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    shapes = operand_shapes(graph, op)
     return enumerate_plans(op, chip, dtype, shapes, ints, consts, opts)
 
 
@@ -61,7 +61,7 @@ def search_op_front(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
                     ) -> SearchResult:
     """One op's Pareto front (and smallest plan), computed without materialising every plan."""
     ints, consts = _tensor_sets(graph)
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    shapes = operand_shapes(graph, op)
     return search_front(op, chip, dtype, shapes, ints, consts, opts, limit)
 
 

@@ -308,7 +308,12 @@ class Geometry:
         return group // self.T[j] if j is not None else group
 
 
+def operand_shapes(graph: Graph, op: TensorExpr) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor ``op`` names: its operands and its epilogue's extras."""
+    return {o.tensor: graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra)}
+
+
 def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    shapes = operand_shapes(graph, op)
     return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain, plan.embed,
                     plan.cores)

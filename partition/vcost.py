@@ -174,20 +174,24 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         shift = shift + step(homing)
         sync = sync + np.where(home > 0, chip.sync_cycles, 0)
 
-    fetched = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
-                  np.zeros(n, dtype=np.int64))
+    red = [j for j, a in enumerate(axes) if a not in op.output.axes]
+    group = np.prod(F[:, red], axis=1) if red else ones
+    out_axis = rot_axis[out_index]
+    if out_axis is not None:
+        group = group // tpl.T[out_axis]
+    share = np.where(group > 1, ceil_div(elems[out_index], group), elems[out_index])
+    epi = epilogue_cost(op, share, chip, dtype, int_tensors, const_tensors, shapes)
+    fetched = ones * epi.fetched
     if weights_home:
+        fetched = fetched + sum((tile_bytes[i] for i, o in enumerate(op.inputs)
+                                 if o.tensor in const_tensors), np.zeros(n, dtype=np.int64))
+    if fetched.any():
         if mesh:
             shift = shift + np.asarray([exchange_estimate(chip, int(x)) for x in fetched])
         else:
             shift = shift + _transfer(chip, fetched)
         sync = sync + np.where(fetched > 0, chip.sync_cycles, 0)
 
-    red = [j for j, a in enumerate(axes) if a not in op.output.axes]
-    group = np.prod(F[:, red], axis=1) if red else ones
-    out_axis = rot_axis[out_index]
-    if out_axis is not None:
-        group = group // tpl.T[out_axis]
     out_elem = element_bytes(op, out_index, dtype, int_tensors)
     chunk = ceil_div(elems[out_index], group)
     chunk_bytes = np.where(group > 1, chunk * out_elem, 0)
@@ -202,19 +206,16 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         moving = _transfer(chip, (group - 1) * chunk * out_elem)
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
     out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
-    share = np.where(group > 1, chunk, elems[out_index])
-    epi_compute, _, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype, int_tensors,
-                                                      const_tensors)
-    compute = compute + epi_compute
+    compute = compute + epi.compute
 
     cold = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
                np.zeros(n, dtype=np.int64))
     hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
                                 np.zeros(n, dtype=np.int64))
     hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + chunk_bytes), hot)
-    hot = hot + epi_hot
+    hot = hot + epi.hot
     if weights_home:
         cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
         hot = hot + cold
-    cold = cold + epi_cold
+    cold = cold + epi.cold
     return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes, placeable)

@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--timing-only", action="store_true",
                    help="time every plan without data (no onnxruntime check): for models too "
                         "large to emulate functionally, such as bert-large at batch 8")
-    model_args(b)
+    model_args(b, batches=True)
 
     sw = sub.add_parser("sweep", help="a design-space sweep: models x chip fields x strategies",
                         description="Compile every point of SPEC's grid (see t10c/sweep.py "
@@ -504,20 +504,25 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import math
 
-    from t10c.compare import Entry, speedup
+    from t10c.compare import Entry, largest_batches, speedup
     from t10c.outputs import write_text
 
-    entries = _entries(args.models, args.chips, list(DEFAULT_STRATEGIES), args, slim=True)
+    batches = args.batch or [None]
+    entries = []
+    for model in args.models:
+        for batch in batches:
+            entries += _entries([model], args.chips, list(DEFAULT_STRATEGIES),
+                                argparse.Namespace(**{**vars(args), "batch": batch}), slim=True)
     base = [s for s in DEFAULT_STRATEGIES if s != "t10"]  # the baselines
-    head = ["model", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
+    head = ["model", "batch", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
             *(f"vs {s}" for s in base), "of roofline", "of ideal", "emulation (s)",
             "onnxruntime (s)", "matches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
-    groups: dict[tuple[str, str], dict[str, Entry]] = {}
+    groups: dict[tuple[str, int | None, str], dict[str, Entry]] = {}
     for e in entries:
-        groups.setdefault((e.model, e.chip.name), {})[e.strategy] = e
-    for (model, chip), by in groups.items():
+        groups.setdefault((e.model, e.batch, e.chip.name), {})[e.strategy] = e
+    for (model, batch, chip), by in groups.items():
         t10 = by["t10"]
 
         def us(e: Entry) -> str:
@@ -530,7 +535,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return e.result is not None and not e.result.timing_only
 
         ok = all(e.result is None or e.result.ok for e in by.values())
-        row = [model, chip, f"{t10.compile_s:.2f}", *(us(by[s]) for s in DEFAULT_STRATEGIES),
+        row = [model, "-" if batch is None else str(batch), chip,
+               "-" if math.isnan(t10.compile_s) else f"{t10.compile_s:.2f}",
+               *(us(by[s]) for s in DEFAULT_STRATEGIES),
                *(x(speedup(entries, t10, s)) for s in base),
                f"{100 * t10.roofline_fraction:.1f}%" if t10.result else "-",
                f"{100 * t10.ideal_fraction:.1f}%" if t10.result else "-",
@@ -540,10 +547,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         lines.append("| " + " | ".join(row) + " |")
         rows.append(dict(zip(head, row)))
     print("\n".join(lines))
+    capacity = largest_batches(entries, list(DEFAULT_STRATEGIES)) if len(batches) > 1 else []
+    if capacity:
+        print(f"\nLargest batch that fits, of {', '.join(map(str, batches))}, and its "
+              "throughput:\n")
+        cap_head = ["model", "chip", *(f"{s}: batch, samples/s" for s in DEFAULT_STRATEGIES),
+                    *(f"t10 vs {s}" for s in base)]
+        print("| " + " | ".join(cap_head) + " |\n|" + "---|" * len(cap_head))
+        for c in capacity:
+            cells = [c.model, c.chip,
+                     *(f"{c.batch[s]}, {c.throughput[s]:,.0f}" if c.batch[s] else "none"
+                       for s in DEFAULT_STRATEGIES),
+                     *(x(c.gain("t10", s)) for s in base)]
+            print("| " + " | ".join(cells) + " |")
     if args.json:
         from t10c import report
 
         write_text(args.json, json.dumps({"format": "t10c-bench/1", "table": rows,
+                                          "largest_batch": [c.as_dict() for c in capacity],
                                           "runs": json.loads(report.to_json(entries))["rows"]},
                                          indent=1) + "\n")
     bad = [e for e in entries if e.result is not None and not e.result.ok]

@@ -32,6 +32,8 @@ def summary_rows(entries: list[Entry]) -> list[dict[str, Any]]:
     rows = []
     for e in entries:
         row: dict[str, Any] = {"model": e.model, "chip": e.chip.name, "strategy": e.strategy}
+        if e.batch is not None:
+            row["batch"] = e.batch
         if e.result is None:
             row["error"] = e.error
             rows.append(row)

@@ -89,7 +89,7 @@ def _emulated_relayout(program, timeline, chip, warm: frozenset[str] = frozenset
 
 def _warm_ops(graph: Graph, chosen) -> frozenset[str]:
     return frozenset(op.name for i, (op, p) in enumerate(zip(graph.ops, chosen))
-                     if fetches(graph, i, p))
+                     if fetches(graph, i, p, CHIP))
 
 
 def _warm(graph: Graph, op, p):
