@@ -36,6 +36,7 @@ from t10c.dtypes import dtype_bytes
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
+from t10c.partition.dram import dram_operands
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import Layout, Rect, aligned, layout
@@ -43,6 +44,8 @@ from .program import (
     Alloc,
     Buffer,
     Compute,
+    DmaLoad,
+    DmaWait,
     Exchange,
     Fill,
     Free,
@@ -125,6 +128,13 @@ class _Builder:
         self.extra_weights: dict[tuple[int, int], int] = {}  # (op, extra) -> resident buffer
         self.view_tables: dict[str, np.ndarray] = {}
         self.home: dict[str, Placement] = {}  # vgm: where each weight lives
+        #: chips with DRAM: (op, input) -> the buffer its DMA load fills, and per op the ops
+        #: whose loads are issued at its start (`Plan.dram_issue`)
+        self.dma: dict[tuple[int, int], int] = {}
+        self.issued_at: dict[int, list[int]] = {}
+        for k, j in enumerate(plan.dram_issue):
+            if j >= 0:
+                self.issued_at.setdefault(j, []).append(k)
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
@@ -206,8 +216,8 @@ class _Builder:
         is loaded once, spread evenly over all cores, and ops fetch from there."""
         for i, operand in enumerate(op.inputs):
             root = self.graph.root(operand.tensor)
-            if root not in self.graph.constants:
-                continue
+            if root not in self.graph.constants or self.plan.ops[n].dram_weights:
+                continue  # (weights in DRAM are loaded before each run: `issue_dram`)
             if self.plan.ops[n].home:
                 if root not in self.home:
                     self.home[root] = self.load_home(root, op.name)
@@ -297,6 +307,7 @@ class _Builder:
         self.drain()
         self.sink.replay(op.name, cached)  # type: ignore[union-attr]
         self.sink.written(out, cached.cores)  # type: ignore[union-attr]
+        self.free_dram(n)
         for operand in op.reads:
             root = self.graph.root(operand.tensor)
             if root in self.pending:
@@ -305,7 +316,51 @@ class _Builder:
                     self.free(self.placement[root].buf, op.name)
         self.placement[op.output.tensor] = Placement(out, cached.core, cached.off)
 
+    # -- off-chip memory ----------------------------------------------------------------------
+    def issue_dram(self, j: int) -> None:
+        """At op j's start: the DMA loads of every op whose loads the schedule issues here,
+        each into a fresh buffer in that op's layout (the preload footprint)."""
+        for k in self.issued_at.get(j, ()):
+            op = self.graph.ops[k]
+            p = self.plan.ops[k]
+            geo = geometry(self.graph, op, p)
+            for i in dram_operands(self.graph, op, p.dram_weights):
+                operand = op.inputs[i]
+                root = self.graph.root(operand.tensor)
+                tile = geo.tile_shape(i)
+                bid = self.new_buffer(f"{op.name}.in{i}", math.prod(tile),
+                                      self.storage(operand.tensor), self.graph.ops[j].name,
+                                      "dram")
+                table = None
+                if root != operand.tensor:  # through a view: spell out every element
+                    flat, valid = self.element_map(geo, i, 0)
+                    table = np.where(valid, self.to_root(operand.tensor)[flat],
+                                     -1).astype(np.int32)
+                self.instrs.append(DmaLoad(
+                    self.graph.ops[j].name, "dram", bid, root, self.graph.tensors[root].shape,
+                    tile, geo.tile_origin(i, 0).astype(np.int32), table, _cores(geo)))
+                self.dma[k, i] = bid
+
+    def wait_dram(self, n: int) -> None:
+        """Before op n: wait for its DMA loads to land."""
+        for (k, _), bid in sorted(self.dma.items()):
+            if k == n:
+                self.instrs.append(DmaWait(self.graph.ops[n].name, "dram", bid))
+
+    def free_dram(self, n: int, live: list[int] | None = None) -> None:
+        """After op n: free the buffers its DMA loads filled (or, for a rotated operand, the
+        one of its pair that is still live: ``live`` per input)."""
+        for (k, i), bid in sorted(self.dma.items()):
+            if k != n:
+                continue
+            buf = bid if live is None else live[i]
+            if buf in self.alloc.live:
+                self.free(buf, self.graph.ops[n].name)
+            del self.dma[k, i]
+
     def emit_op(self, n: int, op: TensorExpr) -> None:
+        self.issue_dram(n)
+        self.wait_dram(n)
         if not hasattr(self.sink, "replay"):
             return self.generate_op(n, op)
         key = self.op_key(n, op)
@@ -334,6 +389,8 @@ class _Builder:
         for i in range(nin):
             if (n, i) in self.weights:
                 bid, own = self.weights[n, i], False
+            elif (n, i) in self.dma:  # loaded from DRAM: freed after the op (`free_dram`)
+                bid, own = self.dma[n, i], False
             else:
                 bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home)
             cur.append(bid)
@@ -389,11 +446,15 @@ class _Builder:
 
         # resident weights that rotated go back to where they started, into their own buffer,
         # so that the program leaves them as it found them (one more ring shift)
-        restore = [i for i in recv if (n, i) in self.weights]
+        # (weights loaded from DRAM too: the cost model prices every rotated weight's return)
+        kept = {**self.weights, **{key: b for key, b in self.dma.items() if key[0] == n
+                                   and self.graph.root(op.inputs[key[1]].tensor)
+                                   in self.graph.constants}}
+        restore = [i for i in recv if (n, i) in kept]
         if restore:
             self.instrs.append(Sync(op.name, "sync"))
         for i in restore:
-            home = self.weights[n, i]
+            home = kept[n, i]
             source = geo.phys[geo.restore_source(i)].astype(np.int32)
             self.instrs.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
             if cur[i] != home:
@@ -403,6 +464,7 @@ class _Builder:
         for i in range(nin):
             if owned[i]:
                 self.free(cur[i], op.name)
+        self.free_dram(n, cur)
         for operand in op.inputs:  # a producer buffer used in place dies with this op
             root = self.graph.root(operand.tensor)
             if self.pending.get(root) == 0 and self.placement[root].buf in cur[:nin]:

@@ -149,7 +149,8 @@ def load_plan(path: str | Path) -> Plan:
 def _bounds(doc: dict[str, Any] | None) -> Bounds | None:
     if doc is None:
         return None
-    return Bounds(int(doc["roofline_cycles"]), int(doc["ideal_cycles"]))
+    return Bounds(int(doc["roofline_cycles"]), int(doc["ideal_cycles"]),
+                  int(doc.get("dram_roofline_cycles", 0)))
 
 
 def _op_plan(o: dict[str, Any]) -> OpPlan:
