@@ -139,8 +139,7 @@ def test_schedule_by_hand() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_runs() -> dict:
-    from t10c.driver import compile_model, run_compiled
-    from t10c.driver import CompileOptions
+    from t10c.driver import CompileOptions, compile_model, run_compiled
     from t10c.strategies import search_options
 
     runs = {}
