@@ -136,19 +136,18 @@ def schedule(plans: Sequence[OpPlan], on_chip: Sequence[int], memory: Sequence[i
     n = len(plans)
     need = [p.dram_bytes_per_core for p in plans]
     loads = [i for i in range(n) if plans[i].dram_cycles]
+    at_own_op = [i if i in set(loads) else -1 for i in range(n)]
     if mode == "basic":
-        issue = [i if i in set(loads) else -1 for i in range(n)]
-        return Schedule(mode, tuple(issue), _stalls(plans, on_chip, issue))
+        return Schedule(mode, tuple(at_own_op), _stalls(plans, on_chip, at_own_op))
     if mode == "static":
         for depth in range(MAX_STATIC_DEPTH, 0, -1):
-            issue = _issue(loads, n, need, memory, cap, depth)
-            if issue is not None:
-                return Schedule(mode, tuple(issue), _stalls(plans, on_chip, issue), depth)
-        issue = [i if i in set(loads) else -1 for i in range(n)]
-        return Schedule(mode, tuple(issue), _stalls(plans, on_chip, issue), 0)
-    issue = _issue(loads, n, need, memory, cap, None)
-    assert issue is not None  # depth 0 (issue at the op itself) always fits
-    return Schedule(mode, tuple(issue), _stalls(plans, on_chip, issue))
+            fixed = _issue(loads, n, need, memory, cap, depth)
+            if fixed is not None:
+                return Schedule(mode, tuple(fixed), _stalls(plans, on_chip, fixed), depth)
+        return Schedule(mode, tuple(at_own_op), _stalls(plans, on_chip, at_own_op), 0)
+    early = _issue(loads, n, need, memory, cap, None)
+    assert early is not None  # depth 0 (issue at the op itself) always fits
+    return Schedule(mode, tuple(early), _stalls(plans, on_chip, early))
 
 
 def _issue(loads: list[int], n: int, need: list[int], memory: Sequence[int], cap: int,
