@@ -190,3 +190,13 @@ def test_plan_file_keeps_the_dram_schedule(tiny_runs: dict, tmp_path) -> None:
     assert (back.dram_schedule, back.dram_issue, back.dram_stall_cycles) == (
         c.plan.dram_schedule, c.plan.dram_issue, c.plan.dram_stall_cycles)
     assert back.total_cycles == c.plan.total_cycles
+
+
+def test_timing_only_run_times_the_dram_schedule(tiny_runs: dict) -> None:
+    """The streamed timing-only run (repeated layers replayed) waits for the same loads."""
+    from t10c.driver import CompileOptions, compile_model
+
+    c = compile_model("llama-tiny-decode", PRESETS["test64-dram"],
+                      CompileOptions(timing_only=True, weights=False))
+    assert c.timeline is not None
+    assert c.timeline.cycles == c.plan.total_cycles == tiny_runs["t10"][1].timeline.cycles
