@@ -39,7 +39,7 @@ from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.dram import dram_operands
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
-from .memory import Layout, Rect, aligned, layout
+from .memory import ALIGN, Layout, Rect, aligned, layout
 from .program import (
     Alloc,
     Buffer,
@@ -103,6 +103,23 @@ class _Allocator:
         self.peak = max(self.peak, offset + size)
         return offset
 
+    def alloc_top(self, buf_id: int, nbytes: int) -> int:
+        """The highest free gap that holds ``nbytes`` (first-fit from the bottom when none
+        does): DRAM preloads live across several ops, and placing them at the top keeps them
+        out of the way of the buffers that come and go below."""
+        size = aligned(nbytes)
+        top = self.sram // ALIGN * ALIGN
+        for start, end in sorted(self.live.values(), key=lambda r: -r[1]):
+            if end <= top - size:
+                break
+            top = min(top, start // ALIGN * ALIGN)
+        if top - size < 0:
+            return self.alloc(buf_id, nbytes)
+        offset = top - size
+        self.live[buf_id] = (offset, top)
+        self.peak = max(self.peak, top)
+        return offset
+
     def free(self, buf_id: int) -> None:
         del self.live[buf_id]
 
@@ -139,7 +156,8 @@ class _Builder:
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
         bid = len(self.buffers)
-        offset = self.alloc.alloc(bid, elems * dtype_bytes(dtype))
+        place = self.alloc.alloc_top if phase == "dram" else self.alloc.alloc
+        offset = place(bid, elems * dtype_bytes(dtype))
         self.buffers.append(Buffer(bid, name, elems, dtype, offset))
         self.instrs.append(Alloc(op, phase, bid))
         return bid
