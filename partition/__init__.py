@@ -84,6 +84,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     """Search every op's plans (once per distinct op), then choose one per op with CP-SAT;
     the ops ``constraints`` name choose among the plans that obey them (`constrain.py`)."""
     start = time.perf_counter()
+    if chip.has_dram:  # before any search: the model must fit the DRAM
+        check_dram_capacity(graph, chip, dtype)
     ints, consts = _tensor_sets(graph)
     keys = [(op.signature(), tuple(o.tensor in consts for o in op.reads),
              tuple(o.tensor in ints for o in op.reads)) for op in graph.ops]
@@ -110,7 +112,6 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
     if chip.has_dram:  # graph inputs stream from DRAM; weights may live there
-        check_dram_capacity(graph, chip, dtype)
         fronts = [with_dram_inputs(graph, op, f, chip, dtype, ints) for op, f in
                   zip(graph.ops, fronts)]
         fronts = [f + dram_twins(graph, op, f, chip, dtype, ints)

@@ -200,3 +200,14 @@ def test_timing_only_run_times_the_dram_schedule(tiny_runs: dict) -> None:
                       CompileOptions(timing_only=True, weights=False))
     assert c.timeline is not None
     assert c.timeline.cycles == c.plan.total_cycles == tiny_runs["t10"][1].timeline.cycles
+
+
+def test_a_model_larger_than_the_dram_is_refused_before_the_search() -> None:
+    from t10c.driver import load_source
+    from t10c.frontend import to_graph
+    from t10c.partition import DoesNotFitError, plan_graph
+
+    graph = to_graph(load_source("llama-tiny-decode", weights=False), name="llama-tiny-decode")
+    small = dataclasses.replace(PRESETS["test64-dram"], dram_bytes=1 << 20)
+    with pytest.raises(DoesNotFitError, match=r"needs 0\.02 GB of DRAM .* has 0\.00 GB"):
+        plan_graph(graph, small)
