@@ -37,13 +37,16 @@ from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.cost import idle_cores
+from t10c.partition.dram import dram_operands
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
-from .memory import Layout, Rect, aligned, layout
+from .memory import ALIGN, Layout, Rect, aligned, layout
 from .program import (
     Alloc,
     Buffer,
     Compute,
+    DmaLoad,
+    DmaWait,
     Exchange,
     Fill,
     Free,
@@ -101,6 +104,23 @@ class _Allocator:
         self.peak = max(self.peak, offset + size)
         return offset
 
+    def alloc_top(self, buf_id: int, nbytes: int) -> int:
+        """The highest free gap that holds ``nbytes`` (first-fit from the bottom when none
+        does): DRAM preloads live across several ops, and placing them at the top keeps them
+        out of the way of the buffers that come and go below."""
+        size = aligned(nbytes)
+        top = self.sram // ALIGN * ALIGN
+        for start, end in sorted(self.live.values(), key=lambda r: -r[1]):
+            if end <= top - size:
+                break
+            top = min(top, start // ALIGN * ALIGN)
+        if top - size < 0:
+            return self.alloc(buf_id, nbytes)
+        offset = top - size
+        self.live[buf_id] = (offset, top)
+        self.peak = max(self.peak, top)
+        return offset
+
     def free(self, buf_id: int) -> None:
         del self.live[buf_id]
 
@@ -127,11 +147,19 @@ class _Builder:
         self.view_tables: dict[str, np.ndarray] = {}
         self.home: dict[str, Placement] = {}  # vgm: where each weight lives
         self.idle: dict[str, Placement] = {}  # where each epilogue weight waits
+        #: chips with DRAM: (op, input) -> the buffer its DMA load fills, and per op the ops
+        #: whose loads are issued at its start (`Plan.dram_issue`)
+        self.dma: dict[tuple[int, int], int] = {}
+        self.issued_at: dict[int, list[int]] = {}
+        for k, j in enumerate(plan.dram_issue):
+            if j >= 0:
+                self.issued_at.setdefault(j, []).append(k)
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
         bid = len(self.buffers)
-        offset = self.alloc.alloc(bid, elems * dtype_bytes(dtype))
+        place = self.alloc.alloc_top if phase == "dram" else self.alloc.alloc
+        offset = place(bid, elems * dtype_bytes(dtype))
         self.buffers.append(Buffer(bid, name, elems, dtype, offset))
         self.instrs.append(Alloc(op, phase, bid))
         return bid
@@ -208,8 +236,8 @@ class _Builder:
         is loaded once, spread evenly over all cores, and ops fetch from there."""
         for i, operand in enumerate(op.inputs):
             root = self.graph.root(operand.tensor)
-            if root not in self.graph.constants:
-                continue
+            if root not in self.graph.constants or self.plan.ops[n].dram_weights:
+                continue  # (weights in DRAM are loaded before each run: `issue_dram`)
             if self.plan.ops[n].home:
                 if root not in self.home:
                     self.home[root] = self.load_home(root, op.name)
@@ -314,6 +342,7 @@ class _Builder:
         self.drain()
         self.sink.replay(op.name, cached)  # type: ignore[union-attr]
         self.sink.written(out, cached.cores)  # type: ignore[union-attr]
+        self.free_dram(n)
         for operand in op.reads:
             root = self.graph.root(operand.tensor)
             if root in self.pending:
@@ -322,7 +351,51 @@ class _Builder:
                     self.free(self.placement[root].buf, op.name)
         self.placement[op.output.tensor] = Placement(out, cached.core, cached.off)
 
+    # -- off-chip memory ----------------------------------------------------------------------
+    def issue_dram(self, j: int) -> None:
+        """At op j's start: the DMA loads of every op whose loads the schedule issues here,
+        each into a fresh buffer in that op's layout (the preload footprint)."""
+        for k in self.issued_at.get(j, ()):
+            op = self.graph.ops[k]
+            p = self.plan.ops[k]
+            geo = geometry(self.graph, op, p)
+            for i in dram_operands(self.graph, op, p.dram_weights):
+                operand = op.inputs[i]
+                root = self.graph.root(operand.tensor)
+                tile = geo.tile_shape(i)
+                bid = self.new_buffer(f"{op.name}.in{i}", math.prod(tile),
+                                      self.storage(operand.tensor), self.graph.ops[j].name,
+                                      "dram")
+                table = None
+                if root != operand.tensor:  # through a view: spell out every element
+                    flat, valid = self.element_map(geo, i, 0)
+                    table = np.where(valid, self.to_root(operand.tensor)[flat],
+                                     -1).astype(np.int32)
+                self.instrs.append(DmaLoad(
+                    self.graph.ops[j].name, "dram", bid, root, self.graph.tensors[root].shape,
+                    tile, geo.tile_origin(i, 0).astype(np.int32), table, _cores(geo)))
+                self.dma[k, i] = bid
+
+    def wait_dram(self, n: int) -> None:
+        """Before op n: wait for its DMA loads to land."""
+        for (k, _), bid in sorted(self.dma.items()):
+            if k == n:
+                self.instrs.append(DmaWait(self.graph.ops[n].name, "dram", bid))
+
+    def free_dram(self, n: int, live: list[int] | None = None) -> None:
+        """After op n: free the buffers its DMA loads filled (or, for a rotated operand, the
+        one of its pair that is still live: ``live`` per input)."""
+        for (k, i), bid in sorted(self.dma.items()):
+            if k != n:
+                continue
+            buf = bid if live is None else live[i]
+            if buf in self.alloc.live:
+                self.free(buf, self.graph.ops[n].name)
+            del self.dma[k, i]
+
     def emit_op(self, n: int, op: TensorExpr) -> None:
+        self.issue_dram(n)
+        self.wait_dram(n)
         if not hasattr(self.sink, "replay"):
             return self.generate_op(n, op)
         key = self.op_key(n, op)
@@ -351,6 +424,8 @@ class _Builder:
         for i in range(nin):
             if (n, i) in self.weights:
                 bid, own = self.weights[n, i], False
+            elif (n, i) in self.dma:  # loaded from DRAM: freed after the op (`free_dram`)
+                bid, own = self.dma[n, i], False
             else:
                 bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home)
             cur.append(bid)
@@ -406,11 +481,15 @@ class _Builder:
 
         # resident weights that rotated go back to where they started, into their own buffer,
         # so that the program leaves them as it found them (one more ring shift)
-        restore = [i for i in recv if (n, i) in self.weights]
+        # (weights loaded from DRAM too: the cost model prices every rotated weight's return)
+        kept = {**self.weights, **{key: b for key, b in self.dma.items() if key[0] == n
+                                   and self.graph.root(op.inputs[key[1]].tensor)
+                                   in self.graph.constants}}
+        restore = [i for i in recv if (n, i) in kept]
         if restore:
             self.instrs.append(Sync(op.name, "sync"))
         for i in restore:
-            home = self.weights[n, i]
+            home = kept[n, i]
             source = geo.phys[geo.restore_source(i)].astype(np.int32)
             self.instrs.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
             if cur[i] != home:
@@ -420,6 +499,7 @@ class _Builder:
         for i in range(nin):
             if owned[i]:
                 self.free(cur[i], op.name)
+        self.free_dram(n, cur)
         for operand in op.inputs:  # a producer buffer used in place dies with this op
             root = self.graph.root(operand.tensor)
             if self.pending.get(root) == 0 and self.placement[root].buf in cur[:nin]:

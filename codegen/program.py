@@ -26,6 +26,10 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
   past the end of src.
 - ``Sync()``: bulk-synchronous barrier.
 - ``Store(tensor, src, src_core, src_off)``: chip -> host after the run (graph outputs).
+- ``DmaLoad(...)``: as ``Load``, but from the chip's off-chip DRAM during the run: the DMA
+  engine starts it when it is issued and works while the cores compute (chips with DRAM,
+  `partition/dram.py`); the buffer may be read only after its ``DmaWait``.
+- ``DmaWait(buf)``: the cores wait until the DMA load into ``buf`` has landed.
 """
 
 from __future__ import annotations
@@ -188,6 +192,16 @@ class Store(Instr):
     src: int
     src_core: np.ndarray
     src_off: np.ndarray
+
+
+@dataclass(frozen=True)
+class DmaLoad(Load):
+    """DRAM -> SRAM by the DMA engine, concurrent with compute (fields as `Load`)."""
+
+
+@dataclass(frozen=True)
+class DmaWait(Instr):
+    buf: int
 
 
 @dataclass(frozen=True)
@@ -455,6 +469,8 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
         return f"alloc  {b(ins.buf)} {x.dtype}[{x.elems}] @ {x.offset:#x}{tag}"
     if isinstance(ins, Free):
         return f"free   {b(ins.buf)}{tag}"
+    if isinstance(ins, DmaWait):
+        return f"wait   {b(ins.buf)} (dma){tag}"
     if isinstance(ins, Load):
         row = ins.row_of(core, ins.ncores)
         if row is None:
@@ -464,7 +480,8 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
         r = 0 if ins.index is None else row
         valid = flat[r][ok[r]]
         span = f"{valid.min()}..{valid.max()}" if len(valid) else "padding"
-        return f"load   {b(ins.buf)} <- host:{ins.tensor}[{span}] ({len(valid)} elems){tag}"
+        kind, where = ("dma   ", "dram") if isinstance(ins, DmaLoad) else ("load  ", "host")
+        return f"{kind} {b(ins.buf)} <- {where}:{ins.tensor}[{span}] ({len(valid)} elems){tag}"
     if isinstance(ins, Fill):
         row = ins.row_of(core, ins.ncores)
         return f"fill   {b(ins.buf)}, {ins.value}{tag}" if row is not None else None
@@ -508,4 +525,4 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
 
 
 _KINDS.update({cls.__name__: cls for cls in (Alloc, Free, Load, Fill, Exchange, Compute, Shift,
-                                              Reduce, Sync, Store)})
+                                              Reduce, Sync, Store, DmaLoad, DmaWait)})

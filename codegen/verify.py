@@ -32,6 +32,8 @@ from t10c.ir import INDIRECT, TensorExpr, Window
 from .program import (
     Alloc,
     Compute,
+    DmaLoad,
+    DmaWait,
     Exchange,
     Fill,
     Free,
@@ -293,9 +295,14 @@ def _store(p: Program, ins: Store) -> None:
     _within("src_off", off, 0, src.elems, f"buffer %{src.name}")
 
 
+def _dma_wait(p: Program, ins: DmaWait) -> None:
+    _buf(p, "its", ins.buf)
+
+
 _CHECKS: dict[type[Instr], Callable[[Program, Any], None]] = {
     Alloc: _alloc, Free: _alloc, Load: _load, Fill: _fill, Exchange: _exchange, Shift: _shift,
-    Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store}
+    Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store, DmaLoad: _load,
+    DmaWait: _dma_wait}
 
 
 def load_program(directory: Path) -> Program:

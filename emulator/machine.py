@@ -41,6 +41,7 @@ from t10c.chips import Chip
 from t10c.codegen.program import (
     Alloc,
     Compute,
+    DmaLoad,
     Exchange,
     Fill,
     Free,
@@ -120,6 +121,16 @@ class Machine(TimingMachine):
 
     def load(self, ins: Load) -> None:
         super().load(ins)
+        self.timeline.host_bytes += self.load_values(ins)
+
+    def dma_load(self, ins: DmaLoad) -> None:
+        # the values land at once (nothing reads them before the DmaWait, which the timing
+        # handler enforces); the DRAM array is the host's copy of the tensor
+        super().dma_load(ins)
+        self.load_values(ins)
+
+    def load_values(self, ins: Load) -> int:
+        """Cut ``ins``'s tiles from the host tensor into its buffer; returns the bytes."""
         if ins.tensor not in self.host:
             raise EmulatorError(f"no host tensor {ins.tensor!r} to load")
         src = np.asarray(self.host[ins.tensor])
@@ -143,7 +154,7 @@ class Machine(TimingMachine):
             vals = np.take(host.reshape(-1), flat)
             dst[rows] = vals if valid.all() else np.where(valid, vals, 0)
             loaded = int(valid.sum())
-        self.timeline.host_bytes += loaded * self.itemsize(ins.buf)
+        return loaded * self.itemsize(ins.buf)
 
     def rounded(self, tensor: str, buf: int, value: np.ndarray) -> np.ndarray:
         """Host tensor ``tensor`` as buffer ``buf`` holds its values: rounded to the buffer's

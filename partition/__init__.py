@@ -28,10 +28,18 @@ from .constrain import (
 from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
+from .dram import (
+    Schedule,
+    dram_bytes_needed,
+    dram_twins,
+    extra_cycles,
+    schedule,
+    with_dram_inputs,
+)
 from .epilogue import extra_edge_cost
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
-from .solve import Edge, SolverOptions, choose_plans
+from .solve import Edge, SolverOptions, _Arrays, choose_plans, liveness, memory_use
 from .transitions import Views, edge_cost, relayout_cycles
 from .verify import verify_plan
 
@@ -76,6 +84,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     """Search every op's plans (once per distinct op), then choose one per op with CP-SAT;
     the ops ``constraints`` name choose among the plans that obey them (`constrain.py`)."""
     start = time.perf_counter()
+    if chip.has_dram:  # before any search: the model must fit the DRAM
+        check_dram_capacity(graph, chip, dtype)
     ints, consts = _tensor_sets(graph)
     keys = [(op.signature(), tuple(o.tensor in consts for o in op.reads),
              tuple(o.tensor in ints for o in op.reads)) for op in graph.ops]
@@ -101,6 +111,13 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                   for op, f in zip(graph.ops, fronts)]
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
+    if chip.has_dram:  # graph inputs stream from DRAM; weights may live there
+        fronts = [with_dram_inputs(graph, op, f, chip, dtype, ints) for op, f in
+                  zip(graph.ops, fronts)]
+        fronts = [f + dram_twins(graph, op, f, chip, dtype, ints)
+                  for op, f in zip(graph.ops, fronts)]
+        least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
+                      for c, f in zip(least_cold, fronts)]
     if constraints:  # `--plan FILE`: the named ops' fronts become the plans obeying it
         apply_constraints(graph, chip, dtype, search, front_limit, constraints, fronts,
                           smallest, least_cold, keys, ints, consts)
@@ -112,19 +129,23 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                        dtype))
     views = Views(graph)
     edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
-    no_extra = [[0] * len(f) for f in fronts]
-    result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
+    # DRAM loads add what they cannot hide to an op's cycles (none on chips without DRAM)
+    extra = [extra_cycles(f, search.dram_schedule) for f in fronts]
+    result, status = choose_plans(graph, fronts, extra, edges, chip.sram_bytes_per_core,
                                   solver, progress)
     if result is None:
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
-    if search.align and not chip.is_mesh and solver.planner != "greedy":
+    # (the second solve re-derives plans with their weights resident: not on DRAM chips)
+    if search.align and not chip.is_mesh and solver.planner != "greedy" and not chip.has_dram:
         fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
         chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
                                     search, solver, views, fixed)
     gap = result.objective_cycles - result.bound_cycles
+    dram = (_dram_schedule(graph, chosen, relayout, chip, solver, search.dram_schedule)
+            if any(p.dram_cycles for p in chosen) else None)
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
         relayout_cycles=tuple(relayout),
@@ -138,7 +159,30 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             time_limit_s=solver.time_limit_s),
         search_wall_s=search_wall,
         bounds=plan_bounds,
+        dram_schedule=dram.mode if dram else "",
+        dram_issue=dram.issue if dram else (),
+        dram_stall_cycles=dram.stall if dram else (),
     )
+
+
+def check_dram_capacity(graph: Graph, chip: Chip, dtype: str) -> None:
+    """Refuse a graph whose weights and inputs exceed the chip's DRAM."""
+    need = dram_bytes_needed(graph, dtype)
+    if need > chip.dram_bytes:
+        raise DoesNotFitError(
+            f"{graph.name} needs {need / 1e9:.2f} GB of DRAM for its weights and inputs in "
+            f"{dtype}; {chip.name} has {chip.dram_bytes / 1e9:.2f} GB. Use a chip with more "
+            "DRAM (see `t10c chips`) or a smaller model")
+
+
+def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
+                   solver: SolverOptions, mode: str) -> Schedule:
+    """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave."""
+    arrays = _Arrays([[p] for p in chosen], [[0] for _ in chosen])
+    memory = memory_use(liveness(graph), arrays, [0] * len(chosen))
+    on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
+    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode)
 
 
 def _warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip, dtype: str,

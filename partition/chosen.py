@@ -73,7 +73,14 @@ class Plan:
     search_wall_s: float = 0.0
     #: the roofline and ideal lower bounds (`partition.bounds`); None for a hand-made plan
     bounds: Bounds | None = None
+    #: chips with DRAM (`partition/dram.py`): the schedule ("elk", "static" or "basic"), and
+    #: per op the op at whose start its DRAM loads are issued (-1: none) and the cycles it
+    #: waits for them; empty on chips without DRAM
+    dram_schedule: str = ""
+    dram_issue: tuple[int, ...] = ()
+    dram_stall_cycles: tuple[int, ...] = ()
 
     @property
     def total_cycles(self) -> int:
-        return sum(p.cycles.total for p in self.ops) + sum(self.relayout_cycles)
+        return (sum(p.cycles.total for p in self.ops) + sum(self.relayout_cycles)
+                + sum(self.dram_stall_cycles))

@@ -56,6 +56,10 @@ class SearchOptions:
     #: plans aligned to the layouts their producers' chosen plans leave (`align.py`), at most
     #: this many per op in the second solve; 0 for none
     align: int = 2
+    #: on a chip with DRAM, how each op's loads are scheduled (`partition/dram.py`): "elk"
+    #: (as early as SRAM allows), "static" (one fixed preload depth) or "basic" (load, then
+    #: execute)
+    dram_schedule: str = "elk"
 
 
 def _axis_candidates(extent: int, cores: int) -> list[int]:

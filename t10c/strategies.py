@@ -46,6 +46,16 @@ def _all_to_all(s: SearchOptions) -> SearchOptions:
     return dataclasses.replace(s, mesh_aware=False)
 
 
+def _basic(s: SearchOptions) -> SearchOptions:
+    # DRAM chips: every op loads its DRAM data, then runs (nothing overlaps the loads)
+    return dataclasses.replace(s, dram_schedule="basic")
+
+
+def _static(s: SearchOptions) -> SearchOptions:
+    # DRAM chips: every op's loads issued one fixed number of ops ahead
+    return dataclasses.replace(s, dram_schedule="static")
+
+
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("t10", "compute-shift plans: operands rotate around rings of cores (default)",
              _t10),
@@ -56,6 +66,12 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("all-to-all", "t10 planned as if every ring were one hop, cores numbered "
              "row-major (T10 as published; differs from t10 on meshes only)", _all_to_all,
              default=False),
+    Strategy("basic", "t10 on a chip with DRAM, each op loading its DRAM data and then "
+             "executing, no overlap (ELK's baseline; as t10 on chips without DRAM)", _basic,
+             default=False),
+    Strategy("static", "t10 on a chip with DRAM, every op's DRAM loads issued one fixed "
+             "number of ops ahead (ELK's static preload; as t10 on chips without DRAM)",
+             _static, default=False),
 )}
 
 #: the strategies `t10c compare` and `t10c bench` run unless told otherwise
