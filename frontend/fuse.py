@@ -46,7 +46,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from t10c.elementwise import body_cost
-from t10c.ir import Body, Dim, Graph, Operand, TensorExpr, Window, is_contraction
+from t10c.ir import Body, Dim, Graph, Operand, TensorExpr, Window, is_contraction, prologue_of
 
 #: vector operations per point up to which a producer counts as cheap (rule 3)
 CHEAP_OPS = 8
@@ -108,6 +108,8 @@ def _may_inline(producer: TensorExpr, consumer: TensorExpr, slot: int, readers: 
     read = consumer.inputs[slot]
     if consumer.body[0] == "take" or not all(isinstance(d, str) for d in read.axes):
         return False  # read through a window: inlining would recompute the halo
+    if consumer.prologue:
+        return False  # its inputs are a prologue's as well as the body's
     if len(set(read.axes)) != len(read.axes):
         return False
     if len(consumer.inputs) - 1 + len(producer.inputs) > max_inputs:
@@ -208,6 +210,69 @@ def fuse_epilogue(ops: list[TensorExpr], keep: set[str], shapes: dict[str, tuple
     return False
 
 
+def _as_prologue(producer: TensorExpr, consumer: TensorExpr, slot: int) -> TensorExpr | None:
+    """Contraction C reading P's body in place of input ``slot`` (rules i-iii of the module
+    doc), or None where they fail."""
+    read = consumer.inputs[slot]
+    if (not is_contraction(consumer) or slot > 1 or prologue_of(consumer, slot) is not None
+            or not all(isinstance(d, str) for d in read.axes)
+            or len(set(read.axes)) != len(read.axes)
+            or len(read.axes) != len(producer.output.axes)):
+        return None
+    rename = dict(zip(producer.output.axes, read.axes))
+    moved = []
+    for o in producer.inputs:
+        if not all(isinstance(d, str) for d in o.axes):
+            return None  # a windowed read (a Slice): the tile would need a halo
+        moved.append(Operand(o.tensor, tuple(rename[str(d)] for d in o.axes)))
+    # the stored operand: the first input that spans the whole operand (x of x - mean)
+    base = next((o for o in moved if set(o.axes) == set(read.axes)
+                 and len(set(o.axes)) == len(o.axes)), None)
+    if base is None:
+        return None
+    inputs = list(consumer.inputs)
+    inputs[slot] = base
+    leaves: dict[int, Body] = {}
+    for k, o in enumerate(moved):
+        if o not in inputs:
+            inputs.append(o)
+        leaves[k] = ("in", inputs.index(o))
+    body = _reindex(producer.body, leaves)
+    if any(j != slot and j < 2 and _uses(body, j) for j in range(2)):
+        return None  # reads the other matmul operand: not a transform of this one's tile
+    return replace(consumer, inputs=tuple(inputs),
+                   prologue=tuple(sorted((*consumer.prologue, (slot, body)))),
+                   source=f"{producer.source} + {consumer.source}".strip(" +"))
+
+
+def fuse_prologue(ops: list[TensorExpr], keep: set[str]) -> bool:
+    """Fold one elementwise op into the contractions that read it, as their prologue (module
+    doc, rules i-iii), in place; True if one was folded."""
+    reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for ci, op in enumerate(ops):
+        for slot, o in enumerate(op.reads):
+            reads[o.tensor].append((ci, slot))
+    for pi, producer in enumerate(ops):
+        out = producer.output.tensor
+        if (producer.combine is not None or producer.body[0] == "take" or out in keep
+                or _is_copy(producer)):
+            continue
+        sites = reads.get(out, [])
+        if not sites or len({ci for ci, _ in sites}) != len(sites):
+            continue
+        if len(sites) > 1 and body_cost(producer.body) > CHEAP_OPS:
+            continue  # each reader recomputes it: only where that is cheap
+        fused = [_as_prologue(producer, ops[ci], slot) if slot < len(ops[ci].inputs) else None
+                 for ci, slot in sites]
+        if any(f is None for f in fused):
+            continue
+        for (ci, _), f in zip(sites, fused):
+            ops[ci] = f  # type: ignore[assignment]
+        del ops[pi]
+        return True
+    return False
+
+
 def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True) -> Graph:
     """Inline elementwise producers into their readers and, with ``epilogues``, fold
     elementwise consumers into reductions (rules in the module doc), repeatedly."""
@@ -244,6 +309,8 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True) 
             del ops[pi]
             changed = True
             break
+        if not changed and epilogues:  # what inlining leaves: tails read by matmuls
+            changed = fuse_prologue(ops, keep)
     return prune(replace(graph, ops=tuple(ops)))
 
 

@@ -25,7 +25,7 @@ def body_ops(op: TensorExpr) -> int:
 
 def contraction_dims(op: TensorExpr, sub: dict[str, int]) -> tuple[int, int, int, int]:
     """(m, k, n, batch) of a contraction's sub-task with axis sizes ``sub``."""
-    a, b = (set(x.axis_set) for x in op.inputs)
+    a, b = (set(x.axis_set) for x in op.inputs[:2])
     out = set(op.output.axes)
     m = k = n = batch = 1
     for axis, size in sub.items():
@@ -44,9 +44,22 @@ def compute_cycles(op: TensorExpr, sub: dict[str, int], chip: Chip, dtype: str) 
     """Cycles of one sub-task of ``op`` with axis sizes ``sub`` on one core."""
     if is_contraction(op):
         m, k, n, batch = contraction_dims(op, sub)
-        return chip.matmul_cycles(m, k, n, batch, dtype)
+        return chip.matmul_cycles(m, k, n, batch, dtype) + prologue_cycles(op, sub, chip, dtype)
     if op.body[0] == "take":  # one lookup per output point, whatever share of rows is here
         return chip.vector_cycles(math.prod(sub[str(a)] for a in op.output.axes), dtype)
     return chip.vector_cycles(math.prod(sub.values()) * body_ops(op), dtype)
 
 
+
+
+def prologue_ops(op: TensorExpr) -> list[tuple[int, int]]:
+    """(input slot, vector operations per point of that operand) of each prologue of ``op``."""
+    return [(slot, max(1, body_cost(body))) for slot, body in op.prologue]
+
+
+def prologue_cycles(op: TensorExpr, sub: dict[str, int], chip: Chip, dtype: str) -> int:
+    """Cycles of a sub-task's prologues (`t10c.ir.TensorExpr.prologue`): each transforms the
+    sub-task's block of its operand on the vector unit before the matmul reads it."""
+    return sum(chip.vector_cycles(math.prod(sub[a] for a in op.inputs[slot].axis_set) * ops,
+                                  dtype)
+               for slot, ops in prologue_ops(op))
