@@ -123,10 +123,12 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         macs = batch * m * (ceil_div(k, uk) * uk) * (ceil_div(nn, un) * un)
         per_step = chip.compute_overhead_cycles + ceil_div(
             macs, chip.matmul_macs_per_cycle[dtype])
-        for slot, ops in prologue_ops(op):  # `costs.prologue_cycles`
-            points = np.prod(u[:, [axes.index(a) for a in op.inputs[slot].axis_set]], axis=1)
+        for slot, _ in op.prologue:  # `costs.prologue_cycles`
+            work = sum((np.prod(u[:, [axes.index(a) for a in on]], axis=1) * ops
+                        for s, (on, ops) in prologue_ops(op) if s == slot),
+                       np.zeros(n, dtype=np.int64))
             per_step = per_step + chip.compute_overhead_cycles + ceil_div(
-                points * ops, chip.vector_ops_per_cycle[dtype])
+                work, chip.vector_ops_per_cycle[dtype])
     elif op.body[0] == "take":  # `costs.compute_cycles`: one lookup per output point
         points = np.prod(u[:, [axes.index(a) for a in op.output.axes]], axis=1)
         per_step = chip.compute_overhead_cycles + ceil_div(

@@ -122,10 +122,11 @@ def _prologue_problems(op: TensorExpr) -> list[str]:
         why = check_body(body, len(op.inputs))
         if why is not None:
             found.append(f"prologue of input {slot}: {why}")
+            continue
         axes = set(op.inputs[slot].axis_set)
         found += [f"prologue of input {slot} reads input {k}, whose axes are not among the "
                   f"operand's" for k in _leaves(body)
-                  if not set(op.inputs[k].axis_set) <= axes and k < len(op.inputs)]
+                  if not set(op.inputs[k].axis_set) <= axes]
     if len({slot for slot, _ in op.prologue}) != len(op.prologue):
         found.append("two prologues on one input")
     return found

@@ -259,6 +259,7 @@ class Graph:
         lookup counts its output points, not the table rows it could have read) and of
         epilogues."""
         total = 0
+        seen: set[tuple[Any, ...]] = set()
         for op in self.ops:
             axes = [e for a, e in op.axes if op.body[0] != "take" or a in op.output.axes]
             points = int(np.prod(axes, dtype=np.int64))
@@ -266,9 +267,14 @@ class Graph:
             if op.epilogue is not None:  # one per output point, as the unfused consumer had
                 total += int(np.prod([op.extents[str(a)] for a in op.output.axes],
                                      dtype=np.int64))
-            for slot, _ in op.prologue:  # one per operand point, as the unfused producer had
-                total += int(np.prod([op.extents[a] for a in op.inputs[slot].axis_set],
-                                     dtype=np.int64))
+            for slot, _ in op.prologue:  # one per operand point, as the unfused producer
+                # had; a producer recomputed by several readers (LayerNorm's by q, k and v)
+                # counts once (the same tensors transformed)
+                key = tuple(sorted(o.tensor for i, o in enumerate(op.inputs) if i != 1 - slot))
+                if key not in seen:
+                    seen.add(key)
+                    total += int(np.prod([op.extents[a] for a in op.inputs[slot].axis_set],
+                                         dtype=np.int64))
         return total
 
 
