@@ -336,9 +336,11 @@ def fuse_prologue(ops: list[TensorExpr], keep: set[str],
     return False
 
 
-def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True) -> Graph:
+def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True,
+                     prologues: bool = False) -> Graph:
     """Inline elementwise producers into their readers and, with ``epilogues``, fold
-    elementwise consumers into reductions (rules in the module doc), repeatedly."""
+    elementwise consumers into reductions, and, with ``prologues`` too, elementwise producers
+    into the contractions that read them (rules in the module doc), repeatedly."""
     ops = list(graph.ops)
     # tensors read through a view (or output through one) must exist as they are
     viewed = {o.tensor for op in ops for o in op.reads if o.tensor in graph.views}
@@ -372,7 +374,7 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True) 
             del ops[pi]
             changed = True
             break
-        if not changed and epilogues:  # what inlining leaves: tails read by matmuls
+        if not changed and epilogues and prologues:  # what is left: tails read by matmuls
             changed = fuse_prologue(ops, keep, shapes)
     return prune(replace(graph, ops=tuple(ops)))
 

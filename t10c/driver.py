@@ -62,7 +62,9 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
-    #: "all": elementwise inlining and epilogues; "inline": inlining only; "none": no fusion
+    #: "all": elementwise inlining and epilogues; "prologues": those and prologues (Softmax's
+    #: and LayerNorm's tails into the matmuls after them); "inline": inlining only; "none": no
+    #: fusion
     fuse: str = "all"
     #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
@@ -152,7 +154,9 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                         weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name),
-                              fuse=options.fuse != "none", epilogues=options.fuse == "all")
+                              fuse=options.fuse != "none",
+                              epilogues=options.fuse in ("all", "prologues"),
+                              prologues=options.fuse == "prologues")
     if options.check:
         verify_graph(graph)
     if options.constraints:  # what is wrong with them is said before any search

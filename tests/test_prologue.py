@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from t10c.chips import PRESETS
 from t10c.codegen import generate
+from t10c.driver import CompileOptions, compile_model, run_compiled
 from t10c.emulator import emulate
 from t10c.frontend.fuse import fuse_elementwise
 from t10c.graphcheck import GraphError, verify_graph
@@ -105,7 +106,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_prologue_rules(case: Case) -> None:
-    graph = fuse_elementwise(graph_of(list(case.ops), case.outputs))
+    graph = fuse_elementwise(graph_of(list(case.ops), case.outputs), prologues=True)
     verify_graph(graph)
     assert len(graph.ops) == case.nops, [op.name for op in graph.ops]
     with_prologue = [op for op in graph.ops if op.prologue]
@@ -119,13 +120,16 @@ def test_prologue_rules(case: Case) -> None:
     recomputed = [op for op in graph.ops if op.epilogue is not None
                   and any(o.tensor == "mx" for o in op.extra)]
     assert len(recomputed) == case.recomputed
-    # without epilogue fusion (``--fuse inline``) there are no prologues either
-    plain = fuse_elementwise(graph_of(list(case.ops), case.outputs), epilogues=False)
-    assert not any(op.prologue for op in plain.ops)
+    # by default (``--fuse all``) and without epilogues (``--fuse inline``) there are none
+    for plain in (fuse_elementwise(graph_of(list(case.ops), case.outputs)),
+                  fuse_elementwise(graph_of(list(case.ops), case.outputs), epilogues=False,
+                                   prologues=True)):
+        assert not any(op.prologue for op in plain.ops)
 
 
 def test_graph_check_refuses_a_bad_prologue() -> None:
-    graph = fuse_elementwise(graph_of([ROWMAX, norm(), mm("mm", "Y", "W", "C")], ("C",)))
+    graph = fuse_elementwise(graph_of([ROWMAX, norm(), mm("mm", "Y", "W", "C")], ("C",)),
+                             prologues=True)
     op = graph.ops[1]
     slot, body = op.prologue[0]
     for bad, why in [(((2, body),), "only inputs 0 and 1"),
@@ -142,7 +146,7 @@ def prologue_matmul(m: int, k: int, n: int) -> Graph:
     shapes = {"X": (m, k), "mx": (m,), "g": (k,), "Y": (m, k), "W": (k, n), "C": (m, n)}
     graph = fuse_elementwise(graph_of([norm(axes=(("i", m), ("j", k))),
                                        mm("mm", "Y", "W", "C", m, k, n)], ("C",), shapes,
-                                      inputs=("X", "mx")))
+                                      inputs=("X", "mx")), prologues=True)
     assert len(graph.ops) == 1 and graph.ops[0].prologue
     return graph
 
@@ -228,7 +232,8 @@ def test_a_bert_layer_has_no_elementwise_ops() -> None:
     from t10c import frontend
     from t10c.driver import load_source
 
-    graph = frontend.to_graph(load_source("bert-tiny", seq_len=16), name="bert-tiny")
+    model = load_source("bert-tiny", seq_len=16)
+    graph = frontend.to_graph(model, name="bert-tiny", prologues=True)
     verify_graph(graph)
     elementwise = [op.name for op in graph.ops if op.kind == "elementwise"
                    and not op.name.startswith("embeddings/")]  # the embeddings' sum
@@ -237,3 +242,36 @@ def test_a_bert_layer_has_no_elementwise_ops() -> None:
     assert len(layer) == 14, [op.name for op in layer]
     context = next(op for op in layer if op.name.endswith("context/MatMul"))
     assert context.prologue and context.kind == "contraction"
+    default = frontend.to_graph(model, name="bert-tiny")  # --fuse all: no prologues
+    assert not any(op.prologue for op in default.ops)
+    assert len([op for op in default.ops if op.name.startswith("layer0/")]) == 17
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny"])
+def test_prologue_models_agree_with_onnxruntime_and_unfused(name: str) -> None:
+    chip = PRESETS["ipu-mk2"]
+    results, graphs = {}, {}
+    for fuse in ("prologues", "none"):
+        compiled = compile_model(name, chip, CompileOptions(dtype="fp32", seq_len=16,
+                                                            fuse=fuse))
+        graphs[fuse] = compiled.graph
+        results[fuse] = run_compiled(compiled)
+        assert results[fuse].ok, f"{name} fuse={fuse}: {results[fuse].max_rel_err:.3g}"
+    assert any(op.prologue for op in graphs["prologues"].ops)
+    for out, value in results["prologues"].outputs.items():
+        ref = results["none"].outputs[out]
+        scale = max(float(np.abs(ref).max()), 1e-6)
+        assert float(np.abs(value - ref).max()) / scale < 1e-3, out
+
+
+def test_compile_fuse_prologues(capsys) -> None:
+    """``--fuse prologues`` reaches the frontend: fewer ops than ``--fuse all``."""
+    from t10c.cli import main
+
+    counts = {}
+    for flags in (["--fuse", "prologues"], []):
+        assert main(["compile", "bert-tiny", "--seq-len", "8", "--chip", "test16",
+                     "--no-table", *flags]) == 0
+        text = capsys.readouterr().out
+        counts[" ".join(flags)] = int(text.split("model bert-tiny: ")[1].split(" ops")[0])
+    assert counts["--fuse prologues"] < counts[""]
