@@ -57,8 +57,10 @@ iv. an epilogue reading P (the next layer's residual add) takes P's body in its 
 
 P is then never materialised: its op, its barrier and its re-layout are gone, and its work
 is done on each reader's tiles (once per compute step: on a replicated operand tile, as many
-times as the tile has copies). Measured on IPU-MK2 (bert-mini, emulated) the trade is about
-even: the re-layout and barriers saved pay for the replicated vector work.
+times as the tile has copies). That pays where tiles are small and barriers dear: emulated on
+IPU-MK2, bert-mini is 6% faster with prologues and bert-base 22% slower (its 768-wide rows are
+transformed by every copy of the tile). Prologues are therefore asked for
+(``prologues=True``, ``--fuse prologues``), not the default.
 """
 
 from __future__ import annotations

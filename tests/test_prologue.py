@@ -264,14 +264,31 @@ def test_prologue_models_agree_with_onnxruntime_and_unfused(name: str) -> None:
         assert float(np.abs(value - ref).max()) / scale < 1e-3, out
 
 
-def test_compile_fuse_prologues(capsys) -> None:
-    """``--fuse prologues`` reaches the frontend: fewer ops than ``--fuse all``."""
+def test_compile_fuse_prologues(capsys, tmp_path) -> None:
+    """``--fuse prologues`` reaches the frontend: fewer ops than ``--fuse all``; the program
+    written with them is read back, verified and run again by ``t10c run``."""
+    import json
+
     from t10c.cli import main
 
     counts = {}
-    for flags in (["--fuse", "prologues"], []):
+    out = tmp_path / "run"
+    for flags in (["--fuse", "prologues", "--run", "-o", str(out)], []):
         assert main(["compile", "bert-tiny", "--seq-len", "8", "--chip", "test16",
                      "--no-table", *flags]) == 0
         text = capsys.readouterr().out
-        counts[" ".join(flags)] = int(text.split("model bert-tiny: ")[1].split(" ops")[0])
-    assert counts["--fuse prologues"] < counts[""]
+        counts[flags[0] if flags else ""] = int(text.split("model bert-tiny: ")[1]
+                                                .split(" ops")[0])
+    assert counts["--fuse"] < counts[""]
+    exprs = json.loads((out / "program.json").read_text())["exprs"]
+    assert any("prologue" in e for e in exprs)
+    assert main(["run", str(out)]) == 0
+    assert "OK" in capsys.readouterr().out
+    # a hand-edited prologue that reads past the inputs is refused with one line
+    doc = json.loads((out / "program.json").read_text())
+    fused = next(e for e in doc["exprs"] if "prologue" in e)
+    fused["prologue"][0][1] = ["exp", ["in", 99]]
+    (out / "program.json").write_text(json.dumps(doc))
+    assert main(["run", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("t10c: error:"), err
