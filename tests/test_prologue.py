@@ -292,3 +292,15 @@ def test_compile_fuse_prologues(capsys, tmp_path) -> None:
     assert main(["run", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("t10c: error:"), err
+
+
+def test_fuse_best_keeps_the_faster_predicted_plan() -> None:
+    chip = PRESETS["test16"]
+    compiled = {fuse: compile_model("bert-tiny", chip, CompileOptions(seq_len=8, fuse=fuse))
+                for fuse in ("all", "prologues", "best")}
+    best = compiled["best"]
+    assert best.options.fuse in ("all", "prologues")  # says which it kept
+    kept = compiled[best.options.fuse]
+    assert len(best.graph.ops) == len(kept.graph.ops)
+    assert best.plan.total_cycles == kept.plan.total_cycles == min(
+        compiled[f].plan.total_cycles for f in ("all", "prologues"))
