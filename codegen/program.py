@@ -437,8 +437,14 @@ def _expr_json(k: int, e: object) -> dict[str, Any]:
             return bool(b) and isinstance(b[0], str) and all(body(x) for x in b[1:])
         return type(b) in (int, float)
 
+    def prologue(p: object) -> bool:  # [[input slot, body], ...]
+        return isinstance(p, list) and all(
+            isinstance(x, list) and len(x) == 2 and type(x[0]) is int and body(x[1])
+            for x in p)
+
     ok = (isinstance(e, dict) and set(e) <= {"name", "axes", "output", "inputs", "combine",
-                                              "body", "source"}
+                                              "body", "source", "prologue"}
+          and prologue(e.get("prologue", []))
           and isinstance(e.get("name"), str) and isinstance(e.get("source", ""), str)
           and isinstance(e.get("axes"), list) and all(axis_pair(a) for a in e["axes"])
           and operand(e.get("output")) and isinstance(e.get("inputs"), list)

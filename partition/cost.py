@@ -6,6 +6,11 @@ Formulas (all per core; the slowest core sets the pace of a bulk-synchronous ste
   the matrix unit as ``batch`` products of ``m x k`` by ``k x n``, padded to the unit's (k, n)
   granularity (`Chip.matmul_cycles`); other ops run on the vector unit at `body_ops` operations
   per point of the sub-task (`Chip.vector_cycles`).
+- prologue (a contraction that reads an elementwise function of an operand,
+  `t10c.ir.TensorExpr.prologue`; `costs.prologue_cycles`): each sub-task first transforms its
+  block of the operand on the vector unit, at the prologue's operations per element, before
+  the matrix unit reads it; the prologue's inputs are inputs of the op, with tiles, shifts and
+  re-layouts of their own.
 - shift: at each step boundary where a rotating operand's axis advances, every core receives the
   next partition of it from its ring neighbour: one barrier plus the bytes of all operands that
   move (`Chip.transfer_cycles`). On a mesh, a plan embedded by `place.py` pays hops (at most 2)

@@ -144,7 +144,7 @@ def _axis_rotations(op: TensorExpr, grid: np.ndarray, opts: SearchOptions
         longest = int((-(-op.axes[j][1] // grid[:, j])).max()) if len(grid) else 0
         for size in range(1, len(users) + 1):
             for subset in itertools.combinations(users, size):
-                if not all(lacks[i] for i in subset):
+                if not all(lacks[i] for i in subset) or not _in_step(op, subset, users):
                     continue
                 drivers = sorted({k for i in subset for k in lacks[i]})
                 values = np.unique(grid[:, drivers])
@@ -152,6 +152,33 @@ def _axis_rotations(op: TensorExpr, grid: np.ndarray, opts: SearchOptions
                              if (values % t == 0).any()})
                 found.extend(_AxisRotation(j, t, subset) for t in ts)
     return found
+
+
+def _in_step(op: TensorExpr, subset: tuple[int, ...], users: list[int]) -> bool:
+    """A prologue's own inputs (`t10c.ir.TensorExpr.prologue`) rotate exactly when the operand
+    it transforms does: the rest of the choices would only enlarge the search."""
+    chosen = set(subset)
+    for slot, base in _prologue_inputs(op).items():
+        for i in base:
+            if i in users and (i in chosen) != (slot in chosen):
+                return False
+    return True
+
+
+def _prologue_inputs(op: TensorExpr) -> dict[int, list[int]]:
+    """For each prologue slot, the inputs past the first two that its body reads."""
+    found: dict[int, list[int]] = {}
+    for slot, body in op.prologue:
+        found[slot] = sorted(i for i in _leaves(body) if i >= 2)
+    return found
+
+
+def _leaves(body: tuple) -> set[int]:
+    if body[0] == "in":
+        return {int(body[1])}
+    if body[0] == "const":
+        return set()
+    return set().union(*(_leaves(arg) for arg in body[1:]))
 
 
 def _templates(op: TensorExpr, grid: np.ndarray, opts: SearchOptions):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.costs import body_ops
+from t10c.costs import body_ops, prologue_ops
 from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
@@ -107,7 +107,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     steps = math.prod(tpl.T)
 
     if is_contraction(op):
-        a_set, b_set = (set(x.axis_set) for x in op.inputs)
+        a_set, b_set = (set(x.axis_set) for x in op.inputs[:2])
         out_set = set(op.output.axes)
         m = k = nn = batch = ones
         for j, a in enumerate(axes):
@@ -123,6 +123,12 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         macs = batch * m * (ceil_div(k, uk) * uk) * (ceil_div(nn, un) * un)
         per_step = chip.compute_overhead_cycles + ceil_div(
             macs, chip.matmul_macs_per_cycle[dtype])
+        for slot, _ in op.prologue:  # `costs.prologue_cycles`
+            work = sum((np.prod(u[:, [axes.index(a) for a in on]], axis=1) * ops
+                        for s, (on, ops) in prologue_ops(op) if s == slot),
+                       np.zeros(n, dtype=np.int64))
+            per_step = per_step + chip.compute_overhead_cycles + ceil_div(
+                work, chip.vector_ops_per_cycle[dtype])
     elif op.body[0] == "take":  # `costs.compute_cycles`: one lookup per output point
         points = np.prod(u[:, [axes.index(a) for a in op.output.axes]], axis=1)
         per_step = chip.compute_overhead_cycles + ceil_div(
