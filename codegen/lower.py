@@ -39,6 +39,7 @@ from t10c.partition import Geometry, Plan, geometry
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import Layout, Rect, aligned, layout
+from .pattern import encode, from_table, received, unique_origins
 from .program import (
     Alloc,
     Buffer,
@@ -53,6 +54,8 @@ from .program import (
     Shift,
     Store,
     Sync,
+    exchange,
+    indexed_load,
     tile_elements,
 )
 
@@ -165,17 +168,24 @@ class _Builder:
         if not home and (root in self.graph.constants or root in self.graph.inputs):
             phase = "resident" if root in self.graph.constants else "host"
             tile = geo.tile_shape(index)
-            bid = self.new_buffer(name, math.prod(tile), dtype, op.name, phase)
+            elems = math.prod(tile)
+            bid = self.new_buffer(name, elems, dtype, op.name, phase)
             shape = self.graph.tensors[root].shape
             origin = geo.tile_origin(index, 0).astype(np.int32)
-            table = None
-            if root != operand.tensor:  # through a view: spell out every element
-                flat, valid = self.element_map(geo, index, 0)
-                table = np.where(valid, self.to_root(operand.tensor)[flat], -1).astype(np.int32)
-            self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, table,
-                                    _cores(geo)))
+            if root == operand.tensor:
+                self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, None,
+                                        _cores(geo)))
+            else:  # through a view: element by element, each distinct tile once
+                uniq, inverse = unique_origins(origin)
+                flat, valid = tile_elements(uniq, tile, self.graph.tensors[operand.tensor].shape)
+                table = np.where(valid, self.to_root(operand.tensor)[flat], -1)
+                self.instrs.append(indexed_load(op.name, phase, bid, root, shape, elems, table,
+                                                inverse, _cores(geo)))
             return bid, root not in self.graph.constants
-        flat, valid = self.element_map(geo, index, 0)
+        # each distinct tile's elements once: replicas of a tile receive the same elements
+        uniq, inverse = unique_origins(geo.tile_origin(index, 0))
+        flat, valid = tile_elements(uniq, geo.tile_shape(index),
+                                    self.graph.tensors[operand.tensor].shape)
         if root != operand.tensor:
             flat = self.to_root(operand.tensor)[flat]
         elems = flat.shape[1]
@@ -188,15 +198,17 @@ class _Builder:
         src_core = np.where(valid, place.core[flat], -1).astype(np.int32, copy=False)
         src_off = np.where(valid, place.off[flat], -1).astype(np.int32, copy=False)
         src = self.buffers[place.buf]
-        in_place = (valid.all() and src.elems == elems and src.dtype == dtype
-                    and geo.rotation_axis(index) is None
-                    and (src_core == geo.phys[:, None]).all()
+        # in place: every core's own tile (so no two cores share one), where it already lies
+        in_place = (len(uniq) == geo.ncores and valid.all() and src.elems == elems
+                    and src.dtype == dtype and geo.rotation_axis(index) is None
+                    and (src_core[inverse] == geo.phys[:, None]).all()
                     and (src_off == np.arange(elems)[None, :]).all())
         if in_place and not home:
             return place.buf, False
         phase = "fetch" if home else "relayout"
         bid = self.new_buffer(name, elems, dtype, op.name, phase)
-        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off, _cores(geo)))
+        moves.append(exchange(op.name, phase, bid, place.buf,
+                              encode(src_core, src_off, inverse), elems, _cores(geo)))
         return bid, True
 
     # -- one op ---------------------------------------------------------------------------
@@ -238,9 +250,9 @@ class _Builder:
             phase = "resident" if root in self.graph.constants else "host"
             bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor),
                                   op.name, phase)
-            origin = np.zeros((geo.ncores, 1), dtype=np.int32)
-            self.instrs.append(Load(op.name, phase, bid, root, self.graph.tensors[root].shape,
-                                    (elems,), origin, idx.astype(np.int32), _cores(geo)))
+            self.instrs.append(indexed_load(op.name, phase, bid, root,
+                                            self.graph.tensors[root].shape, elems, idx, None,
+                                            _cores(geo)))
             return bid, root not in self.graph.constants
         if root not in self.placement:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
@@ -250,8 +262,8 @@ class _Builder:
         src_off = np.where(idx >= 0, place.off[hit], -1).astype(np.int32)
         bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor), op.name,
                               "relayout")
-        moves.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off,
-                              _cores(geo)))
+        moves.append(exchange(op.name, "relayout", bid, place.buf,
+                              from_table(src_core, src_off), elems, _cores(geo)))
         return bid, True
 
     def load_home(self, tensor: str, op: str) -> Placement:
@@ -261,10 +273,10 @@ class _Builder:
         chunk = -(-numel // cores)
         bid = self.new_buffer(f"{tensor}.home", chunk, self.storage(tensor), op, "resident")
         flat = np.arange(cores * chunk, dtype=np.int64).reshape(cores, chunk)
-        table = np.where(flat < numel, flat, -1).astype(np.int32)
+        table = np.where(flat < numel, flat, -1)
         shape = self.graph.tensors[tensor].shape
-        self.instrs.append(Load(op, "resident", bid, tensor, shape, (chunk,),
-                                np.zeros((cores, 1), dtype=np.int32), table))
+        self.instrs.append(indexed_load(op, "resident", bid, tensor, shape, chunk, table, None,
+                                        None))
         idx = np.arange(numel)
         return Placement(bid, (idx // chunk).astype(np.int32), (idx % chunk).astype(np.int32))
 
@@ -347,8 +359,7 @@ class _Builder:
                 else:
                     extra.append(self.bring_extra(op, geo, k, flat, valid, moves))
         # one barrier before the exchange phase, unless every copy stays on its core
-        here = geo.phys[:, None]
-        if any(((m.src_core >= 0) & (m.src_core != here)).any() for m in moves):
+        if any(received(m.pattern(), geo.phys).any() for m in moves):
             self.instrs.append(Sync(op.name, "relayout"))
         self.instrs.extend(moves)
         # inputs are in place: producers whose last reader this was can go

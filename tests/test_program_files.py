@@ -78,8 +78,8 @@ def test_a_shift_from_core_minus_one_is_refused(compiled, tmp_path, capsys) -> N
 
 
 @pytest.mark.parametrize("kind,field,value,words", [
-    ("Exchange", "src_off", 10 ** 6, "src_off holds 1000000"),
-    ("Exchange", "src_core", 16, "src_core holds 16"),
+    ("Exchange", "runs", 16, "a run reads core 16"),
+    ("Exchange", "pat", 10 ** 6, "a row names a pattern that does not exist"),
     ("Reduce", "group", -2, "group holds -2"),
     ("Reduce", "offset", -1, "offset holds -1"),
     ("Store", "src_off", -1, "src_off holds -1"),
@@ -96,6 +96,25 @@ def test_tables_out_of_range_are_refused(compiled, tmp_path, capsys, kind, field
 
     _edit_table(d, ins[field]["npz"], poke)
     _run_fails(d, capsys, f"instruction {n} ({kind}", words)
+
+
+@pytest.mark.parametrize("column,value,words", [
+    (1, 10 ** 6, "a run reads past the"),
+    (2, 0, "a run is empty"),
+    (2, 10 ** 6, "does not cover the"),
+])
+def test_exchange_patterns_out_of_range_are_refused(compiled, tmp_path, capsys, column, value,
+                                                    words) -> None:
+    """A run's source offset past its buffer, an empty run, runs longer than the buffer."""
+    d = _copy(compiled, tmp_path / "d")
+    n, ins = _first(d, "Exchange")
+
+    def poke(a: np.ndarray) -> np.ndarray:
+        a[0, column] = value
+        return a
+
+    _edit_table(d, ins["runs"]["npz"], poke)
+    _run_fails(d, capsys, f"instruction {n} (Exchange", words)
 
 
 def test_compute_offsets_outside_the_tile_are_refused(compiled, tmp_path, capsys) -> None:
