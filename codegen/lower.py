@@ -400,17 +400,27 @@ class _Builder:
 
         # resident weights that rotated go back to where they started, into their own buffer,
         # so that the program leaves them as it found them (one more ring shift)
-        restore = [i for i in recv if (n, i) in self.weights]
-        if restore:
-            self.instrs.append(Sync(op.name, "sync"))
-        for i in restore:
+        restore = []
+        for i in recv:
+            if (n, i) not in self.weights:
+                continue
             home = self.weights[n, i]
             source = geo.phys[geo.restore_source(i)].astype(np.int32)
-            self.instrs.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
+            if cur[i] == home and (source == geo.phys).all():
+                continue  # already home: nothing moves, no shift, no barrier
+            restore.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
             if cur[i] != home:
                 cur[i], recv[i] = home, cur[i]
-        for i in recv:
-            self.free(recv[i], op.name)
+        if restore:
+            self.instrs.append(Sync(op.name, "sync"))
+            self.instrs.extend(restore)
+        # a reduce-scatter after the restore shares its superstep (and barrier): the buffers
+        # the restore reads stay allocated until the reduce has been emitted, so that the
+        # reduce's result cannot take their addresses while they are being sent
+        shared = bool(restore) and geo.reduce_group > 1
+        if not shared:
+            for i in recv:
+                self.free(recv[i], op.name)
         for i in range(nin):
             if owned[i]:
                 self.free(cur[i], op.name)
@@ -419,7 +429,10 @@ class _Builder:
             if self.pending.get(root) == 0 and self.placement[root].buf in cur[:nin]:
                 if self.placement[root].buf in self.alloc.live:
                     self.free(self.placement[root].buf, op.name)
-        place = self.finish_output(op, geo, cur[nin])
+        place = self.finish_output(op, geo, cur[nin], barrier=not shared)
+        if shared:
+            for i in recv:
+                self.free(recv[i], op.name)
         self.placement[op.output.tensor] = place
         if op.epilogue is not None:
             self.emit_epilogue(n, geo, place.buf, [xb for xb, _ in extra])
@@ -464,13 +477,18 @@ class _Builder:
         rows = np.arange(geo.ncores)[:, None]
         return flat[rows, local], valid[rows, local] & inside, table, pos
 
-    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int) -> Placement:
+    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int, barrier: bool = True
+                      ) -> Placement:
+        """Reduce-scatter the result where cores hold partial sums (after a barrier, unless
+        ``barrier`` is False: the restore shift's superstep is still open), and record where
+        every element lies."""
         tensor = op.output.tensor
         numel = self.graph.tensors[tensor].numel
         flat, valid, table, pos = self.final_elements(op, geo)
         if table is not None and pos is not None:
             chunk = flat.shape[1]
-            self.instrs.append(Sync(op.name, "reduce"))
+            if barrier:
+                self.instrs.append(Sync(op.name, "reduce"))
             dst = self.new_buffer(f"{op.name}.red", chunk, self.buffers[buf].dtype, op.name,
                                   "reduce")
             self.instrs.append(Reduce(op.name, "reduce", dst, buf, op.combine or "sum",

@@ -4,13 +4,17 @@ A per-element table says, for every core (row) and every element e of its destin
 where the element comes from: ``(core[r, e], off[r, e])``, core -1 for padding (zero). Tables
 of real programs are highly regular: many rows are equal (replicated operands: every core of a
 replica group receives the same elements), and each row is a few long runs of consecutive
-source elements on one source core (a tile cut across its producer's tiles). A `Pattern`
+source elements on one source core (a tile cut across its producer's tiles), or of elements
+at a fixed stride (a transposed read). A `Pattern`
 stores exactly that:
 
 - ``pat[r]``: the distinct row pattern of table row r;
-- ``runs[start[u]:start[u + 1]]``: pattern u as runs ``(src_core, src_off, length)``, in
-  destination order and covering the destination buffer exactly (the destination offset of a
-  run is the sum of the lengths before it); a run with core -1 is padding (its offset is 0).
+- ``runs[start[u]:start[u + 1]]``: pattern u as runs ``(src_core, src_off, length, step)``,
+  in destination order and covering the destination buffer exactly (the destination offset of
+  a run is the sum of the lengths before it): element i of a run is source element
+  ``src_off + i * step`` of core ``src_core`` (step 1: a block of a tile; a larger step: a
+  column read through a Transpose; 0: a broadcast); a run with core -1 is padding (offset and
+  step 0).
 
 The pattern of a table is unique (maximal runs, patterns numbered in order of first use), so
 equal tables give equal patterns and byte-identical program files. Everything a consumer needs
@@ -33,7 +37,7 @@ class Pattern:
 
     pat: np.ndarray  # int32 [rows]
     start: np.ndarray  # int64 [patterns + 1]
-    runs: np.ndarray  # int32 [runs, 3]: source core (-1: zero), source offset, length
+    runs: np.ndarray  # int32 [runs, 4]: source core (-1: zero), source offset, length, step
 
     @property
     def rows(self) -> int:
@@ -85,15 +89,35 @@ def encode(core: np.ndarray, off: np.ndarray, pat: np.ndarray | None = None) -> 
     rank[order] = np.arange(len(order))
     pat, core, off, first = rank[pat], core[order], off[order], first[order]
     u = len(first)
+    # a run goes on while the core stays and the step between elements stays the step
+    # before; a run's second element may take any step. Decided pairwise (not greedily), so a
+    # change of step can leave a one-element run: at most twice the fewest runs
     brk = np.ones((u, e), dtype=bool)
     if e > 1:
-        same_core = core[:, 1:] == core[:, :-1]
-        follows = (off[:, 1:] == off[:, :-1] + 1) | (core[:, 1:] < 0)
-        brk[:, 1:] = ~(same_core & follows)
+        moved = core[:, 1:] != core[:, :-1]
+        brk[:, 1:] = moved
+        if e > 2:
+            d = off[:, 1:] - off[:, :-1]
+            brk[:, 2:] |= (d[:, 1:] != d[:, :-1]) & ~moved[:, :-1]
     r, c = np.nonzero(brk)
     flat = r.astype(np.int64) * e + c
     length = np.diff(np.append(flat, u * e))
-    runs = np.stack([core.reshape(-1)[flat], off.reshape(-1)[flat], length], axis=1)
+    off_flat = off.reshape(-1)
+    step = np.where(length > 1, off_flat[np.minimum(flat + 1, u * e - 1)] - off_flat[flat], 0)
+    src = core.reshape(-1)[flat]
+    first = off_flat[flat]
+    # a step change leaves a one-element run at the junction: it starts the next run instead
+    # when it lies one step before it (0 8 16 | 1 | 9 17 -> 0 8 16 | 1 9 17)
+    join = np.zeros(len(flat), dtype=bool)
+    join[:-1] = ((length[:-1] == 1) & (length[1:] > 1) & (r[1:] == r[:-1])
+                 & (src[1:] == src[:-1]) & (first[1:] - first[:-1] == step[1:]))
+    into = np.flatnonzero(join) + 1
+    length[into - 1] += length[into]
+    step[into - 1] = step[into]
+    keep = np.ones(len(flat), dtype=bool)
+    keep[into] = False
+    r = r[keep]
+    runs = np.stack([src[keep], first[keep], length[keep], step[keep]], axis=1)
     start = np.zeros(u + 1, dtype=np.int64)
     np.cumsum(np.bincount(r, minlength=u), out=start[1:])
     return Pattern(pat.astype(np.int32), start, runs.astype(np.int32))
@@ -130,7 +154,8 @@ def unique_expand(p: Pattern, width: int) -> tuple[np.ndarray, np.ndarray]:
     length = runs[:, 2]
     run_first = np.cumsum(length) - length  # the run's first element, over all patterns
     core = np.repeat(runs[:, 0], length)
-    off = np.repeat(runs[:, 1] - run_first, length) + np.arange(int(length.sum()))
+    pos = np.arange(int(length.sum())) - np.repeat(run_first, length)
+    off = np.repeat(runs[:, 1], length) + np.repeat(runs[:, 3], length) * pos
     off[core < 0] = -1
     shape = (p.patterns, width)
     return core.reshape(shape), off.reshape(shape)
@@ -180,14 +205,14 @@ def _row_pairs(p: Pattern) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def check(p: Pattern, width: int, src_elems: int, cores: int) -> str | None:
     """What is wrong with ``p`` as a pattern of rows of ``width`` elements reading a buffer of
     ``src_elems`` elements on ``cores`` cores (None when it is sound)."""
-    if p.pat.ndim != 1 or p.start.ndim != 1 or p.runs.ndim != 2 or p.runs.shape[1] != 3:
+    if p.pat.ndim != 1 or p.start.ndim != 1 or p.runs.ndim != 2 or p.runs.shape[1] != 4:
         return "its pattern arrays have the wrong shapes"
     if not len(p.start) or p.start[0] != 0 or (np.diff(p.start) < 0).any() \
             or p.start[-1] != len(p.runs):
         return "its pattern's run starts are not increasing from 0 to the number of runs"
     if len(p.pat) and (p.pat.min() < 0 or p.pat.max() >= p.patterns):
         return "a row names a pattern that does not exist"
-    core, off, length = (p.runs[:, k].astype(np.int64) for k in range(3))
+    core, off, length, step = (p.runs[:, k].astype(np.int64) for k in range(4))
     if len(length) and length.min() <= 0:
         return "a run is empty"
     ends = np.concatenate([[0], np.cumsum(length)])
@@ -198,6 +223,8 @@ def check(p: Pattern, width: int, src_elems: int, cores: int) -> str | None:
         bad = int(core.max()) if core.max() >= cores else int(core.min())
         return f"a run reads core {bad}, which does not exist"
     real = core >= 0
-    if real.any() and (off[real].min() < 0 or (off + length)[real].max() > src_elems):
+    last = off + step * (length - 1)
+    if real.any() and (np.minimum(off, last)[real].min() < 0
+                       or np.maximum(off, last)[real].max() >= src_elems):
         return f"a run reads past the {src_elems} elements of its source"
     return None

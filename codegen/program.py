@@ -536,7 +536,9 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
             runs = p.runs[p.start[p.pat[row]]:p.start[p.pat[row] + 1]].astype(np.int64)
             runs = runs[runs[:, 0] >= 0]
             count = int(runs[:, 2].sum())
-            lo, hi = (runs[:, 1].min(), (runs[:, 1] + runs[:, 2]).max() - 1) if count else (0, 0)
+            last = runs[:, 1] + runs[:, 3] * (runs[:, 2] - 1)
+            lo, hi = (np.minimum(runs[:, 1], last).min(),
+                      np.maximum(runs[:, 1], last).max()) if count else (0, 0)
         else:
             flat, ok = tile_elements(ins.origin[row:row + 1], ins.tile, ins.shape)
             valid = flat[0][ok[0]]

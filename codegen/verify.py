@@ -210,7 +210,7 @@ def _pattern(ins: Exchange | Load, elems: int, src_elems: int, cores: int) -> Pa
     """The instruction's copy pattern, checked: its rows cover ``elems`` destination elements
     exactly, from within ``src_elems`` source elements of cores that exist."""
     parts = (_table("pat", ins.pat, (None,)), _table("pat_start", ins.pat_start, (None,)),
-             _table("runs", ins.runs, (None, 3)))
+             _table("runs", ins.runs, (None, 4)))
     p = Pattern(*parts)
     wrong = check(p, elems, src_elems, cores)
     if wrong:
