@@ -187,7 +187,7 @@ def _load(p: Program, ins: Load) -> None:
     if not isinstance(ins.tensor, str):
         raise _Bad("its tensor is not a name")
     shape, tile = _shape("tensor shape", ins.shape), _shape("tile", ins.tile)
-    if len(tile) != len(shape) and ins.index is None:
+    if len(tile) != len(shape) and not ins.indexed:
         raise _Bad(f"tile {tile} and tensor shape {shape} differ in rank")
     if math.prod(tile) != b.elems:
         raise _Bad(f"tile {tile} has {math.prod(tile)} elements, buffer %{b.name} {b.elems}")
