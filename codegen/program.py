@@ -35,6 +35,7 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -286,23 +287,30 @@ class Program:
         return [line for ins in self.instrs if (line := _asm(self, ins, core)) is not None]
 
     def save(self, directory: Path) -> None:
-        """Write ``program.json`` (instructions) and ``program.npz`` (their tables)."""
+        """Write ``program.json`` (instructions) and ``program.npz`` (their tables). Equal
+        tables (repeated layers exchange, compute and reduce by the same ones) are stored
+        once, under the name of their first use."""
         arrays: dict[str, np.ndarray] = {}
+        seen: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+
+        def put(key: str, arr: np.ndarray) -> str:
+            digest = hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=20)
+            ident = (arr.dtype.str, arr.shape, digest.digest())
+            if ident not in seen:
+                seen[ident] = key
+                arrays[key] = arr
+            return seen[ident]
+
         records = []
         for n, ins in enumerate(self.instrs):
             rec: dict[str, object] = {"kind": type(ins).__name__}
             for f in fields(ins):
                 val = getattr(ins, f.name)
                 if isinstance(val, np.ndarray):
-                    key = f"i{n}.{f.name}"
-                    arrays[key] = val
-                    rec[f.name] = {"npz": key}
+                    rec[f.name] = {"npz": put(f"i{n}.{f.name}", val)}
                 elif isinstance(val, tuple) and val and isinstance(val[0], np.ndarray):
-                    keys = []
-                    for k, arr in enumerate(val):
-                        keys.append(f"i{n}.{f.name}.{k}")
-                        arrays[keys[-1]] = arr
-                    rec[f.name] = {"npz": keys}
+                    rec[f.name] = {"npz": [put(f"i{n}.{f.name}.{k}", arr)
+                                           for k, arr in enumerate(val)]}
                 else:
                     rec[f.name] = val
             records.append(rec)
