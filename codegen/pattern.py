@@ -142,10 +142,11 @@ def width(p: Pattern) -> int:
     return int(p.runs[p.start[0]:p.start[1], 2].sum(dtype=np.int64)) if p.patterns else 0
 
 
-def compact(p: Pattern, rows: int, width: int) -> bool:
-    """Whether the pattern is smaller than the table it stands for (two integers an element);
-    where it is not, the program keeps the table."""
-    return p.size < 2 * rows * width
+def compact(p: Pattern, rows: int, width: int, per_element: int = 2) -> bool:
+    """Whether the pattern is smaller than the table it stands for (``per_element`` integers
+    an element: two for an exchange's cores and offsets, one for a load's indices); where it
+    is not, the program keeps the table."""
+    return p.size < per_element * rows * width
 
 
 def unique_expand(p: Pattern, width: int) -> tuple[np.ndarray, np.ndarray]:

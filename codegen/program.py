@@ -138,7 +138,7 @@ def indexed_load(op: str, phase: str, buf: int, tensor: str, shape: tuple[int, .
     p = encode(np.where(index >= 0, 0, -1), index, pat)
     rows = p.rows
     origin = np.zeros((rows, 1), dtype=np.int32)
-    if compact(p, rows, elems):
+    if compact(p, rows, elems, per_element=1):
         return Load(op, phase, buf, tensor, shape, (elems,), origin, None, cores,
                     p.pat, p.start, p.runs)
     flat = expand(p, elems)[1]
