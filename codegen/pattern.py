@@ -208,6 +208,8 @@ def check(p: Pattern, width: int, src_elems: int, cores: int) -> str | None:
     ``src_elems`` elements on ``cores`` cores (None when it is sound)."""
     if p.pat.ndim != 1 or p.start.ndim != 1 or p.runs.ndim != 2 or p.runs.shape[1] != 4:
         return "its pattern arrays have the wrong shapes"
+    # signed: an unsigned table's differences would wrap instead of going negative
+    p = Pattern(p.pat.astype(np.int64), p.start.astype(np.int64), p.runs.astype(np.int64))
     if not len(p.start) or p.start[0] != 0 or (np.diff(p.start) < 0).any() \
             or p.start[-1] != len(p.runs):
         return "its pattern's run starts are not increasing from 0 to the number of runs"
@@ -224,6 +226,8 @@ def check(p: Pattern, width: int, src_elems: int, cores: int) -> str | None:
         bad = int(core.max()) if core.max() >= cores else int(core.min())
         return f"a run reads core {bad}, which does not exist"
     real = core >= 0
+    if real.any() and np.abs(step[real]).max() > src_elems:  # also keeps the products small
+        return f"a run steps further than the {src_elems} elements of its source"
     last = off + step * (length - 1)
     if real.any() and (np.minimum(off, last)[real].min() < 0
                        or np.maximum(off, last)[real].max() >= src_elems):
