@@ -53,20 +53,35 @@ class Pattern:
         return self.pat.size + self.start.size + self.runs.size
 
 
+#: random odd weights for row fingerprints (fixed: programs are deterministic)
+_WEIGHTS = np.random.default_rng(0x9A77).integers(1, 2 ** 62, size=1 << 16, dtype=np.int64) | 1
+
+
 def dedup_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first, inverse): the distinct rows of ``table`` (n, e) in order of first appearance,
-    as indices of their first row, and each row's number among them."""
+    as indices of their first row, and each row's number among them.
+
+    Rows are told apart by a random-weighted sum (one integer each, so that only n numbers
+    are sorted, not n rows), and rows with equal sums are checked to be equal; should two
+    different rows ever share a sum, the rows themselves are compared instead."""
     n = len(table)
     if n <= 1 or table.shape[1] == 0:
         return np.zeros(min(n, 1), dtype=np.int64), np.zeros(n, dtype=np.int64)
-    rows = np.ascontiguousarray(table).view(np.dtype((np.void, table.dtype.itemsize
-                                                      * table.shape[1]))).ravel()
-    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-    # renumber in order of first appearance (np.unique orders by bytes)
+    e = table.shape[1]
+    weights = np.resize(_WEIGHTS, e)
+    with np.errstate(over="ignore"):
+        key = (table.astype(np.int64, copy=False) * weights[None, :]).sum(axis=1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not (table[first[inverse]] == table).all():  # a collision: compare whole rows
+        rows = np.ascontiguousarray(table).view(np.dtype((np.void, table.dtype.itemsize * e)))
+        _, first, inverse = np.unique(rows.ravel(), return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    # renumber in order of first appearance (np.unique orders by key)
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    return first[order], rank[inverse.reshape(-1)]
+    return first[order], rank[inverse]
 
 
 def encode(core: np.ndarray, off: np.ndarray, pat: np.ndarray | None = None) -> Pattern:
