@@ -48,6 +48,11 @@ from t10c.ir import TensorExpr, expr_from_json, expr_to_json
 
 from .pattern import Pattern, compact, encode, expand, from_table, width
 
+# the emulator's view of patterns (it may import codegen's program types only)
+from .pattern import pair_counts as pair_counts
+from .pattern import received as received
+from .pattern import unique_expand as unique_expand
+
 DTYPE_BYTES = {name: d.bytes for name, d in DTYPES.items()}
 
 

@@ -38,7 +38,6 @@ import time
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.codegen.pattern import Pattern, unique_expand
 from t10c.codegen.program import (
     Alloc,
     Compute,
@@ -46,11 +45,13 @@ from t10c.codegen.program import (
     Fill,
     Free,
     Load,
+    Pattern,
     Program,
     Reduce,
     Shift,
     Store,
     tile_elements,
+    unique_expand,
 )
 from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.codegen.pattern import pair_counts, received
 from t10c.codegen.program import (
     DTYPE_BYTES,
     Alloc,
@@ -31,6 +30,8 @@ from t10c.codegen.program import (
     Shift,
     Store,
     Sync,
+    pair_counts,
+    received,
 )
 from t10c.costs import compute_cycles
 
