@@ -41,6 +41,7 @@ from t10c.partition.dram import dram_operands
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import ALIGN, Layout, Rect, aligned, layout
+from .pattern import encode, from_table, received, unique_origins
 from .program import (
     Alloc,
     Buffer,
@@ -57,6 +58,8 @@ from .program import (
     Shift,
     Store,
     Sync,
+    exchange,
+    indexed_load,
     tile_elements,
 )
 
@@ -195,17 +198,24 @@ class _Builder:
         if not home and (root in self.graph.constants or root in self.graph.inputs):
             phase = "resident" if root in self.graph.constants else "host"
             tile = geo.tile_shape(index)
-            bid = self.new_buffer(name, math.prod(tile), dtype, op.name, phase)
+            elems = math.prod(tile)
+            bid = self.new_buffer(name, elems, dtype, op.name, phase)
             shape = self.graph.tensors[root].shape
             origin = geo.tile_origin(index, 0).astype(np.int32)
-            table = None
-            if root != operand.tensor:  # through a view: spell out every element
-                flat, valid = self.element_map(geo, index, 0)
-                table = np.where(valid, self.to_root(operand.tensor)[flat], -1).astype(np.int32)
-            self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, table,
-                                    _cores(geo)))
+            if root == operand.tensor:
+                self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, None,
+                                        _cores(geo)))
+            else:  # through a view: element by element, each distinct tile once
+                uniq, inverse = unique_origins(origin)
+                flat, valid = tile_elements(uniq, tile, self.graph.tensors[operand.tensor].shape)
+                table = np.where(valid, self.to_root(operand.tensor)[flat], -1)
+                self.instrs.append(indexed_load(op.name, phase, bid, root, shape, elems, table,
+                                                inverse, _cores(geo)))
             return bid, root not in self.graph.constants
-        flat, valid = self.element_map(geo, index, 0)
+        # each distinct tile's elements once: replicas of a tile receive the same elements
+        uniq, inverse = unique_origins(geo.tile_origin(index, 0))
+        flat, valid = tile_elements(uniq, geo.tile_shape(index),
+                                    self.graph.tensors[operand.tensor].shape)
         if root != operand.tensor:
             flat = self.to_root(operand.tensor)[flat]
         elems = flat.shape[1]
@@ -218,15 +228,17 @@ class _Builder:
         src_core = np.where(valid, place.core[flat], -1).astype(np.int32, copy=False)
         src_off = np.where(valid, place.off[flat], -1).astype(np.int32, copy=False)
         src = self.buffers[place.buf]
-        in_place = (valid.all() and src.elems == elems and src.dtype == dtype
-                    and geo.rotation_axis(index) is None
-                    and (src_core == geo.phys[:, None]).all()
+        # in place: every core's own tile (so no two cores share one), where it already lies
+        in_place = (len(uniq) == geo.ncores and valid.all() and src.elems == elems
+                    and src.dtype == dtype and geo.rotation_axis(index) is None
+                    and (src_core[inverse] == geo.phys[:, None]).all()
                     and (src_off == np.arange(elems)[None, :]).all())
         if in_place and not home:
             return place.buf, False
         phase = "fetch" if home else "relayout"
         bid = self.new_buffer(name, elems, dtype, op.name, phase)
-        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off, _cores(geo)))
+        moves.append(exchange(op.name, phase, bid, place.buf,
+                              encode(src_core, src_off, inverse), elems, _cores(geo)))
         return bid, True
 
     # -- one op ---------------------------------------------------------------------------
@@ -276,9 +288,9 @@ class _Builder:
             phase = "resident" if root in self.graph.constants else "host"
             bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor),
                                   op.name, phase)
-            origin = np.zeros((geo.ncores, 1), dtype=np.int32)
-            self.instrs.append(Load(op.name, phase, bid, root, self.graph.tensors[root].shape,
-                                    (elems,), origin, idx.astype(np.int32), _cores(geo)))
+            self.instrs.append(indexed_load(op.name, phase, bid, root,
+                                            self.graph.tensors[root].shape, elems, idx, None,
+                                            _cores(geo)))
             return bid, root not in self.graph.constants
         if home:
             place = self.idle[root]
@@ -292,7 +304,8 @@ class _Builder:
         phase = "fetch" if home else "relayout"
         bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor), op.name,
                               phase)
-        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off, _cores(geo)))
+        moves.append(exchange(op.name, phase, bid, place.buf, from_table(src_core, src_off),
+                              elems, _cores(geo)))
         return bid, True
 
     def load_home(self, tensor: str, op: str, over: range | None = None) -> Placement:
@@ -305,10 +318,10 @@ class _Builder:
         bid = self.new_buffer(f"{tensor}.home", chunk, self.storage(tensor), op, "resident")
         flat = np.full((cores, chunk), -1, dtype=np.int64)
         flat[over.start:over.stop] = np.arange(len(over) * chunk).reshape(len(over), chunk)
-        table = np.where(flat < numel, flat, -1).astype(np.int32)
+        table = np.where(flat < numel, flat, -1)
         shape = self.graph.tensors[tensor].shape
-        self.instrs.append(Load(op, "resident", bid, tensor, shape, (chunk,),
-                                np.zeros((cores, 1), dtype=np.int32), table))
+        self.instrs.append(indexed_load(op, "resident", bid, tensor, shape, chunk, table, None,
+                                        None))
         idx = np.arange(numel)
         return Placement(bid, (over.start + idx // chunk).astype(np.int32),
                          (idx % chunk).astype(np.int32))
@@ -439,8 +452,7 @@ class _Builder:
                 else:
                     extra.append(self.bring_extra(op, geo, k, flat, valid, moves))
         # one barrier before the exchange phase, unless every copy stays on its core
-        here = geo.phys[:, None]
-        if any(((m.src_core >= 0) & (m.src_core != here)).any() for m in moves):
+        if any(received(m.pattern(), geo.phys).any() for m in moves):
             self.instrs.append(Sync(op.name, "relayout"))
         self.instrs.extend(moves)
         # inputs are in place: producers whose last reader this was can go
@@ -485,17 +497,27 @@ class _Builder:
         kept = {**self.weights, **{key: b for key, b in self.dma.items() if key[0] == n
                                    and self.graph.root(op.inputs[key[1]].tensor)
                                    in self.graph.constants}}
-        restore = [i for i in recv if (n, i) in kept]
-        if restore:
-            self.instrs.append(Sync(op.name, "sync"))
-        for i in restore:
+        restore = []
+        for i in recv:
+            if (n, i) not in kept:
+                continue
             home = kept[n, i]
             source = geo.phys[geo.restore_source(i)].astype(np.int32)
-            self.instrs.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
+            if cur[i] == home and (source == geo.phys).all():
+                continue  # already home: nothing moves, no shift, no barrier
+            restore.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
             if cur[i] != home:
                 cur[i], recv[i] = home, cur[i]
-        for i in recv:
-            self.free(recv[i], op.name)
+        if restore:
+            self.instrs.append(Sync(op.name, "sync"))
+            self.instrs.extend(restore)
+        # a reduce-scatter after the restore shares its superstep (and barrier): the buffers
+        # the restore reads stay allocated until the reduce has been emitted, so that the
+        # reduce's result cannot take their addresses while they are being sent
+        shared = bool(restore) and geo.reduce_group > 1
+        if not shared:
+            for i in recv:
+                self.free(recv[i], op.name)
         for i in range(nin):
             if owned[i]:
                 self.free(cur[i], op.name)
@@ -505,7 +527,10 @@ class _Builder:
             if self.pending.get(root) == 0 and self.placement[root].buf in cur[:nin]:
                 if self.placement[root].buf in self.alloc.live:
                     self.free(self.placement[root].buf, op.name)
-        place = self.finish_output(op, geo, cur[nin])
+        place = self.finish_output(op, geo, cur[nin], barrier=not shared)
+        if shared:
+            for i in recv:
+                self.free(recv[i], op.name)
         self.placement[op.output.tensor] = place
         if op.epilogue is not None:
             self.emit_epilogue(n, geo, place.buf, [xb for xb, _ in extra])
@@ -550,13 +575,18 @@ class _Builder:
         rows = np.arange(geo.ncores)[:, None]
         return flat[rows, local], valid[rows, local] & inside, table, pos
 
-    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int) -> Placement:
+    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int, barrier: bool = True
+                      ) -> Placement:
+        """Reduce-scatter the result where cores hold partial sums (after a barrier, unless
+        ``barrier`` is False: the restore shift's superstep is still open), and record where
+        every element lies."""
         tensor = op.output.tensor
         numel = self.graph.tensors[tensor].numel
         flat, valid, table, pos = self.final_elements(op, geo)
         if table is not None and pos is not None:
             chunk = flat.shape[1]
-            self.instrs.append(Sync(op.name, "reduce"))
+            if barrier:
+                self.instrs.append(Sync(op.name, "reduce"))
             dst = self.new_buffer(f"{op.name}.red", chunk, self.buffers[buf].dtype, op.name,
                                   "reduce")
             self.instrs.append(Reduce(op.name, "reduce", dst, buf, op.combine or "sum",

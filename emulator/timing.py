@@ -32,6 +32,8 @@ from t10c.codegen.program import (
     Shift,
     Store,
     Sync,
+    pair_counts,
+    received,
 )
 from t10c.costs import compute_cycles
 
@@ -333,22 +335,45 @@ class TimingMachine:
         self.record(ins.op, "sync", self.chip.sync_cycles)
 
     def exchange(self, ins: Exchange) -> None:
-        n = len(ins.src_core)
+        if ins.pat is not None:
+            return self.exchange_pattern(ins)
+        src_core = ins.src_core
+        assert src_core is not None  # the verifier's: a table where there is no pattern
+        n = len(src_core)
         rows, here = _rows(ins, n), _phys(ins, n)
-        self.check_sources(ins.src_core, padding=True)
-        self.check_read(ins.src, lambda: _cores_in(ins.src_core, self.chip.cores))
+        self.check_sources(src_core, padding=True)
+        self.check_read(ins.src, lambda: _cores_in(src_core, self.chip.cores))
         self.mark_live(ins.dst)
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
         if self.chip.is_mesh:
-            self.receive(ins.op, ins.phase, *_pairs(ins.src_core, here, size))
+            self.receive(ins.op, ins.phase, *_pairs(src_core, here, size))
         else:  # received bytes per core: a remote element counts wherever it comes from
-            table = ins.src_core
+            table = src_core
             if table.size and table.min() >= 0:  # no padding: all but the local elements
                 remote = table.shape[1] - np.count_nonzero(table == here[:, None], axis=1)
             else:
                 remote = np.count_nonzero((table >= 0) & (table != here[:, None]), axis=1)
             self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
+
+    def exchange_pattern(self, ins: Exchange) -> None:
+        """An exchange given as a copy pattern: the same checks and bytes as its table,
+        counted from the runs without expanding them."""
+        p = ins.pattern()
+        n = p.rows
+        rows, here = _rows(ins, n), _phys(ins, n)
+        run_core = p.runs[:, 0]
+        self.check_sources(run_core, padding=True)
+        self.check_read(ins.src, lambda: _cores_in(run_core, self.chip.cores))
+        self.mark_live(ins.dst)
+        self.written[ins.dst][rows] = True
+        size = self.itemsize(ins.dst)
+        if self.chip.is_mesh:
+            src, dst, count = pair_counts(p, here)
+            keep = src != dst
+            self.receive(ins.op, ins.phase, src[keep], dst[keep], count[keep] * size)
+        else:
+            self.receive(ins.op, ins.phase, np.full(n, -1), here, received(p, here) * size)
 
     def shift(self, ins: Shift) -> None:
         n = len(ins.src_core)

@@ -187,6 +187,8 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         else:
             moving = chip.transfer_cycles((group - 1) * chunk_bytes)
         reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
+        if sum(tile_bytes[i] for i in homing) and not weights_home:
+            reduce -= chip.sync_cycles  # codegen: the reduce shares the restore's superstep
         out_bytes = chunk_bytes
     compute += epi.compute  # (the activations' re-layout is an edge: partition/epilogue.py)
 

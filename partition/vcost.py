@@ -211,6 +211,8 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     else:
         moving = _transfer(chip, (group - 1) * chunk * out_elem)
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
+    if homing:  # codegen: a reduce-scatter shares the restore shift's superstep (one barrier)
+        reduce = reduce - np.where((group > 1) & (home > 0), chip.sync_cycles, 0)
     out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
     compute = compute + epi.compute
 

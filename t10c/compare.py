@@ -145,7 +145,8 @@ def sram_per_core(compiled: Compiled) -> np.ndarray:
 
     for ins in prog.instrs:
         n = (ins.ncores if isinstance(ins, Load) else len(ins.origin) if isinstance(ins, Compute)
-             else len(ins.src_core) if isinstance(ins, (Exchange, Shift))
+             else ins.nrows if isinstance(ins, Exchange)
+             else len(ins.src_core) if isinstance(ins, Shift)
              else len(ins.group) if isinstance(ins, Reduce) else 0)
         for name in ("buf", "dst", "out"):
             if hasattr(ins, name):
