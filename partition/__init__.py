@@ -5,7 +5,6 @@ This stage sees only tensor expressions; it never looks at ONNX op types.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from t10c.chips import Chip
@@ -18,6 +17,7 @@ from .diagnose import check_fit, diagnose
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
+from .space import Space, baseline_options, op_keys, space_of, tensor_sets, union
 from .transitions import edge_cost
 from .verify import verify_plan
 
@@ -26,16 +26,10 @@ __all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptio
            "search_op", "search_op_front", "plan_cost"]
 
 
-def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
-    consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
-    return ints, consts
-
-
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
               opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
     """Every plan of one op of ``graph`` that survives pruning (not yet reduced to a front)."""
-    ints, consts = _tensor_sets(graph)
+    ints, consts = tensor_sets(graph)
     shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
     return enumerate_plans(op, chip, dtype, shapes, ints, consts, opts)
 
@@ -44,56 +38,53 @@ def search_op_front(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
                     opts: SearchOptions = SearchOptions(), limit: int | None = None
                     ) -> SearchResult:
     """One op's Pareto front (and smallest plan), computed without materialising every plan."""
-    ints, consts = _tensor_sets(graph)
+    ints, consts = tensor_sets(graph)
     shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
     return search_front(op, chip, dtype, shapes, ints, consts, opts, limit)
-
-
-def _rename(plan: OpPlan, name: str) -> OpPlan:
-    return dataclasses.replace(plan, op=name)
 
 
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
                front_limit: int = 16, progress: Progress | None = None) -> Plan:
-    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT."""
-    start = time.perf_counter()
-    ints, consts = _tensor_sets(graph)
-    keys = [(op.signature(), tuple(o.tensor in consts for o in op.inputs),
-             tuple(o.tensor in ints for o in op.inputs)) for op in graph.ops]
-    cache: dict[tuple, SearchResult] = {}
-    fronts: list[list[OpPlan]] = []
-    smallest: list[OpPlan | None] = []
-    least_cold: list[int] = []
-    for n, (op, key) in enumerate(zip(graph.ops, keys)):
-        if key not in cache:
-            cache[key] = search_op_front(graph, op, chip, dtype, search, front_limit)
-        found = cache[key]
-        fronts.append([_rename(p, op.name) for p in found.front])
-        smallest.append(found.smallest)
-        least_cold.append(found.least_cold)
-        if progress:
-            progress("search", n + 1, len(graph.ops))
-    search_wall = time.perf_counter() - start
+    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT.
 
-    if search.weights_home:  # vgm: every op warms its weights up from the idle layout
-        fronts = [[dataclasses.replace(p, home=True) for p in f] for f in fronts]
-    else:  # t10: an op may keep its weights idle and warm them up, where SRAM is short
-        fronts = [f + _warm_up_twins(graph, op, f, chip, dtype, ints, consts)
-                  for op, f in zip(graph.ops, fronts)]
-        least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
-                      for c, f in zip(least_cold, fronts)]
-    check_fit(graph, chip, fronts, smallest)
-    if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
+    A strategy that rotates (t10) chooses from its own plans united with the no-rotation and
+    vgm baselines' (`space.py` says why its plan is then never slower than theirs): each
+    baseline's own choice is solved first and given to the solve as a start."""
+    start = time.perf_counter()
+    ints, _ = tensor_sets(graph)
+    keys = op_keys(graph)
+    options = [search, *baseline_options(search)]
+    searched = [0]
+
+    def tick() -> None:
+        searched[0] += 1
+        if progress:
+            progress("search", searched[0], len(options) * len(graph.ops))
+
+    spaces = [space_of(graph, chip, dtype, s, front_limit, tick) for s in options]
+    space, maps = union(spaces) if len(spaces) > 1 else (spaces[0], [])
+    search_wall = time.perf_counter() - start
+    fronts = [list(f) for f in space.fronts]
+    check_fit(graph, chip, fronts, list(space.smallest))
+    if sum(space.least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
-        raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, "RESIDENT", solver,
-                                       dtype))
+        raise DoesNotFitError(diagnose(graph, chip, fronts, list(space.least_cold), "RESIDENT",
+                                       solver, dtype))
     edges = _edges(graph, keys, fronts, chip, dtype, ints)
+    solves = len(spaces)  # the baselines' solves, then the solve itself, share one display
+    starts = []
+    for n, (own, where) in enumerate(zip(spaces[1:], maps[1:])):
+        choice = _baseline_choice(graph, chip, own, where, edges, solver,
+                                  _share(progress, n, solves))
+        if choice is not None:
+            starts.append(tuple(where[i][k] for i, k in enumerate(choice)))
     no_extra = [[0] * len(f) for f in fronts]
     result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
-                                  solver, progress)
+                                  solver, _share(progress, solves - 1, solves), starts)
     if result is None:
-        raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
+        raise DoesNotFitError(diagnose(graph, chip, fronts, list(space.least_cold), status,
+                                       solver, dtype))
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     relayout = [0] * len(graph.ops)
     for e in edges:
@@ -114,20 +105,33 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     )
 
 
-def _warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip, dtype: str,
-                   ints: frozenset[str], consts: frozenset[str]) -> list[OpPlan]:
-    """For an op with weights, its fastest plan again with the weights kept in the compact
-    idle layout (spread over all cores) and warmed up before each run: fewer resident bytes
-    for some shift time. The solver chooses; the greedy walks the front only."""
-    if not front or not any(o.tensor in consts for o in op.inputs):
-        return []
-    p = front[0]
-    cycles, hot, cold, out = plan_cost(geometry(graph, op, p), chip, dtype, ints, consts,
-                                       weights_home=True)
-    if cold >= p.cold_bytes_per_core:
-        return []
-    return [dataclasses.replace(p, cycles=cycles, hot_bytes_per_core=hot,
-                                cold_bytes_per_core=cold, out_bytes_per_core=out, home=True)]
+def _share(progress: Progress | None, n: int, solves: int) -> Progress | None:
+    """Solve ``n`` of ``solves`` reported as its share of one "solve" display."""
+    if progress is None or solves == 1:
+        return progress
+    shown = progress
+
+    def report(stage: str, done: int, total: int) -> None:
+        shown(stage, n * total + done, solves * total)
+    return report
+
+
+def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]],
+                     edges: list[Edge], solver: SolverOptions, progress: Progress | None
+                     ) -> tuple[int, ...] | None:
+    """The choice a baseline's own compile makes (the same fronts, edges, options and seed,
+    so the same model and the same answer), or None where it does not fit."""
+    fronts = [list(f) for f in own.fronts]
+    cap = chip.sram_bytes_per_core * (1 - solver.reserve_fraction)
+    if not all(fronts) or sum(own.least_cold) > cap:
+        return None
+    # its edges are the united edges' sub-matrices: edge costs are priced pair by pair
+    sub = [Edge(e.src, e.dst, e.slot,
+                tuple(tuple(e.cost[p][q] for q in where[e.dst]) for p in where[e.src]))
+           for e in edges]
+    result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], sub,
+                             chip.sram_bytes_per_core, solver, progress)
+    return None if result is None else result.choice
 
 
 def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,

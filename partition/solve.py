@@ -31,6 +31,7 @@ bound).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +182,14 @@ def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int,
     return total + sum(e.cost[choice[e.src]][choice[e.dst]] for e in edges)
 
 
+def _classes(vectors: list[tuple[int, ...]]) -> list[list[int]]:
+    """Indices grouped by equal vectors, in order of first appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, v in enumerate(vectors):
+        groups.setdefault(tuple(v), []).append(k)
+    return list(groups.values())
+
+
 def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
                 edges: list[Edge], cap: int, hint: list[int] | None):
     model = cp_model.CpModel()
@@ -201,19 +210,25 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
         live = sum(term(arrays.out[j], j)
                    for j in (*terms.live_after[i], *terms.dying_inputs[i]))
         model.add(resident + term(arrays.extra[i], i) + live <= cap)
-    # (C3) re-layout between a producer's plan and its consumer's
+    # (C3) re-layout between a producer's plan and its consumer's, over classes of plans
+    # with the same costs on this edge (a plan and its warm-up twin have the same layout):
+    # the same marginal linearisation, with fewer pairs
     transitions: list[Any] = []  # CP-SAT linear terms
     for n, e in enumerate(edges):
         if all(r == 0 for row in e.cost for r in row):
             continue
-        y = [[model.new_bool_var(f"y[{n},{p},{q}]") for q in range(len(e.cost[0]))]
-             for p in range(len(e.cost))]
-        for p, row in enumerate(y):
-            model.add(sum(row) == x[e.src][p])
-        for q in range(len(e.cost[0])):
-            model.add(sum(y[p][q] for p in range(len(y))) == x[e.dst][q])
-        transitions.extend(r * y[p][q] for p, row in enumerate(e.cost)
-                           for q, r in enumerate(row) if r)
+        rows = _classes(list(e.cost))
+        cols = _classes(list(zip(*e.cost)))
+        y = [[model.new_bool_var(f"y[{n},{a},{b}]") for b in range(len(cols))]
+             for a in range(len(rows))]
+        for a, members in enumerate(rows):
+            model.add(sum(y[a]) == sum(x[e.src][p] for p in members))
+        for b, members in enumerate(cols):
+            model.add(sum(y[a][b] for a in range(len(rows))) ==
+                      sum(x[e.dst][q] for q in members))
+        transitions.extend(e.cost[rows[a][0]][cols[b][0]] * y[a][b]
+                           for a in range(len(rows)) for b in range(len(cols))
+                           if e.cost[rows[a][0]][cols[b][0]])
     model.minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
                    + sum(transitions))
     if hint is not None:
@@ -244,8 +259,12 @@ def decode(solver: cp_model.CpSolver, status: cp_model.CpSolverStatus, x: list[l
 
 def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
                  edges: list[Edge], sram_bytes: int, opts: SolverOptions,
-                 progress: Progress | None = None) -> tuple[SolverResult | None, str]:
-    """Choose one plan per op; returns the result (None when nothing fits) and the status."""
+                 progress: Progress | None = None,
+                 starts: Sequence[tuple[int, ...]] = ()) -> tuple[SolverResult | None, str]:
+    """Choose one plan per op; returns the result (None when nothing fits) and the status.
+
+    ``starts`` are known choices (the baselines' own, mapped into these fronts): the best of
+    them and the greedy's is CP-SAT's hint, and the result is never worse than any of them."""
     start = time.perf_counter()
     terms = liveness(graph)
     arrays = _Arrays(fronts, relayout_in)
@@ -253,27 +272,34 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     base = [len(f) if all(p.home for p in f) else sum(not p.home for p in f) for f in fronts]
     warm = greedy(terms, arrays, cap, base)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
+    known = [tuple(warm)] if warm is not None else []
+    for s in starts:
+        # a start chosen under the same memory terms fits here too; checked, not assumed
+        if (memory_use(terms, arrays, s) <= cap).all():
+            known.append(tuple(s))
+    best = min(known, key=lambda c: objective(arrays, edges, c)) if known else None
+    best_obj = objective(arrays, edges, best) if best is not None else None
     if opts.planner == "greedy":
         if progress:  # the greedy is the whole choice: it starts and ends at once
             progress("solve", 1, 1)
-        if warm is None:
+        if best is None or best_obj is None:
             return None, "INFEASIBLE"
-        assert warm_obj is not None
-        return SolverResult(tuple(warm), "FEASIBLE", warm_obj, 0, time.perf_counter() - start,
+        return SolverResult(best, "FEASIBLE", best_obj, 0, time.perf_counter() - start,
                             warm_obj), "FEASIBLE"
-    model, x = build_model(terms, fronts, arrays, edges, cap, warm)
+    model, x = build_model(terms, fronts, arrays, edges, cap,
+                           list(best) if best is not None else None)
     solver, status = solve_model(model, opts, progress)
     name = solver.status_name(status)
     choice = decode(solver, status, x)
     wall = time.perf_counter() - start
     if choice is None:
-        if warm is None or warm_obj is None:
+        if best is None or best_obj is None:
             return None, name
-        return SolverResult(tuple(warm), "FEASIBLE", warm_obj, int(solver.best_objective_bound),
+        return SolverResult(best, "FEASIBLE", best_obj, int(solver.best_objective_bound),
                             wall, warm_obj), name
     value = objective(arrays, edges, choice)
-    if warm is not None and warm_obj is not None and warm_obj < value:
-        choice, value = tuple(warm), warm_obj
+    if best is not None and best_obj is not None and best_obj < value:
+        choice, value = best, best_obj
     bound = min(int(round(solver.best_objective_bound)), value)
     return SolverResult(tuple(choice), name, value, bound, wall, warm_obj), name
 
