@@ -122,16 +122,25 @@ class _Arrays:
                        for f, r in zip(fronts, relayout_in)]
 
 
-def memory_use(terms: MemoryTerms, arrays: _Arrays, choice: list[int] | tuple[int, ...]
-               ) -> np.ndarray:
-    """(C2)'s left-hand side at every op for one choice of plans."""
-    cold = np.array([a[k] for a, k in zip(arrays.cold, choice)])
-    extra = np.array([a[k] for a, k in zip(arrays.extra, choice)])
-    out = np.array([a[k] for a, k in zip(arrays.out, choice)])
-    use = cold.sum() + extra
-    for i in range(len(choice)):
-        use[i] += out[list(terms.live_after[i])].sum() + out[list(terms.dying_inputs[i])].sum()
-    return use
+def live_matrix(terms: MemoryTerms) -> np.ndarray:
+    """``L[i, j] = 1`` when op j's output is in SRAM while op i runs (C2's activation terms)."""
+    n = len(terms.live_after)
+    live = np.zeros((n, n), dtype=np.int64)
+    for i in range(n):
+        live[i, list(terms.live_after[i]) + list(terms.dying_inputs[i])] = 1
+    return live
+
+
+def memory_use(terms: MemoryTerms, arrays: _Arrays, choice: list[int] | tuple[int, ...],
+               live: np.ndarray | None = None) -> np.ndarray:
+    """(C2)'s left-hand side at every op for one choice of plans (``live``: `live_matrix`
+    of ``terms``, when the caller already has it)."""
+    cold = np.array([a[k] for a, k in zip(arrays.cold, choice)], dtype=np.int64)
+    extra = np.array([a[k] for a, k in zip(arrays.extra, choice)], dtype=np.int64)
+    out = np.array([a[k] for a, k in zip(arrays.out, choice)], dtype=np.int64)
+    if live is None:
+        live = live_matrix(terms)
+    return cold.sum() + extra + live @ out
 
 
 def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None = None
@@ -145,8 +154,9 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None
     # appended after it (weights warmed up) are left to the solver
     end = base if base is not None else [len(c) for c in arrays.cold]
     last = [e - 1 for e in end]
+    live = live_matrix(terms)
     while True:
-        use = memory_use(terms, arrays, choice)
+        use = memory_use(terms, arrays, choice, live)
         over = np.flatnonzero(use > cap)
         if not len(over):
             return choice
