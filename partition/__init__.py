@@ -54,16 +54,26 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     start = time.perf_counter()
     ints, _ = tensor_sets(graph)
     keys = op_keys(graph)
-    options = [search, *baseline_options(search)]
-    searched = [0]
+    baselines = baseline_options(search)
+    # a rotating strategy: its own plans and the no-rotation plans with every twin, then each
+    # baseline's space as that baseline's compile builds it (so that its choice can be
+    # reproduced and mapped in); a baseline: its own space
+    wide = [search, *baselines[:1]] if baselines else []
+    searched, searches = [0], (len(wide) + len(baselines)) or 1
 
     def tick() -> None:
         searched[0] += 1
         if progress:
-            progress("search", searched[0], len(options) * len(graph.ops))
+            progress("search", searched[0], searches * len(graph.ops))
 
-    spaces = [space_of(graph, chip, dtype, s, front_limit, tick) for s in options]
-    space, maps = union(spaces) if len(spaces) > 1 else (spaces[0], [])
+    spaces = [space_of(graph, chip, dtype, s, front_limit, tick, every_twin=True) for s in wide]
+    spaces += [space_of(graph, chip, dtype, s, front_limit, tick)
+               for s in (baselines or (search,))]
+    if wide:
+        space, maps = union(spaces)
+        spaces, maps = spaces[len(wide):], maps[len(wide):]  # the baselines' own
+    else:
+        space, spaces, maps = spaces[0], [], []
     search_wall = time.perf_counter() - start
     fronts = [list(f) for f in space.fronts]
     check_fit(graph, chip, fronts, list(space.smallest))
@@ -72,9 +82,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         raise DoesNotFitError(diagnose(graph, chip, fronts, list(space.least_cold), "RESIDENT",
                                        solver, dtype))
     edges = _edges(graph, keys, fronts, chip, dtype, ints)
-    solves = len(spaces)  # the baselines' solves, then the solve itself, share one display
+    solves = len(spaces) + 1  # the baselines' solves, then the solve itself, share a display
     starts = []
-    for n, (own, where) in enumerate(zip(spaces[1:], maps[1:])):
+    for n, (own, where) in enumerate(zip(spaces, maps)):
         choice = _baseline_choice(graph, chip, own, where, edges, solver,
                                   _share(progress, n, solves))
         if choice is not None:

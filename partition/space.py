@@ -4,12 +4,13 @@ A strategy's plan space is, per op, the list of plans the whole-graph solve may 
 
 - no-rotation (``max_rot_axes=0``): the Pareto front (hot bytes, cycles) of the plans without
   rotation (all f_t = 1, every shared sub-tensor replicated), and for an op with weights the
-  warm-up twin of EVERY plan on it (the weights kept in the compact idle layout, spread over
+  warm-up twin of its fastest plan (the weights kept in the compact idle layout, spread over
   all cores, and fetched into the plan's layout before the op runs);
 - vgm (``weights_home``): the front of the no-rotation plans priced with every op fetching its
   weights from that idle layout, all of them warmed up;
-- t10: its own front (rotation allowed) with the twins of every plan on it, united with the
-  no-rotation space and the vgm space exactly as those strategies build them (`union`).
+- t10: its own front (rotation allowed) and the no-rotation front, each with the twin of
+  EVERY plan on it, united with the no-rotation space and the vgm space exactly as those
+  strategies build them (`union`).
 
 Why t10's plan is never slower than a baseline that fits (predicted cycles, by construction):
 the solve's model (`solve.py`) depends on a plan only through its own figures (cycles, cold,
@@ -80,8 +81,12 @@ def op_keys(graph: Graph) -> list[tuple]:
 
 
 def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_limit: int,
-             tick: Callable[[], None] | None = None) -> Space:
-    """One strategy's own plan space (searched once per distinct op); ``tick`` after each op."""
+             tick: Callable[[], None] | None = None, every_twin: bool = False) -> Space:
+    """One strategy's plan space (searched once per distinct op); ``tick`` after each op.
+
+    A baseline's own space has the warm-up twin of each weighted op's fastest plan only (what
+    its compile solves: with a twin of every replicated plan its solve would balance a knapsack
+    of identical layers, slowly); ``every_twin`` gives every front plan its twin."""
     ints, consts = tensor_sets(graph)
     cache: dict[tuple, tuple[list[OpPlan], OpPlan | None, int]] = {}
     fronts, smallest, least_cold = [], [], []
@@ -93,7 +98,8 @@ def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_
             if search.weights_home:
                 plans = [dataclasses.replace(p, home=True) for p in plans]
             else:
-                plans += warm_up_twins(graph, op, plans, chip, dtype, ints, consts)
+                plans += warm_up_twins(graph, op, plans if every_twin else plans[:1], chip,
+                                       dtype, ints, consts)
             cold = min([found.least_cold, *(p.cold_bytes_per_core for p in plans)])
             cache[key] = (plans, found.smallest, cold)
         plans, least, cold = cache[key]

@@ -59,7 +59,7 @@ def test_every_front_plan_of_a_weighted_op_has_its_warm_up_twin(strategy: str) -
     weights are already spread out: they have none), not only for the fastest plan."""
     graph = _graph()
     ints, consts = tensor_sets(graph)
-    space = space_of(graph, TEST16, "fp16", search_options(strategy), 16)
+    space = space_of(graph, TEST16, "fp16", search_options(strategy), 16, every_twin=True)
     twinned, beyond_fastest = 0, 0
     for op, front in zip(graph.ops, space.fronts):
         weighted = any(o.tensor in consts for o in op.inputs)
