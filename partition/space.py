@@ -131,9 +131,11 @@ def warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip,
 
 def _order(p: OpPlan) -> tuple:
     """Warmed-up plans last (the greedy walks the others), each part fastest first; the rest
-    of the key only makes the order total."""
+    of the key makes the order total over every field (the union is built from sets, whose
+    order varies with string hashing from run to run)."""
     return (p.home, p.cycles.total, p.hot_bytes_per_core, p.cold_bytes_per_core,
-            p.out_bytes_per_core, p.F, p.T, p.rot, p.chain, p.drivers, repr(p.embed))
+            p.out_bytes_per_core, p.F, p.T, p.rot, p.chain, p.drivers, repr(p.embed),
+            dataclasses.astuple(p.cycles), p.op)
 
 
 def union(spaces: list[Space]) -> tuple[Space, list[list[list[int]]]]:
