@@ -111,6 +111,9 @@ def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray, list[str]]]) ->
     """Batched matmul over the core axis: (Z, batch, m, k) @ (Z, batch, k, n)."""
     (a, a_axes), (b, b_axes) = expanded
     out_axes = [str(a) for a in expr.output.axes]  # output dimensions are plain axes
+    lifted = [x for x in out_axes if x not in a_axes and x not in b_axes]
+    if lifted:  # the unit axis of a scalar result (`Context.emit` adds it): one more of a's
+        a, a_axes = a.reshape(a.shape + (1,) * len(lifted)), [*a_axes, *lifted]
     red = list(expr.reduction_axes)
     if not all(x in a_axes and x in b_axes for x in red):
         letters = {x: chr(ord("a") + i) for i, x in enumerate(expr.axis_names)}

@@ -12,7 +12,8 @@ The pipeline, as `to_graph` runs it:
    lowering per (op type, opset) in `ops.py` (elementwise, matmul), `layout.py` (views and
    copies), `nn.py` (convolution, pooling, normalisation, softmax, reductions) and
    `shapes.py`. Every node that cannot be lowered is collected, and one
-   `UnsupportedModelError` lists them all;
+   `UnsupportedModelError` lists them all. Zero-size tensors are constants (an empty result
+   needs no op), and a graph output that is a constant is copied out by one op on chip;
 5. `fuse_elementwise` (`fuse.py`): elementwise ops are inlined into their readers, so that
    decomposed GELU, LayerNorm and RMSNorm become one expression chain and copies fold into
    the ops that read them.
@@ -20,6 +21,7 @@ The pipeline, as `to_graph` runs it:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -106,14 +108,18 @@ def _gather_elements(data: np.ndarray, indices: np.ndarray, axis: int = 0) -> li
 FOLDS = {"GatherElements": _gather_elements}
 
 
-def _fold(node: onnx.NodeProto, ctx: Context, opset: int) -> None:
+def _fold(node: onnx.NodeProto, ctx: Context, opsets: dict[str, int]) -> None:
+    """Evaluate ``node`` on its constant inputs with the ONNX reference evaluator, as a
+    one-node model carrying the model's opset imports (handed a bare node, the evaluator
+    picks the newest version of the op, not the model's)."""
     args = [ctx.constants[n] for n in node.input if n]
     try:
-        if node.op_type in FOLDS:
-            values = FOLDS[node.op_type](*args, **attrs(node))
-        else:
-            evaluator = ReferenceEvaluator(node, opsets={"": opset})
-            values = evaluator.run(None, {n: ctx.constants[n] for n in node.input if n})
+        with np.errstate(all="ignore"):  # log(0) folds to -inf as ONNX says: no warning
+            if node.op_type in FOLDS:
+                values = FOLDS[node.op_type](*args, **attrs(node))
+            else:
+                values = ReferenceEvaluator(_one_node_model(node, ctx, opsets)).run(
+                    None, {n: ctx.constants[n] for n in node.input if n})
     except Exception as exc:  # the reference evaluator raises many kinds
         raise Unsupported(f"constant folding failed: {exc}") from None
     for name, value in zip(node.output, values):
@@ -121,6 +127,23 @@ def _fold(node: onnx.NodeProto, ctx: Context, opset: int) -> None:
         if value.dtype.kind == "f":
             value = value.astype(np.float32, copy=False)
         ctx.constants[name] = value
+
+
+def _one_node_model(node: onnx.NodeProto, ctx: Context, opsets: dict[str, int]
+                    ) -> onnx.ModelProto:
+    helper = onnx.helper
+    inputs = [helper.make_tensor_value_info(
+        n, helper.np_dtype_to_tensor_dtype(ctx.constants[n].dtype), ctx.constants[n].shape)
+        for n in dict.fromkeys(n for n in node.input if n)]
+    outputs = [helper.make_empty_tensor_value_info(n) for n in node.output if n]
+    graph = helper.make_graph([node], "fold", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v)
+                                                   for d, v in opsets.items()])
+
+
+def _opsets(model: onnx.ModelProto) -> dict[str, int]:
+    return {("" if imp.domain == "ai.onnx" else imp.domain): imp.version
+            for imp in model.opset_import}
 
 
 @dataclass
@@ -142,6 +165,7 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
     for unsupported nodes; `to_graph` raises them all at once)."""
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
+    opsets = _opsets(model)
     shapes, dtypes = _value_types(skel)
     constants = {t.name: _initializer(t) for t in model.graph.initializer}
     constants = {k: (v.astype(np.float32, copy=False) if v.dtype.kind == "f" else v)
@@ -155,7 +179,13 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
         if dtype not in ("float32", "int64"):
             raise FrontendError(f"input {inp!r} has element type {dtype}; t10c takes float32 "
                                 "and int64 inputs")
+        if inp in shapes and math.prod(shapes[inp]) == 0:
+            # a zero-size input holds no values: a constant, so everything computed from it
+            # alone folds at compile time
+            ctx.constants[inp] = np.zeros(shapes[inp], np.dtype(dtype))
+            continue
         ctx.declare(inp, shapes[inp], dtype)
+    inputs = [i for i in inputs if i not in ctx.constants]
 
     outputs = {o.name for o in model.graph.output}
     nodes = fold_batchnorm(list(model.graph.node), ctx.constants, outputs)
@@ -172,9 +202,15 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
             continue
         lowering = pick(node.op_type, opset)
         ins = [n for n in node.input if n]
+        outs = [o for o in node.output if o]
+        if outs and all(o in ctx.shapes and math.prod(ctx.shapes[o]) == 0 for o in outs) \
+                and not poisoned.intersection(ins):
+            for o in outs:  # an empty result needs no op: it is an (empty) constant
+                ctx.constants[o] = np.zeros(ctx.shapes[o], np.dtype(ctx.dtypes.get(o, "float32")))
+            continue
         if all(n in ctx.constants for n in ins) and not poisoned.intersection(ins):
             try:
-                _fold(node, ctx, opset)
+                _fold(node, ctx, opsets)
                 continue
             except Unsupported as exc:
                 problems.append(UnsupportedNode(node.op_type, node.name, opset, str(exc)))
@@ -192,14 +228,18 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
         if poisoned.intersection(ins) and not shape_only:
             poisoned.update(node.output)
             continue
-        try:
-            lowering.fn(ctx, node, **attrs(node))
+        given = attrs(node)
+        unknown = lowering.unknown(given)
+        if unknown:
+            problems.append(UnsupportedNode(
+                node.op_type, node.name, opset,
+                f"unsupported attribute{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"))
+            poisoned.update(node.output)
+            continue
+        try:  # a lowering raises Unsupported for what it cannot compile; anything else is a bug
+            lowering.fn(ctx, node, **given)
         except Unsupported as exc:
             problems.append(UnsupportedNode(node.op_type, node.name, opset, str(exc)))
-            poisoned.update(node.output)
-        except TypeError as exc:
-            problems.append(UnsupportedNode(node.op_type, node.name, opset,
-                                            f"unsupported attribute ({exc})"))
             poisoned.update(node.output)
     return Lowered(model, ctx, problems, opset, inputs)
 
@@ -231,8 +271,15 @@ def _graph(low: Lowered, name: str | None) -> Graph:
     outputs = [o.name for o in model.graph.output]
     produced = {op.output.tensor for op in ctx.ops}
     for out in outputs:
-        if out in ctx.constants or out not in ctx.tensors:
-            raise FrontendError(f"output {out!r} is a constant; nothing to compute on chip")
+        shape = ctx.constants[out].shape if out in ctx.constants else ctx.shapes.get(out)
+        if shape is not None and math.prod(shape) == 0:
+            raise FrontendError(f"output {out!r} is zero-size (shape {tuple(shape)}); t10c "
+                                "computes no empty tensors: drop the output from the model")
+        if out in ctx.constants:
+            _constant_out(ctx, out)  # known at compile time: one copy of it on chip
+            continue
+        if out not in ctx.tensors:
+            raise FrontendError(f"output {out!r} was not computed")
         root = out
         while root in ctx.views:
             root = ctx.views[root].source
@@ -260,6 +307,18 @@ def _copy_out(ctx: Context, out: str) -> None:
     axes = [f"d{i}" for i in range(len(shape))]
     node = onnx.helper.make_node("Identity", [source], [out], name=f"{out}/copy")
     ctx.emit(node, f"{out}/copy", list(zip(axes, shape)), Operand(out, tuple(axes)),
+             [Operand(source, tuple(axes))], None, ("in", 0))
+
+
+def _constant_out(ctx: Context, out: str) -> None:
+    """Make output ``out``, a constant (a Shape, a Size, a Constant, anything folded), a copy
+    of that constant computed on chip: the program then writes it as it writes any output
+    (as float32, like every computed tensor)."""
+    value = ctx.constants.pop(out)
+    source = ctx.float_operand(ctx.constant(out, value))
+    axes = [f"d{i}" for i in range(value.ndim)]
+    node = onnx.helper.make_node("Identity", [source], [out], name=f"{out}/constant")
+    ctx.emit(node, f"{out}/constant", list(zip(axes, value.shape)), Operand(out, tuple(axes)),
              [Operand(source, tuple(axes))], None, ("in", 0))
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,9 +18,19 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Lowering:
+    """One lowering: ``fn(ctx, node, **attributes)`` for models whose opset is at least
+    ``since``. ``attributes`` are the keyword parameters of ``fn`` (None: it takes any)."""
+
     op_type: str
     since: int
     fn: Callable[..., None]
+    attributes: frozenset[str] | None
+
+    def unknown(self, names: Iterable[str]) -> list[str]:
+        """The attribute names among ``names`` that this lowering does not take."""
+        if self.attributes is None:
+            return []
+        return sorted(set(names) - self.attributes)
 
 
 #: (op_type) -> lowerings sorted by since_version; filled by `register`
@@ -27,10 +38,20 @@ REGISTRY: dict[str, list[Lowering]] = {}
 
 
 def register(op_type: str, since: int):
-    """Register a lowering of ``op_type`` for models whose opset is at least ``since``."""
+    """Register ``fn`` as the lowering of ``op_type`` for models whose opset is at least
+    ``since``. The function is named after the op (``Softmax``, or ``Softmax_1`` for an older
+    version) and takes the node's attributes as keyword arguments with the ONNX defaults."""
 
     def wrap(fn):
-        REGISTRY.setdefault(op_type, []).append(Lowering(op_type, since, fn))
+        if fn.__name__ != op_type and not fn.__name__.startswith(f"{op_type}_"):
+            raise ValueError(f"the lowering of {op_type} is named {fn.__name__}")
+        if any(low.since == since for low in REGISTRY.get(op_type, [])):
+            raise ValueError(f"{op_type} since opset {since} is registered twice")
+        params = list(inspect.signature(fn).parameters.values())[2:]  # after ctx, node
+        names = (None if any(p.kind is p.VAR_KEYWORD for p in params) else
+                 frozenset(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD
+                           or p.kind is p.KEYWORD_ONLY))
+        REGISTRY.setdefault(op_type, []).append(Lowering(op_type, since, fn, names))
         REGISTRY[op_type].sort(key=lambda x: x.since)
         return fn
 

@@ -29,6 +29,7 @@ import math
 import numpy as np
 import onnx
 
+from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, Body, Dim, Operand, Window
 
 from .context import Context, Unsupported, broadcast_shape, register
@@ -106,9 +107,9 @@ def Identity(ctx: Context, node: onnx.NodeProto) -> None:
 def Dropout(ctx: Context, node: onnx.NodeProto, ratio: float = 0.5, is_test: int = 0,
             seed: int = 0, consumed_inputs: list[int] | None = None) -> None:
     """Inference: the identity (the ratio and training-mode inputs are ignored)."""
-    if len(node.output) > 1 and node.output[1]:
-        raise Unsupported("Dropout's mask output is not supported (inference only)")
     ctx.view(node.output[0], node.input[0], ctx.shape(node.input[0]))
+    if len(node.output) > 1 and node.output[1]:  # inference keeps every element
+        ctx.constants[node.output[1]] = np.ones(ctx.shape(node.input[0]), bool)
 
 
 @register("Flatten", 1)
@@ -196,9 +197,12 @@ def _slice(ctx: Context, node: onnx.NodeProto, data: str, out: str, name: str,
     dims: list[Dim] = list(axes)
     extents = list(shape)
     backwards = {}
+    if any(len(r) == 0 for r in ranges.values()):
+        # an empty slice holds no values: a constant, which no op needs to compute
+        ctx.constants[out] = np.zeros([len(ranges[d]) if d in ranges else n
+                                       for d, n in enumerate(shape)], np.float32)
+        return
     for axis, r in ranges.items():
-        if len(r) == 0:
-            raise Unsupported(f"an empty slice of axis {axis}")
         if r.step < 0 and len(r) > 1:
             backwards[axis] = r
             continue
@@ -259,7 +263,7 @@ def _split_sizes(ctx: Context, node: onnx.NodeProto, dim: int, split: list[int] 
     if split is not None:
         return list(split)
     if num_outputs is not None:  # opset 18: the last chunk may be smaller
-        size = -(-dim // num_outputs)
+        size = ceil_div(dim, num_outputs)
         return [min(size, dim - i * size) for i in range(num_outputs)]
     if dim % n:
         raise Unsupported(f"cannot split {dim} into {n} equal parts")
@@ -372,8 +376,8 @@ def GatherElements(ctx: Context, node: onnx.NodeProto, axis: int = 0) -> None:
     shape = ctx.shape(data)
     axis %= len(shape)
     if not ctx.is_const(indices):
-        raise Unsupported("GatherElements with computed indices (a data-dependent read "
-                          "position per element)")
+        _gather_elements_computed(ctx, node, data, indices, axis)
+        return
     idx = ctx.constants[indices].astype(np.int64)
     idx = np.where(idx < 0, idx + shape[axis], idx)
     axes = _axes(idx.ndim)
@@ -394,6 +398,34 @@ def GatherElements(ctx: Context, node: onnx.NodeProto, axis: int = 0) -> None:
     ctx.emit(node, node.name or node.output[0], list(zip(axes, idx.shape)),
              Operand(node.output[0], tuple(axes)),
              [Operand(flat, (INDIRECT,)), Operand(table, tuple(axes))], None, ("take", 0, 1))
+
+
+def _gather_elements_computed(ctx: Context, node: onnx.NodeProto, data: str, indices: str,
+                              axis: int) -> None:
+    """Computed indices: their flat positions in the data, ``index * stride + base`` (negative
+    indices counted from the end; ``base``, the other coordinates' part, a constant), computed
+    on chip, then one lookup in the flattened data."""
+    shape = ctx.shape(data)
+    ishape = ctx.shape(indices)
+    coords = list(np.indices(ishape))
+    coords[axis] = np.zeros(ishape, np.int64)
+    base = ctx.constant(f"{node.output[0]}/base",
+                        np.ravel_multi_index(tuple(coords), shape).astype(np.int64))
+    stride = float(math.prod(shape[axis + 1:]))
+    n = float(shape[axis])
+    flat_idx = ctx.fresh(node.output[0])
+    axes = _axes(len(ishape))
+    operands, (i, b) = ctx.broadcast_operands([indices, base], ishape, axes)
+    # stored as integers: in fp16 storage a float position above 2048 would be rounded
+    ctx.emit(node, f"{node.name or node.output[0]}/positions", list(zip(axes, ishape)),
+             Operand(flat_idx, tuple(axes)), operands, None, ("add", ("mul", (
+                 "where", ("lt", i, ("const", 0.0)), ("add", i, ("const", n)), i),
+                 ("const", stride)), b), out_dtype="int64")
+    flat = ctx.fresh(data)
+    ctx.view(flat, data, (math.prod(shape),))
+    ctx.emit(node, node.name or node.output[0], list(zip(axes, ishape)),
+             Operand(node.output[0], tuple(axes)),
+             [Operand(flat, (INDIRECT,)), Operand(flat_idx, tuple(axes))], None, ("take", 0, 1))
 
 
 @register("Expand", 8)
@@ -441,8 +473,10 @@ def Tile(ctx: Context, node: onnx.NodeProto) -> None:
     ctx.view(node.output[0], copied, tuple(n * r for n, r in zip(shape, repeats)))
 
 
-def _pad(ctx: Context, node: onnx.NodeProto, pads: list[int], mode: str, value: float,
+def _pad(ctx: Context, node: onnx.NodeProto, pads: list[int], mode: str, value: float | str,
          axes: list[int] | None = None) -> None:
+    """Pad ``node.input[0]``; ``value`` is the constant pad value, or the name of a computed
+    one-element tensor holding it."""
     data = node.input[0]
     shape = ctx.shape(data)
     rank = len(shape)
@@ -467,9 +501,15 @@ def _pad(ctx: Context, node: onnx.NodeProto, pads: list[int], mode: str, value: 
     # select the pad value where a mask of ones, read through the same window, reads zero
     padded = [d for d in range(rank) if begin[d] or end[d]]
     mask = ctx.constant(f"{node.output[0]}/inside", np.ones([shape[d] for d in padded]))
-    body = ("where", ("in", 1), ("in", 0), ("const", float(value)))
-    copy(ctx, node, node.output[0], extents,
-          [(data, dims), (mask, tuple(dims[d] for d in padded))], body=body)
+    inputs = [(data, dims), (mask, tuple(dims[d] for d in padded))]
+    if isinstance(value, str):  # computed: a third operand of no dimensions
+        scalar = ctx.fresh(value)
+        ctx.view(scalar, value, ())
+        inputs.append((scalar, ()))
+        fill: Body = ("in", 2)
+    else:
+        fill = ("const", float(value))
+    copy(ctx, node, node.output[0], extents, inputs, body=("where", ("in", 1), ("in", 0), fill))
 
 
 def _pad_by_lookup(ctx: Context, node: onnx.NodeProto, data: str, begin: dict[int, int],
@@ -507,7 +547,13 @@ def Pad_2(ctx: Context, node: onnx.NodeProto, pads: list[int] | None = None,
 def Pad(ctx: Context, node: onnx.NodeProto, mode: str = "constant") -> None:
     ins = list(node.input) + [""] * (4 - len(node.input))
     pads = [int(v) for v in ctx.const(ins[1], "the pads of Pad").reshape(-1)]
-    value = float(ctx.const(ins[2], "the pad value").reshape(-1)[0]) if ins[2] else 0.0
+    value: float | str = 0.0
+    if ins[2] and ctx.is_const(ins[2]):
+        value = float(ctx.constants[ins[2]].reshape(-1)[0])
+    elif ins[2] and mode == "constant":  # (the other modes read no value)
+        if math.prod(ctx.shape(ins[2])) != 1:
+            raise Unsupported(f"a pad value of shape {ctx.shape(ins[2])} (one element)")
+        value = ins[2]
     axes = ([int(v) for v in ctx.const(ins[3], "the axes of Pad").reshape(-1)]
             if ins[3] else None)
     _pad(ctx, node, pads, mode, value, axes)

@@ -25,6 +25,7 @@ import math
 import numpy as np
 import onnx
 
+from t10c.dtypes import ceil_div
 from t10c.ir import Body, Dim, Operand, Window
 
 from .context import Context, Unsupported, register
@@ -42,7 +43,7 @@ def _spatial(ctx: Context, node: onnx.NodeProto, x_shape: tuple[int, ...],
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-s // st) for s, st in zip(spatial, strides)]
+        out = [ceil_div(s, st) for s, st in zip(spatial, strides)]
         total = [max(0, (o - 1) * st + (k - 1) * d + 1 - s)
                  for o, st, k, d, s in zip(out, strides, kernel, dilations, spatial)]
         begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
@@ -53,7 +54,7 @@ def _spatial(ctx: Context, node: onnx.NodeProto, x_shape: tuple[int, ...],
         out = []
         for s, k, st, d, b, e in zip(spatial, kernel, strides, dilations, begin, end):
             span = s + b + e - ((k - 1) * d + 1)
-            o = (-(-span // st) if ceil_mode else span // st) + 1
+            o = (ceil_div(span, st) if ceil_mode else span // st) + 1
             if ceil_mode and (o - 1) * st >= s + b:  # the last window must start inside
                 o -= 1
             out.append(o)
@@ -133,9 +134,6 @@ def ConvTranspose(ctx: Context, node: onnx.NodeProto, auto_pad: str = "NOTSET",
                   strides: list[int] | None = None) -> None:
     x, w = node.input[:2]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    if not ctx.is_const(w):
-        raise Unsupported("ConvTranspose with a computed weight (the weight is rearranged per "
-                          "output phase at compile time)")
     xs, ws = ctx.shape(x), ctx.shape(w)
     n, cin = xs[:2]
     co = ws[1]  # the weight is [Cin, Cout / group, k...]
@@ -176,19 +174,8 @@ def ConvTranspose(ctx: Context, node: onnx.NodeProto, auto_pad: str = "NOTSET",
             table[m - m0, r, kh] = 1.0
         tables.append(table)
         m0s.append(m0)
-        qs.append(-(-o // s))
-    weight = ctx.constants[w].astype(np.float32, copy=False)
-    weight = weight.reshape((group, cg, co) + tuple(kernel))
-    # w'[g, ci, co, t0, r0, t1, r1, ...] = sum_kh w[g, ci, co, kh...] * table_i[t_i, r_i, kh_i]
-    letters = "abcdefghij"
-    spec = "GIO" + letters[:nd]
-    outs = "GIO"
-    args = [weight]
-    for i in range(nd):
-        spec += f",{'tuvwxyz'[i]}{'RSTUVW'[i]}{letters[i]}"
-        outs += f"{'tuvwxyz'[i]}{'RSTUVW'[i]}"
-        args.append(tables[i])
-    phased = ctx.constant(f"{w}/phased", np.einsum(f"{spec}->{outs}", *args))
+        qs.append(ceil_div(o, s))
+    phased = _phased_weight(ctx, node, w, group, cg, co, kernel, tables)
     t_axes = [f"t{i}" for i in range(nd)]
     r_axes = [f"r{i}" for i in range(nd)]
     q_axes = [f"q{i}" for i in range(nd)]
@@ -221,9 +208,79 @@ def ConvTranspose(ctx: Context, node: onnx.NodeProto, auto_pad: str = "NOTSET",
         _add_channel_bias(ctx, node, final, bias, node.output[0], f"{base}/bias")
 
 
+def _argmax(ctx: Context, node: onnx.NodeProto, base: str, axes: list[tuple[str, int]],
+            windows: list[Dim], o_axes: list[str], inputs: list[tuple[str, list[Dim]]],
+            storage_order: int) -> None:
+    """MaxPool's Indices: the flat position in the input of the first element equal to the
+    window's maximum, as ``-max over the window of (-position where x == max, else -inf)``
+    with a constant table of positions read through the same windows."""
+    xs = ctx.shape(node.input[0])
+    order = np.arange(math.prod(xs), dtype=np.int64).reshape(
+        xs if not storage_order else (*xs[:2], *reversed(xs[2:])))
+    positions = order if not storage_order else np.swapaxes(order, 2, -1)
+    pos = ctx.constant(f"{node.output[1]}/positions", positions)
+    mx = node.output[0]
+    found: Body = ("eq", ("in", 0), ("in", 2))
+    if len(inputs) > 1:  # padded: a position outside the tensor is never the maximum
+        found = ("and", found, ("in", 3))
+    # positions are stored as integers: in fp16 storage a float above 2048 would be rounded
+    neg = ctx.fresh(node.output[1])
+    out_dims = ("n", "c", *o_axes)
+    ctx.emit(node, f"{base}/indices", axes, Operand(neg, out_dims),
+             [Operand(t, tuple(d)) for t, d in
+              [inputs[0], (pos, ["n", "c", *windows]), (mx, list(out_dims)), *inputs[1:]]],
+             "max", ("where", found, ("neg", ("in", 1)), ("const", float("-inf"))),
+             out_dtype="int64")
+    extents = [e for a, e in axes if a in out_dims]
+    ctx.emit(node, f"{base}/indices/neg", list(zip(out_dims, extents)),
+             Operand(node.output[1], out_dims), [Operand(neg, out_dims)], None,
+             ("neg", ("in", 0)), out_dtype="int64")
+
+
+def _phased_weight(ctx: Context, node: onnx.NodeProto, w: str, group: int, cg: int, co: int,
+                   kernel: list[int], tables: list[np.ndarray]) -> str:
+    """``w'[g, ci, co, t0, r0, t1, r1, ...] = sum_kh w[g, ci, co, kh...] * table_i[t_i, r_i,
+    kh_i]``: evaluated at compile time for a constant weight, else one contraction on chip
+    with the product of the tables (a constant)."""
+    nd = len(kernel)
+    letters = "abcdefghij"
+    if ctx.is_const(w):
+        weight = ctx.constants[w].astype(np.float32, copy=False)
+        weight = weight.reshape((group, cg, co) + tuple(kernel))
+        spec = "GIO" + letters[:nd]
+        outs = "GIO"
+        args = [weight]
+        for i in range(nd):
+            spec += f",{'tuvwxyz'[i]}{'RSTUVW'[i]}{letters[i]}"
+            outs += f"{'tuvwxyz'[i]}{'RSTUVW'[i]}"
+            args.append(tables[i])
+        return ctx.constant(f"{w}/phased", np.einsum(f"{spec}->{outs}", *args))
+    table = tables[0]  # the tables' product, [t0, r0, kh0, t1, r1, kh1, ...]
+    for t in tables[1:]:
+        table = np.multiply.outer(table, t)
+    table_name = ctx.constant(f"{w}/phases", table)
+    t_axes = [f"pt{i}" for i in range(nd)]
+    r_axes = [f"pr{i}" for i in range(nd)]
+    k_axes = [f"pk{i}" for i in range(nd)]
+    wg = ctx.fresh(w)
+    ctx.view(wg, w, (group, cg, co) + tuple(kernel))
+    axes = [("g", group), ("ci", cg), ("co", co)]
+    axes += [(a, n) for i in range(nd)
+             for a, n in ((t_axes[i], tables[i].shape[0]), (r_axes[i], tables[i].shape[1]))]
+    axes += list(zip(k_axes, kernel))
+    phased = ctx.fresh(f"{w}/phased")
+    _emit(ctx, node, f"{node.name or node.output[0]}/phases", axes, phased,
+          ["g", "ci", "co", *[a for i in range(nd) for a in (t_axes[i], r_axes[i])]],
+          [(wg, ["g", "ci", "co", *k_axes]),
+           (table_name, [a for i in range(nd) for a in (t_axes[i], r_axes[i], k_axes[i])])],
+          "sum", ("mul", ("in", 0), ("in", 1)))
+    return phased
+
+
 def _pool(ctx: Context, node: onnx.NodeProto, kind: str, kernel: list[int],
           strides: list[int] | None, dilations: list[int] | None, pads: list[int] | None,
-          auto_pad: str, ceil_mode: int, count_include_pad: int = 0) -> None:
+          auto_pad: str, ceil_mode: int, count_include_pad: int = 0,
+          storage_order: int = 0) -> None:
     x = node.input[0]
     xs = ctx.shape(x)
     st, dil, begin, end, out = _spatial(ctx, node, xs, kernel, strides, dilations, pads,
@@ -251,6 +308,8 @@ def _pool(ctx: Context, node: onnx.NodeProto, kind: str, kernel: list[int],
             inputs.append((mask, list(windows)))
             body = ("where", ("in", 1), ("in", 0), ("const", float("-inf")))
         _emit(ctx, node, base, axes, node.output[0], ["n", "c", *o_axes], inputs, "max", body)
+        if len(node.output) > 1 and node.output[1]:
+            _argmax(ctx, node, base, axes, windows, o_axes, inputs, storage_order)
         return
     counts = padded if count_include_pad else inside
     total = counts[0].astype(np.float64)
@@ -270,10 +329,11 @@ def MaxPool(ctx: Context, node: onnx.NodeProto, kernel_shape: list[int] | None =
             auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: list[int] | None = None,
             pads: list[int] | None = None, storage_order: int = 0,
             strides: list[int] | None = None) -> None:
-    if len(node.output) > 1 and node.output[1]:
-        raise Unsupported("MaxPool's Indices output (argmax positions) is not supported")
+    if storage_order and len(node.output) > 1 and node.output[1] and len(kernel_shape or []) != 2:
+        raise Unsupported("MaxPool's Indices in column-major order (storage_order=1) of a "
+                          "pooling that is not 2-D")
     _pool(ctx, node, "max", list(kernel_shape or []), strides, dilations, pads, auto_pad,
-          ceil_mode)
+          ceil_mode, storage_order=storage_order)
 
 
 @register("AveragePool", 1)
@@ -285,19 +345,23 @@ def AveragePool(ctx: Context, node: onnx.NodeProto, kernel_shape: list[int] | No
           ceil_mode, count_include_pad)
 
 
-def _global_pool(combine: str):
-    def lower(ctx: Context, node: onnx.NodeProto) -> None:
-        x = node.input[0]
-        xs = ctx.shape(x)
-        count = math.prod(xs[2:])
-        body: Body = ("mul", ("in", 0), ("const", 1.0 / count)) if combine == "sum" \
-            else ("in", 0)
-        reduce(ctx, node, x, list(range(2, len(xs))), True, combine, lambda v: body)
-    return lower
+def _global_pool(ctx: Context, node: onnx.NodeProto, combine: str) -> None:
+    x = node.input[0]
+    xs = ctx.shape(x)
+    count = math.prod(xs[2:])
+    body: Body = ("mul", ("in", 0), ("const", 1.0 / count)) if combine == "sum" \
+        else ("in", 0)
+    reduce(ctx, node, x, list(range(2, len(xs))), True, combine, lambda v: body)
 
 
-register("GlobalAveragePool", 1)(_global_pool("sum"))
-register("GlobalMaxPool", 1)(_global_pool("max"))
+@register("GlobalAveragePool", 1)
+def GlobalAveragePool(ctx: Context, node: onnx.NodeProto) -> None:
+    _global_pool(ctx, node, "sum")
+
+
+@register("GlobalMaxPool", 1)
+def GlobalMaxPool(ctx: Context, node: onnx.NodeProto) -> None:
+    _global_pool(ctx, node, "max")
 
 
 # -- reductions -----------------------------------------------------------------------------
@@ -328,36 +392,66 @@ def _reduce_axes(ctx: Context, node: onnx.NodeProto, rank: int, axes: list[int] 
     return sorted({a % rank for a in axes})
 
 
-def _reduction(combine: str, summand, post: str | None = None):
-    def lower(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+def _reduction(ctx: Context, node: onnx.NodeProto, combine: str, summand,
+               post: str | None, axes: list[int] | None, keepdims: int,
+               noop_with_empty_axes: int) -> None:
+    """``post(combine over the axes of summand(x, count))`` (axes as an attribute before
+    opset 13 or 18, as the second input after)."""
+    x = node.input[0]
+    shape = ctx.shape(x)
+    red = _reduce_axes(ctx, node, len(shape), axes, noop_with_empty_axes)
+    if red is None:
+        ctx.view(node.output[0], x, shape)
+        return
+    count = math.prod(shape[i] for i in red)
+    if post is None:
+        reduce(ctx, node, x, red, bool(keepdims), combine, lambda v: summand(v, count))
+        return
+    tmp = ctx.fresh(node.output[0])
+    reduce(ctx, node, x, red, bool(keepdims), combine, lambda v: summand(v, count), out=tmp)
+    ctx.elementwise(node, [tmp], lambda v: (post, v),
+                    name=f"{node.name or node.output[0]}/{post}")
+
+
+@register("ReduceSum", 1)
+def ReduceSum(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
               keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
-        x = node.input[0]
-        shape = ctx.shape(x)
-        red = _reduce_axes(ctx, node, len(shape), axes, noop_with_empty_axes)
-        if red is None:
-            ctx.view(node.output[0], x, shape)
-            return
-        count = math.prod(shape[i] for i in red)
-        if post is None:
-            reduce(ctx, node, x, red, bool(keepdims), combine, lambda v: summand(v, count))
-            return
-        tmp = ctx.fresh(node.output[0])
-        reduce(ctx, node, x, red, bool(keepdims), combine, lambda v: summand(v, count), out=tmp)
-        ctx.elementwise(node, [tmp], lambda v: (post, v),
-                        name=f"{node.name or node.output[0]}/{post}")
-    return lower
+    _reduction(ctx, node, "sum", lambda v, n: v, None, axes, keepdims, noop_with_empty_axes)
 
 
-_REDUCTIONS = {
-    "ReduceSum": ("sum", lambda v, n: v, None),
-    "ReduceMean": ("sum", lambda v, n: ("mul", v, ("const", 1.0 / n)), None),
-    "ReduceMax": ("max", lambda v, n: v, None),
-    "ReduceMin": ("max", lambda v, n: ("neg", v), "neg"),  # min x = -max(-x)
-    "ReduceSumSquare": ("sum", lambda v, n: ("square", v), None),
-    "ReduceL2": ("sum", lambda v, n: ("square", v), "sqrt"),
-}
-for _op, (_combine, _summand, _post) in _REDUCTIONS.items():
-    register(_op, 1)(_reduction(_combine, _summand, _post))
+@register("ReduceMean", 1)
+def ReduceMean(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+               keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    _reduction(ctx, node, "sum", lambda v, n: ("mul", v, ("const", 1.0 / n)), None, axes,
+               keepdims, noop_with_empty_axes)
+
+
+@register("ReduceMax", 1)
+def ReduceMax(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+              keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    _reduction(ctx, node, "max", lambda v, n: v, None, axes, keepdims, noop_with_empty_axes)
+
+
+@register("ReduceMin", 1)
+def ReduceMin(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+              keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    # min x = -max(-x)
+    _reduction(ctx, node, "max", lambda v, n: ("neg", v), "neg", axes, keepdims,
+               noop_with_empty_axes)
+
+
+@register("ReduceSumSquare", 1)
+def ReduceSumSquare(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+                    keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    _reduction(ctx, node, "sum", lambda v, n: ("square", v), None, axes, keepdims,
+               noop_with_empty_axes)
+
+
+@register("ReduceL2", 1)
+def ReduceL2(ctx: Context, node: onnx.NodeProto, axes: list[int] | None = None,
+             keepdims: int = 1, noop_with_empty_axes: int = 0) -> None:
+    _reduction(ctx, node, "sum", lambda v, n: ("square", v), "sqrt", axes, keepdims,
+               noop_with_empty_axes)
 
 
 # -- softmax --------------------------------------------------------------------------------
@@ -384,18 +478,32 @@ def softmax(ctx: Context, node: onnx.NodeProto, red: list[int], log: bool) -> No
              [xin, Operand(mx, kept), Operand(total, kept)], None, body)
 
 
-def _softmax(log: bool, coerced: bool):
-    def lower(ctx: Context, node: onnx.NodeProto, axis: int = 1 if coerced else -1) -> None:
-        rank = len(ctx.shape(node.input[0]))
-        axis %= rank
-        # before opset 13 the input is read as a 2-D matrix split at `axis`
-        softmax(ctx, node, list(range(axis, rank)) if coerced else [axis], log)
-    return lower
+def _softmax_node(ctx: Context, node: onnx.NodeProto, axis: int, log: bool,
+                  coerced: bool) -> None:
+    rank = len(ctx.shape(node.input[0]))
+    axis %= rank
+    # before opset 13 the input is read as a 2-D matrix split at `axis`
+    softmax(ctx, node, list(range(axis, rank)) if coerced else [axis], log)
 
 
-for _op, _log in (("Softmax", False), ("LogSoftmax", True)):
-    register(_op, 1)(_softmax(_log, coerced=True))
-    register(_op, 13)(_softmax(_log, coerced=False))
+@register("Softmax", 1)
+def Softmax_1(ctx: Context, node: onnx.NodeProto, axis: int = 1) -> None:
+    _softmax_node(ctx, node, axis, log=False, coerced=True)
+
+
+@register("Softmax", 13)
+def Softmax(ctx: Context, node: onnx.NodeProto, axis: int = -1) -> None:
+    _softmax_node(ctx, node, axis, log=False, coerced=False)
+
+
+@register("LogSoftmax", 1)
+def LogSoftmax_1(ctx: Context, node: onnx.NodeProto, axis: int = 1) -> None:
+    _softmax_node(ctx, node, axis, log=True, coerced=True)
+
+
+@register("LogSoftmax", 13)
+def LogSoftmax(ctx: Context, node: onnx.NodeProto, axis: int = -1) -> None:
+    _softmax_node(ctx, node, axis, log=True, coerced=False)
 
 
 # -- normalisation --------------------------------------------------------------------------
@@ -431,12 +539,23 @@ def normalize(ctx: Context, node: onnx.NodeProto, x: str, red: list[int], epsilo
 @register("LayerNormalization", 17)
 def LayerNormalization(ctx: Context, node: onnx.NodeProto, axis: int = -1,
                        epsilon: float = 1e-5, stash_type: int = 1) -> None:
-    if len(node.output) > 1 and any(node.output[1:]):
-        raise Unsupported("LayerNormalization's Mean and InvStdDev outputs are not supported")
-    rank = len(ctx.shape(node.input[0]))
+    shape = ctx.shape(node.input[0])
+    rank = len(shape)
     axis %= rank
     normalize(ctx, node, node.input[0], list(range(axis, rank)), epsilon,
               [n for n in node.input[1:3] if n])
+    # the optional outputs are steps of the chain: the mean, and 1 / sqrt(var + eps), both
+    # with the normalised dimensions kept as ones
+    base = node.name or node.output[0]
+    stats = tuple(shape[:axis]) + (1,) * (rank - axis)
+    outs = list(node.output) + [""] * (3 - len(node.output))
+    if outs[1]:
+        ctx.view(outs[1], f"{base}/mean", stats)
+    if outs[2]:
+        var = ctx.fresh(outs[2])
+        ctx.view(var, f"{base}/var", stats)
+        ctx.elementwise(node, [var], lambda v: ("rsqrt", ("add", v, ("const", float(epsilon)))),
+                        out=outs[2], name=f"{base}/inv_std_dev")
 
 
 def _per_channel(ctx: Context, name: str, rank: int) -> str:
@@ -467,12 +586,42 @@ def BatchNormalization(ctx: Context, node: onnx.NodeProto, epsilon: float = 1e-5
     if not spatial:
         raise Unsupported("spatial=0 (per-element statistics)")
     x, scale, bias, mean, var = node.input
+    rank = len(ctx.shape(x))
+    if not all(ctx.is_const(n) for n in (scale, bias, mean, var)):
+        # computed statistics: the same formula, evaluated on chip
+        params = [_per_channel(ctx, n, rank) for n in (scale, bias, mean, var)]
+        ctx.elementwise(node, [x, *params], lambda a, s, b, m, v: (
+            "add", ("mul", ("mul", ("sub", a, m), s),
+                    ("rsqrt", ("add", v, ("const", float(epsilon))))), b))
+        return
     values = [ctx.const(n, "BatchNormalization's scale, bias, mean and variance")
               .astype(np.float64) for n in (scale, bias, mean, var)]
     s = values[0] / np.sqrt(values[3] + epsilon)
     t = values[1] - values[2] * s
-    rank = len(ctx.shape(x))
     shape = (len(s),) + (1,) * (rank - 2)
     s_name = ctx.constant(f"{scale}/bn_scale", s.reshape(shape))
     t_name = ctx.constant(f"{bias}/bn_shift", t.reshape(shape))
     ctx.elementwise(node, [x, s_name, t_name], lambda a, b, c: ("add", ("mul", a, b), c))
+
+
+@register("LRN", 1)
+def LRN(ctx: Context, node: onnx.NodeProto, size: int = 0, alpha: float = 0.0001,
+        beta: float = 0.75, bias: float = 1.0) -> None:
+    """``y = x / (bias + alpha / size * sum of x^2 over the size channels around c)^beta``:
+    a sum of squares read through a window along the channels (reads outside the tensor are
+    zero, as the spec's sum leaves them out), then one elementwise step."""
+    if size < 1:
+        raise Unsupported(f"size={size} (the attribute is required and positive)")
+    x = node.input[0]
+    xs = ctx.shape(x)
+    lo = (size - 1) // 2
+    rest = [f"s{i}" for i in range(len(xs) - 2)]
+    axes = [("n", xs[0]), ("c", xs[1])] + list(zip(rest, xs[2:])) + [("k", size)]
+    base = node.name or node.output[0]
+    sums = ctx.fresh(node.output[0])
+    _emit(ctx, node, f"{base}/sum", axes, sums, ["n", "c", *rest],
+          [(x, ["n", Window((("c", 1), ("k", 1)), -lo), *rest])], "sum",
+          ("square", ("in", 0)))
+    ctx.elementwise(node, [x, sums], lambda v, s: ("div", v, (
+        "pow", ("add", ("const", float(bias)), ("mul", s, ("const", alpha / size))),
+        ("const", float(beta)))), name=base)

@@ -34,50 +34,82 @@ def _const(x: float) -> Body:
 
 # -- arithmetic -----------------------------------------------------------------------------
 
-def _binary(fn: str):
-    def lower(ctx: Context, node: onnx.NodeProto) -> None:
-        ctx.elementwise(node, list(node.input), lambda a, b: (fn, a, b))
-    lower.__name__ = fn
-    return lower
+def _binary(ctx: Context, node: onnx.NodeProto, fn: str) -> None:
+    """``fn(A, B)`` with numpy broadcasting."""
+    ctx.elementwise(node, list(node.input), lambda a, b: (fn, a, b))
 
 
-def _legacy_binary(fn: str):
+def _legacy_binary(ctx: Context, node: onnx.NodeProto, fn: str, broadcast: int,
+                   axis: int | None) -> None:
     """Opset 1-6 arithmetic: no numpy broadcasting, but ``broadcast=1`` aligns B with A at
     ``axis`` (by default at A's trailing dimensions)."""
-
-    def lower(ctx: Context, node: onnx.NodeProto, broadcast: int = 0, axis: int | None = None,
-              consumed_inputs: list[int] | None = None) -> None:
-        a, b = node.input
-        sa, sb = ctx.shape(a), ctx.shape(b)
-        if broadcast and len(sb) < len(sa) and sb:
-            start = len(sa) - len(sb) if axis is None else axis % len(sa)
-            trailing = len(sa) - start - len(sb)
-            if trailing:
-                shaped = ctx.fresh(b)
-                ctx.view(shaped, b, tuple(sb) + (1,) * trailing)
-                b = shaped
-        elif not broadcast and sa != sb and int(np.prod(sb)) != 1:
-            raise Unsupported(f"shapes {sa} and {sb} differ and broadcast=0")
-        ctx.elementwise(node, [a, b], lambda x, y: (fn, x, y))
-    lower.__name__ = fn
-    return lower
+    a, b = node.input
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    if broadcast and len(sb) < len(sa) and sb:
+        start = len(sa) - len(sb) if axis is None else axis % len(sa)
+        trailing = len(sa) - start - len(sb)
+        if trailing:
+            shaped = ctx.fresh(b)
+            ctx.view(shaped, b, tuple(sb) + (1,) * trailing)
+            b = shaped
+    elif not broadcast and sa != sb and math.prod(sb) != 1:
+        raise Unsupported(f"shapes {sa} and {sb} differ and broadcast=0")
+    ctx.elementwise(node, [a, b], lambda x, y: (fn, x, y))
 
 
-def _unary(fn: str):
-    def lower(ctx: Context, node: onnx.NodeProto) -> None:
-        ctx.elementwise(node, [node.input[0]], lambda x: (fn, x))
-    lower.__name__ = fn
-    return lower
+def _unary(ctx: Context, node: onnx.NodeProto, fn: str) -> None:
+    ctx.elementwise(node, [node.input[0]], lambda x: (fn, x))
 
 
-for _op, _fn in (("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div")):
-    register(_op, 1)(_legacy_binary(_fn))
-    register(_op, 7)(_binary(_fn))
+@register("Add", 1)
+def Add_1(ctx: Context, node: onnx.NodeProto, broadcast: int = 0, axis: int | None = None,
+          consumed_inputs: list[int] | None = None) -> None:
+    _legacy_binary(ctx, node, "add", broadcast, axis)
+
+
+@register("Add", 7)
+def Add(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "add")
+
+
+@register("Sub", 1)
+def Sub_1(ctx: Context, node: onnx.NodeProto, broadcast: int = 0, axis: int | None = None,
+          consumed_inputs: list[int] | None = None) -> None:
+    _legacy_binary(ctx, node, "sub", broadcast, axis)
+
+
+@register("Sub", 7)
+def Sub(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "sub")
+
+
+@register("Mul", 1)
+def Mul_1(ctx: Context, node: onnx.NodeProto, broadcast: int = 0, axis: int | None = None,
+          consumed_inputs: list[int] | None = None) -> None:
+    _legacy_binary(ctx, node, "mul", broadcast, axis)
+
+
+@register("Mul", 7)
+def Mul(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "mul")
+
+
+@register("Div", 1)
+def Div_1(ctx: Context, node: onnx.NodeProto, broadcast: int = 0, axis: int | None = None,
+          consumed_inputs: list[int] | None = None) -> None:
+    _legacy_binary(ctx, node, "div", broadcast, axis)
+
+
+@register("Div", 7)
+def Div(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "div")
+
+
 @register("Pow", 1)
 def Pow_1(ctx: Context, node: onnx.NodeProto, broadcast: int = 0,
           axis: int | None = None) -> None:
     if broadcast:
-        _legacy_binary("pow")(ctx, node, broadcast=broadcast, axis=axis)
+        _legacy_binary(ctx, node, "pow", broadcast, axis)
     else:
         Pow(ctx, node)
 
@@ -93,38 +125,102 @@ def Pow(ctx: Context, node: onnx.NodeProto) -> None:
             ctx.elementwise(node, [base], simple[e])
             return
     ctx.elementwise(node, [base, exponent], lambda a, b: ("pow", a, b))
-for _op, _fn in (("Relu", "relu"), ("Erf", "erf"), ("Tanh", "tanh"), ("Sigmoid", "sigmoid"),
-                 ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"),
-                 ("Abs", "abs"), ("Reciprocal", "recip")):
-    register(_op, 6)(_unary(_fn))
-register("Sin", 7)(_unary("sin"))
-register("Cos", 7)(_unary("cos"))
+@register("Relu", 6)
+def Relu(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "relu")
 
 
-def _variadic(fn: str, scale: float | None = None):
-    """Max, Min, Sum, Mean: a left fold of the binary function over every input."""
-
-    def lower(ctx: Context, node: onnx.NodeProto) -> None:
-        names = [n for n in node.input if n]
-
-        def body(*leaves: Body) -> Body:
-            acc = leaves[0]
-            for leaf in leaves[1:]:
-                acc = (fn, acc, leaf)
-            return ("mul", acc, _const(scale / len(leaves))) if scale else acc
-
-        if len(names) == 1:
-            ctx.view(node.output[0], names[0], ctx.shape(names[0]))
-            return
-        ctx.elementwise(node, names, body)
-    return lower
+@register("Erf", 6)
+def Erf(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "erf")
 
 
-for _since in (6, 8):  # opset 8 added numpy broadcasting, which `elementwise` always does
-    register("Max", _since)(_variadic("max"))
-    register("Min", _since)(_variadic("min"))
-    register("Sum", _since)(_variadic("add"))
-    register("Mean", _since)(_variadic("add", 1.0))
+@register("Tanh", 6)
+def Tanh(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "tanh")
+
+
+@register("Sigmoid", 6)
+def Sigmoid(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "sigmoid")
+
+
+@register("Exp", 6)
+def Exp(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "exp")
+
+
+@register("Log", 6)
+def Log(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "log")
+
+
+@register("Sqrt", 6)
+def Sqrt(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "sqrt")
+
+
+@register("Neg", 6)
+def Neg(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "neg")
+
+
+@register("Abs", 6)
+def Abs(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "abs")
+
+
+@register("Reciprocal", 6)
+def Reciprocal(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "recip")
+
+
+@register("Sin", 7)
+def Sin(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "sin")
+
+
+@register("Cos", 7)
+def Cos(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "cos")
+
+
+def _variadic(ctx: Context, node: onnx.NodeProto, fn: str, mean: bool = False) -> None:
+    """Max, Min, Sum, Mean: a left fold of the binary function over every input (numpy
+    broadcasting, which opset 8 added and `Context.elementwise` always does, so one lowering
+    serves opsets 6 and 8)."""
+    names = [n for n in node.input if n]
+
+    def body(*leaves: Body) -> Body:
+        acc = leaves[0]
+        for leaf in leaves[1:]:
+            acc = (fn, acc, leaf)
+        return ("mul", acc, _const(1.0 / len(leaves))) if mean else acc
+
+    if len(names) == 1:
+        ctx.view(node.output[0], names[0], ctx.shape(names[0]))
+        return
+    ctx.elementwise(node, names, body)
+
+
+@register("Max", 6)
+def Max(ctx: Context, node: onnx.NodeProto) -> None:
+    _variadic(ctx, node, "max")
+
+
+@register("Min", 6)
+def Min(ctx: Context, node: onnx.NodeProto) -> None:
+    _variadic(ctx, node, "min")
+
+
+@register("Sum", 6)
+def Sum(ctx: Context, node: onnx.NodeProto) -> None:
+    _variadic(ctx, node, "add")
+
+
+@register("Mean", 6)
+def Mean(ctx: Context, node: onnx.NodeProto) -> None:
+    _variadic(ctx, node, "add", mean=True)
 
 
 # -- activations ----------------------------------------------------------------------------
@@ -238,11 +334,44 @@ def Clip(ctx: Context, node: onnx.NodeProto) -> None:
 
 # -- comparisons and logic: 0/1 floats ------------------------------------------------------
 
-for _op, _fn, _since in (("Equal", "eq", 7), ("Less", "lt", 7), ("Greater", "gt", 7),
-                         ("LessOrEqual", "le", 12), ("GreaterOrEqual", "ge", 12),
-                         ("And", "and", 7), ("Or", "or", 7)):
-    register(_op, _since)(_binary(_fn))
-register("Not", 1)(_unary("not"))
+@register("Equal", 7)
+def Equal(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "eq")
+
+
+@register("Less", 7)
+def Less(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "lt")
+
+
+@register("Greater", 7)
+def Greater(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "gt")
+
+
+@register("LessOrEqual", 12)
+def LessOrEqual(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "le")
+
+
+@register("GreaterOrEqual", 12)
+def GreaterOrEqual(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "ge")
+
+
+@register("And", 7)
+def And(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "and")
+
+
+@register("Or", 7)
+def Or(ctx: Context, node: onnx.NodeProto) -> None:
+    _binary(ctx, node, "or")
+
+
+@register("Not", 1)
+def Not(ctx: Context, node: onnx.NodeProto) -> None:
+    _unary(ctx, node, "not")
 
 
 @register("IsNaN", 9)
@@ -272,15 +401,44 @@ FLOAT_TYPES = {"float32", "float64", "float16", "bfloat16"}
 INT_TYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
 
 
+def _round_bits(x: Body, bits: int) -> Body:
+    """``x`` rounded to the nearest float with ``bits`` significant bits, in float32
+    arithmetic (Veltkamp's split: ``c = x * (2^(24 - bits) + 1)``, then ``c - (c - x)``)."""
+    c = ("mul", x, _const(2.0 ** (24 - bits) + 1))
+    return ("sub", c, ("sub", c, x))
+
+
+def _to_float16(x: Body) -> Body:
+    """``x`` rounded to float16: 11 significant bits; below 2^-14 multiples of 2^-24 (the
+    subnormals: adding and removing 0.75 leaves that spacing); from 65520 up, infinity."""
+    sub = ("sub", ("add", x, _const(0.75)), _const(0.75))
+    finite = ("where", ("lt", ("abs", x), _const(2.0 ** -14)), sub, _round_bits(x, 11))
+    return ("where", ("ge", ("abs", x), _const(65520.0)), ("mul", x, _const(math.inf)), finite)
+
+
+def _to_bfloat16(x: Body) -> Body:
+    """``x`` rounded to bfloat16: 8 significant bits (float32's exponent range; the split's
+    product would overflow above 2^100, so large values are split scaled down by 2^-64)."""
+    big = ("mul", _round_bits(("mul", x, _const(2.0 ** -64)), 8), _const(2.0 ** 64))
+    return ("where", ("gt", ("abs", x), _const(2.0 ** 100)), big, _round_bits(x, 8))
+
+
+#: the float types narrower than float32: a cast to one rounds the value to it
+NARROW_FLOATS = {"float16": _to_float16, "bfloat16": _to_bfloat16}
+
+
 @register("Cast", 6)
 def Cast(ctx: Context, node: onnx.NodeProto, to: int = 1, saturate: int = 1,
          round_mode: str = "up") -> None:
     """Every computed tensor is float32 on chip; a cast changes values only when it rounds a
-    float to an integer (towards zero) or maps a number to bool (nonzero is true)."""
+    float to float16 or bfloat16 (to nearest) or to an integer (towards zero), or maps a
+    number to bool (nonzero is true)."""
     x = node.input[0]
     src = ctx.onnx_dtype(x)
     dst = onnx.helper.tensor_dtype_to_np_dtype(to).name
-    if dst in FLOAT_TYPES and src in FLOAT_TYPES | {"bool"}:
+    if dst in NARROW_FLOATS and src in {"float32", "float64"} | INT_TYPES:
+        ctx.elementwise(node, [x], lambda v: NARROW_FLOATS[dst](v))
+    elif dst in FLOAT_TYPES and src in FLOAT_TYPES | {"bool"}:
         ctx.view(node.output[0], x, ctx.shape(x))
     elif dst in FLOAT_TYPES and src in INT_TYPES:
         ctx.elementwise(node, [x], lambda v: v)  # an integer input becomes a float activation

@@ -10,6 +10,7 @@ import time
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
+from .bounds import Bounds, bounds
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
 from .cost import plan_cost
 from .cpsat import Progress
@@ -21,8 +22,8 @@ from .space import Space, baseline_options, op_keys, space_of, tensor_sets, unio
 from .transitions import edge_cost
 from .verify import verify_plan
 
-__all__ = ["Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions", "PlanError",
-           "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
+__all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
+           "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost"]
 
 
@@ -77,6 +78,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     search_wall = time.perf_counter() - start
     fronts = [list(f) for f in space.fronts]
     check_fit(graph, chip, fronts, list(space.smallest))
+    plan_bounds = bounds(graph, chip, dtype, fronts)
     if sum(space.least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
         raise DoesNotFitError(diagnose(graph, chip, fronts, list(space.least_cold), "RESIDENT",
@@ -112,6 +114,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
             time_limit_s=solver.time_limit_s),
         search_wall_s=search_wall,
+        bounds=plan_bounds,
     )
 
 

@@ -2,13 +2,14 @@
 
 Kept apart from `partition/__init__.py` (which builds plans) so that the verifier, codegen and
 the file formats can use the type without importing the search and the solver: nothing here
-imports another module of the stage except `plan.py`.
+imports another module of the stage except `plan.py` and `bounds.py`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .bounds import Bounds
 from .plan import OpPlan
 
 
@@ -70,6 +71,8 @@ class Plan:
     front_sizes: tuple[int, ...]
     solver: SolverReport = HAND_MADE
     search_wall_s: float = 0.0
+    #: the roofline and ideal lower bounds (`partition.bounds`); None for a hand-made plan
+    bounds: Bounds | None = None
 
     @property
     def total_cycles(self) -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from t10c.dtypes import STORAGE_DTYPES, dtype_bytes
+from t10c.dtypes import STORAGE_DTYPES, ceil_div, dtype_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -119,18 +119,18 @@ class Chip:
     def matmul_cycles(self, m: int, k: int, n: int, batch: int, dtype: str) -> int:
         """Cycles for ``batch`` products of (m x k) by (k x n) on one core's matrix unit."""
         uk, un = self.matmul_unit
-        macs = batch * m * (-(-k // uk) * uk) * (-(-n // un) * un)
-        return self.compute_overhead_cycles + -(-macs // self.matmul_macs_per_cycle[dtype])
+        macs = batch * m * (ceil_div(k, uk) * uk) * (ceil_div(n, un) * un)
+        return self.compute_overhead_cycles + ceil_div(macs, self.matmul_macs_per_cycle[dtype])
 
     def vector_cycles(self, ops: int, dtype: str) -> int:
         """Cycles for ``ops`` elementwise operations on one core's vector unit."""
-        return self.compute_overhead_cycles + -(-ops // self.vector_ops_per_cycle[dtype])
+        return self.compute_overhead_cycles + ceil_div(ops, self.vector_ops_per_cycle[dtype])
 
     def transfer_cycles(self, bytes_per_core: int, hops: int = 1) -> int:
         """Cycles for each core to receive ``bytes_per_core`` (the exchange phase, no barrier)."""
         if bytes_per_core <= 0:
             return 0
-        return self.hop_latency_cycles * hops + -(-bytes_per_core // self.link_bytes_per_cycle)
+        return self.hop_latency_cycles * hops + ceil_div(bytes_per_core, self.link_bytes_per_cycle)
 
 
 _IPU_SRC = "Graphcore IPU-M2000 / GC200 datasheet (docs.graphcore.ai); T10 (SOSP 2024)"

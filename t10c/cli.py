@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emulate the timing without data (no onnxruntime check): for chips too "
                         "large to emulate functionally, such as wse2; the program is streamed "
                         "into the emulator, not kept")
+    c.add_argument("--check", action="store_true",
+                   help="also run the verifiers between stages: the graph's after the "
+                        "frontend and the program's (against the chip) after codegen (the "
+                        "plan's runs always)")
     c.add_argument("--trace", type=new_file_arg, metavar="FILE",
                    help="with --run or --timing-only, write the timeline as a Chrome trace "
                         "(Perfetto opens it)")
@@ -132,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated (default: ipu-mk2)")
     b.add_argument("--json", type=new_file_arg, metavar="FILE",
                    help="also write the rows as JSON")
+    b.add_argument("--timing-only", action="store_true",
+                   help="time every plan without data (no onnxruntime check): for models too "
+                        "large to emulate functionally, such as bert-large at batch 8")
     model_args(b)
 
     mc = sub.add_parser("mesh-compare",
@@ -273,8 +280,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _base_options(args: argparse.Namespace):
     from t10c.driver import CompileOptions
 
+    timing_only = bool(getattr(args, "timing_only", False))
     return CompileOptions(dtype=args.dtype, seq_len=args.seq_len, batch=args.batch,
-                          pinned=dict(args.shape), search=search_options(args))
+                          pinned=dict(args.shape), search=search_options(args),
+                          timing_only=timing_only, weights=not timing_only)
 
 
 def _entries(models: list[str], chips: list[str], strategies: list[str],
@@ -436,8 +445,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     entries = _entries(args.models, args.chips, list(DEFAULT_STRATEGIES), args, slim=True)
     base = [s for s in DEFAULT_STRATEGIES if s != "t10"]  # the baselines
     head = ["model", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
-            *(f"vs {s}" for s in base), "of roofline", "emulation (s)", "onnxruntime (s)",
-            "matches"]
+            *(f"vs {s}" for s in base), "of roofline", "of ideal", "emulation (s)",
+            "onnxruntime (s)", "matches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     groups: dict[tuple[str, str], dict[str, Entry]] = {}
@@ -452,13 +461,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         def x(v: float) -> str:
             return "-" if math.isnan(v) else f"{v:.2f}x"
 
+        def checked(e: Entry) -> bool:
+            return e.result is not None and not e.result.timing_only
+
         ok = all(e.result is None or e.result.ok for e in by.values())
         row = [model, chip, f"{t10.compile_s:.2f}", *(us(by[s]) for s in DEFAULT_STRATEGIES),
                *(x(speedup(entries, t10, s)) for s in base),
                f"{100 * t10.roofline_fraction:.1f}%" if t10.result else "-",
-               f"{t10.result.emulate_wall_s:.2f}" if t10.result else "-",
-               f"{t10.result.reference_wall_s:.3f}" if t10.result else "-",
-               "yes" if ok else "NO"]
+               f"{100 * t10.ideal_fraction:.1f}%" if t10.result else "-",
+               f"{t10.result.emulate_wall_s:.2f}" if checked(t10) else "-",
+               f"{t10.result.reference_wall_s:.3f}" if checked(t10) else "-",
+               "timing only" if args.timing_only else "yes" if ok else "NO"]
         lines.append("| " + " | ".join(row) + " |")
         rows.append(dict(zip(head, row)))
     print("\n".join(lines))
@@ -494,7 +507,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.emulator import EmulatorError
     from t10c.frontend import FrontendError, ModelNotFoundError
     from t10c.partition import PlanError, SolverOptions
-    from t10c.planfile import run_document, write_json
+    from t10c.planfile import run_document, timing_run_document, write_json
     from t10c.strategies import search_options as strategy_search
 
     problem = _check_compile_args(args)
@@ -511,7 +524,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                              planner=args.planner, relative_gap=args.gap),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
-        front_limit=args.front, timing_only=args.timing_only)
+        front_limit=args.front, timing_only=args.timing_only, check=args.check)
     progress = StageProgress()
     try:
         try:
@@ -550,6 +563,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                      f"{compiled.name} on {chip.name} (timing only)")
     if args.out:
         _write_compile(compiled, args)
+        if compiled.timeline is not None:  # read like a functional run's run.json
+            write_json(args.out / "run.json", timing_run_document(compiled))
     status = 0
     if args.run:
         with StageProgress() as progress:
@@ -560,6 +575,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         tl = result.timeline
         print(f"emulated latency {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; peak SRAM "
               f"{tl.peak_sram_bytes_per_core} bytes per core")
+        print(_bounds_line(compiled.plan, tl.cycles))
         if chip.is_mesh:
             print(_mesh_summary(tl))
         print(f"max relative error vs onnxruntime {result.max_rel_err:.2e} "
@@ -575,9 +591,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   "tolerance", file=sys.stderr)
             status = EXIT_FAIL
     if args.out:
-        files = "plan.json, compile.json" if args.timing_only else \
-            "plan.json, compile.json, program.json, program.npz"
-        print(f"wrote {args.out}/{files}" + (", run.json" if args.run else ""))
+        print(f"wrote {args.out}: {', '.join(sorted(p.name for p in args.out.iterdir()))}")
     return status
 
 
@@ -608,8 +622,20 @@ def _print_summary(compiled, timing_only: bool) -> None:
         tl = compiled.timeline
         print(f"emulated latency (timing only) {tl.cycles} cycles = {tl.latency_s * 1e6:.1f} us; "
               f"peak SRAM {tl.peak_sram_bytes_per_core} bytes per core")
+        print(_bounds_line(plan, tl.cycles))
         if chip.is_mesh:
             print(_mesh_summary(tl))
+
+
+def _bounds_line(plan, cycles: int) -> str:
+    """The emulated latency against the plan's lower bounds (`partition.bounds`)."""
+    b = plan.bounds
+    if b is None:
+        return "bounds: none (a plan made by hand)"
+    roof, ideal = b.fractions(cycles)
+    return (f"bounds: {100 * roof:.1f}% of the compute roofline ({b.roofline_cycles} cycles), "
+            f"{100 * ideal:.1f}% of the ideal ({b.ideal_cycles} cycles: every op at its "
+            f"fastest plan, no memory limit, no re-layout)")
 
 
 def _write_compile(compiled, args: argparse.Namespace) -> None:

@@ -6,7 +6,8 @@ against onnxruntime like t10c's own plans. On a mesh, the emulator routes the al
 transfers on the real mesh, so comparing them with ``t10`` shows what the mesh-aware embedding
 and costs are worth (`t10c mesh-compare`).
 
-The roofline of a run is the model's FLOPs at the chip's peak matrix rate in the storage dtype.
+A run is judged against its plan's bounds (`t10c.partition.bounds`): the roofline (the
+model's FLOPs at the chip's peak matrix rate in the storage dtype) and the ideal.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from t10c.driver import (
     compile_model,
     run_compiled,
 )
+from t10c.partition import Bounds
 from t10c.strategies import search_options
 
 
@@ -47,6 +49,7 @@ class Entry:
     flops: int = 0
     dtype: str = "fp16"
     compile_wall_s: float = math.nan
+    bounds: Bounds | None = None
 
     def slim(self) -> Entry:
         """The figures without the program, model and outputs (for long benchmark runs)."""
@@ -62,12 +65,18 @@ class Entry:
         return self.result.timeline.latency_s if self.result else math.nan
 
     @property
-    def roofline_s(self) -> float:
-        return self.flops / self.chip.peak_flops(self.dtype) if self.flops else math.nan
+    def roofline_fraction(self) -> float:
+        """The compute roofline (`partition.bounds`) as a fraction of the emulated latency."""
+        if not self.result or self.bounds is None:
+            return math.nan
+        return self.bounds.fractions(self.result.timeline.cycles)[0]
 
     @property
-    def roofline_fraction(self) -> float:
-        return self.roofline_s / self.latency_s if self.result else math.nan
+    def ideal_fraction(self) -> float:
+        """The ideal (every op at its fastest plan) as a fraction of the emulated latency."""
+        if not self.result or self.bounds is None:
+            return math.nan
+        return self.bounds.fractions(self.result.timeline.cycles)[1]
 
     @property
     def compile_s(self) -> float:
@@ -82,9 +91,11 @@ def run_entry(model: str, chip: Chip, strategy: str, options: CompileOptions, se
         compiled = compile_model(model, chip, strategy_options(strategy, options), progress)
     except ValueError as exc:  # frontend and planner errors are ValueErrors
         return Entry(model, chip, strategy, None, None, str(exc).splitlines()[0])
-    result = run_compiled(compiled, seed, progress)
+    result = RunResult.timed(compiled) if options.timing_only else \
+        run_compiled(compiled, seed, progress)
     return Entry(model, chip, strategy, compiled, result, flops=compiled.graph.flops(),
-                 dtype=compiled.plan.dtype, compile_wall_s=compiled.timings["total_s"])
+                 dtype=compiled.plan.dtype, compile_wall_s=compiled.timings["total_s"],
+                 bounds=compiled.plan.bounds)
 
 
 def speedup(entries: list[Entry], entry: Entry, over: str) -> float:

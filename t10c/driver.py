@@ -7,14 +7,12 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -22,7 +20,9 @@ import onnx
 from t10c import frontend, models
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
+from t10c.codegen.verify import verify_program
 from t10c.emulator import Timeline, TimingMachine, emulate
+from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
 from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
 from t10c.rundir import draw_inputs, input_specs
@@ -50,6 +50,10 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
+    #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
+    #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
+    #: runs before every codegen regardless
+    check: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,10 +82,20 @@ class RunResult:
     emulate_wall_s: float
     reference_wall_s: float
     tolerance: float
+    #: the run timed the program without data (`Compiled.timeline`): nothing was checked
+    timing_only: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.max_rel_err <= self.tolerance
+        """Nothing failed: the outputs match onnxruntime's, or (timing only) none were made."""
+        return self.timing_only or self.max_rel_err <= self.tolerance
+
+    @staticmethod
+    def timed(c: Compiled) -> RunResult:
+        """The result of a timing-only compile: its timeline, no outputs, no check."""
+        assert c.timeline is not None, "only a timing-only compile carries a timeline"
+        return RunResult({}, {}, float("nan"), c.timeline, float(c.timings["codegen_s"]), 0.0,
+                         TOLERANCE[c.plan.dtype], timing_only=True)
 
 
 def load_source(source: str | Path | onnx.ModelProto, *, seq_len: int | None = None,
@@ -120,6 +134,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                         weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
+    if options.check:
+        verify_graph(graph)
     if progress:
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
@@ -132,29 +148,17 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     verify_plan(graph, plan, chip)
     timeline = None
     if options.timing_only:
-        program, timeline = _with_progress(time_only, "codegen", progress, graph, plan, chip)
+        program, timeline = time_only(graph, plan, chip, progress)
     else:
-        program = _with_progress(generate, "codegen", progress, graph, plan, chip)
+        program = generate(graph, plan, chip, progress)
+        if options.check:
+            verify_program(program, chip)
     t_code = time.perf_counter()
     timings = {"frontend_s": t_front - start, "search_s": plan.search_wall_s,
                "solve_s": plan.solver.wall_s,
                "plan_s": t_plan - t_front, "codegen_s": t_code - t_plan,
                "total_s": t_code - start}
     return Compiled(_short(name), model, graph, chip, plan, program, timings, options, timeline)
-
-
-def _with_progress(fn: Callable[..., Any], stage: str, progress: Progress | None, *args: Any
-                   ) -> Any:
-    """``fn(*args)``, passing ``progress`` on when ``fn`` takes it; when it does not, the stage
-    is reported as a whole, so that its clock still starts when it does."""
-    if progress is None:
-        return fn(*args)
-    if "progress" in inspect.signature(fn).parameters:
-        return fn(*args, progress=progress)
-    progress(stage, 0, 1)
-    out = fn(*args)
-    progress(stage, 1, 1)
-    return out
 
 
 @contextlib.contextmanager
@@ -183,14 +187,15 @@ def _solve_follows_search(progress: Progress) -> Progress:
     return report
 
 
-def time_only(graph: Graph, plan: Plan, chip: Chip) -> tuple[Program, Timeline]:
+def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = None
+              ) -> tuple[Program, Timeline]:
     """Generate the program op by op straight into a data-less emulator: the same instructions
     and routes as a functional run, without values and without keeping the program."""
     buffers: list[Buffer] = []
     header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
                      graph.ops, (), {}, graph.outputs, 0)
     machine = TimingMachine(header, chip)
-    program = stream(graph, plan, chip, buffers, _TimingSink(machine))
+    program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress)
     machine.flush()
     return program, machine.timeline
 
@@ -229,6 +234,12 @@ def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
     session = ort.InferenceSession(model.SerializeToString(), opts,
                                    providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
+    inputs = dict(inputs)
+    elem = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    for inp in session.get_inputs():  # a zero-size input is a constant the frontend folded
+        if inp.name not in inputs and 0 in inp.shape:
+            inputs[inp.name] = np.zeros(inp.shape,
+                                        onnx.helper.tensor_dtype_to_np_dtype(elem[inp.name]))
     start = time.perf_counter()
     values = session.run(names, inputs)
     wall = time.perf_counter() - start
@@ -254,8 +265,7 @@ def run_compiled(c: Compiled, seed: int = 0, progress: Progress | None = None) -
         raise ValueError("this compile has shape-only weights (built without weights); "
                          "compile with CompileOptions(weights=True) to run it")
     inputs = make_inputs(c.graph, seed)
-    outputs, timeline, wall = _with_progress(emulate, "emulate", progress, c.program, c.chip,
-                                             inputs, c.graph.constants)
+    outputs, timeline, wall = emulate(c.program, c.chip, inputs, c.graph.constants, progress)
     ref, ref_wall = reference(c.model, inputs)
     err = max_rel_err(outputs, ref)
     return RunResult(outputs, ref, err, timeline, wall, ref_wall, TOLERANCE[c.plan.dtype])

@@ -9,6 +9,7 @@ reductions accumulate in fp32 whatever the storage); ``int32`` holds integer ope
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ def dtype_bytes(name: str) -> int:
     return DTYPES[name].bytes
 
 
-def ceil_div(a: int, b: int) -> int:
-    """``ceil(a / b)`` for integers, without floats."""
+def ceil_div(a: Any, b: Any) -> Any:
+    """``ceil(a / b)`` for integers (or integer numpy arrays, elementwise), without floats:
+    the one rounding-up division every stage uses."""
     return -(-a // b)

@@ -16,7 +16,7 @@ from typing import Any
 from t10c.driver import Compiled, RunResult
 from t10c.ir import INDIRECT
 from t10c.outputs import write_text
-from t10c.partition import Cycles, OpPlan, Plan, SolverReport, place
+from t10c.partition import Bounds, Cycles, OpPlan, Plan, SolverReport, place
 from t10c.partition.place import Embedding
 
 PLAN_FORMAT = "t10c-plan/1"
@@ -73,6 +73,9 @@ def plan_document(c: Compiled) -> dict[str, Any]:
         # wall-clock times vary run to run: they go to compile.json, so that the same compile
         # gives the same plan.json byte for byte
         "solver": plan.solver.document(),
+        # lower bounds on the latency (`partition.bounds`): FLOPs at the chip's peak, and
+        # every op at its fastest plan with memory and re-layouts ignored
+        "bounds": plan.bounds.as_dict() if plan.bounds is not None else None,
     }
 
 
@@ -95,10 +98,17 @@ def load_plan(path: str | Path) -> Plan:
             model=str(doc["model"]), chip=str(doc["chip"]), dtype=str(doc["dtype"]), ops=ops,
             relayout_cycles=tuple(int(o["relayout_cycles"]) for o in doc["ops"]),
             front_sizes=tuple(int(o["front_size"]) for o in doc["ops"]),
-            solver=SolverReport.from_document(doc["solver"]), search_wall_s=0.0)
+            solver=SolverReport.from_document(doc["solver"]), search_wall_s=0.0,
+            bounds=_bounds(doc.get("bounds")))
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanFileError(f"{path}: a malformed or missing field ({exc!r}); write it again "
                             "with `t10c compile ... -o DIR`") from exc
+
+
+def _bounds(doc: dict[str, Any] | None) -> Bounds | None:
+    if doc is None:
+        return None
+    return Bounds(int(doc["roofline_cycles"]), int(doc["ideal_cycles"]))
 
 
 def _op_plan(o: dict[str, Any]) -> OpPlan:
@@ -118,16 +128,41 @@ def _op_plan(o: dict[str, Any]) -> OpPlan:
 
 
 def run_document(c: Compiled, r: RunResult, seed: int) -> dict[str, Any]:
-    tl = r.timeline
+    """``run.json`` of a functional run: the timing (`timeline_fields`) and the check."""
     return {
         "format": RUN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": c.plan.dtype,
-        "seed": seed, "cycles": tl.cycles, "latency_s": tl.latency_s,
-        "predicted_cycles": c.plan.total_cycles,
+        "timing_only": False, "seed": seed, **timeline_fields(c.plan, r.timeline),
         "max_rel_err": r.max_rel_err, "tolerance": r.tolerance, "ok": r.ok,
-        "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core,
-        "host_bytes": tl.host_bytes,
         "emulate_wall_s": r.emulate_wall_s, "reference_wall_s": r.reference_wall_s,
-        "ops": tl.by_op(),
+    }
+
+
+def timing_run_document(c: Compiled) -> dict[str, Any]:
+    """``run.json`` of a timing-only compile: the same timing fields as a functional run's,
+    without the check against onnxruntime (no data ran)."""
+    assert c.timeline is not None, "a timing-only compile keeps its timeline"
+    return {"format": RUN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": c.plan.dtype,
+            "timing_only": True, **timeline_fields(c.plan, c.timeline)}
+
+
+def timeline_fields(plan: Plan, tl: Any) -> dict[str, Any]:
+    """What a run's timeline says, as ``run.json`` stores it: cycles and latency, the
+    prediction, the split by phase, barriers, the bounds, and per op cycles by phase."""
+    phases: dict[str, int] = {}
+    barriers: dict[str, int] = {}
+    for rec in tl.records:
+        phases[rec.phase] = phases.get(rec.phase, 0) + rec.cycles
+        if rec.phase == "sync":
+            barriers[rec.op] = barriers.get(rec.op, 0) + 1
+    bounds = plan.bounds
+    return {
+        "cycles": tl.cycles, "latency_s": tl.latency_s, "predicted_cycles": plan.total_cycles,
+        "phases": dict(sorted(phases.items())), "barriers": sum(barriers.values()),
+        "bounds": None if bounds is None else {
+            **bounds.as_dict(), "of_roofline": round(bounds.fractions(tl.cycles)[0], 6),
+            "of_ideal": round(bounds.fractions(tl.cycles)[1], 6)},
+        "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core, "host_bytes": tl.host_bytes,
+        "ops": tl.by_op(), "barriers_by_op": barriers,
     }
 
 

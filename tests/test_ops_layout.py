@@ -170,6 +170,14 @@ FP32_CASES: list[Case] = [
     Case("Gather-table-axis1", gather_table_axis1, (Ids((2, 4)),)),
     Case("GatherND-rows", gather_nd([[0, 1], [1, 2], [1, 3]]), ((2, 4, 3),)),
     Case("GatherND-affine", then_relu(gather_nd([[[0], [1]], [[1], [2]]])), ((3, 5),)),
+    Case("GatherElements-computed", lambda g, x: g.node("GatherElements", x[0], x[1], axis=1),
+         ((2, 3), Ids((2, 4)))),
+    # flat positions up to 4033: rounded if they were stored as fp16
+    Case("GatherElements-computed-large", lambda g, x: g.node("GatherElements", x[0], x[1],
+                                                              axis=1), ((64, 64), Ids((64, 2)))),
+    Case("GatherElements-computed-negative", lambda g, x: g.node(
+        "GatherElements", x[0], g.node("Sub", x[1], g.const([2], np.int64)), axis=0),
+         ((2, 3), Ids((2, 3)))),
     Case("GatherElements-shift", gather_elements(np.tile(np.arange(1, 4), (2, 1)), 1),
          ((2, 5),)),
     Case("GatherElements-permutation", gather_elements(np.array([[2, 0, 1], [1, 1, 0]]), 0),
@@ -182,6 +190,8 @@ FP32_CASES: list[Case] = [
     Case("Tile-3d", tile(1, 2, 1), ((2, 3, 2),)),
     Case("Pad", pad([0, 1, 2, 0, 2, 1]), ((2, 3, 4),)),
     Case("Pad-value", pad([1, 1, 1, 1], 1.5), ((3, 4),)),
+    Case("Pad-computed-value", lambda g, x: g.node(
+        "Pad", x[0], g.ints(1, 0, 0, 2), g.node("ReduceMax", x[1], keepdims=0)), ((3, 4), (5,))),
     Case("Pad-negative", pad([0, -1, 0, 2]), ((3, 4),)),
     Case("Pad-axes-18", pad([1, 2], 0.25, [1]), ((3, 4),), opset=18),
     Case("Pad-2", pad_2([0, 0, 1, 2, 0, 0, 2, 1], -0.5), ((1, 2, 3, 3),), opset=9),

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 from ophelpers import CHIPS, Build, Case, G, case_model, check_case, with_fp16
 
+from t10c.driver import CompileOptions, compile_model, make_inputs, run_compiled
 from t10c.frontend import to_graph
 
 
@@ -101,6 +103,14 @@ def softmax_decomposed(g: G, x: list[str]) -> str:
     return g.node("Div", e, g.node("ReduceSum", e, g.ints(-1)))
 
 
+def maxpool_indices(**attrs: object) -> Build:
+    """MaxPool's both outputs, the Indices (int64) as floats for the comparison."""
+    def build(g: G, x: list[str]) -> list[str]:
+        y, indices = g.multi("MaxPool", 2, x[0], **attrs)
+        return [y, g.node("Cast", indices, to=1)]
+    return build
+
+
 FP32_CASES: list[Case] = [
     # convolution
     Case("Conv2d", conv(4, 3, 3, 3), ((2, 3, 7, 6),)),
@@ -136,7 +146,14 @@ FP32_CASES: list[Case] = [
                                                         output_shape=[9]), ((1, 2, 5),)),
     Case("ConvTranspose2d-same-upper", conv_transpose(2, 2, 3, 3, strides=[2, 2],
                                                       auto_pad="SAME_UPPER"), ((1, 2, 3, 4),)),
+    Case("ConvTranspose-computed-weight",
+         lambda g, x: g.node("ConvTranspose", x[0], g.node("Relu", x[1]), strides=[2]),
+         ((1, 2, 4), (2, 3, 2))),
     # pooling
+    Case("MaxPool-indices", maxpool_indices(kernel_shape=[2, 2], strides=[2, 2]),
+         ((1, 2, 4, 6),)),
+    Case("MaxPool-indices-pad", maxpool_indices(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         ((2, 2, 5, 5),)),
     Case("MaxPool-3x3-s2-p1", pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2],
                                    pads=[1, 1, 1, 1]), ((2, 3, 7, 7),)),
     Case("MaxPool-2x2", pool("MaxPool", kernel_shape=[2, 2], strides=[2, 2]), ((1, 2, 6, 4),)),
@@ -158,6 +175,9 @@ FP32_CASES: list[Case] = [
     Case("GlobalAveragePool", "GlobalAveragePool", ((2, 3, 4, 5),)),
     Case("GlobalMaxPool", "GlobalMaxPool", ((2, 3, 4, 5),)),
     # normalisation
+    Case("LRN", lambda g, x: g.node("LRN", x[0], size=3, alpha=0.01, beta=0.6, bias=1.5),
+         ((2, 5, 3, 4),)),
+    Case("LRN-size5", lambda g, x: g.node("LRN", x[0], size=5), ((1, 6, 5, 3),)),
     Case("BatchNormalization", batchnorm(3), ((2, 3, 4, 4),)),
     Case("BatchNormalization-2d", batchnorm(3), ((4, 3),)),
     Case("Conv-BN-Relu-MaxPool", conv_bn_relu, ((1, 3, 9, 9),)),
@@ -218,3 +238,30 @@ def test_batchnorm_folds_into_conv() -> None:
     graph = to_graph(case_model(next(c for c in FP32_CASES if c.name == "Conv-BN-Relu-MaxPool")))
     assert [op.kind for op in graph.ops] == ["contraction", "elementwise", "reduce"]
     assert not any("BatchNormalization" in op.source for op in graph.ops)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_maxpool_indices_are_exact_beyond_fp16_integers(dtype: str) -> None:
+    # positions up to 3199: fp16 holds integers exactly only up to 2048, so the relative error
+    # of `check_case` would hide an off-by-one; the int64 indices must equal onnxruntime's
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[3, 3], strides=[2, 2],
+                            pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "mp", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 2, 40, 40])], [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 20, 20]),
+        helper.make_tensor_value_info("i", TensorProto.INT64, [1, 2, 20, 20])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    compiled = compile_model(model, CHIPS["test16"], CompileOptions(dtype=dtype))
+    result = run_compiled(compiled)
+    got, want = result.outputs["i"], result.reference["i"]
+    assert want.max() > 2048
+    if dtype == "fp32":
+        np.testing.assert_array_equal(got, want)
+        return
+    # fp16 storage rounds x, so two window elements may tie where float32 tells them apart:
+    # then the first is the answer; every other index must be onnxruntime's
+    x = make_inputs(compiled.graph)["x"].reshape(-1).astype(np.float16)
+    differ = got != want
+    assert differ.mean() < 0.01
+    np.testing.assert_array_equal(x[got[differ].astype(np.int64)], x[want[differ]])
+    assert (got[differ] < want[differ]).all()

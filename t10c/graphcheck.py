@@ -1,0 +1,106 @@
+"""The graph verifier: what the frontend promises every later stage about a `Graph`.
+
+The planner, codegen and emulator assume, without checking again, that:
+
+- ops come in topological order: every input is a graph input, a constant, the output of an
+  earlier op, or a view of one of those, and no tensor is written twice;
+- every operand names a known tensor and indexes each of its dimensions once: by an op axis
+  whose extent is the dimension's size (an input may be read in part: a slice from its start
+  has a shorter axis), by a window over op axes, or by data (``INDIRECT``, lookups only);
+- axes are distinct with positive extents; an op with reduction axes has a combine, and a
+  body is well formed over its inputs (`t10c.elementwise.check_body`);
+- views keep the element count of their source, and a transpose's permutation is one;
+- every graph output exists.
+
+`verify_graph` reports every violation at once. The driver runs it behind ``--check``; the
+tests run it on every zoo model.
+"""
+
+from __future__ import annotations
+
+import math
+
+from t10c.elementwise import COMBINES, check_body
+from t10c.ir import INDIRECT, Graph, TensorExpr, Window
+
+
+class GraphError(ValueError):
+    """A graph that breaks the frontend's promises; the message lists every violation."""
+
+
+def verify_graph(graph: Graph) -> None:
+    """Raise `GraphError` naming every op, operand or view that breaks the rules above."""
+    problems = [f"view {name}: {why}" for name, why in _view_problems(graph)]
+    known = set(graph.inputs) | set(graph.constants)
+    for op in graph.ops:
+        where = f"op {op.name} ({op.source or op.kind})"
+        problems += [f"{where}: {why}" for why in _op_problems(graph, op, known)]
+        if op.output.tensor in known:
+            problems.append(f"{where}: writes {op.output.tensor}, which already has a value")
+        known.add(op.output.tensor)
+    for out in graph.outputs:
+        if graph.root(out) not in known:
+            problems.append(f"graph output {out} is never computed")
+    if problems:
+        shown = problems[:20]
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise GraphError(f"graph {graph.name} is malformed ({len(problems)} problem"
+                         f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(shown) + more)
+
+
+def _view_problems(graph: Graph) -> list[tuple[str, str]]:
+    found = []
+    for name, view in graph.views.items():
+        src = graph.tensors.get(view.source)
+        if src is None:
+            found.append((name, f"its source {view.source} is not a tensor of the graph"))
+            continue
+        if math.prod(view.shape) != math.prod(src.shape):
+            found.append((name, f"shape {view.shape} does not hold the {math.prod(src.shape)} "
+                                f"elements of {view.source} {src.shape}"))
+        if view.perm is not None and sorted(view.perm) != list(range(len(src.shape))):
+            found.append((name, f"{view.perm} is not a permutation of {len(src.shape)} axes"))
+    return found
+
+
+def _op_problems(graph: Graph, op: TensorExpr, known: set[str]) -> list[str]:
+    found = []
+    names = op.axis_names
+    if len(set(names)) != len(names):
+        found.append(f"axes {names} repeat a name")
+    found += [f"axis {a} has extent {e}" for a, e in op.axes if type(e) is not int or e < 1]
+    extents = op.extents
+    for k, operand in enumerate(op.operands):
+        role = "output" if k == len(op.inputs) else f"input {k}"
+        info = graph.tensors.get(operand.tensor)
+        if info is None:
+            found.append(f"{role} {operand.tensor} is not a tensor of the graph")
+            continue
+        if k < len(op.inputs) and graph.root(operand.tensor) not in known:
+            found.append(f"{role} {operand.tensor} is read before anything computes it")
+        if len(operand.axes) != len(info.shape):
+            found.append(f"{role} {operand.tensor} has {len(info.shape)} dimensions, the op "
+                         f"indexes {len(operand.axes)}")
+            continue
+        for d, size in zip(operand.axes, info.shape):
+            if isinstance(d, Window):
+                found += [f"{role} {operand.tensor}: window axis {a} is not an axis of the op"
+                          for a in d.axes if a not in extents]
+            elif d == INDIRECT:
+                if k == len(op.inputs) or op.body[0] != "take":
+                    found.append(f"{role} {operand.tensor}: a data-indexed dimension outside "
+                                 "a lookup's table")
+            elif d not in extents:
+                found.append(f"{role} {operand.tensor}: {d} is not an axis of the op")
+            elif extents[d] > size or (k == len(op.inputs) and extents[d] != size):
+                found.append(f"{role} {operand.tensor}: axis {d} has extent {extents[d]}, the "
+                             f"dimension it indexes has {size}")
+    if op.combine is not None and op.combine not in COMBINES:
+        found.append(f"unknown combine {op.combine!r}")
+    if op.reduction_axes and op.combine is None:
+        found.append(f"axes {op.reduction_axes} are not in the output but nothing combines "
+                     "over them")
+    why = check_body(op.body, len(op.inputs))
+    if why is not None:
+        found.append(why)
+    return found

@@ -1,0 +1,43 @@
+"""Test tiers: every test gets one tier marker from the table below, by its module, so that a
+change's test cost is visible and a tier can be run alone (`pytest -m unit`, `-m ops`,
+`-m e2e`; `-m slow` runs the whole-model tests the default run leaves out).
+
+- unit: one function or type at a time, on hand-made inputs (seconds in all);
+- ops: single ONNX ops and generated node cases through the whole pipeline, against
+  onnxruntime or the onnx package's expected outputs;
+- e2e: whole models and the command line, end to end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: the tier of each test module; a module missing here fails the collection (add it)
+TIERS: dict[str, str] = {
+    "test_bounds": "e2e", "test_check": "e2e", "test_chips": "unit", "test_cli": "e2e",
+    "test_constant_outputs": "ops", "test_decode": "e2e", "test_determinism": "e2e",
+    "test_expressions": "unit", "test_fixtures": "e2e", "test_graphcheck": "unit",
+    "test_layers": "unit",
+    "test_light_models": "e2e", "test_loader": "unit", "test_memory": "unit",
+    "test_mesh": "e2e", "test_models": "unit", "test_onnx_backend": "ops",
+    "test_onnx_node": "ops", "test_ops": "ops", "test_ops_layout": "ops", "test_ops_nn": "ops",
+    "test_outputs": "e2e", "test_pipeline": "e2e", "test_plan_space": "e2e", "test_planfile": "e2e",
+    "test_planner": "unit", "test_program_files": "e2e", "test_progress": "e2e",
+    "test_reference_executor": "unit", "test_registry": "unit", "test_report": "e2e",
+    "test_run_dir": "e2e", "test_solver": "unit", "test_strategies": "unit",
+    "test_trace": "e2e", "test_zoo": "e2e",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = set()
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        tier = TIERS.get(module)
+        if tier is None:
+            missing.add(module)
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py: give {', '.join(sorted(missing))} a tier "
+                                f"in TIERS (unit, ops or e2e)")
