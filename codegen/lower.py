@@ -37,6 +37,7 @@ from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 
+from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import Layout, Rect, aligned, layout
 from .program import (
     Alloc,
@@ -121,6 +122,7 @@ class _Builder:
         self.placement: dict[str, Placement] = {}
         self.pending: dict[str, int] = {}  # consumer reads left of each activation
         self.weights: dict[tuple[int, int], int] = {}  # (op, input) -> resident buffer
+        self.extra_weights: dict[tuple[int, int], int] = {}  # (op, extra) -> resident buffer
         self.view_tables: dict[str, np.ndarray] = {}
         self.home: dict[str, Placement] = {}  # vgm: where each weight lives
 
@@ -212,6 +214,45 @@ class _Builder:
             else:
                 geo = geometry(self.graph, op, self.plan.ops[n])
                 self.weights[n, i] = self.bring_input(op, geo, i, [])[0]
+        if any(self.graph.root(o.tensor) in self.graph.constants for o in op.extra):
+            geo = geometry(self.graph, op, self.plan.ops[n])
+            flat, valid = self.final_elements(op, geo)[:2]
+            for k, operand in enumerate(op.extra):
+                if self.graph.root(operand.tensor) in self.graph.constants:
+                    self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
+
+    def bring_extra(self, op: TensorExpr, geo: Geometry, k: int, flat: np.ndarray,
+                    valid: np.ndarray, moves: list[Exchange]) -> tuple[int, bool]:
+        """Put epilogue operand ``extra[k]`` element for element beside the op's finished
+        result (``flat``, ``valid``: `final_elements`); returns (buffer, owned by this op).
+        Weights are loaded once before the run, graph inputs from the host, activations
+        exchanged with the op's other inputs (one barrier for all)."""
+        operand = op.extra[k]
+        idx = extra_elements(self.graph, op, k, flat, valid)
+        root = self.graph.root(operand.tensor)
+        if root != operand.tensor:
+            idx = np.where(idx >= 0, self.to_root(operand.tensor)[np.maximum(idx, 0)], -1)
+        elems = flat.shape[1]
+        bid = -1
+        if root in self.graph.constants or root in self.graph.inputs:
+            phase = "resident" if root in self.graph.constants else "host"
+            bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor),
+                                  op.name, phase)
+            origin = np.zeros((geo.ncores, 1), dtype=np.int32)
+            self.instrs.append(Load(op.name, phase, bid, root, self.graph.tensors[root].shape,
+                                    (elems,), origin, idx.astype(np.int32), _cores(geo)))
+            return bid, root not in self.graph.constants
+        if root not in self.placement:
+            raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
+        place = self.placement[root]
+        hit = np.maximum(idx, 0)
+        src_core = np.where(idx >= 0, place.core[hit], -1).astype(np.int32)
+        src_off = np.where(idx >= 0, place.off[hit], -1).astype(np.int32)
+        bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor), op.name,
+                              "relayout")
+        moves.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off,
+                              _cores(geo)))
+        return bid, True
 
     def load_home(self, tensor: str, op: str) -> Placement:
         """Element e of ``tensor`` on core e // chunk at offset e % chunk."""
@@ -235,7 +276,7 @@ class _Builder:
         lies depends only on its producer's plan). Repeated layers share keys."""
         plan = dataclasses.replace(self.plan.ops[n], op="")
         sources: list[tuple] = []
-        for operand in op.inputs:
+        for operand in op.reads:
             root = self.graph.root(operand.tensor)
             view = b""
             if root != operand.tensor:
@@ -256,7 +297,7 @@ class _Builder:
         self.drain()
         self.sink.replay(op.name, cached)  # type: ignore[union-attr]
         self.sink.written(out, cached.cores)  # type: ignore[union-attr]
-        for operand in op.inputs:
+        for operand in op.reads:
             root = self.graph.root(operand.tensor)
             if root in self.pending:
                 self.pending[root] -= 1
@@ -297,13 +338,21 @@ class _Builder:
                 bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home)
             cur.append(bid)
             owned.append(own)
+        extra: list[tuple[int, bool]] = []  # the epilogue's operands, beside the final result
+        if op.extra:
+            flat, valid = self.final_elements(op, geo)[:2]
+            for k in range(len(op.extra)):
+                if (n, k) in self.extra_weights:
+                    extra.append((self.extra_weights[n, k], False))
+                else:
+                    extra.append(self.bring_extra(op, geo, k, flat, valid, moves))
         # one barrier before the exchange phase, unless every copy stays on its core
         here = geo.phys[:, None]
         if any(((m.src_core >= 0) & (m.src_core != here)).any() for m in moves):
             self.instrs.append(Sync(op.name, "relayout"))
         self.instrs.extend(moves)
         # inputs are in place: producers whose last reader this was can go
-        for operand in op.inputs:
+        for operand in op.reads:
             root = self.graph.root(operand.tensor)
             if root in self.pending:
                 self.pending[root] -= 1
@@ -359,26 +408,57 @@ class _Builder:
             if self.pending.get(root) == 0 and self.placement[root].buf in cur[:nin]:
                 if self.placement[root].buf in self.alloc.live:
                     self.free(self.placement[root].buf, op.name)
-        self.placement[op.output.tensor] = self.finish_output(op, geo, cur[nin])
+        place = self.finish_output(op, geo, cur[nin])
+        self.placement[op.output.tensor] = place
+        if op.epilogue is not None:
+            self.emit_epilogue(n, geo, place.buf, [xb for xb, _ in extra])
+        for xb, own in extra:
+            if own:
+                self.free(xb, op.name)
+
+    def emit_epilogue(self, n: int, geo: Geometry, out: int, extra: list[int]) -> None:
+        """Op n's epilogue on every element of its finished result, in place (one Compute of
+        the derived flat expression, `codegen.epilogue`)."""
+        elems = self.buffers[out].elems
+        ops = len(extra) + 2  # the result read, the extras, the result written
+        zeros = np.zeros((geo.ncores, 1), dtype=np.int32)
+        self.instrs.append(Compute(
+            self.graph.ops[n].name, "compute", epilogue_index(self.graph, n), out,
+            (out, *extra), (elems,), ((elems,),) * ops, (zeros,) * ops,
+            np.zeros((geo.ncores, 1), dtype=np.int64), False, _cores(geo)))
+
+    def final_elements(self, op: TensorExpr, geo: Geometry
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Where the result lies once the op is complete: (flat output element, validity) per
+        core and element of the final buffer, and for a reduce-scatter the cores of each
+        core's group and its position in it (None without one)."""
+        flat, valid = self.element_map(geo, len(op.inputs), geo.steps - 1)
+        group = geo.reduce_group
+        if group == 1:
+            return flat, valid, None, None
+        elems = flat.shape[1]
+        origin = geo.tile_origin(len(op.inputs), geo.steps - 1)
+        key = np.unique(origin, axis=0, return_inverse=True)[1].ravel()
+        order = np.lexsort((np.arange(geo.ncores), key))
+        members = order.reshape(-1, group)  # cores holding the same block, by core id
+        pos = np.empty(geo.ncores, dtype=np.int64)
+        pos[members] = np.arange(group)[None, :]
+        table = np.empty((geo.ncores, group), dtype=np.int64)
+        table[members.ravel()] = np.repeat(members, group, axis=0)
+        chunk = -(-elems // group)
+        # element e of core c's chunk is element pos*chunk + e of its block buffer
+        local = pos[:, None] * chunk + np.arange(chunk)[None, :]
+        inside = local < elems
+        local = np.minimum(local, elems - 1)
+        rows = np.arange(geo.ncores)[:, None]
+        return flat[rows, local], valid[rows, local] & inside, table, pos
 
     def finish_output(self, op: TensorExpr, geo: Geometry, buf: int) -> Placement:
-        out = len(op.inputs)
-        last = geo.steps - 1
         tensor = op.output.tensor
         numel = self.graph.tensors[tensor].numel
-        flat, valid = self.element_map(geo, out, last)
-        elems = flat.shape[1]
-        group = geo.reduce_group
-        if group > 1:
-            origin = geo.tile_origin(out, last)
-            key = np.unique(origin, axis=0, return_inverse=True)[1].ravel()
-            order = np.lexsort((np.arange(geo.ncores), key))
-            members = order.reshape(-1, group)  # cores holding the same block, by core id
-            pos = np.empty(geo.ncores, dtype=np.int64)
-            pos[members] = np.arange(group)[None, :]
-            table = np.empty((geo.ncores, group), dtype=np.int32)
-            table[members.ravel()] = np.repeat(members, group, axis=0)
-            chunk = -(-elems // group)
+        flat, valid, table, pos = self.final_elements(op, geo)
+        if table is not None and pos is not None:
+            chunk = flat.shape[1]
             self.instrs.append(Sync(op.name, "reduce"))
             dst = self.new_buffer(f"{op.name}.red", chunk, self.buffers[buf].dtype, op.name,
                                   "reduce")
@@ -386,14 +466,8 @@ class _Builder:
                                       geo.phys[table].astype(np.int32),
                                       (pos * chunk).astype(np.int32), _cores(geo)))
             self.free(buf, op.name)
-            # element e of core c's chunk is element pos*chunk + e of its block buffer
-            local = pos[:, None] * chunk + np.arange(chunk)[None, :]
-            inside = local < elems
-            local = np.minimum(local, elems - 1)
-            rows = np.arange(geo.ncores)[:, None]
-            flat, valid = flat[rows, local], valid[rows, local] & inside
             buf = dst
-            elems = chunk
+        elems = flat.shape[1]
         core = np.full(numel, -1, dtype=np.int32)
         off = np.full(numel, -1, dtype=np.int32)
         cores = np.broadcast_to(geo.phys[:, None], flat.shape)
@@ -415,7 +489,7 @@ class _Builder:
     def build(self) -> Program:
         graph = self.graph
         for op in graph.ops:
-            for operand in op.inputs:
+            for operand in op.reads:
                 root = graph.root(operand.tensor)
                 if root not in graph.constants and root not in graph.inputs:
                     self.pending[root] = self.pending.get(root, 0) + 1
@@ -450,13 +524,14 @@ class _Builder:
         if self.sink is not None:  # the online first-fit addresses are the layout
             peak = self.alloc.peak
             return Program(graph.name, self.chip.name, self.dtype, self.chip.cores,
-                           tuple(self.buffers), graph.ops, (), {}, graph.outputs, peak, 0,
+                           tuple(self.buffers), program_exprs(graph), (), {}, graph.outputs,
+                           peak, 0,
                            "first-fit (streamed)")
         buffers, sram = self.place_buffers()
         inputs = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs}
         peak = max((b.offset + b.nbytes for b in buffers), default=0)
         return Program(graph.name, self.chip.name, self.dtype, self.chip.cores,
-                       buffers, graph.ops, tuple(self.instrs), inputs, graph.outputs,
+                       buffers, program_exprs(graph), tuple(self.instrs), inputs, graph.outputs,
                        peak, sram.live, sram.method)
 
     def place_buffers(self) -> tuple[tuple[Buffer, ...], Layout]:

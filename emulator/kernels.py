@@ -15,24 +15,58 @@ from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 
 def gather_slices(buf: np.ndarray, tile: tuple[int, ...], offsets: np.ndarray,
-                  sizes: tuple[int, ...]) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+                  sizes: tuple[int, ...]
+                  ) -> tuple[np.ndarray, tuple[np.ndarray | slice, ...] | None]:
     """Each core's sub-block of ``sizes`` at ``offsets`` from buffers ``buf`` (ncores, elems).
 
-    Returns the (ncores, *sizes) array and the fancy index that addresses it (None when the
-    sub-block is the whole tile).
+    Returns the (ncores, *sizes) array and the index that addresses it in the buffers viewed
+    as (ncores, *tile) (None when the sub-block is the whole tile). When every core's block
+    starts at the same offset (most sub-tasks) the index is slices and the block a view, not
+    a copy; otherwise the blocks are copied whole from a window view (one block per core, not
+    element by element) and the index is a fancy index.
     """
     n = len(offsets)
     arr = buf[:n].reshape((n, *tile))
     if tuple(sizes) == tuple(tile):
         return arr, None
     nd = len(tile)
-    index: list[np.ndarray] = [np.arange(n).reshape((n,) + (1,) * nd)]
+    if n and (offsets == offsets[0]).all():
+        cut = (slice(None), *(slice(int(o), int(o) + s) for o, s in zip(offsets[0], sizes)))
+        return arr[cut], cut
+    index: list[np.ndarray | slice] = [np.arange(n).reshape((n,) + (1,) * nd)]
     for d in range(nd):
         shape = [n] + [1] * nd
         shape[d + 1] = sizes[d]
         index.append((offsets[:, d][:, None] + np.arange(sizes[d])[None, :]).reshape(shape))
-    idx = tuple(index)
-    return arr[idx], idx
+    return _windows(arr, sizes)[_starts(offsets)], tuple(index)
+
+
+def put_slices(buf: np.ndarray, tile: tuple[int, ...], offsets: np.ndarray,
+               sizes: tuple[int, ...], values: np.ndarray) -> None:
+    """Write ``values`` (ncores, *sizes) into each core's sub-block at ``offsets`` of buffers
+    ``buf`` (ncores, elems): the inverse of `gather_slices`."""
+    n = len(offsets)
+    arr = buf[:n].reshape((n, *tile))
+    if tuple(sizes) == tuple(tile):
+        arr[...] = values
+    elif n and (offsets == offsets[0]).all():
+        cut = (slice(None), *(slice(int(o), int(o) + s) for o, s in zip(offsets[0], sizes)))
+        arr[cut] = values
+    else:  # each core writes one window of its own tile: the windows never overlap
+        _windows(arr, sizes, writeable=True)[_starts(offsets)] = values
+
+
+def _windows(arr: np.ndarray, sizes: tuple[int, ...], writeable: bool = False) -> np.ndarray:
+    """(n, *positions, *sizes): every ``sizes`` window of every core's tile, as a view."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    return sliding_window_view(arr, sizes, axis=tuple(range(1, arr.ndim)),
+                               writeable=writeable)
+
+
+def _starts(offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The index of each core's own window in `_windows`."""
+    return (np.arange(len(offsets)), *(offsets[:, d] for d in range(offsets.shape[1])))
 
 
 def operand_sizes(expr: TensorExpr, k: int, sub: dict[str, int], tile: tuple[int, ...]
@@ -170,15 +204,15 @@ def _take(expr: TensorExpr, values: list[np.ndarray], n: int, origin: np.ndarray
 
 
 def to_storage(values: np.ndarray, dtype: np.dtype | type[np.generic]) -> np.ndarray:
-    """``values`` cast to a buffer's dtype, saturating explicitly: a float too large for a
-    narrower float type becomes an infinity of its sign (exactly what IEEE rounding does, so
-    an fp16 mask of -3.4e38 is -inf), without numpy's overflow warning."""
-    target = np.dtype(dtype)
+    """``values`` cast to a buffer's dtype, saturating: a float too large for a narrower float
+    type becomes an infinity of its sign, so an fp16 mask of -3.4e38 is -inf.
+
+    That is what IEEE round-to-nearest does (numpy's cast is IEEE), so one cast suffices; only
+    numpy's "overflow encountered in cast" warning is silenced. No copy when the dtype is
+    already the target's."""
     values = np.asarray(values)
-    if target.kind == "f" and values.dtype.kind == "f" and values.dtype.itemsize > target.itemsize:
-        info = np.finfo(target)
-        # the smallest magnitude that rounds to infinity: the largest finite value plus half
-        # of its unit in the last place
-        limit = values.dtype.type(float(info.max) + float(info.max - np.nextafter(info.max, 0)) / 2)
-        values = np.where(np.abs(values) >= limit, np.copysign(np.inf, values), values)
-    return values.astype(target, copy=False)
+    target = np.dtype(dtype)
+    if values.dtype == target:
+        return values
+    with np.errstate(over="ignore", invalid="ignore"):
+        return values.astype(target)

@@ -1,8 +1,14 @@
 """The emulator: executes a `Program` on real data, all cores at once, and times it.
 
-State is one array per live buffer shaped ``(cores, elems)`` in the buffer's dtype, and one
-flag per buffer and core saying whether it has been written. Every instruction acts on all
-cores with numpy (gathers with the program's tables); nothing loops over cores in Python.
+State is one array per live buffer shaped ``(cores, elems)``, and one flag per buffer and core
+saying whether it has been written. Float buffers are held in float32, every value rounded to
+the buffer's dtype when it is written (so an fp16 buffer holds exactly fp16 values, and
+reading it for a computation costs no cast). Every instruction acts on all cores with numpy
+and nothing loops over cores in Python: a compute step is one batched contraction (or one
+broadcast elementwise evaluation) over every core's sub-task; an exchange is one flat gather
+of the table into the source buffers, in cache-sized blocks of table rows; loads cut tiles
+from a blocked view of the host tensor. The per-core reference executor (`reference.py`) is
+the definition this is checked against (``tests/test_emulator_speed.py``).
 
 Timing is bulk-synchronous: compute phases, then a barrier (``Sync``), then an exchange phase.
 On an all-to-all chip (IPU) the phase lasts as long as the busiest core needs to receive its
@@ -26,6 +32,7 @@ its handlers calls the timing handler, then moves the data. A timing-only run us
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -44,10 +51,10 @@ from t10c.codegen.program import (
     Store,
     tile_elements,
 )
-from t10c.dtypes import DTYPES
+from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
 
-from .kernels import evaluate, gather_slices, operand_sizes, to_storage
+from .kernels import evaluate, gather_slices, operand_sizes, put_slices, to_storage
 from .timing import (
     EmulatorError,
     PhaseRecord,
@@ -58,18 +65,25 @@ from .timing import (
 )
 
 NP_DTYPES = {name: d.numpy for name, d in DTYPES.items()}
+#: the dtype the emulator holds a buffer's values in: floats as float32 (each value rounded to
+#: the buffer's own dtype when written, so every fp16 value is exactly an fp16 value), because
+#: computing reads float32 and numpy's fp16 casts cost several times a copy; integers as they are
+HELD = {name: np.dtype(np.float32) if np.dtype(d.numpy).kind == "f" else np.dtype(d.numpy)
+        for name, d in DTYPES.items()}
 
 __all__ = ["EmulatorError", "Machine", "PhaseRecord", "Timeline", "emulate"]
 
 
 class Machine(TimingMachine):
     """One emulated chip running one program on data: `TimingMachine`'s checks and clock,
-    and one array per live buffer shaped ``(cores, elems)`` in the buffer's dtype."""
+    and one array per live buffer shaped ``(cores, elems)`` (`HELD`: fp16 values in float32)."""
 
     def __init__(self, program: Program, chip: Chip) -> None:
         super().__init__(program, chip)
         self.mem: dict[int, np.ndarray] = {}
         self.outputs: dict[str, np.ndarray] = {}
+        self.dtypes = [b.dtype for b in program.buffers]
+        self.host_held: dict[tuple[str, str], np.ndarray] = {}
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
@@ -77,11 +91,28 @@ class Machine(TimingMachine):
         timeline = self.execute(inputs, constants, progress)
         return self.outputs, timeline
 
+    def stored(self, buf: int, values: np.ndarray, src: int | None = None) -> np.ndarray:
+        """``values`` as buffer ``buf`` holds them: rounded to its dtype (saturating, as
+        `to_storage`), in its held dtype. Values moved from buffer ``src`` of the same or a
+        narrower float dtype are exact already and are not rounded again."""
+        name = self.dtypes[buf]
+        held = HELD[name]
+        if src is not None and self.exact(buf, src):
+            return values.astype(held, copy=False)
+        if NP_DTYPES[name] != held:  # fp16 held in float32: round through fp16
+            return to_storage(values, NP_DTYPES[name]).astype(held)
+        return to_storage(values, held)
+
+    def exact(self, buf: int, src: int) -> bool:
+        """Whether every value buffer ``src`` holds is exactly a value of ``buf``'s dtype."""
+        a, b = self.dtypes[buf], self.dtypes[src]
+        return a == b or (a == "fp32" and b == "fp16")
+
     # -- handlers: the timing handler first (it checks), then the values ----------------------
     def alloc(self, ins: Alloc) -> None:
         super().alloc(ins)
         b = self.prog.buffers[ins.buf]
-        self.mem[ins.buf] = np.zeros((self.chip.cores, b.elems), dtype=NP_DTYPES[b.dtype])
+        self.mem[ins.buf] = np.zeros((self.chip.cores, b.elems), dtype=HELD[b.dtype])
 
     def free(self, ins: Free) -> None:
         super().free(ins)
@@ -97,36 +128,55 @@ class Machine(TimingMachine):
                                 f"expects {ins.shape}")
         rows = _rows(ins, ins.ncores)
         dst = self.mem[ins.buf]
+        host = self.rounded(ins.tensor, ins.buf, src)
         if ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
-            uniq, inverse = np.unique(ins.origin, axis=0, return_inverse=True)
-            flat, valid = tile_elements(uniq, ins.tile, ins.shape)
-            tiles = to_storage(np.where(valid, src.reshape(-1)[flat], 0), dst.dtype)
-            dst[rows] = tiles[inverse.reshape(-1)]
-            loaded = int(valid.sum(axis=1)[inverse.reshape(-1)].sum())
+            uniq, inverse = unique_rows(ins.origin)
+            tiles, counts = load_tiles(host, uniq, ins.tile)
+            if isinstance(rows, slice):  # copied straight into the buffers
+                np.take(tiles, inverse, axis=0, out=dst[rows], mode="clip")  # in range: unbuffered
+            else:
+                dst[rows] = tiles[inverse]
+            loaded = int(counts[inverse].sum())
         else:
             flat, valid = ins.elements()
-            dst[rows] = to_storage(np.where(valid, src.reshape(-1)[flat], 0), dst.dtype)
+            vals = np.take(host.reshape(-1), flat)
+            dst[rows] = vals if valid.all() else np.where(valid, vals, 0)
             loaded = int(valid.sum())
-        self.timeline.host_bytes += loaded * dst.dtype.itemsize
+        self.timeline.host_bytes += loaded * self.itemsize(ins.buf)
+
+    def rounded(self, tensor: str, buf: int, value: np.ndarray) -> np.ndarray:
+        """Host tensor ``tensor`` as buffer ``buf`` holds its values: rounded to the buffer's
+        dtype once per tensor and dtype (a weight's tiles are loaded onto many cores)."""
+        key = (tensor, self.dtypes[buf])
+        held = self.host_held.get(key)
+        if held is None:
+            held = self.host_held[key] = self.stored(buf, value)
+        return held
 
     def fill(self, ins: Fill) -> None:
         super().fill(ins)
         dst = self.mem[ins.buf]
-        dst[_rows(ins, ins.ncores)] = to_storage(np.asarray(float(ins.value)), dst.dtype)
+        dst[_rows(ins, ins.ncores)] = self.stored(ins.buf, np.asarray(float(ins.value)))
 
     def exchange(self, ins: Exchange) -> None:
         super().exchange(ins)
         src, dst = self.mem[ins.src], self.mem[ins.dst]
-        vals = src[np.maximum(ins.src_core, 0), np.maximum(ins.src_off, 0)]
-        dst[_rows(ins, len(ins.src_core))] = to_storage(np.where(ins.src_core >= 0, vals, 0),
-                                                        dst.dtype)
+        n = len(ins.src_core)
+        rows = _rows(ins, n)
+        if ins.dst != ins.src and isinstance(rows, slice) and self.exact(ins.dst, ins.src):
+            out = dst[rows]  # gathered straight into the destination buffers
+        else:  # every core reads before any core writes (dst may be src)
+            out = np.empty((n, dst.shape[1]), dtype=src.dtype)
+        gather_exchange(ins, src, out)
+        if out.base is not dst:
+            dst[rows] = self.stored(ins.dst, out, ins.src)
 
     def shift(self, ins: Shift) -> None:
         super().shift(ins)
         dst = self.mem[ins.dst]
-        dst[_rows(ins, len(ins.src_core))] = to_storage(self.mem[ins.src][ins.src_core],
-                                                        dst.dtype)
+        dst[_rows(ins, len(ins.src_core))] = self.stored(ins.dst, self.mem[ins.src][ins.src_core],
+                                                         ins.src)
 
     def reduce(self, ins: Reduce) -> None:
         super().reduce(ins)
@@ -134,12 +184,15 @@ class Machine(TimingMachine):
         chunk = dst.shape[1]
         combine = COMBINES[ins.combine]
         width = max(int(ins.offset.max(initial=0)) + chunk - src.shape[1], 0)
-        pad = np.full((self.chip.cores, width), combine.identity, dtype=np.float32)
-        ext = np.concatenate([src.astype(np.float32), pad], axis=1)
-        cols = ins.offset[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
-        parts = ext[ins.group[:, :, None], cols[:, None, :]]  # (n, G, chunk)
-        red = combine.ufunc.reduce(parts, axis=1)
-        dst[_rows(ins, len(ins.group))] = to_storage(red, dst.dtype)
+        if width:  # some chunk reads past the end of src: the combine's identity there
+            pad = np.full((self.chip.cores, width), combine.identity, dtype=np.float32)
+            src = np.concatenate([src.astype(np.float32), pad], axis=1)
+        cols = ins.offset.astype(np.int64)[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
+        # one flat gather of every member's chunk: (n, G, chunk)
+        parts = np.take(src.reshape(-1), ins.group.astype(np.int64)[:, :, None] * src.shape[1]
+                        + cols[:, None, :])
+        red = combine.ufunc.reduce(parts.astype(np.float32, copy=False), axis=1)
+        dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red)
 
     def compute(self, ins: Compute) -> None:
         super().compute(ins)
@@ -161,18 +214,14 @@ class Machine(TimingMachine):
         k = len(ins.ins)
         if placed:  # work on a copy of the placed cores' rows, written back below
             whole, out = out, out[rows]
-        view, idx = gather_slices(out, tiles[k], ins.offsets[k],
-                                  operand_sizes(expr, k, sub, tiles[k]))
+        sizes = operand_sizes(expr, k, sub, tiles[k])
         if ins.accumulate:
             if expr.combine is None:
                 raise EmulatorError(f"accumulates into {expr.name}, which has no combine")
-            result = COMBINES[expr.combine].ufunc(view.astype(np.float32), result)
-        full = out[:n].reshape((n, *tiles[k]))
-        result = to_storage(result, full.dtype)  # masks (-3.4e38) saturate to -inf in fp16
-        if idx is None:
-            full[...] = result
-        else:
-            full[idx] = result
+            view = gather_slices(out, tiles[k], ins.offsets[k], sizes)[0]
+            result = COMBINES[expr.combine].ufunc(view.astype(np.float32, copy=False), result)
+        # masks (-3.4e38) saturate to -inf in fp16
+        put_slices(out, tiles[k], ins.offsets[k], sizes, self.stored(ins.out, result))
         if placed:
             whole[rows] = out
 
@@ -191,3 +240,73 @@ def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
     start = time.perf_counter()
     outputs, timeline = Machine(program, chip).run(inputs, constants, progress)
     return outputs, timeline, time.perf_counter() - start
+
+
+def unique_rows(origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of ``origin`` (n, ndim) and each row's index among them, as
+    ``np.unique(origin, axis=0, return_inverse=True)`` but through one integer key per row."""
+    low = origin.min(axis=0, initial=0)
+    span = origin.max(axis=0, initial=0) - low + 1
+    if not origin.size or math.prod(int(x) for x in span) >= 2 ** 62:
+        uniq, inverse = np.unique(origin, axis=0, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    key = np.ravel_multi_index(tuple((origin - low).T), tuple(int(x) for x in span))
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return origin[first], inverse.reshape(-1)
+
+
+def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Every ``tile``-shaped block of ``host`` at ``origin[c]`` (zero outside the tensor), as
+    (len(origin), elems), and how many elements of each lie inside the tensor.
+
+    Tiles on the tile grid (the common case) are cut from a blocked view of the tensor (padded
+    to whole tiles) by indexing whole blocks; others are gathered element by element."""
+    shape = host.shape
+    n = len(origin)
+    edge = np.asarray(shape, dtype=np.int64)[None, :] - origin
+    counts = np.prod(np.clip(edge, 0, np.asarray(tile, dtype=np.int64)), axis=1,
+                     dtype=np.int64) if len(tile) else np.ones(n, dtype=np.int64)
+    t = np.asarray(tile, dtype=np.int64)
+    grid = [ceil_div(s, b) if b else 0 for s, b in zip(shape, tile)]
+    if (len(tile) and all(tile) and (origin >= 0).all() and not (origin % t).any()
+            and (origin // t < np.asarray(grid)).all()):
+        pad = [(0, g * b - s) for s, g, b in zip(shape, grid, tile)]
+        whole = np.pad(host, pad) if any(p for _, p in pad) else host
+        split = [x for g, b in zip(grid, tile) for x in (g, b)]
+        nd = len(tile)
+        blocks = whole.reshape(split).transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
+        tiles = blocks[tuple((origin // t).T)]  # (n, *tile)
+        return tiles.reshape(n, -1), counts
+    flat, valid = tile_elements(origin, tile, shape)
+    vals = np.take(host.reshape(-1), flat)
+    return (vals if valid.all() else np.where(valid, vals, 0)), counts
+
+
+#: elements of an exchange table gathered at once: the int64 index of a block stays in cache
+GATHER_BLOCK = 1 << 17
+
+
+def gather_exchange(ins: Exchange, src: np.ndarray, out: np.ndarray) -> None:
+    """``out[r, e] = src[src_core[r, e], src_off[r, e]]``, zero where ``src_core`` is -1: the
+    exchange's table as one flat gather into the source buffers' ``(cores, elems)`` array,
+    done in blocks of table rows so that the index (built in int64, which numpy gathers with
+    fastest) never leaves the cache."""
+    core, off = ins.src_core, ins.src_off
+    n, width = core.shape
+    padded = bool(core.size) and int(core.min()) < 0
+    flat_src = src.reshape(-1)
+    step = max(1, GATHER_BLOCK // max(width, 1))
+    for r in range(0, n, step):
+        block = core[r:r + step]
+        flat = block.astype(np.int64)
+        flat *= src.shape[1]
+        flat += off[r:r + step]
+        if padded:
+            hole = block < 0
+            flat[hole] = 0  # any element will do: overwritten with zero below
+            vals = np.take(flat_src, flat)
+            vals[hole] = 0
+            out[r:r + step] = vals
+        else:
+            out[r:r + step] = np.take(flat_src, flat)

@@ -100,6 +100,7 @@ class TimingMachine:
         self.prog, self.chip = program, chip
         self.written: dict[int, np.ndarray] = {}
         self.live: dict[int, tuple[int, int]] = {}
+        self.in_use = 0  # bytes per core of the live buffers
         self.timeline = Timeline(chip.clock_hz)
         self.now = 0
         self.pending = np.zeros(chip.cores, dtype=np.int64)  # bytes received this exchange
@@ -249,10 +250,16 @@ class TimingMachine:
         self.written[buf][cores] = True
 
     # -- checks ---------------------------------------------------------------------------
-    def check_read(self, buf: int, cores: np.ndarray | slice) -> None:
-        """Refuse a read of ``buf`` on ``cores`` where some core never wrote it."""
+    def check_read(self, buf: int,
+                   cores: np.ndarray | slice | Callable[[], np.ndarray]) -> None:
+        """Refuse a read of ``buf`` on ``cores`` (or on the cores a function returns, called
+        only when some core has not written ``buf``) where some core never wrote it."""
         if buf not in self.written:
             raise EmulatorError(f"buffer %{self.prog.buffers[buf].name} is not allocated")
+        if callable(cores):  # the cores are costly to find: only when some core did not write
+            if self.written[buf].all():
+                return
+            cores = cores()
         if not np.all(self.written[buf][cores]):
             raise EmulatorError(f"reads buffer %{self.prog.buffers[buf].name}, which some core "
                                 "never wrote")
@@ -283,18 +290,19 @@ class TimingMachine:
                                     f"%{self.prog.buffers[other].name}")
         self.live[ins.buf] = (start, end)
         self.written[ins.buf] = np.zeros(self.chip.cores, dtype=bool)
-        in_use = sum(e - s for s, e in self.live.values())
-        self.timeline.peak_sram_bytes_per_core = max(
-            self.timeline.peak_sram_bytes_per_core, max(e for _, e in self.live.values()))
-        self.timeline.sram_samples.append((self.now, in_use))
+        # running totals: every live buffer raised the peak when it was allocated
+        self.in_use += end - start
+        self.timeline.peak_sram_bytes_per_core = max(self.timeline.peak_sram_bytes_per_core, end)
+        self.timeline.sram_samples.append((self.now, self.in_use))
 
     def free(self, ins: Free) -> None:
         if ins.buf not in self.live:
             raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name}, which is not "
                                 "allocated")
-        self.live.pop(ins.buf)
+        start, end = self.live.pop(ins.buf)
         self.written.pop(ins.buf)
-        self.timeline.sram_samples.append((self.now, sum(e - s for s, e in self.live.values())))
+        self.in_use -= end - start
+        self.timeline.sram_samples.append((self.now, self.in_use))
 
     def load(self, ins: Load) -> None:
         self.mark_live(ins.buf)
@@ -317,14 +325,18 @@ class TimingMachine:
         n = len(ins.src_core)
         rows, here = _rows(ins, n), _phys(ins, n)
         self.check_sources(ins.src_core, padding=True)
-        self.check_read(ins.src, _cores_in(ins.src_core, self.chip.cores))
+        self.check_read(ins.src, lambda: _cores_in(ins.src_core, self.chip.cores))
         self.mark_live(ins.dst)
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
         if self.chip.is_mesh:
             self.receive(ins.op, ins.phase, *_pairs(ins.src_core, here, size))
         else:  # received bytes per core: a remote element counts wherever it comes from
-            remote = ((ins.src_core >= 0) & (ins.src_core != here[:, None])).sum(axis=1)
+            table = ins.src_core
+            if table.size and table.min() >= 0:  # no padding: all but the local elements
+                remote = table.shape[1] - np.count_nonzero(table == here[:, None], axis=1)
+            else:
+                remote = np.count_nonzero((table >= 0) & (table != here[:, None]), axis=1)
             self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
 
     def shift(self, ins: Shift) -> None:
@@ -374,7 +386,7 @@ class TimingMachine:
 
     def store(self, ins: Store) -> None:
         self.check_sources(ins.src_core)
-        self.check_read(ins.src, _cores_in(ins.src_core, self.chip.cores))
+        self.check_read(ins.src, lambda: _cores_in(ins.src_core, self.chip.cores))
 
 
 def _rows(ins: Instr, n: int) -> np.ndarray | slice:

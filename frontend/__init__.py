@@ -16,7 +16,8 @@ The pipeline, as `to_graph` runs it:
    needs no op), and a graph output that is a constant is copied out by one op on chip;
 5. `fuse_elementwise` (`fuse.py`): elementwise ops are inlined into their readers, so that
    decomposed GELU, LayerNorm and RMSNorm become one expression chain and copies fold into
-   the ops that read them.
+   the ops that read them; and elementwise consumers (bias, scale, GELU, residual) fold into
+   the matmul or reduction before them as its epilogue.
 """
 
 from __future__ import annotations
@@ -245,25 +246,28 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 
 
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
-             name: str | None = None, fuse: bool = True) -> Graph:
+             name: str | None = None, fuse: bool = True, epilogues: bool = True) -> Graph:
     """Lower a model (an ONNX path or a ModelProto) to the device graph.
 
-    With ``fuse`` (the default), single-reader elementwise ops are inlined into their reader.
+    With ``fuse`` (the default), single-reader elementwise ops are inlined into their reader
+    and, with ``epilogues`` too, elementwise consumers fold into the reduction or contraction
+    before them (`fuse.py`).
     Raises `UnsupportedModelError` listing every node that cannot be lowered.
     """
     model = load_model(source)
     low = lower(model, pinned)
     if low.problems:
         raise UnsupportedModelError(low.problems)
-    return device_graph(low, name, fuse)
+    return device_graph(low, name, fuse, epilogues)
 
 
-def device_graph(low: Lowered, name: str | None = None, fuse: bool = True) -> Graph:
+def device_graph(low: Lowered, name: str | None = None, fuse: bool = True,
+                 epilogues: bool = True) -> Graph:
     """The device graph of a completely lowered model (``low.problems`` must be empty)."""
     if low.problems:
         raise UnsupportedModelError(low.problems)
     graph = _graph(low, name)
-    return fuse_elementwise(graph) if fuse else prune(graph)
+    return fuse_elementwise(graph, epilogues=epilogues) if fuse else prune(graph)
 
 
 def _graph(low: Lowered, name: str | None) -> Graph:

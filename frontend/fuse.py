@@ -24,6 +24,20 @@ A producer that is not cheap is not inlined where the reader's body reads it sev
 (``where(isnan(p), 0, p)``): the body has no shared subexpressions. Never into a contraction
 otherwise: that would recompute P for every point of the extra axes and
 take the matmul off the matrix unit.
+
+Epilogues. An elementwise op C is folded into the reduction or contraction P whose result it
+reads (`fuse_epilogue`), as P's ``epilogue`` (`t10c.ir.TensorExpr`), when:
+
+a. P's result has no other reader (and is no graph output nor read through a view);
+b. C's iteration space is P's output space, read point by point (no window, no axis twice);
+c. C's other inputs are read by plain axes only (a bias, a scale, a mask, a residual); they
+   become P's ``extra`` operands, which the planner lays out like P's result.
+
+The fused op takes C's place in the op order (C's inputs all exist there) and writes C's
+output. Epilogues compose, so a bias, a scale and a GELU after one matmul become one op.
+This is tried before inlining at every round, so that a row statistic such as
+``1/sqrt(var + eps)`` is computed once per row by its reduction rather than recomputed for
+every element by its reader.
 """
 
 from __future__ import annotations
@@ -110,18 +124,106 @@ def _may_inline(producer: TensorExpr, consumer: TensorExpr, slot: int, readers: 
     return readers == 1 or _normalising(producer, computed)
 
 
-def fuse_elementwise(graph: Graph, max_inputs: int = 6) -> Graph:
-    """Inline elementwise producers into their readers (rules in the module doc), repeatedly."""
+def _epilogue_leaves(body: Body, slots: dict[int, Body]) -> Body:
+    """C's body as an epilogue: P's result becomes ``("acc",)``, other inputs extra leaves."""
+    if body[0] == "in":
+        return slots[body[1]]
+    if body[0] == "const":
+        return body
+    return (body[0], *(_epilogue_leaves(arg, slots) for arg in body[1:]))
+
+
+def _fold(producer: TensorExpr, consumer: TensorExpr, slots: list[int],
+          shapes: dict[str, tuple[int, ...]], max_extra: int) -> TensorExpr | None:
+    """P with C as its epilogue (rules a-c of the module doc), or None where they fail."""
+    if consumer.combine is not None or consumer.body[0] == "take":
+        return None
+    read = consumer.inputs[slots[0]]
+    if any(consumer.inputs[k] != read for k in slots):
+        return None  # read at two different points
+    plain = all(isinstance(d, str) for d in read.axes) and len(set(read.axes)) == len(read.axes)
+    if not plain or set(read.axes) != set(consumer.axis_names):
+        return None
+    rename = dict(zip(read.axes, producer.output.axes))
+    extra = list(producer.extra)
+    leaves: dict[int, Body] = {}
+    for k, o in enumerate(consumer.inputs):
+        if k in slots:
+            leaves[k] = ("acc",)
+            continue
+        plain = all(isinstance(d, str) and d in rename for d in o.axes)
+        if not plain or len(set(o.axes)) != len(o.axes):
+            return None
+        if tuple(shapes[o.tensor]) != tuple(consumer.extents[str(d)] for d in o.axes):
+            return None  # a broadcast or partial read: not an output-aligned operand
+        moved = Operand(o.tensor, tuple(rename[str(d)] for d in o.axes))
+        if moved not in extra:
+            extra.append(moved)
+        leaves[k] = ("in", extra.index(moved))
+    if len(extra) > max_extra:
+        return None
+    epilogue = _epilogue_leaves(consumer.body, leaves)
+    if producer.epilogue is not None:  # compose: C applies to what P's epilogue gave
+        epilogue = _substitute_acc(epilogue, producer.epilogue)
+    output = Operand(consumer.output.tensor,
+                     tuple(rename[str(d)] for d in consumer.output.axes))
+    return replace(producer, output=output, epilogue=epilogue, extra=tuple(extra),
+                   source=f"{producer.source} + {consumer.source}".strip(" +"))
+
+
+def _substitute_acc(body: Body, value: Body) -> Body:
+    if body == ("acc",):
+        return value
+    if body[0] in ("in", "const"):
+        return body
+    return (body[0], *(_substitute_acc(arg, value) for arg in body[1:]))
+
+
+def fuse_epilogue(ops: list[TensorExpr], keep: set[str], shapes: dict[str, tuple[int, ...]],
+                  max_extra: int = 4) -> bool:
+    """Fold one elementwise op into the reduction before it (module doc, rules a-c), in
+    place; True if one was folded."""
+    reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for ci, op in enumerate(ops):
+        for slot, o in enumerate(op.reads):
+            reads[o.tensor].append((ci, slot))
+    for pi, producer in enumerate(ops):
+        out = producer.output.tensor
+        if producer.combine is None or producer.body[0] == "take" or out in keep:
+            continue
+        sites = reads.get(out, [])
+        readers = {ci for ci, _ in sites}
+        if len(readers) != 1:
+            continue
+        ci = readers.pop()
+        slots = [slot for _, slot in sites]
+        if any(slot >= len(ops[ci].inputs) for slot in slots):
+            continue  # read as another op's extra operand
+        fused = _fold(producer, ops[ci], slots, shapes, max_extra)
+        if fused is None:
+            continue
+        ops[ci] = fused
+        del ops[pi]
+        return True
+    return False
+
+
+def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True) -> Graph:
+    """Inline elementwise producers into their readers and, with ``epilogues``, fold
+    elementwise consumers into reductions (rules in the module doc), repeatedly."""
     ops = list(graph.ops)
     # tensors read through a view (or output through one) must exist as they are
-    viewed = {o.tensor for op in ops for o in op.inputs if o.tensor in graph.views}
+    viewed = {o.tensor for op in ops for o in op.reads if o.tensor in graph.views}
     keep = {graph.root(t) for t in (*graph.outputs, *viewed)}
+    shapes = {name: t.shape for name, t in graph.tensors.items()}
     changed = True
     while changed:
-        changed = False
+        changed = epilogues and fuse_epilogue(ops, keep, shapes)
+        if changed:
+            continue
         reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for ci, op in enumerate(ops):
-            for slot, o in enumerate(op.inputs):
+            for slot, o in enumerate(op.reads):
                 reads[o.tensor].append((ci, slot))
         produced = {op.output.tensor for op in ops}
         # computed tensors, views of them included (constants and inputs are not)
@@ -133,7 +235,8 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6) -> Graph:
             sites = reads.get(out, [])
             if not sites or len({ci for ci, _ in sites}) != len(sites):
                 continue  # one reader reading it twice
-            if not all(_may_inline(producer, ops[ci], slot, len(sites), computed, max_inputs)
+            if not all(slot < len(ops[ci].inputs)
+                       and _may_inline(producer, ops[ci], slot, len(sites), computed, max_inputs)
                        for ci, slot in sites):
                 continue
             for ci, slot in sites:
@@ -146,7 +249,8 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6) -> Graph:
 
 def prune(graph: Graph) -> Graph:
     """Drop the views and tensors that no op reads and no output is (chains included)."""
-    used = {o.tensor for op in graph.ops for o in op.operands} | set(graph.outputs)
+    used = {o.tensor for op in graph.ops for o in (*op.operands, *op.extra)}
+    used |= set(graph.outputs)
     used |= set(graph.inputs)
     frontier = [t for t in used if t in graph.views]
     while frontier:

@@ -5,26 +5,42 @@ This stage sees only tensor expressions; it never looks at ONNX op types.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
+from .align import aligned_variants
 from .bounds import Bounds, bounds
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
+from .constrain import (
+    WEIGHTS,
+    Constraint,
+    ConstraintError,
+    Replay,
+    apply_constraints,
+    check_constraint,
+    check_replay,
+    constrained_front,
+    match_ops,
+)
 from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
+from .epilogue import extra_edge_cost
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans
 from .space import Space, baseline_options, op_keys, space_of, tensor_sets, union
-from .transitions import edge_cost
+from .transitions import Views, edge_cost, relayout_cycles
 from .verify import verify_plan
 
 __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
            "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
-           "search_op", "search_op_front", "plan_cost"]
+           "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
+           "WEIGHTS", "Replay", "replay_plan", "check_constraints",
+           "search_op_constrained", "match_ops"]
 
 
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
@@ -46,14 +62,18 @@ def search_op_front(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
 
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
-               front_limit: int = 16, progress: Progress | None = None) -> Plan:
-    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT.
+               front_limit: int = 16, progress: Progress | None = None,
+               constraints: tuple[Constraint, ...] = ()) -> Plan:
+    """Search every op's plans (once per distinct op), then choose one per op with CP-SAT;
+    the ops ``constraints`` name choose among the plans that obey them (`constrain.py`).
 
     A strategy that rotates (t10) chooses from its own plans united with the no-rotation and
     vgm baselines' (`space.py` says why its plan is then never slower than theirs): each
-    baseline's own choice is solved first and given to the solve as a start."""
+    baseline's own choice is solved first and given to the solve as a start. With
+    ``constraints`` the named ops' fronts are replaced, the baselines' choices no longer map,
+    and the solve starts from the greedy alone."""
     start = time.perf_counter()
-    ints, _ = tensor_sets(graph)
+    ints, consts = tensor_sets(graph)
     keys = op_keys(graph)
     baselines = baseline_options(search)
     # a rotating strategy: its own plans and the no-rotation plans with every twin, then each
@@ -77,13 +97,20 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         space, spaces, maps = spaces[0], [], []
     search_wall = time.perf_counter() - start
     fronts = [list(f) for f in space.fronts]
-    check_fit(graph, chip, fronts, list(space.smallest))
+    smallest = list(space.smallest)
+    least_cold = list(space.least_cold)
+    if constraints:  # `--plan FILE`: the named ops' fronts become the plans obeying it
+        apply_constraints(graph, chip, dtype, search, front_limit, constraints, fronts,
+                          smallest, least_cold, keys, ints, consts)
+        spaces, maps = [], []
+    check_fit(graph, chip, fronts, smallest)
     plan_bounds = bounds(graph, chip, dtype, fronts)
-    if sum(space.least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
+    if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
         # the weights alone cannot be resident: no need to ask the solver
-        raise DoesNotFitError(diagnose(graph, chip, fronts, list(space.least_cold), "RESIDENT",
-                                       solver, dtype))
-    edges = _edges(graph, keys, fronts, chip, dtype, ints)
+        raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, "RESIDENT", solver,
+                                       dtype))
+    views = Views(graph)
+    edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
     solves = len(spaces) + 1  # the baselines' solves, then the solve itself, share a display
     starts = []
     for n, (own, where) in enumerate(zip(spaces, maps)):
@@ -95,12 +122,14 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
                                   solver, _share(progress, solves - 1, solves), starts)
     if result is None:
-        raise DoesNotFitError(diagnose(graph, chip, fronts, list(space.least_cold), status,
-                                       solver, dtype))
+        raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
-    relayout = [0] * len(graph.ops)
-    for e in edges:
-        relayout[e.dst] += e.cost[result.choice[e.src]][result.choice[e.dst]]
+    # the solver priced each input's move on its own; the chosen plans' inputs move together
+    relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
+    if search.align and not chip.is_mesh and solver.planner != "greedy":
+        fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
+        chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
+                                    search, solver, views, fixed)
     gap = result.objective_cycles - result.bound_cycles
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
@@ -116,6 +145,10 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         search_wall_s=search_wall,
         bounds=plan_bounds,
     )
+
+
+def _rename(plan: OpPlan, name: str) -> OpPlan:
+    return dataclasses.replace(plan, op=name)
 
 
 def _share(progress: Progress | None, n: int, solves: int) -> Progress | None:
@@ -147,11 +180,77 @@ def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]
     return None if result is None else result.choice
 
 
-def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
-           dtype: str, ints: frozenset[str]) -> list[Edge]:
-    """Every producer -> consumer edge with its re-layout costs; repeated layers share them."""
+def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayout: list[int],
+             chip: Chip, dtype: str, ints: frozenset[str], consts: frozenset[str],
+             search: SearchOptions, solver: SolverOptions, views: Views,
+             fixed: frozenset[int] = frozenset()) -> tuple[tuple[OpPlan, ...], list[int]]:
+    """The second solve: every op chooses between its chosen plan and the plans aligned to
+    what its producers' choices (or their aligned alternatives) leave (`align.py`), under the
+    same memory constraints. Offering the aligned plans in the first solve, beside whole
+    fronts, stalled CP-SAT on bert-large at the greedy's objective; this small model solves
+    at once, starts from the first choice (its greedy hint) and keeps the better of the two.
+    The ops in ``fixed`` (named by `--plan` constraints) keep their chosen plan."""
+    fronts = _with_aligned(graph, keys, [[p] for p in chosen], chip, dtype, ints, consts,
+                           search)
+    # ops a `--plan` constraint names keep the plan that obeys it
+    fronts = [[chosen[i]] if i in fixed else f for i, f in enumerate(fronts)]
+    if all(len(f) == 1 for f in fronts):
+        return chosen, relayout
+    edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
+    result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], edges,
+                             chip.sram_bytes_per_core, solver)
+    if result is None:
+        return chosen, relayout
+    picked = tuple(f[k] for f, k in zip(fronts, result.choice))
+    again = relayout_cycles(graph, picked, chip, dtype, ints, views)
+    before = sum(p.cycles.total for p in chosen) + sum(relayout)
+    if sum(p.cycles.total for p in picked) + sum(again) < before:
+        return picked, again
+    return chosen, relayout
+
+
+def _front_ids(fronts: list[list[OpPlan]]) -> list[int]:
+    """Equal numbers for ops whose fronts hold the same plans (repeated layers)."""
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault(tuple(_rename(p, "") for p in f), len(ids)) for f in fronts]
+
+
+def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
+                  dtype: str, ints: frozenset[str], consts: frozenset[str],
+                  search: SearchOptions) -> list[list[OpPlan]]:
+    """Every op's front plus the plans aligned to its producers' (`align.py`), in
+    topological order so that alignment carries along chains; repeated layers share them."""
+    if not search.align or chip.is_mesh:
+        return fronts
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    cache: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+    fronts = list(fronts)
+    table: dict[tuple, int] = {}
+
+    def front_id(f: list[OpPlan]) -> int:
+        return table.setdefault(tuple(_rename(p, "") for p in f), len(table))
+
+    ids = [front_id(f) for f in fronts]
+    cache: dict[tuple, list[OpPlan]] = {}
+    for i, op in enumerate(graph.ops):
+        feeds = tuple((slot, ids[producer[o.tensor]]) for slot, o in enumerate(op.inputs)
+                      if o.tensor in producer)
+        if not feeds:
+            continue
+        key = (keys[i], feeds, ids[i])
+        if key not in cache:
+            cache[key] = aligned_variants(graph, i, fronts, chip, dtype, ints, consts,
+                                          search.align, search.weights_home)
+        fronts[i] = fronts[i] + [_rename(p, op.name) for p in cache[key]]
+        ids[i] = front_id(fronts[i])
+    return fronts
+
+
+def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip,
+           dtype: str, ints: frozenset[str], views: Views) -> list[Edge]:
+    """Every producer -> consumer edge with its re-layout costs; ops with equal fronts
+    (``keys``, repeated layers) share them."""
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    cache: dict[tuple, tuple[tuple[int | None, ...], ...]] = {}
     edges = []
     for i, op in enumerate(graph.ops):
         for slot, operand in enumerate(op.inputs):
@@ -159,9 +258,50 @@ def _edges(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Ch
             if j is None:
                 continue
             direct = operand.tensor == graph.ops[j].output.tensor
-            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape)
+            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape,
+                   views.chain(operand.tensor))
             if key not in cache:
                 cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
-                                       ints)
+                                       ints, views)
+            edges.append(Edge(j, i, slot, cache[key]))
+        for k, operand in enumerate(op.extra):  # epilogue operands: slots past the output's
+            j = producer.get(graph.root(operand.tensor))
+            if j is None:
+                continue
+            slot = len(op.inputs) + 1 + k
+            direct = operand.tensor == graph.ops[j].output.tensor
+            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape,
+                   views.chain(operand.tensor))
+            if key not in cache:
+                cache[key] = extra_edge_cost(graph, j, i, k, fronts[j], fronts[i], chip, dtype,
+                                             ints)
             edges.append(Edge(j, i, slot, cache[key]))
     return edges
+
+
+def replay_plan(graph: Graph, replay: Replay, chip: Chip, dtype: str) -> Plan:
+    """The plan read back from plan.json, for ``graph`` on ``chip``, once every op's costs and
+    re-layouts are re-derived and agree (`constrain.check_replay`); raises `PlanError`."""
+    ints, consts = tensor_sets(graph)
+    check_replay(graph, replay, chip, dtype, ints, consts)
+    return replay.plan
+
+
+def check_constraints(graph: Graph, chip: Chip, constraints: tuple[Constraint, ...],
+                      search: SearchOptions = SearchOptions()) -> None:
+    """Refuse, before any search, constraints that name no op or ask what no plan can be
+    (`constrain.check_constraint`); `plan_graph` finds the rest (no legal or fitting plan)."""
+    _, consts = tensor_sets(graph)
+    for op, c in zip(graph.ops, match_ops(graph, constraints)):
+        if c is not None:
+            check_constraint(op, c, chip, any(o.tensor in consts for o in op.inputs),
+                             search.weights_home)
+
+
+def search_op_constrained(graph: Graph, op: TensorExpr, chip: Chip, dtype: str, c: Constraint,
+                          opts: SearchOptions = SearchOptions(), limit: int = 16
+                          ) -> list[OpPlan]:
+    """The front of the plans of one op of ``graph`` that obey ``c`` (as `plan_graph` puts
+    it before the solver), for `t10c explain --plan`."""
+    ints, consts = tensor_sets(graph)
+    return constrained_front(graph, op, c, chip, dtype, opts, limit, ints, consts).front

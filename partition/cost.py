@@ -16,6 +16,11 @@ Formulas (all per core; the slowest core sets the pace of a bulk-synchronous ste
   (on a mesh, an estimate of the gather over a line, `place.gather_estimate`).
 - re-layout (priced by the whole-graph planner, measured by the emulator): one barrier plus the
   bytes of each input buffer that a producer left elsewhere.
+- epilogue (a fused op, `t10c.ir.TensorExpr.epilogue`; `epilogue_cost`): once the result is
+  complete, its vector work on each core's share of it (the chunk after a reduce-scatter, the
+  output tile otherwise), counted as compute; each extra operand is one more buffer of that
+  share, resident for a weight; an activation's re-layout is an edge of the whole-graph
+  choice, as an input's is (`partition/epilogue.py`).
 
 The emulator times the program with the same `Chip` primitives from the instructions' actual
 shapes and tables, so a one-op program's measured cycles equal these predictions.
@@ -24,9 +29,11 @@ shapes and tables, so a one-op program's measured cycles equal these predictions
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from t10c.chips import DTYPES, Chip
 from t10c.costs import INDEX_BYTES, compute_cycles
+from t10c.elementwise import body_cost
 from t10c.ir import TensorExpr
 
 from .place import exchange_estimate, gather_estimate, shift_cycles
@@ -48,6 +55,22 @@ def home_bytes(op: TensorExpr, shapes: dict[str, tuple[int, ...]], chip: Chip, d
     """Bytes per core of the op's weights spread evenly over all cores (the vgm home)."""
     return sum(-(-math.prod(shapes[o.tensor]) // chip.cores) * DTYPES[dtype]
                for o in op.inputs if o.tensor in const_tensors)
+
+
+def epilogue_cost(op: TensorExpr, share: Any, chip: Chip, dtype: str,
+                  int_tensors: frozenset[str], const_tensors: frozenset[str]
+                  ) -> tuple[Any, Any, Any, Any]:
+    """(compute cycles, activation bytes, hot bytes, cold bytes) per core of op's epilogue on
+    ``share`` elements of its finished result (all zero without an epilogue). ``share`` may
+    be a numpy array (`vcost`): the arithmetic is elementwise."""
+    if op.epilogue is None:
+        return 0, 0, 0, 0
+    rate = chip.vector_ops_per_cycle[dtype]
+    compute = chip.compute_overhead_cycles + -(-share * max(1, body_cost(op.epilogue)) // rate)
+    each = [share * (INDEX_BYTES if o.tensor in int_tensors else DTYPES[dtype]) for o in op.extra]
+    moved = sum(b for b, o in zip(each, op.extra) if o.tensor not in const_tensors)
+    cold = sum(b for b, o in zip(each, op.extra) if o.tensor in const_tensors)
+    return compute, moved, sum(each), cold
 
 
 def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
@@ -123,6 +146,10 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
             moving = chip.transfer_cycles((group - 1) * chunk_bytes)
         reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
         out_bytes = chunk_bytes
+    share = chunk if group > 1 else math.prod(geo.tile_shape(out))
+    epi_compute, _, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype, int_tensors,
+                                                      const_tensors)
+    compute += epi_compute  # (the activations' re-layout is an edge: partition/epilogue.py)
 
     # while computing: every operand's tile and a receive buffer per rotating one; during the
     # reduce-scatter the activation inputs and receive buffers are gone, and the weights, the
@@ -131,7 +158,9 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
     hot = sum(tile_bytes) + sum(tile_bytes[i] for i in range(nops) if rot_axis[i] is not None)
     if group > 1:
         hot = max(hot, cold + tile_bytes[out] + chunk_bytes)
+    hot += epi_hot  # the epilogue's operands live through the whole op
     if weights_home:
         cold = home_bytes(op, geo.shapes, chip, dtype, const_tensors)
         hot += cold
+    cold += epi_cold  # epilogue weights stay resident beside the result, homed or not
     return Cycles(compute, shift, sync, reduce), hot, cold, out_bytes

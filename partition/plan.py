@@ -84,6 +84,12 @@ class OpPlan:
     #: where the op's grid sits on a mesh chip (`place.Embedding`); None: logical core c is
     #: physical core c (all-to-all chips, and plans made under the all-to-all assumption)
     embed: Embedding | None = None
+    #: on an all-to-all chip, the physical core each logical core runs on, when it is not
+    #: core c: a plan aligned to the layout its producer leaves (`partition/align.py`)
+    cores: tuple[int, ...] | None = None
+    #: the input whose producer's layout this plan was built to match (`partition/align.py`):
+    #: the solver pairs it only with producer plans that leave that layout; -1 for none
+    aligned: int = -1
 
     @property
     def steps(self) -> int:
@@ -101,7 +107,8 @@ class Geometry:
     def __init__(self, op: TensorExpr, F: tuple[int, ...], T: tuple[int, ...],
                  rot: tuple[tuple[str, ...], ...], drivers: tuple[tuple[str, ...], ...],
                  shapes: dict[str, tuple[int, ...]], chain: tuple[int, ...] | None = None,
-                 embed: Embedding | None = None) -> None:
+                 embed: Embedding | None = None, cores: tuple[int, ...] | None = None
+                 ) -> None:
         self.op = op
         self.axes = op.axis_names
         self.E = tuple(e for _, e in op.axes)
@@ -115,12 +122,15 @@ class Geometry:
         self.u = tuple(b // t for b, t in zip(self.b, T))
         self.steps = math.prod(T)
         self.embed = embed
+        self.cores = cores
         self._recent: dict[str, dict[int, np.ndarray]] = {}
         self._rings: dict[int, np.ndarray] = {}
 
     @cached_property
     def phys(self) -> np.ndarray:
         """(ncores,): the physical core each logical core runs on."""
+        if self.cores is not None:
+            return np.asarray(self.cores, dtype=np.int64)
         if self.embed is None:
             return np.arange(self.ncores, dtype=np.int64)
         reduction = {a for a in self.axes if a not in self.op.output.axes}
@@ -128,8 +138,9 @@ class Geometry:
 
     @property
     def placed(self) -> bool:
-        """Whether logical and physical core numbers differ (a mesh embedding)."""
-        return self.embed is not None
+        """Whether logical and physical core numbers differ (a mesh embedding, or a plan
+        aligned to its producer's layout)."""
+        return self.embed is not None or self.cores is not None
 
     @cached_property
     def coords(self) -> np.ndarray:
@@ -299,4 +310,5 @@ class Geometry:
 
 def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
     shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
-    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain, plan.embed)
+    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain, plan.embed,
+                    plan.cores)

@@ -53,6 +53,9 @@ class SearchOptions:
     #: link load; False plans as if the chip were all-to-all and numbers cores row-major, as
     #: T10 does (the baseline that shows what mesh awareness is worth)
     mesh_aware: bool = True
+    #: plans aligned to the layouts their producers' chosen plans leave (`align.py`), at most
+    #: this many per op in the second solve; 0 for none
+    align: int = 2
 
 
 def _axis_candidates(extent: int, cores: int) -> list[int]:

@@ -17,6 +17,9 @@ model is built by `build_model`, solved by `solve_model` and decoded by `decode`
   cost depends on the pair of plans, booleans ``y[e, p, q]`` mark the pair in use:
   ``sum_q y[e, p, q] = x[j, p]`` and ``sum_p y[e, p, q] = x[i, q]`` (the tight, "marginal"
   linearisation of ``x[j, p] * x[i, q]``, whose relaxation already prices most edges right).
+  A pair the edge does not allow (a plan aligned to one producer layout beside another, cost
+  None) gets no variable, so the marginals forbid it: ``x[i, q] <= sum of x[j, p]`` over the
+  producer plans it allows.
 - objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]``.
 
 The greedy starts from every op's fastest plan and, while some op's memory (C2) is exceeded,
@@ -43,6 +46,9 @@ from t10c.ir import Graph
 from . import cpsat
 from .cpsat import Progress
 from .plan import OpPlan
+
+#: the objective of a choice that uses a pair of plans an edge does not allow
+FORBIDDEN = 2 ** 62
 
 
 @dataclass(frozen=True)
@@ -82,12 +88,12 @@ class MemoryTerms:
 @dataclass(frozen=True)
 class Edge:
     """Producer op ``src`` feeds input ``slot`` of consumer op ``dst``; ``cost[p][q]`` is the
-    re-layout cycles from producer plan p to consumer plan q."""
+    re-layout cycles from producer plan p to consumer plan q (None: the pair is not allowed)."""
 
     src: int
     dst: int
     slot: int
-    cost: tuple[tuple[int, ...], ...]
+    cost: tuple[tuple[int | None, ...], ...]
 
 
 def liveness(graph: Graph) -> MemoryTerms:
@@ -95,7 +101,7 @@ def liveness(graph: Graph) -> MemoryTerms:
     last_use: dict[int, int] = {}
     inputs_of: list[tuple[int, ...]] = []
     for i, op in enumerate(graph.ops):
-        prods = sorted({producer[graph.root(o.tensor)] for o in op.inputs
+        prods = sorted({producer[graph.root(o.tensor)] for o in op.reads
                         if graph.root(o.tensor) in producer})
         inputs_of.append(tuple(prods))
         for p in prods:
@@ -189,12 +195,15 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None
 
 def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...]) -> int:
     total = sum(int(a[k]) for a, k in zip(arrays.cycles, choice))
-    return total + sum(e.cost[choice[e.src]][choice[e.dst]] for e in edges)
+    pairs = [e.cost[choice[e.src]][choice[e.dst]] for e in edges]
+    if any(r is None for r in pairs):
+        return FORBIDDEN
+    return total + sum(r for r in pairs if r is not None)
 
 
-def _classes(vectors: list[tuple[int, ...]]) -> list[list[int]]:
+def _classes(vectors: list[tuple[int | None, ...]]) -> list[list[int]]:
     """Indices grouped by equal vectors, in order of first appearance."""
-    groups: dict[tuple[int, ...], list[int]] = {}
+    groups: dict[tuple[int | None, ...], list[int]] = {}
     for k, v in enumerate(vectors):
         groups.setdefault(tuple(v), []).append(k)
     return list(groups.values())
@@ -229,16 +238,19 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
             continue
         rows = _classes(list(e.cost))
         cols = _classes(list(zip(*e.cost)))
-        y = [[model.new_bool_var(f"y[{n},{a},{b}]") for b in range(len(cols))]
-             for a in range(len(rows))]
+        # cost[p][q] is the same for every p of a row class and q of a column class; no
+        # variable for a pair that is not allowed (None): the marginals then forbid it
+        pair = [[e.cost[r[0]][c[0]] for c in cols] for r in rows]
+        y: list[list[Any]] = [[model.new_bool_var(f"y[{n},{a},{b}]") if r is not None else None
+                               for b, r in enumerate(row)] for a, row in enumerate(pair)]
         for a, members in enumerate(rows):
-            model.add(sum(y[a]) == sum(x[e.src][p] for p in members))
+            model.add(sum(v for v in y[a] if v is not None)
+                      == sum(x[e.src][p] for p in members))
         for b, members in enumerate(cols):
-            model.add(sum(y[a][b] for a in range(len(rows))) ==
-                      sum(x[e.dst][q] for q in members))
-        transitions.extend(e.cost[rows[a][0]][cols[b][0]] * y[a][b]
-                           for a in range(len(rows)) for b in range(len(cols))
-                           if e.cost[rows[a][0]][cols[b][0]])
+            model.add(sum(y[a][b] for a in range(len(rows)) if y[a][b] is not None)
+                      == sum(x[e.dst][q] for q in members))
+        transitions.extend(r * y[a][b] for a, row in enumerate(pair)
+                           for b, r in enumerate(row) if r)
     model.minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
                    + sum(transitions))
     if hint is not None:
@@ -279,7 +291,9 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     terms = liveness(graph)
     arrays = _Arrays(fronts, relayout_in)
     cap = int(sram_bytes * (1 - opts.reserve_fraction))
-    base = [len(f) if all(p.home for p in f) else sum(not p.home for p in f) for f in fronts]
+    # the greedy walks each op's own front: neither warm-up twins nor aligned plans
+    base = [sum(p.aligned < 0 and (not p.home or all(r.home for r in f)) for p in f)
+            for f in fronts]
     warm = greedy(terms, arrays, cap, base)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     known = [tuple(warm)] if warm is not None else []

@@ -76,8 +76,8 @@ def tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
 def op_keys(graph: Graph) -> list[tuple]:
     """A key per op under which identical ops (repeated layers) share searches and edges."""
     ints, consts = tensor_sets(graph)
-    return [(op.signature(), tuple(o.tensor in consts for o in op.inputs),
-             tuple(o.tensor in ints for o in op.inputs)) for op in graph.ops]
+    return [(op.signature(), tuple(o.tensor in consts for o in op.reads),
+             tuple(o.tensor in ints for o in op.reads)) for op in graph.ops]
 
 
 def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_limit: int,
@@ -95,7 +95,8 @@ def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_
             shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
             found = search_front(op, chip, dtype, shapes, ints, consts, search, front_limit)
             plans = [dataclasses.replace(p, op=op.name) for p in found.front]
-            if search.weights_home:
+            weighted = any(o.tensor in consts for o in op.inputs)
+            if search.weights_home and weighted:  # an op without weights has none to fetch
                 plans = [dataclasses.replace(p, home=True) for p in plans]
             else:
                 plans += warm_up_twins(graph, op, plans if every_twin else plans[:1], chip,
@@ -135,7 +136,7 @@ def _order(p: OpPlan) -> tuple:
     order varies with string hashing from run to run)."""
     return (p.home, p.cycles.total, p.hot_bytes_per_core, p.cold_bytes_per_core,
             p.out_bytes_per_core, p.F, p.T, p.rot, p.chain, p.drivers, repr(p.embed),
-            dataclasses.astuple(p.cycles), p.op)
+            repr(p.cores), p.aligned, dataclasses.astuple(p.cycles), p.op)
 
 
 def union(spaces: list[Space]) -> tuple[Space, list[list[list[int]]]]:

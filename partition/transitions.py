@@ -1,99 +1,400 @@
 """Re-layout costs between a producer's plan and a consumer's plan (the solver's (C3) edges).
 
-The producer leaves every core a box of the tensor (its output tile after the last step); the
-consumer wants every core to hold a box of it (its input tile at step 0). A core receives every
-element of its wanted box that it does not already hold; the exchange lasts as long as the
-busiest core needs, after one barrier:
+The producer leaves every element of its result on one physical core (its output tile after
+the last step, or after a reduce-scatter the chunk of it that the core finished); the consumer
+wants every core it runs on to hold a box of the operand's tensor (its input tile at step 0),
+read through any Reshape/Transpose views in between. A core receives every element of its box
+that it does not already hold; all the inputs of one op move in one exchange phase after one
+barrier, which lasts as long as the busiest core needs:
 
-    remote(c) = |want(c) within the tensor| - |want(c) and have(c) within the tensor|
-    cycles = sync + transfer(max_c remote(c) * bytes per element), or 0 when nothing moves.
+    remote(c) = |want(c) within the tensor| - |elements of want(c) left on core c|
+    cycles(op) = sync + transfer(max_c sum over inputs of remote(c) * bytes per element),
+                 or 0 when nothing moves (codegen then emits neither barrier nor transfer).
 
-On a mesh the transfer is `place.exchange_estimate` (routes across the mesh, not one hop).
+An op that warms its weights up (`OpPlan.home`) fetches them in the same exchange phase, so
+its re-layout adds no barrier of its own. These are the elements the emulator counts from
+codegen's exchange tables, so on an all-to-all chip the prediction is exact.
 
-When the producer's result ends reduce-scattered (not a box) or a Reshape/Transpose view lies
-between the two, every wanted element is counted as remote. The emulator measures the real
-exchange from codegen's tables, so this is an estimate only in those cases.
+Where the producer leaves a box per core and no view lies between, the overlap is computed box
+against box; otherwise element by element (each element's owning core, looked up in the
+consumer's box on that core), vectorised over the producer plans and computed once per
+distinct layout.
+
+The solver prices each edge on its own (`edge_cost`: that input's transfer and a barrier):
+for an op with several moving inputs that is an upper bound of the joint phase (one barrier,
+the busiest core's sum), which `relayout_cycles` computes exactly for the chosen plans. (A
+barrier indicator per op shared by its edges made CP-SAT's search on bert-large stall at the
+greedy's objective, 9% worse.) On a mesh the transfer is `place.exchange_estimate` (routes
+across the mesh, not one hop): an estimate.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.ir import Graph
+from t10c.ir import Graph, map_to_root
 
 from .cost import element_bytes
 from .place import exchange_estimate
-from .plan import OpPlan, geometry
-
-Box = tuple[np.ndarray, np.ndarray] | None  # (origins (ncores, ndim), shape (ndim,))
+from .plan import Geometry, OpPlan, geometry
 
 
-def output_box(graph: Graph, j: int, plan: OpPlan) -> Box:
+@dataclass(frozen=True)
+class Want:
+    """The boxes a consumer plan wants of one input: per logical core its origin, one shape,
+    and the physical core each logical core runs on."""
+
+    origin: np.ndarray  # (ncores, ndim), may be negative (windows start in the padding)
+    shape: np.ndarray  # (ndim,)
+    phys: np.ndarray  # (ncores,)
+
+    def digest(self) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for a in (self.origin, self.shape, self.phys):
+            h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+            h.update(b"|")
+        return h.digest()
+
+
+@dataclass(frozen=True)
+class Have:
+    """Where a producer plan leaves its result, in the consumer's operand's index space:
+    either one box per physical core (``origin``, ``holds``, ``shape``), or the owning
+    physical core of every element (``owner``, flat; -1 for none)."""
+
+    origin: np.ndarray | None = None  # (cores, ndim)
+    holds: np.ndarray | None = None  # (cores,) bool
+    shape: np.ndarray | None = None  # (ndim,)
+    owner: np.ndarray | None = None  # (numel,) int32
+
+    def digest(self) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for a in (self.origin, self.holds, self.shape, self.owner):
+            h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
+            h.update(b"|")
+        return h.digest()
+
+
+def _tile_flat(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(flat index, inside the tensor) of every element of each core's tile, row-major within
+    the tile: the numbering of codegen's buffers (`codegen.program.tile_elements`)."""
+    n = len(origin)
+    flat = np.zeros((n,) + (1,) * len(tile), dtype=np.int64)
+    valid = np.ones((n,) + (1,) * len(tile), dtype=bool)
+    stride = 1
+    for d in reversed(range(len(tile))):
+        view = [n] + [1] * len(tile)
+        view[d + 1] = tile[d]
+        coord = (origin[:, d][:, None] + np.arange(tile[d])[None, :]).reshape(view)
+        valid = valid & (coord >= 0) & (coord < shape[d])
+        flat = flat + np.clip(coord, 0, shape[d] - 1) * stride
+        stride *= shape[d]
+    full = (n, int(np.prod(tile, dtype=np.int64)))
+    return (np.broadcast_to(flat, (n, *tile)).reshape(full),
+            np.broadcast_to(valid, (n, *tile)).reshape(full))
+
+
+def scatter_members(geo: Geometry) -> tuple[np.ndarray, np.ndarray, int]:
+    """The reduce-scatter after the steps: (members, pos, chunk). ``members`` (blocks, group)
+    lists the logical cores holding partial sums of the same output block, by core id;
+    member ``pos[c]`` ends with elements ``[pos * chunk, (pos + 1) * chunk)`` of the block's
+    buffer (row-major over the output tile)."""
+    out = len(geo.op.inputs)
+    group = geo.reduce_group
+    origin = geo.tile_origin(out, geo.steps - 1)
+    key = np.unique(origin, axis=0, return_inverse=True)[1].ravel()
+    order = np.lexsort((np.arange(geo.ncores), key))
+    members = order.reshape(-1, group)
+    pos = np.empty(geo.ncores, dtype=np.int64)
+    pos[members] = np.arange(group)[None, :]
+    elems = int(np.prod(geo.tile_shape(out), dtype=np.int64))
+    return members, pos, -(-elems // group)
+
+
+def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
+    """(numel,): the physical core that holds each element of op ``j``'s result after it ran
+    (codegen's placement of the result, `codegen.lower.finish_output`)."""
     op = graph.ops[j]
     geo = geometry(graph, op, plan)
-    if geo.reduce_group > 1:
-        return None
     out = len(op.inputs)
-    return geo.tile_origin(out, geo.steps - 1), np.asarray(geo.tile_shape(out))
+    shape = graph.tensors[op.output.tensor].shape
+    flat, valid = _tile_flat(geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out), shape)
+    if geo.reduce_group > 1:
+        _, pos, chunk = scatter_members(geo)
+        elems = flat.shape[1]
+        local = pos[:, None] * chunk + np.arange(chunk)[None, :]
+        inside = local < elems
+        local = np.minimum(local, elems - 1)
+        rows = np.arange(geo.ncores)[:, None]
+        flat, valid = flat[rows, local], valid[rows, local] & inside
+    owner = np.full(int(np.prod(shape, dtype=np.int64)), -1, dtype=np.int32)
+    cores = np.broadcast_to(geo.phys[:, None], flat.shape)
+    owner[flat[valid]] = cores[valid]
+    return owner
 
 
-def input_box(graph: Graph, i: int, slot: int, plan: OpPlan) -> tuple[np.ndarray, np.ndarray]:
-    op = graph.ops[i]
+def result_boxes(geo: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
+    """The box each logical core holds of the result after the op, (origins, shape), when
+    every core holds one: always without a reduce-scatter, and with one when the group
+    divides the tile's outermost dimension longer than 1 (each member's contiguous chunk of
+    the row-major tile is then whole rows of it). None otherwise."""
+    out = len(geo.op.inputs)
+    origin = geo.tile_origin(out, geo.steps - 1)
+    shape = np.asarray(geo.tile_shape(out))
+    group = geo.reduce_group
+    if group == 1:
+        return origin, shape
+    outer = [d for d, n in enumerate(shape) if n > 1]
+    if not outer or shape[outer[0]] % group:
+        return None
+    d = outer[0]
+    _, pos, _ = scatter_members(geo)
+    origin = origin.copy()
+    shape = shape.copy()
+    shape[d] //= group
+    origin[:, d] += pos * shape[d]
+    return origin, shape
+
+
+def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
+                  to_root: np.ndarray | None, views: Views | None = None) -> Have:
+    """Where plan ``plan`` of op ``j`` leaves the elements of ``tensor`` (its result, or a
+    view of it whose flat root index per element is ``to_root``)."""
+    op = graph.ops[j]
     geo = geometry(graph, op, plan)
-    return geo.tile_origin(slot, 0), np.asarray(geo.tile_shape(slot))
+    box = result_boxes(geo) if to_root is None else None
+    if box is not None:
+        origin = np.zeros((cores, len(op.output.axes)), dtype=np.int64)
+        holds = np.zeros(cores, dtype=bool)
+        origin[geo.phys] = box[0]
+        holds[geo.phys] = True
+        return Have(origin=origin, holds=holds, shape=box[1])
+    owner = views.owner(j, plan) if views is not None else result_owner(graph, j, plan)
+    return Have(owner=owner if to_root is None else owner[to_root])
+
+
+def consumer_want(graph: Graph, i: int, slot: int, plan: OpPlan) -> Want:
+    """The boxes plan ``plan`` of op ``i`` wants of input ``slot`` (its tiles at step 0)."""
+    geo = geometry(graph, graph.ops[i], plan)
+    return Want(geo.tile_origin(slot, 0), np.asarray(geo.tile_shape(slot)), geo.phys)
 
 
 def _clip(lo: np.ndarray, hi: np.ndarray, extent: np.ndarray) -> np.ndarray:
     return np.maximum(np.minimum(hi, extent) - np.maximum(lo, 0), 0)
 
 
-def remote_elements(have: Box, want: tuple[np.ndarray, np.ndarray], extent: np.ndarray
-                    ) -> int:
-    """The most elements any core must receive to go from ``have`` to ``want``."""
-    w_origin, w_shape = want
-    wanted = np.prod(_clip(w_origin, w_origin + w_shape, extent), axis=1)
-    if have is None:
-        return int(wanted.max(initial=0))
-    h_origin, h_shape = have
-    n = min(len(h_origin), len(w_origin))
-    lo = np.maximum(h_origin[:n], w_origin[:n])
-    hi = np.minimum(h_origin[:n] + h_shape, w_origin[:n] + w_shape)
-    local = np.zeros(len(w_origin), dtype=np.int64)
-    local[:n] = np.prod(_clip(lo, np.maximum(hi, lo), extent), axis=1)
-    return int((wanted - local).max(initial=0))
+def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None
+                  ) -> np.ndarray:
+    """(len(haves), ncores): the elements each consumer core must receive, per producer
+    layout. ``coords`` (ndim, numel) are the multi-indices of the tensor's elements (needed
+    only for element-wise layouts)."""
+    wanted = np.prod(_clip(want.origin, want.origin + want.shape, extent), axis=1)
+    out = np.empty((len(haves), len(want.origin)), dtype=np.int64)
+    for k, have in enumerate(haves):
+        if have.owner is None:
+            assert have.origin is not None and have.holds is not None
+            h_origin = have.origin[want.phys]
+            lo = np.maximum(h_origin, want.origin)
+            hi = np.minimum(h_origin + have.shape, want.origin + want.shape)
+            local = np.prod(_clip(lo, np.maximum(hi, lo), extent), axis=1)
+            out[k] = wanted - np.where(have.holds[want.phys], local, 0)
+            continue
+        assert coords is not None
+        # each element can be local only to the consumer core running on its owner
+        inverse = np.full(max(int(have.owner.max(initial=0)), int(want.phys.max())) + 2, -1,
+                          dtype=np.int32)
+        inverse[want.phys] = np.arange(len(want.phys), dtype=np.int32)
+        c = inverse[have.owner]
+        ok = c >= 0
+        cc = np.maximum(c, 0)
+        origin = want.origin.astype(np.int32)
+        for d in range(len(extent)):
+            # unsigned: a negative offset wraps around past any tile size
+            rel = (coords[d] - origin[:, d][cc]).view(np.uint32)
+            ok &= rel < np.uint32(want.shape[d])
+        out[k] = wanted - np.bincount(cc[ok], minlength=len(want.phys))
+    return out
+
+
+class Views:
+    """Per view tensor, the flat root index of each element, and per tensor the multi-index
+    of each element (computed once per compile)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self._roots: dict[tuple, np.ndarray] = {}
+        self._coords: dict[tuple[int, ...], np.ndarray] = {}
+        self._owners: dict[tuple, np.ndarray] = {}
+
+    def owner(self, j: int, plan: OpPlan) -> np.ndarray:
+        """`result_owner`, once per op expression and plan (repeated layers share it)."""
+        key = (self.graph.ops[j].signature(), self.graph.tensors[self.graph.ops[j].output.tensor]
+               .shape, dataclasses.replace(plan, op=""))
+        if key not in self._owners:
+            self._owners[key] = result_owner(self.graph, j, plan)
+            self._owners[key].flags.writeable = False
+        return self._owners[key]
+
+    def chain(self, tensor: str) -> tuple:
+        """The views from ``tensor`` down to its root, as (shape, perm) pairs, and the root's
+        shape: equal for repeated layers, so it keys caches (empty for a root)."""
+        links = []
+        while tensor in self.graph.views:
+            view = self.graph.views[tensor]
+            links.append((view.shape, view.perm))
+            tensor = view.source
+        return (tuple(links), self.graph.tensors[tensor].shape) if links else ()
+
+    def to_root(self, tensor: str) -> np.ndarray | None:
+        """For a view, the flat root index of each of its elements (None for a root)."""
+        key = self.chain(tensor)
+        if not key:
+            return None
+        if key not in self._roots:
+            numel = self.graph.tensors[tensor].numel
+            self._roots[key] = map_to_root(self.graph, tensor, np.arange(numel))[1]
+            self._roots[key].flags.writeable = False
+        return self._roots[key]
+
+    def coords(self, shape: tuple[int, ...]) -> np.ndarray:
+        """(ndim, numel): every element's multi-index (no rows for a 0-d tensor)."""
+        if shape not in self._coords:
+            numel = int(np.prod(shape, dtype=np.int64))
+            self._coords[shape] = np.stack(np.unravel_index(np.arange(numel), shape)).astype(
+                np.int32) if shape else np.zeros((0, numel), dtype=np.int32)
+        return self._coords[shape]
+
+
+def barrier_cycles(chip: Chip) -> int:
+    """What an op pays once when any of its inputs moves: the barrier and, on an all-to-all
+    chip, the exchange's latency (`Chip.transfer_cycles` counts it once per phase)."""
+    return chip.sync_cycles + (0 if chip.is_mesh else chip.hop_latency_cycles)
+
+
+def fetches(graph: Graph, i: int, plan: OpPlan) -> bool:
+    """Whether plan ``plan`` of op ``i`` warms its weights up before it runs: that fetch has
+    a barrier of its own (`cost.plan_cost`), which codegen shares with the re-layout."""
+    return plan.home and any(graph.root(o.tensor) in graph.constants
+                             for o in graph.ops[i].inputs)
+
+
+def _transfer(chip: Chip, nbytes: int) -> int:
+    """The all-to-all exchange's bandwidth term (its latency is in `barrier_cycles`)."""
+    return chip.transfer_cycles(nbytes) - chip.hop_latency_cycles if nbytes > 0 else 0
 
 
 def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
-              consumer: list[OpPlan], chip: Chip, dtype: str, int_tensors: frozenset[str]
-              ) -> tuple[tuple[int, ...], ...]:
-    """Re-layout cycles for every (producer plan, consumer plan) pair of one edge."""
+              consumer: list[OpPlan], chip: Chip, dtype: str, int_tensors: frozenset[str],
+              views: Views | None = None) -> tuple[tuple[int | None, ...], ...]:
+    """Re-layout cycles of input ``slot`` of op ``i`` alone, barrier included, for every
+    (producer plan, consumer plan) pair of the edge from op ``j``; None marks a pair the
+    solver must not choose (a plan aligned to this input beside a producer plan that leaves
+    another layout)."""
+    views = views or Views(graph)
     op = graph.ops[i]
     operand = op.inputs[slot]
-    direct = operand.tensor == graph.ops[j].output.tensor
-    extent = np.asarray(graph.tensors[operand.tensor].shape)
+    shape = graph.tensors[operand.tensor].shape
+    extent = np.asarray(shape)
     nbytes = element_bytes(op, slot, dtype, int_tensors)
-    haves = [output_box(graph, j, p) if direct else None for p in producer]
-    wants = [input_box(graph, i, slot, q) for q in consumer]
+    to_root = views.to_root(operand.tensor)
+    haves: list[Have] = []
+    have_index: list[int] = []
+    seen: dict[bytes, int] = {}
+    for p in producer:
+        h = producer_have(graph, j, p, operand.tensor, chip.cores, to_root, views)
+        key = h.digest()
+        if key not in seen:
+            seen[key] = len(haves)
+            haves.append(h)
+        have_index.append(seen[key])
+    coords = views.coords(shape) if any(h.owner is not None for h in haves) else None
     # on a mesh, mesh-aware plans price the exchange by its routes (an estimate); plans made
     # under the all-to-all assumption price it as that assumption says
     aware = chip.is_mesh and any(q.embed is not None for q in consumer)
-    moving = (lambda b: exchange_estimate(chip, b)) if aware else chip.transfer_cycles
+    columns: dict[bytes, np.ndarray] = {}
+    cols = []
+    for q in consumer:
+        want = consumer_want(graph, i, slot, q)
+        key = want.digest()
+        if key not in columns:
+            columns[key] = remote_counts(haves, want, extent, coords).max(axis=1, initial=0)
+        cols.append(columns[key])
     # on a mesh a producer core that feeds many consumer cores is a hot spot too: it sends its
     # tile once per consumer core that reads each element (the operand's replication)
     fanout = [replication(op, slot, q) for q in consumer]
+    # a consumer plan that warms its weights up has paid the barrier (not the latency)
+    shared = [fetches(graph, i, q) and not chip.is_mesh for q in consumer]
+    barrier = barrier_cycles(chip)
     rows = []
-    for have, p in zip(haves, producer):
-        row = []
-        for want, copies in zip(wants, fanout):
-            remote = remote_elements(have, want, extent)
-            if aware and remote:
+    for p, at in zip(producer, have_index):
+        row: list[int | None] = []
+        for col, copies, q_aligned, q_shared in zip(cols, fanout,
+                                                    (q.aligned == slot for q in consumer),
+                                                    shared):
+            remote = int(col[at])
+            cyc: int | None
+            if q_aligned and remote:
+                cyc = None  # an aligned plan runs only beside the layouts it was built for
+            elif not remote:
+                cyc = 0
+            elif q_shared:  # the barrier is the warm-up's
+                cyc = chip.transfer_cycles(remote * nbytes)
+            elif aware:
                 sent = p.out_bytes_per_core * copies
-                row.append(chip.sync_cycles + exchange_estimate(chip, remote * nbytes, sent))
+                cyc = barrier + exchange_estimate(chip, remote * nbytes, sent)
+            elif chip.is_mesh:
+                cyc = barrier + chip.transfer_cycles(remote * nbytes)
             else:
-                row.append(chip.sync_cycles + moving(remote * nbytes) if remote else 0)
+                cyc = barrier + _transfer(chip, remote * nbytes)
+            row.append(cyc)
         rows.append(tuple(row))
     return tuple(rows)
+
+
+def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+                    dtype: str, int_tensors: frozenset[str], views: Views | None = None
+                    ) -> list[int]:
+    """The re-layout cycles before every op for one choice of plans, all inputs of an op in
+    one phase (exactly what the emulator measures on an all-to-all chip)."""
+    views = views or Views(graph)
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    out = []
+    for i, op in enumerate(graph.ops):
+        received = np.zeros(chip.cores, dtype=np.int64)
+        mesh_cycles = 0
+        for slot, operand in enumerate(op.inputs):
+            j = producer.get(graph.root(operand.tensor))
+            if j is None:
+                continue
+            shape = graph.tensors[operand.tensor].shape
+            have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
+                                 views.to_root(operand.tensor), views)
+            want = consumer_want(graph, i, slot, plans[i])
+            coords = views.coords(shape) if have.owner is not None else None
+            remote = remote_counts([have], want, np.asarray(shape), coords)[0]
+            nbytes = element_bytes(op, slot, dtype, int_tensors)
+            if chip.is_mesh:  # an estimate: each input's exchange on its own
+                if remote.max(initial=0):
+                    sent = plans[j].out_bytes_per_core * replication(op, slot, plans[i])
+                    mesh_cycles += (exchange_estimate(chip, int(remote.max()) * nbytes, sent)
+                                    if plans[i].embed is not None else
+                                    chip.transfer_cycles(int(remote.max()) * nbytes))
+            else:
+                np.add.at(received, want.phys, remote * nbytes)
+        most = int(received.max(initial=0))
+        if chip.is_mesh:
+            out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
+        elif fetches(graph, i, plans[i]):
+            out.append(chip.transfer_cycles(most))
+        else:
+            out.append(chip.sync_cycles + chip.transfer_cycles(most) if most else 0)
+    return out
 
 
 def replication(op, slot: int, plan: OpPlan) -> int:

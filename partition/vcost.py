@@ -15,9 +15,10 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.costs import body_ops
+from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
-from .cost import element_bytes, home_bytes
+from .cost import element_bytes, epilogue_cost, home_bytes
 from .place import embed_rows, exchange_estimate, hops_of_ring
 
 
@@ -47,12 +48,8 @@ class CostArrays:
         return self.compute + self.shift + self.sync + self.reduce
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
 def _transfer(chip: Chip, nbytes: np.ndarray) -> np.ndarray:
-    cycles = chip.hop_latency_cycles + _ceil_div(nbytes, chip.link_bytes_per_cycle)
+    cycles = chip.hop_latency_cycles + ceil_div(nbytes, chip.link_bytes_per_cycle)
     return np.where(nbytes > 0, cycles, 0)
 
 
@@ -84,7 +81,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     axes = op.axis_names
     E = np.asarray([e for _, e in op.axes], dtype=np.int64)
     T = np.asarray(tpl.T, dtype=np.int64)
-    b = _ceil_div(E[None, :], F * T[None, :]) * T[None, :]
+    b = ceil_div(E[None, :], F * T[None, :]) * T[None, :]
     u = b // T[None, :]
     n = len(F)
     nops = len(op.operands)
@@ -123,16 +120,16 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
             else:
                 nn = nn * u[:, j]
         uk, un = chip.matmul_unit
-        macs = batch * m * (_ceil_div(k, uk) * uk) * (_ceil_div(nn, un) * un)
-        per_step = chip.compute_overhead_cycles + _ceil_div(
+        macs = batch * m * (ceil_div(k, uk) * uk) * (ceil_div(nn, un) * un)
+        per_step = chip.compute_overhead_cycles + ceil_div(
             macs, chip.matmul_macs_per_cycle[dtype])
     elif op.body[0] == "take":  # `costs.compute_cycles`: one lookup per output point
         points = np.prod(u[:, [axes.index(a) for a in op.output.axes]], axis=1)
-        per_step = chip.compute_overhead_cycles + _ceil_div(
+        per_step = chip.compute_overhead_cycles + ceil_div(
             points, chip.vector_ops_per_cycle[dtype])
     else:
         points = np.prod(u, axis=1)
-        per_step = chip.compute_overhead_cycles + _ceil_div(
+        per_step = chip.compute_overhead_cycles + ceil_div(
             points * body_ops(op), chip.vector_ops_per_cycle[dtype])
     compute = steps * per_step
 
@@ -151,7 +148,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
                 busiest = np.maximum(busiest, same)
             hops = max(hops_of_ring(tpl.T[rot_axis[i]]) for i in movers)  # type: ignore
             cycles = np.where(busiest > 0, chip.hop_latency_cycles * hops
-                              + _ceil_div(busiest, chip.link_bytes_per_cycle), 0)
+                              + ceil_div(busiest, chip.link_bytes_per_cycle), 0)
         else:
             cycles = _transfer(chip, moved)
         if chip.overlap:
@@ -192,26 +189,32 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     if out_axis is not None:
         group = group // tpl.T[out_axis]
     out_elem = element_bytes(op, out_index, dtype, int_tensors)
-    chunk = _ceil_div(elems[out_index], group)
+    chunk = ceil_div(elems[out_index], group)
     chunk_bytes = np.where(group > 1, chunk * out_elem, 0)
-    vec = chip.compute_overhead_cycles + _ceil_div((group - 1) * chunk,
+    vec = chip.compute_overhead_cycles + ceil_div((group - 1) * chunk,
                                                     chip.vector_ops_per_cycle[dtype])
     if mesh:  # `place.gather_estimate`
         stride = col_ring
         hops = np.minimum((group - 1) * stride, chip.rows + chip.cols - 2)
-        load = chunk * out_elem * (group // 2) * _ceil_div(group, 2) * stride
-        moving = chip.hop_latency_cycles * hops + _ceil_div(load, chip.link_bytes_per_cycle)
+        load = chunk * out_elem * (group // 2) * ceil_div(group, 2) * stride
+        moving = chip.hop_latency_cycles * hops + ceil_div(load, chip.link_bytes_per_cycle)
     else:
         moving = _transfer(chip, (group - 1) * chunk * out_elem)
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
     out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
+    share = np.where(group > 1, chunk, elems[out_index])
+    epi_compute, _, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype, int_tensors,
+                                                      const_tensors)
+    compute = compute + epi_compute
 
     cold = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
                np.zeros(n, dtype=np.int64))
     hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
                                 np.zeros(n, dtype=np.int64))
     hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + chunk_bytes), hot)
+    hot = hot + epi_hot
     if weights_home:
         cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
         hot = hot + cold
+    cold = cold + epi_cold
     return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes, placeable)

@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --run or --timing-only, write the timeline as a Chrome trace "
                         "(Perfetto opens it)")
     model_args(c)
+    c.add_argument("--fuse", choices=("all", "inline", "none"), default="all",
+                   help="all (default): elementwise chains inlined and elementwise consumers "
+                        "folded into the matmul or reduction before them as epilogues; "
+                        "inline: no epilogues; none: no fusion, one op per lowered node")
+    c.add_argument("--no-fuse", dest="fuse", action="store_const", const="none",
+                   help="the same as --fuse none")
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")
     c.add_argument("--core", type=int_at_least(0),
                    help="core for --emit asm (default: 0)")
@@ -98,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--front", type=int_at_least(1), default=16,
                    help="plans kept per op on its Pareto front (default: 16)")
     c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
+    c.add_argument("--plan", type=Path, metavar="FILE",
+                   help="a plan.json to replay (the same plans, checked against the model and "
+                        "chip), or a TOML/JSON file constraining named ops' F_op, f_t and "
+                        "weights (the planner chooses the rest; README: Giving plans back)")
 
     e = sub.add_parser("explain", help="print one op's Pareto front of plans",
                        description="Search every plan of one op of MODEL and print its Pareto "
@@ -106,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--op", required=True, help="op name, or a part of it that is unique")
     e.add_argument("--chip", type=chip_arg, default="ipu-mk2",
                    help="preset name or chip .toml file")
+    e.add_argument("--plan", type=Path, metavar="FILE",
+                   help="also show the plans FILE gives the op (a constraints file: the front "
+                        "obeying it; a plan.json: its plan) and where they sit against the front")
     model_args(e)
 
     cp = sub.add_parser("compare", help="compare strategies and chips on one model",
@@ -140,6 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time every plan without data (no onnxruntime check): for models too "
                         "large to emulate functionally, such as bert-large at batch 8")
     model_args(b)
+
+    sw = sub.add_parser("sweep", help="a design-space sweep: models x chip fields x strategies",
+                        description="Compile every point of SPEC's grid (see t10c/sweep.py "
+                                    "and the README) and write results.json, results.csv and "
+                                    "pareto.png; finished points are kept and not run again.")
+    sw.add_argument("spec", type=Path, metavar="SPEC.toml")
+    sw.add_argument("-o", "--out", type=Path, metavar="DIR",
+                    help="results folder (default: SPEC without .toml, beside it)")
+    sw.add_argument("--workers", type=int_at_least(1), default=os.cpu_count() or 1,
+                    help="local worker processes (default: one per CPU)")
+    sw.add_argument("--ray", metavar="ADDRESS",
+                    help="run on Ray instead: auto (the cluster `ray start` began here), "
+                         "local (start one in this process) or a cluster address; needs "
+                         "pip install 't10c[sweep]'")
 
     mc = sub.add_parser("mesh-compare",
                         help="mesh-aware plans against the all-to-all assumption on a mesh",
@@ -232,6 +259,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cmd_bench(args)
     if args.command == "mesh-compare":
         return cmd_mesh_compare(args)
+    if args.command == "sweep":
+        from t10c.sweep import cmd_sweep
+        return cmd_sweep(args)
     return cmd_compile(args)
 
 
@@ -271,10 +301,45 @@ def cmd_explain(args: argparse.Namespace) -> int:
         op = find_op(graph, args.op)
     except OpNotFoundError as exc:
         return _error(str(exc), EXIT_USAGE)
-    explanation = explain_op(graph, op, chip, args.dtype,
-                             strategy_search("t10", search_options(args)))
+    opts = strategy_search("t10", search_options(args))
+    given = None
+    if args.plan is not None:
+        given = _given_plans(args, graph, op, chip, opts)
+        if isinstance(given, int):
+            return given
+    explanation = explain_op(graph, op, chip, args.dtype, opts)
     print(format_explanation(explanation, chip, args.dtype))
+    if given is not None:
+        from t10c.explain import format_given
+
+        print(format_given(op, explanation.front, *given))
     return 0 if explanation.front else EXIT_FAIL
+
+
+def _given_plans(args: argparse.Namespace, graph, op, chip, opts):
+    """(plans, what) that ``explain --plan FILE`` shows for ``op``, or an exit code."""
+    from t10c.partition import PlanError, match_ops, search_op_constrained
+    from t10c.planfile import PlanFileError, load_plan_arg
+
+    try:
+        given = load_plan_arg(args.plan)
+    except PlanFileError as exc:
+        return _error(str(exc), EXIT_USAGE)
+    if not isinstance(given, tuple):
+        mine = [p for p in given.plan.ops if p.op == op.name]
+        if not mine or given.plan.chip != chip.name or given.plan.dtype != args.dtype:
+            return _error(f"{args.plan} has no plan of {op.name} for {chip.name} "
+                          f"({args.dtype}): it was made for {given.plan.model} on "
+                          f"{given.plan.chip} ({given.plan.dtype})", EXIT_FAIL)
+        return mine[:1], f"the plan {args.plan} gives {op.name}"
+    try:
+        c = match_ops(graph, given)[graph.ops.index(op)]
+        if c is None:
+            return _error(f"{args.plan} does not constrain {op.name}", EXIT_USAGE)
+        plans = search_op_constrained(graph, op, chip, args.dtype, c, opts)
+    except PlanError as exc:
+        return _error(str(exc), EXIT_FAIL)
+    return plans, f"obeying {c.pattern} ({c.describe()})"
 
 
 def _base_options(args: argparse.Namespace):
@@ -506,13 +571,25 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from t10c.driver import CompileOptions, compile_model, run_compiled
     from t10c.emulator import EmulatorError
     from t10c.frontend import FrontendError, ModelNotFoundError
-    from t10c.partition import PlanError, SolverOptions
-    from t10c.planfile import run_document, timing_run_document, write_json
+    from t10c.partition import PlanError, Replay, SolverOptions
+    from t10c.planfile import (
+        PlanFileError,
+        load_plan_arg,
+        run_document,
+        timing_run_document,
+        write_json,
+    )
     from t10c.strategies import search_options as strategy_search
 
     problem = _check_compile_args(args)
     if problem:
         return _error(problem, EXIT_USAGE)
+    given = None
+    if args.plan is not None:
+        try:
+            given = load_plan_arg(args.plan)
+        except PlanFileError as exc:
+            return _error(str(exc), EXIT_USAGE)
     chip = load_chip(args.chip)
     if args.core is not None and args.core >= chip.cores:
         return _error(f"core {args.core} does not exist (the chip has {chip.cores} cores: "
@@ -524,7 +601,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
                              planner=args.planner, relative_gap=args.gap),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
-        front_limit=args.front, timing_only=args.timing_only, check=args.check)
+        front_limit=args.front, timing_only=args.timing_only, fuse=args.fuse,
+        check=args.check, replay=given if isinstance(given, Replay) else None,
+        constraints=given if isinstance(given, tuple) else ())
     progress = StageProgress()
     try:
         try:
@@ -604,12 +683,18 @@ def _print_summary(compiled, timing_only: bool) -> None:
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
           f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
     s = plan.solver
-    if s.name == "greedy":
+    options = compiled.options
+    if options.replay is not None:  # no search and no solve: the account is the original's
+        print(f"plan replayed (checked against the model and chip), as {s.name} chose it: "
+              f"objective {s.objective_cycles} cycles")
+    elif s.name == "greedy":
         print(f"planner greedy: objective {s.objective_cycles} cycles")
     else:
         print(f"solver {s.status}: objective {s.objective_cycles} cycles, bound "
               f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
               f"{s.greedy_objective_cycles} cycles, {s.wall_s} s")
+    if options.constraints:
+        print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program
     frag = max(prog.peak_sram_bytes_per_core / max(prog.live_sram_bytes_per_core, 1) - 1, 0.0)
     layout = prog.sram_layout if not prog.live_sram_bytes_per_core else \

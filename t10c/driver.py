@@ -20,11 +20,23 @@ import onnx
 from t10c import frontend, models
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, generate, stream
+from t10c.codegen.epilogue import program_exprs
 from t10c.codegen.verify import verify_program
 from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
-from t10c.partition import Plan, SearchOptions, SolverOptions, plan_graph, verify_plan
+from t10c.partition import (
+    Constraint,
+    Plan,
+    PlanError,
+    Replay,
+    SearchOptions,
+    SolverOptions,
+    check_constraints,
+    plan_graph,
+    replay_plan,
+    verify_plan,
+)
 from t10c.rundir import draw_inputs, input_specs
 
 #: ``progress(stage, done, total)``: how far a stage ("frontend", "search", "solve",
@@ -50,10 +62,16 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
+    #: "all": elementwise inlining and epilogues; "inline": inlining only; "none": no fusion
+    fuse: str = "all"
     #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
     #: runs before every codegen regardless
     check: bool = False
+    #: ``--plan FILE``: a whole plan to replay instead of searching and solving (checked
+    #: against the model and chip first), or constraints on named ops for the planner
+    replay: Replay | None = None
+    constraints: tuple[Constraint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,19 +151,36 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     model = load_source(source, seq_len=options.seq_len, batch=options.batch,
                         weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
-    graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name))
+    graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name),
+                              fuse=options.fuse != "none", epilogues=options.fuse == "all")
     if options.check:
         verify_graph(graph)
+    if options.constraints:  # what is wrong with them is said before any search
+        check_constraints(graph, chip, options.constraints, options.search)
     if progress:
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
-    with _sigint_kept():
-        plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
-                          options.front_limit, progress and _solve_follows_search(progress))
+    if options.replay is not None:
+        plan = replay_plan(graph, options.replay, chip, options.dtype)
+    else:
+        with _sigint_kept():
+            plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,
+                              options.front_limit, progress and _solve_follows_search(progress),
+                              options.constraints)
     t_plan = time.perf_counter()
     if progress:  # the verification is codegen's first step (seconds on bert-large)
         progress("codegen", 0, 1)
-    verify_plan(graph, plan, chip)
+    try:
+        verify_plan(graph, plan, chip)
+    except PlanError as exc:
+        if options.replay is None:
+            raise
+        # a replayed plan that does not hold (a hand-edited file, a chip file of the same
+        # name): the user's mistake, said in one line
+        problems = str(exc).splitlines()[1:] or [str(exc)]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PlanError(f"the plan given with --plan does not hold on {chip.name}: "
+                        f"{problems[0].strip()}{more}") from exc
     timeline = None
     if options.timing_only:
         program, timeline = time_only(graph, plan, chip, progress)
@@ -193,7 +228,7 @@ def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = 
     and routes as a functional run, without values and without keeping the program."""
     buffers: list[Buffer] = []
     header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
-                     graph.ops, (), {}, graph.outputs, 0)
+                     program_exprs(graph), (), {}, graph.outputs, 0)
     machine = TimingMachine(header, chip)
     program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress)
     machine.flush()

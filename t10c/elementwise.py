@@ -102,10 +102,10 @@ def fn_ops(name: str) -> int:
 
 
 def body_cost(body: tuple[Any, ...]) -> int:
-    """Vector operations of one evaluation of a body tree (leaves are free; a ``take`` is one
-    lookup)."""
+    """Vector operations of one evaluation of a body tree (leaves, an epilogue's ``("acc",)``
+    included, are free; a ``take`` is one lookup)."""
     head = body[0]
-    if head in ("in", "const"):
+    if head in ("in", "const", "acc"):
         return 0
     if head == "take":
         return 1

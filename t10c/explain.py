@@ -52,26 +52,7 @@ def format_explanation(e: Explanation, chip: Chip, dtype: str) -> str:
     if not e.front:
         lines.append(f"no plan fits {chip.sram_bytes_per_core} bytes per core")
         return "\n".join(lines)
-    header = ("#", "F_op", "f_t", "steps", "compute", "shift", "sync", "reduce", "total",
-              "hot B/core", "idle B/core")
-    rows = [header]
-    for n, p in enumerate(e.front):
-        F = ",".join(f"{a}={f}" for a, f in zip(op.axis_names, p.F) if f > 1) or "1"
-        ft = []
-        for i in range(len(op.operands)):
-            role = "out" if i == len(op.inputs) else f"in{i}"
-            parts = [f"{a}/{f}" for a, f in p.f_t(op, i).items() if f > 1]
-            ft.append(f"{role}:{'.'.join(parts) or '1'}")
-        c = p.cycles
-        rows.append((str(n), F, " ".join(ft), str(p.steps), str(c.compute), str(c.shift),
-                     str(c.sync), str(c.reduce), str(c.total), str(p.hot_bytes_per_core),
-                     str(p.cold_bytes_per_core)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for n, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) if i < 3 else cell.rjust(w)
-                               for i, (cell, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines += plan_table(op, e.front)
     best = e.front[0]
     lines.append(f"fastest plan that fits: #0, {best.cycles.total} cycles = "
                  f"{chip.cycles_to_s(best.cycles.total) * 1e6:.2f} us, "
@@ -89,3 +70,70 @@ def best_cores(p: OpPlan) -> int:
     for f in p.F:
         n *= f
     return n
+
+
+def plan_table(op: TensorExpr, plans: list[OpPlan], first: int = 0) -> list[str]:
+    """Plans of ``op`` as table lines: factors, temporal factors, cycles by phase, bytes."""
+    header = ("#", "F_op", "f_t", "steps", "compute", "shift", "sync", "reduce", "total",
+              "hot B/core", "idle B/core")
+    rows = [header]
+    for n, p in enumerate(plans, first):
+        F = ",".join(f"{a}={f}" for a, f in zip(op.axis_names, p.F) if f > 1) or "1"
+        ft = []
+        for i in range(len(op.operands)):
+            role = "out" if i == len(op.inputs) else f"in{i}"
+            parts = [f"{a}/{f}" for a, f in p.f_t(op, i).items() if f > 1]
+            ft.append(f"{role}:{'.'.join(parts) or '1'}")
+        c = p.cycles
+        rows.append((str(n), F, " ".join(ft), str(p.steps), str(c.compute), str(c.shift),
+                     str(c.sync), str(c.reduce), str(c.total), str(p.hot_bytes_per_core),
+                     str(p.cold_bytes_per_core) + (" (warmed up)" if p.home else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) if i < 3 else cell.rjust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def _same(p: OpPlan, q: OpPlan) -> bool:
+    return (p.F, p.T, p.rot, p.chain, p.home) == (q.F, q.T, q.rot, q.chain, q.home)
+
+
+def against_front(front: list[OpPlan], p: OpPlan) -> str:
+    """Where plan ``p`` sits against the op's (unconstrained) front, in one sentence."""
+    if not front:
+        return "the op has no front to compare with (no unconstrained plan fits)"
+    fastest = front[0].cycles.total
+    ratio = f"{p.cycles.total / max(fastest, 1):.2f}x the fastest plan's {fastest} cycles"
+    for n, f in enumerate(front):
+        if _same(f, p):
+            return f"it is front plan #{n} ({ratio})"
+    beaters = [(n, f) for n, f in enumerate(front)
+               if f.cycles.total <= p.cycles.total and
+               f.hot_bytes_per_core <= p.hot_bytes_per_core and
+               (f.cycles.total, f.hot_bytes_per_core) != (p.cycles.total, p.hot_bytes_per_core)]
+    if beaters:
+        n, f = min(beaters, key=lambda b: b[1].cycles.total)
+        idle = (" (its weights are warmed up: fewer idle bytes, which the front does not "
+                "weigh)" if p.home and not f.home else "")
+        return (f"behind the front ({ratio}): front plan #{n} beats it, {f.cycles.total} "
+                f"cycles and {f.hot_bytes_per_core} bytes per core against {p.cycles.total} "
+                f"and {p.hot_bytes_per_core}{idle}")
+    smaller = [n for n, f in enumerate(front) if f.hot_bytes_per_core > p.hot_bytes_per_core]
+    where = ("smaller than every front plan" if len(smaller) == len(front) else
+             "faster than every front plan with as few bytes" if not smaller else
+             f"between front plans #{smaller[-1]} and #{smaller[-1] + 1}")
+    return f"off the front but beaten by none of it ({ratio}; {where})"
+
+
+def format_given(op: TensorExpr, front: list[OpPlan], given: list[OpPlan], what: str) -> str:
+    """The plans ``--plan FILE`` gives one op (``what`` says how), and where the fastest of
+    them sits against the op's front."""
+    lines = [f"{what}: {len(given)} plan{'s' if len(given) != 1 else ''}, fastest first"]
+    lines += plan_table(op, given)
+    lines.append(f"its fastest, {given[0].cycles.total} cycles with "
+                 f"{given[0].hot_bytes_per_core} bytes per core: {against_front(front, given[0])}")
+    return "\n".join(lines)

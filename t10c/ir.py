@@ -25,6 +25,13 @@ A body is a small expression tree of tuples, evaluated elementwise over the op's
 
 An op's ``combine`` is None (elementwise) or one of `t10c.elementwise.COMBINES`.
 
+A reduction or contraction may carry an ``epilogue`` (fusion, `frontend/fuse.py`): a body
+evaluated per output point after the combine has completed, whose leaf ``("acc",)`` is the
+combined value and whose leaves ``("in", i)`` read ``extra[i]``, operands indexed by output axes
+only (a bias, a residual, a mask). The planner never splits or rotates them: codegen brings
+each into the layout the op's result has once its reduction is complete, and runs the epilogue
+there, on the part of the output each core then owns.
+
 Reshape and Transpose of a tensor are `View`s, not ops: they cost nothing by themselves and are
 folded into the re-layout that feeds the next op (codegen maps element indices through them).
 """
@@ -119,6 +126,10 @@ class TensorExpr:
     combine: str | None
     body: Body
     source: str = ""  # where it came from, for messages: "MatMul node 'layer0/q'"
+    #: per output point, after the combine: leaf ("acc",) is the combined value, ("in", i)
+    #: reads ``extra[i]`` (fused elementwise consumers; None: the combined value as it is)
+    epilogue: Body | None = None
+    extra: tuple[Operand, ...] = ()
 
     @property
     def extents(self) -> dict[str, int]:
@@ -137,6 +148,11 @@ class TensorExpr:
     def operands(self) -> tuple[Operand, ...]:
         """Inputs first, then the output: the order of per-operand fields in plans."""
         return (*self.inputs, self.output)
+
+    @property
+    def reads(self) -> tuple[Operand, ...]:
+        """Every operand the op reads: the inputs, then the epilogue's extra operands."""
+        return (*self.inputs, *self.extra)
 
     def take_dim(self) -> int:
         """For a ``take``: the position of the indexed dimension in the table operand."""
@@ -173,7 +189,9 @@ class TensorExpr:
             return rename[d]
 
         ops = tuple(tuple(dim(d) for d in o.axes) for o in self.operands)
-        return (tuple(e for _, e in self.axes), ops, self.combine, self.body)
+        extra = tuple(tuple(dim(d) for d in o.axes) for o in self.extra)
+        return (tuple(e for _, e in self.axes), ops, self.combine, self.body, self.epilogue,
+                extra)
 
 
 def is_contraction(op: TensorExpr) -> bool:
@@ -215,12 +233,16 @@ class Graph:
 
     def flops(self) -> int:
         """Two flops per multiply-accumulate of contractions, one per point of other ops (a
-        lookup counts its output points, not the table rows it could have read)."""
+        lookup counts its output points, not the table rows it could have read) and of
+        epilogues."""
         total = 0
         for op in self.ops:
             axes = [e for a, e in op.axes if op.body[0] != "take" or a in op.output.axes]
             points = int(np.prod(axes, dtype=np.int64))
             total += 2 * points if is_contraction(op) else points
+            if op.epilogue is not None:  # one per output point, as the unfused consumer had
+                total += int(np.prod([op.extents[str(a)] for a in op.output.axes],
+                                     dtype=np.int64))
         return total
 
 
@@ -253,9 +275,13 @@ def expr_to_json(op: TensorExpr) -> dict[str, Any]:
     def body(b: Any) -> Any:
         return [body(x) for x in b] if isinstance(b, tuple) else b
 
-    return {"name": op.name, "axes": [list(a) for a in op.axes], "output": operand(op.output),
-            "inputs": [operand(o) for o in op.inputs], "combine": op.combine,
-            "body": body(op.body), "source": op.source}
+    doc = {"name": op.name, "axes": [list(a) for a in op.axes], "output": operand(op.output),
+           "inputs": [operand(o) for o in op.inputs], "combine": op.combine,
+           "body": body(op.body), "source": op.source}
+    if op.epilogue is not None:  # absent for unfused ops: their JSON is unchanged
+        doc["epilogue"] = body(op.epilogue)
+        doc["extra"] = [operand(o) for o in op.extra]
+    return doc
 
 
 def expr_from_json(d: dict[str, Any]) -> TensorExpr:
@@ -269,6 +295,8 @@ def expr_from_json(d: dict[str, Any]) -> TensorExpr:
     def body(b: Any) -> Any:
         return tuple(body(x) for x in b) if isinstance(b, list) else b
 
+    epilogue = d.get("epilogue")
     return TensorExpr(d["name"], tuple((a, int(e)) for a, e in d["axes"]), operand(d["output"]),
                       tuple(operand(o) for o in d["inputs"]), d["combine"], body(d["body"]),
-                      d.get("source", ""))
+                      d.get("source", ""), None if epilogue is None else body(epilogue),
+                      tuple(operand(o) for o in d.get("extra", ())))

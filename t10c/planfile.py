@@ -1,4 +1,6 @@
-"""The on-disk formats: ``plan.json`` (format "t10c-plan/1") and ``run.json``.
+"""The on-disk formats: ``plan.json`` (format "t10c-plan/1"), ``run.json``, and the plans a
+user gives back with ``t10c compile --plan FILE`` (`load_plan_arg`: a plan.json to replay, or a
+constraints file, TOML or JSON).
 
 ``plan.json`` is meant for other tools; its fields are documented in the README ("Files").
 Keys are sorted and numbers are integers except where a field says seconds, and wall times are
@@ -10,17 +12,52 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from t10c.driver import Compiled, RunResult
 from t10c.ir import INDIRECT
 from t10c.outputs import write_text
-from t10c.partition import Bounds, Cycles, OpPlan, Plan, SolverReport, place
+from t10c.partition import (
+    WEIGHTS,
+    Bounds,
+    Constraint,
+    Cycles,
+    OpPlan,
+    Plan,
+    Replay,
+    SolverReport,
+    place,
+)
 from t10c.partition.place import Embedding
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 PLAN_FORMAT = "t10c-plan/1"
 RUN_FORMAT = "t10c-run/1"
+
+
+def _placement(p: OpPlan) -> str:
+    if p.aligned < 0:
+        return place.describe(p.embed, math.prod(p.F))
+    cores = "its cores permuted to" if p.cores is not None else "row-major cores, matching"
+    return f"aligned to input {p.aligned}: {cores} the layout its producer leaves"
+
+
+def _runs(cores: tuple[int, ...]) -> list[list[int]]:
+    """Consecutive physical cores as [first, count] runs (an aligned plan's map is a few
+    hundred runs where the whole list would be thousands of numbers)."""
+    runs: list[list[int]] = []
+    for c in cores:
+        if runs and runs[-1][0] + runs[-1][1] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return runs
 
 
 def plan_document(c: Compiled) -> dict[str, Any]:
@@ -56,7 +93,11 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             # on a mesh: [rows, cols, column driver, its ring, row driver, its ring]; null
             # where logical core c is physical core c
             "embedding": p.embed.as_list() if p.embed is not None else None,
-            "placement": place.describe(p.embed, math.prod(p.F)),
+            "placement": _placement(p),
+            # an aligned plan's cores (`partition/align.py`): [[first physical core, count],
+            # ...] runs of consecutive cores, logical core order; null: core c is core c
+            "core_map": _runs(p.cores) if p.cores is not None else None,
+            "aligned_input": p.aligned,
         })
     return {
         "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,
@@ -124,7 +165,15 @@ def _op_plan(o: dict[str, Any]) -> OpPlan:
         hot_bytes_per_core=int(o["hot_bytes_per_core"]),
         cold_bytes_per_core=int(o["cold_bytes_per_core"]),
         out_bytes_per_core=int(o["out_bytes_per_core"]),
-        home=o["weights"] == "warmed-up", embed=Embedding.from_list(o["embedding"]))
+        home=o["weights"] == "warmed-up", embed=Embedding.from_list(o["embedding"]),
+        cores=_unruns(o.get("core_map")), aligned=int(o.get("aligned_input", -1)))
+
+
+def _unruns(runs: list[list[int]] | None) -> tuple[int, ...] | None:
+    """`_runs` undone: the physical core of every logical core."""
+    if runs is None:
+        return None
+    return tuple(int(first) + k for first, count in runs for k in range(int(count)))
 
 
 def run_document(c: Compiled, r: RunResult, seed: int) -> dict[str, Any]:
@@ -184,10 +233,110 @@ def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int |
                  for k, v in dataclasses.asdict(c.chip).items()},
         "dtype": c.plan.dtype, "timings_s": {k: round(v, 4) for k, v in c.timings.items()},
         "solver_wall_s": c.plan.solver.wall_s,
+        # `--plan FILE`: "replayed", or the constraints obeyed, in the file's own format
+        "given_plan": ("replayed" if c.options.replay is not None else
+                       constraints_document(c.options.constraints) if c.options.constraints
+                       else None),
     }
+
+
+def constraints_document(constraints: tuple[Constraint, ...]) -> dict[str, Any]:
+    """The constraints as a constraints file holds them (`constraints_from` reads it back)."""
+    ops = []
+    for c in constraints:
+        entry: dict[str, Any] = {"name": c.pattern}
+        if c.F:
+            entry["F_op"] = dict(c.F)
+        if c.f_t:
+            f_t: dict[str, dict[str, int]] = {}
+            for operand, axis, v in c.f_t:
+                f_t.setdefault(operand, {})[axis] = v
+            entry["f_t"] = f_t
+        if c.weights:
+            entry["weights"] = c.weights
+        ops.append(entry)
+    return {"op": ops}
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     """Write ``doc`` as sorted, indented JSON, atomically (`t10c.outputs`)."""
     write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
+
+
+def load_plan_arg(path: str | Path) -> Replay | tuple[Constraint, ...]:
+    """What ``--plan FILE`` gives: a whole plan.json to replay (a `Replay`), or the constraints
+    of a small TOML or JSON file (README, "Giving plans back"). Raises `PlanFileError` (one
+    line naming the file and the field) for a file that cannot be read as either."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanFileError(f"cannot read --plan {path}: {exc}") from exc
+    doc: Any
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if path.suffix == ".json":
+            raise PlanFileError(f"{path} is not valid JSON: {exc}") from exc
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc2:
+            raise PlanFileError(f"{path} is neither JSON nor TOML: {exc2}") from exc2
+    if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT:
+        plan = load_plan(path)
+        try:
+            axes = tuple(tuple((str(a), int(o["axes"][a])) for a in o["axis_order"])
+                         for o in doc["ops"])
+            return Replay(plan, axes, int(doc["cores"]), int(doc["sram_bytes_per_core"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanFileError(f"{path}: a malformed or missing field ({exc!r})") from exc
+    return constraints_from(doc, str(path))
+
+
+def constraints_from(doc: Any, where: str) -> tuple[Constraint, ...]:
+    """The constraints of a parsed constraints file: ``{"op": [{"name": ..., "F_op": {axis:
+    factor}, "f_t": {operand: {axis: f_t}}, "weights": "resident" | "warmed-up"}, ...]}``."""
+    if not isinstance(doc, dict) or set(doc) - {"op"} or not isinstance(doc.get("op"), list) \
+            or not doc["op"]:
+        raise PlanFileError(f"{where}: expected a plan.json ({PLAN_FORMAT}) or a constraints "
+                            "file whose only key is `op`, a list of tables ([[op]] in TOML)")
+    return tuple(_constraint(entry, f"{where}: op entry {n + 1}")
+                 for n, entry in enumerate(doc["op"]))
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanFileError(f"{what} must be a whole number, not {value!r}")
+    return value
+
+
+def _constraint(entry: Any, where: str) -> Constraint:
+    if not isinstance(entry, dict):
+        raise PlanFileError(f"{where} must be a table, not {entry!r}")
+    unknown = set(entry) - {"name", "F_op", "f_t", "weights"}
+    if unknown:
+        raise PlanFileError(f"{where}: unknown key {sorted(unknown)[0]!r} (keys: name, F_op, "
+                            "f_t, weights)")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise PlanFileError(f"{where}: `name` (an op name or a glob) is missing")
+    where = f"{where} ({name})"
+    F = entry.get("F_op", {})
+    if not isinstance(F, dict):
+        raise PlanFileError(f"{where}: F_op must be a table of axis = factor")
+    factors = tuple((str(a), _count(f, f"{where}: F_op.{a}")) for a, f in F.items())
+    f_t = entry.get("f_t", {})
+    if not isinstance(f_t, dict) or not all(isinstance(v, dict) for v in f_t.values()):
+        raise PlanFileError(f"{where}: f_t must be a table of operand = {{axis = f_t}} "
+                            "(operands: in0, in1, ..., out)")
+    paces = tuple((str(o), str(a), _count(v, f"{where}: f_t.{o}.{a}"))
+                  for o, axes in f_t.items() for a, v in axes.items())
+    weights = entry.get("weights")
+    if weights is not None and weights not in WEIGHTS:
+        raise PlanFileError(f"{where}: weights must be \"resident\" or \"warmed-up\", not "
+                            f"{weights!r}")
+    if not (factors or paces or weights):
+        raise PlanFileError(f"{where}: constrains nothing (give F_op, f_t or weights)")
+    # sorted: the same constraint whatever order the file lists it in
+    return Constraint(name, tuple(sorted(factors)), tuple(sorted(paces)), weights)

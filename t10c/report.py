@@ -2,8 +2,11 @@
 HTML page with plots (matplotlib, the optional extra ``t10c[report]``).
 
 The HTML embeds every chart as a PNG data URI and carries its own styles: it opens without a
-network. Sections: summary, time per op, Pareto fronts of the heaviest ops, SRAM per core on the
-chip's grid, timeline.
+network. Sections: summary (human headers), latency by phase against the roofline and the ideal,
+time per op of every strategy on one scale in program order (and the ops that differ most),
+predicted against emulated per op, SRAM over time with the capacity, Pareto fronts of the
+heaviest distinct ops with the SRAM per core and every strategy's choice, peak SRAM per core
+(on the grid of a mesh; sorted on an all-to-all chip, which has no geometry), timeline.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ def summary_rows(entries: list[Entry]) -> list[dict[str, Any]]:
         row.update({
             "latency_us": round(e.latency_s * 1e6, 2),
             "cycles": e.result.timeline.cycles,
+            "predicted_cycles": e.compiled.plan.total_cycles if e.compiled else None,
             "roofline_fraction": round(e.roofline_fraction, 4),
+            "ideal_fraction": round(e.ideal_fraction, 4),
             "peak_sram_bytes_per_core": e.result.timeline.peak_sram_bytes_per_core,
             "compile_s": round(e.compile_s, 2),
             "max_rel_err": float(f"{e.result.max_rel_err:.3g}"),
@@ -81,157 +86,417 @@ def to_markdown(entries: list[Entry]) -> str:
 
 
 # -- HTML -------------------------------------------------------------------------------------
+#
+# Every chart is a function of all the compared entries, so that strategies share one scale:
+# a reader compares heights, not axis labels. Charts are drawn 1350 px wide at most (15 in at
+# 90 dpi) and the page is 1380 px wide, so that nothing is cut at 1400 px.
+
+DPI = 90
+WIDE = 15.0  # inches: 1350 px at DPI
+MARKERS = ("*", "s", "^", "D", "o", "v", "P", "X")
+
+#: the summary table's columns: summary_rows' key, and the header a person reads
+HEADERS = {
+    "model": "Model", "chip": "Chip", "strategy": "Strategy",
+    "latency_us": "Latency (µs)", "cycles": "Emulated cycles",
+    "predicted_cycles": "Predicted cycles", "roofline_fraction": "Of roofline",
+    "ideal_fraction": "Of ideal", "speedup_over_no-rotation": "vs no-rotation",
+    "speedup_over_vgm": "vs VGM", "peak_sram_bytes_per_core": "Peak SRAM per core (KiB)",
+    "compile_s": "Compile (s)", "emulate_wall_s": "Emulation (s)",
+    "onnxruntime_wall_s": "onnxruntime (s)", "max_rel_err": "Error vs onnxruntime",
+    "matches_onnxruntime": "Matches",
+}
+
 
 def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _ops_chart(entry: Entry, top: int = 16) -> str:
+def _label(e: Entry, entries: list[Entry]) -> str:
+    """The shortest name that tells ``e`` apart: the strategy, with model and chip if several."""
+    parts = [e.strategy]
+    if len({x.chip.name for x in entries}) > 1:
+        parts.insert(0, e.chip.name)
+    if len({x.model for x in entries}) > 1:
+        parts.insert(0, e.model)
+    return " / ".join(parts)
+
+
+def _color(i: int) -> str:
+    return f"C{i % 10}"
+
+
+def _position(entries: list[Entry], entry: Entry) -> int:
+    """Where ``entry`` is in ``entries``, by identity (entries hold arrays: no == on them)."""
+    return next(i for i, e in enumerate(entries) if e is entry)
+
+
+def _op_cycles(e: Entry) -> dict[str, int]:
+    """Emulated cycles per op (all phases), ops in program order."""
+    return {op: sum(ph.values()) for op, ph in e.result.timeline.by_op().items()}  # type: ignore
+
+
+def _predicted(e: Entry) -> dict[str, int]:
+    """The planner's predicted cycles per op: its plan's phases and the re-layout before it."""
+    plan = e.compiled.plan  # type: ignore[union-attr]
+    return {p.op: p.cycles.total + r for p, r in zip(plan.ops, plan.relayout_cycles)}
+
+
+def _latency_chart(ok: list[Entry]) -> str:
+    """Latency by phase per entry, with each entry's roofline and ideal marked on its bar."""
     import matplotlib.pyplot as plt
 
-    by_op = entry.result.timeline.by_op()  # type: ignore[union-attr]
-    heavy = sorted(by_op.items(), key=lambda kv: -sum(kv[1].values()))[:top]
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(heavy) + 1.2))
-    names = [name for name, _ in heavy][::-1]
-    left = np.zeros(len(names))
-    for phase in PHASES:
-        vals = np.array([by_op[n].get(phase, 0) for n in names], dtype=float)
-        if vals.any():
-            ax.barh(names, vals, left=left, color=COLORS[phase], label=phase)
-            left += vals
-    ax.set_xlabel("cycles")
-    ax.set_title(f"{entry.model} on {entry.chip.name} ({entry.strategy}): heaviest ops")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.tick_params(axis="y", labelsize=7)
-    return _png(fig)
-
-
-def _strategy_chart(entries: list[Entry]) -> str:
-    import matplotlib.pyplot as plt
-
-    ok = [e for e in entries if e.result]
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(ok) + 1.2))
-    labels = [f"{e.model} / {e.chip.name} / {e.strategy}" for e in ok][::-1]
-    left = np.zeros(len(ok))
+    fig, ax = plt.subplots(figsize=(WIDE, 0.55 * len(ok) + 1.4))
+    labels = [_label(e, ok) for e in ok]
+    y = np.arange(len(ok))[::-1]
+    left: np.ndarray = np.zeros(len(ok))
     for phase in PHASES:
         vals = np.array([sum(r.cycles for r in e.result.timeline.records  # type: ignore
-                             if r.phase == phase) for e in ok][::-1], dtype=float)
+                             if r.phase == phase) for e in ok], dtype=float)
         if vals.any():
-            ax.barh(labels, vals, left=left, color=COLORS[phase], label=phase)
+            ax.barh(y, vals, left=left, color=COLORS[phase], label=phase, height=0.6)
             left += vals
-    ax.set_xlabel("cycles")
-    ax.set_title("time by phase per plan")
-    ax.legend(loc="lower right", fontsize=8)
+    for yi, e in zip(y, ok):
+        if e.bounds is not None:
+            ax.vlines(e.bounds.roofline_cycles, yi - 0.42, yi + 0.42, colors="black",
+                      linestyles="dashed", linewidth=2,
+                      label="roofline" if yi == y[0] else "_nolegend_")
+            ax.vlines(e.bounds.ideal_cycles, yi - 0.42, yi + 0.42, colors="#d62728",
+                      linestyles="dotted", linewidth=2.5,
+                      label="ideal" if yi == y[0] else "_nolegend_")
+    ax.set_yticks(y, labels)
+    ax.set_xlabel("cycles (emulated)")
+    ax.set_title("Latency by phase; roofline (dashed) and ideal (dotted) of each plan")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _png(fig)
 
 
-def _front_charts(entries: list[Entry], heavy: int) -> list[tuple[str, str]]:
+def _program_order(ok: list[Entry]) -> list[str]:
+    """Every op any entry ran, in the program order of the first entry that ran it."""
+    return list(dict.fromkeys(op for e in ok for op in _op_cycles(e)))
+
+
+def _per_op_chart(ok: list[Entry]) -> str:
+    """Emulated cycles of every op in program order, every strategy on one (log) scale."""
     import matplotlib.pyplot as plt
 
+    order = _program_order(ok)
+    fig, ax = plt.subplots(figsize=(WIDE, 4.2))
+    x = np.arange(len(order))
+    for i, e in enumerate(ok):
+        cyc = _op_cycles(e)
+        vals = np.array([cyc.get(op, np.nan) for op in order], dtype=float)
+        ax.plot(x, vals, MARKERS[i % len(MARKERS)], color=_color(i), markersize=5,
+                markerfacecolor="none" if i else _color(i), linestyle="-", linewidth=0.6,
+                label=_label(e, ok))
+    ax.set_yscale("log")
+    ax.set_xlim(-0.5, len(order) - 0.5)
+    ax.set_ylabel("cycles (emulated, log)")
+    ax.set_xlabel("op, in program order")
+    if len(order) <= 80:
+        ax.set_xticks(x, order, rotation=90, fontsize=6)
+    else:  # too many to name: number them; the table below names the ones that matter
+        ax.set_xlabel(f"op index, in program order ({len(order)} ops)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title("Time per op, every strategy on one scale")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _differing_ops(ok: list[Entry], top: int = 12) -> list[tuple[int, str, list[int | None]]]:
+    """The ops whose cycles differ most between strategies (largest max/min), in program order:
+    (index, op, cycles per entry)."""
+    order = _program_order(ok)
+    tables = [_op_cycles(e) for e in ok]
+    rows = []
+    for i, op in enumerate(order):
+        vals = [t.get(op) for t in tables]
+        have = [v for v in vals if v]
+        if len(have) >= 2:
+            rows.append((max(have) / min(have), max(have) - min(have), i, op, vals))
+    rows.sort(key=lambda r: (-r[1], r[2]))  # largest absolute difference: what moves latency
+    return sorted(((i, op, vals) for _, _, i, op, vals in rows[:top]), key=lambda r: r[0])
+
+
+def _predicted_chart(ok: list[Entry]) -> str:
+    """Predicted against emulated cycles per op, one colour per strategy, with y = x."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.4, 5.2))
+    lo, hi = math.inf, 0.0
+    for i, e in enumerate(ok):
+        pred, emu = _predicted(e), _op_cycles(e)
+        ops = [op for op in pred if op in emu and pred[op] > 0 and emu[op] > 0]
+        p = np.array([pred[op] for op in ops], dtype=float)
+        m = np.array([emu[op] for op in ops], dtype=float)
+        if len(ops):
+            lo, hi = min(lo, p.min(), m.min()), max(hi, p.max(), m.max())
+        ax.plot(p, m, MARKERS[i % len(MARKERS)], color=_color(i), alpha=0.7,
+                markerfacecolor="none" if i else _color(i), label=_label(e, ok))
+    if hi > 0:
+        ax.plot([lo, hi], [lo, hi], "--", color="#777777", label="predicted = emulated")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted cycles (plan + re-layout)")
+    ax.set_ylabel("emulated cycles")
+    ax.set_title("Predicted against emulated, per op")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _sram_time_chart(ok: list[Entry]) -> str:
+    """Bytes per core in use over the run, every strategy on one scale, with the capacity."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.4, 5.2))
+    for i, e in enumerate(ok):
+        samples = e.result.timeline.sram_samples  # type: ignore[union-attr]
+        if samples:
+            t, b = zip(*samples)
+            ax.step(t, np.array(b) / 1024, where="post", color=_color(i), label=_label(e, ok))
+    for chip in {e.chip.name: e.chip for e in ok}.values():
+        ax.axhline(chip.sram_bytes_per_core / 1024, color="#d62728", linestyle="--",
+                   label=f"capacity of {chip.name}")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("cycles")
+    ax.set_ylabel("KiB per core in use")
+    ax.set_title("SRAM over time")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _distinct_heavy_ops(base: Entry, heavy: int) -> list[tuple[int, Any]]:
+    """The ``heavy`` slowest ops of ``base``'s plan that are not the same op again (a
+    transformer repeats each layer's ops: their fronts are equal), with their fronts."""
     from t10c.partition import search_op_front
 
-    base = next((e for e in entries if e.strategy == "t10" and e.compiled), None)
-    if base is None:
-        return []
     c = base.compiled
     assert c is not None
-    order = sorted(range(len(c.plan.ops)), key=lambda i: -c.plan.ops[i].cycles.total)[:heavy]
-    charts = []
-    for i in order:
+    order = sorted(range(len(c.plan.ops)), key=lambda i: (-c.plan.ops[i].cycles.total, i))
+    seen: set[tuple] = set()
+    out = []
+    for i in order[:8 * heavy]:
         op = c.graph.ops[i]
         found = search_op_front(c.graph, op, base.chip, c.plan.dtype, c.options.search)
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        ax.plot([p.hot_bytes_per_core for p in found.front],
-                [p.cycles.total for p in found.front], "o-", color="#999999", label="front")
-        for e in entries:
-            if e.compiled and e.chip.name == base.chip.name and e.model == base.model:
-                chosen = e.compiled.plan.ops[i]
-                ax.plot([chosen.hot_bytes_per_core], [chosen.cycles.total], "*",
-                        markersize=14, label=f"{e.strategy}'s choice")
-        ax.set_xlabel("hot bytes per core")
-        ax.set_ylabel("cycles")
-        ax.set_title(op.name, fontsize=9)
-        ax.legend(fontsize=7)
-        charts.append((op.name, _png(fig)))
+        key = tuple((p.hot_bytes_per_core, p.cycles.total) for p in found.front)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((i, found))
+        if len(out) == heavy:
+            break
+    return out
+
+
+def _front_charts(ok: list[Entry], heavy: int) -> list[tuple[str, str]]:
+    """Per distinct heavy op of the first plan: its front, the SRAM per core, and each
+    strategy's chosen plan (its own marker, so that equal choices stay visible)."""
+    import matplotlib.pyplot as plt
+
+    base = next((e for e in ok if e.compiled), None)
+    if base is None:
+        return []
+    same = [e for e in ok if e.compiled and (e.model, e.chip.name) == (base.model, base.chip.name)]
+    charts = []
+    for i, found in _distinct_heavy_ops(base, heavy):
+        name = base.compiled.graph.ops[i].name  # type: ignore[union-attr]
+        fig, ax = plt.subplots(figsize=(4.4, 3.4))
+        front = sorted(found.front, key=lambda p: p.hot_bytes_per_core)
+        ax.plot([p.hot_bytes_per_core / 1024 for p in front], [p.cycles.total for p in front],
+                "o-", color="#aaaaaa", markersize=4, label=f"front ({base.strategy} search)")
+        ax.axvline(base.chip.sram_bytes_per_core / 1024, color="#d62728", linestyle="--",
+                   label="SRAM per core")
+        for k, e in enumerate(same):
+            chosen = e.compiled.plan.ops[i]  # type: ignore[union-attr]
+            color = _color(_position(ok, e))
+            ax.plot([chosen.hot_bytes_per_core / 1024], [chosen.cycles.total],
+                    MARKERS[k % len(MARKERS)], color=color,
+                    markersize=16 - 3 * k, markerfacecolor="none" if k else color,
+                    markeredgewidth=2, label=f"{e.strategy}'s choice")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("hot KiB per core (log)")
+        ax.set_ylabel("predicted cycles (log)")
+        ax.set_title(name, fontsize=8)
+        ax.legend(fontsize=6)
+        charts.append((name, _png(fig)))
     return charts
 
 
-def _sram_chart(entry: Entry) -> str:
+def _sram_cores_chart(ok: list[Entry]) -> tuple[str, str] | None:
+    """Peak SRAM per core. A mesh has a geometry: one heat map per plan on the chip's grid. An
+    all-to-all chip has none: every plan's cores sorted by their peak, on one scale."""
     import matplotlib.pyplot as plt
 
-    peak = sram_per_core(entry.compiled)  # type: ignore[arg-type]
-    rows, cols = entry.chip.grid
-    if rows == 1:  # an all-to-all chip has no geometry: lay tiles out in index order
-        rows = int(math.sqrt(len(peak)))
-        while len(peak) % rows:
-            rows -= 1
-        cols = len(peak) // rows
-    fig, ax = plt.subplots(figsize=(7, 4))
-    image = ax.imshow(peak.reshape(rows, cols) / 1024, cmap="viridis", aspect="auto",
-                      vmin=0, vmax=entry.chip.sram_bytes_per_core / 1024)
-    fig.colorbar(image, ax=ax, label="peak KiB in use")
-    ax.set_title(f"SRAM per core, {entry.model} on {entry.chip.name} ({entry.strategy})")
-    ax.set_xlabel("core (column)")
-    ax.set_ylabel("core (row)")
-    return _png(fig)
+    have = [e for e in ok if e.compiled and e.compiled.program.instrs]
+    if not have:
+        return None  # timing-only compiles keep no program
+    peaks = [sram_per_core(e.compiled) for e in have]  # type: ignore[arg-type]
+    if all(e.chip.is_mesh for e in have):
+        fig, axes = plt.subplots(1, len(have), figsize=(min(WIDE, 4.6 * len(have)), 3.8),
+                                 squeeze=False)
+        vmax = max(e.chip.sram_bytes_per_core for e in have) / 1024
+        for ax, e, peak in zip(axes[0], have, peaks):
+            image = ax.imshow(peak.reshape(e.chip.grid) / 1024, cmap="viridis", aspect="auto",
+                              vmin=0, vmax=vmax)
+            ax.set_title(_label(e, have), fontsize=9)
+            ax.set_xlabel("column")
+            ax.set_ylabel("row")
+        fig.colorbar(image, ax=list(axes[0]), label="peak KiB in use (scale: capacity)")
+        return "peak SRAM on the chip's grid", _png(fig)
+    fig, ax = plt.subplots(figsize=(WIDE, 3.6))
+    for e, peak in zip(have, peaks):
+        ax.plot(np.sort(peak)[::-1] / 1024, color=_color(_position(ok, e)), label=_label(e, have))
+    for chip in {e.chip.name: e.chip for e in have}.values():
+        ax.axhline(chip.sram_bytes_per_core / 1024, color="#d62728", linestyle="--",
+                   label=f"capacity of {chip.name}")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("cores, sorted by their peak (all-to-all: no geometry to draw)")
+    ax.set_ylabel("peak KiB in use")
+    ax.set_title("Peak SRAM per core")
+    ax.legend(fontsize=8)
+    return "peak SRAM per core, sorted", _png(fig)
 
 
-def _timeline_chart(entry: Entry) -> str:
+def _timeline_chart(ok: list[Entry]) -> str:
+    """Every plan's run as one lane coloured by phase, on one time scale."""
     import matplotlib.pyplot as plt
 
-    records = entry.result.timeline.records  # type: ignore[union-attr]
-    fig, ax = plt.subplots(figsize=(10, 2.6))
-    for lane, phase in enumerate(PHASES):
-        spans = [(r.start, r.cycles) for r in records if r.phase == phase and r.cycles]
-        if spans:
-            ax.broken_barh(spans, (lane - 0.4, 0.8), color=COLORS[phase])
-    ax.set_yticks(range(len(PHASES)), PHASES)
+    fig, ax = plt.subplots(figsize=(WIDE, 0.5 * len(ok) + 1.4))
+    drawn: set[str] = set()
+    for lane, e in enumerate(ok):
+        for phase in PHASES:
+            spans = [(r.start, r.cycles) for r in e.result.timeline.records  # type: ignore
+                     if r.phase == phase and r.cycles]
+            if spans:
+                ax.broken_barh(spans, (len(ok) - 1 - lane - 0.35, 0.7), color=COLORS[phase],
+                               label=None if phase in drawn else phase)
+                drawn.add(phase)
+    ax.set_yticks(range(len(ok)), [_label(e, ok) for e in ok][::-1])
     ax.set_xlabel("cycles")
-    ax.set_title(f"timeline, {entry.model} on {entry.chip.name} ({entry.strategy})")
+    ax.set_title("Timeline")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _png(fig)
 
 
-STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
-table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px}
-th{background:#f0f0f0}img{max-width:100%}section{margin-bottom:2em}"""
+STYLE = """body{font-family:sans-serif;max-width:1380px;margin:1em auto;padding:0 10px;
+color:#222;box-sizing:border-box}
+table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px}
+th{background:#f0f0f0;font-weight:600}td.num{text-align:right}img{max-width:100%}
+section{margin-bottom:1.6em}.row{display:flex;flex-wrap:wrap;gap:8px}.row img{flex:0 1 auto}
+.sub{color:#555;font-size:14px;margin-top:-0.6em}"""
+
+
+def _title(entries: list[Entry]) -> tuple[str, str]:
+    """The page's title (models, chips, version) and a line of the options the runs used."""
+    from t10c import __version__
+
+    models = ", ".join(dict.fromkeys(e.model for e in entries))
+    chips = ", ".join(dict.fromkeys(e.chip.name for e in entries))
+    title = f"{models} on {chips}: t10c {__version__} plan comparison"
+    opts = next((e.compiled.options for e in entries if e.compiled), None)
+    bits = [f"strategies {', '.join(dict.fromkeys(e.strategy for e in entries))}"]
+    if opts is not None:
+        bits += [f"dtype {opts.dtype}",
+                 f"sequence length {opts.seq_len if opts.seq_len is not None else 'default'}",
+                 f"batch {opts.batch if opts.batch is not None else 'default'}",
+                 f"solver {opts.solver.planner} (limit {opts.solver.time_limit_s:g}, "
+                 f"seed {opts.solver.seed})"]
+        if opts.pinned:
+            bits.append("shapes " + ", ".join(f"{k}={v}" for k, v in opts.pinned.items()))
+        bits.append("timing only (not checked against onnxruntime)" if opts.timing_only
+                    else "functional emulation, checked against onnxruntime")
+    return title, "; ".join(bits)
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if key in ("roofline_fraction", "ideal_fraction"):
+        return "-" if math.isnan(value) else f"{100 * value:.1f}%"
+    if key.startswith("speedup"):
+        return f"{value:.2f}x"
+    if key == "peak_sram_bytes_per_core":
+        return f"{value / 1024:.1f}"
+    if key in ("cycles", "predicted_cycles"):
+        return f"{value:,}"
+    if key == "matches_onnxruntime":
+        return "yes" if value else "NO"
+    return str(value)
+
+
+def _summary_table(entries: list[Entry]) -> list[str]:
+    rows = summary_rows(entries)
+    keys = [k for k in HEADERS if any(k in r for r in rows)]
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(HEADERS[k])}</th>" for k in keys)
+           + "</tr>"]
+    for r in rows:
+        if "error" in r:
+            out.append("<tr>" + "".join(f"<td data-key='{k}'>{html.escape(str(r[k]))}</td>"
+                                        for k in ("model", "chip", "strategy"))
+                       + f"<td data-key='error' colspan='{len(keys) - 3}'>failed: "
+                       f"{html.escape(r['error'])}</td></tr>")
+            continue
+        out.append("<tr>" + "".join(
+            f"<td data-key='{k}'{'' if k in ('model', 'chip', 'strategy') else ' class=num'}>"
+            f"{html.escape(_cell(k, r.get(k)))}</td>" for k in keys) + "</tr>")
+    out.append("</table>")
+    return out
 
 
 def to_html(entries: list[Entry], heavy: int = 3) -> str:
     """The whole report as one self-contained HTML page."""
     ok = [e for e in entries if e.result]
-    rows = summary_rows(entries)
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    table = ["<table><tr>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>"]
-    for r in rows:
-        table.append("<tr>" + "".join(f"<td>{html.escape(str(r.get(k, '')))}</td>"
-                                      for k in keys) + "</tr>")
-    table.append("</table>")
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>t10c report</title>"
-             f"<style>{STYLE}</style></head><body><h1>t10c plan comparison</h1>",
-             "<section id='summary'><h2>Summary</h2>", *table,
-             "<p>Latency is emulated chip time; the roofline is the model's FLOPs at the chip's "
-             "peak matrix rate; speedups compare strategies on the same model and chip.</p>"
-             "</section>"]
+    title, options = _title(entries)
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+             f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+             f"<p class='sub'>{html.escape(options)}</p>",
+             "<section id='summary'><h2>Summary</h2>", *_summary_table(entries),
+             "<p>Latency is emulated chip time. The roofline is the model's FLOPs at the chip's "
+             "peak matrix rate, the ideal every op at its fastest plan with nothing else "
+             "resident (<code>partition/bounds.py</code>); “of roofline” is roofline / latency. "
+             "Speedups compare strategies on the same model and chip. Compile times are taken "
+             "after a one-time warm-up of the process, so the first strategy pays no more than "
+             "the others.</p></section>"]
     if ok:
-        parts.append("<section id='per-op'><h2>Time per op</h2>")
-        parts.append(f"<img alt='phases per plan' src='{_strategy_chart(ok)}'>")
-        for e in ok:
-            parts.append(f"<img alt='ops {html.escape(e.strategy)}' src='{_ops_chart(e)}'>")
-        parts.append("</section><section id='pareto'><h2>Pareto fronts of the heaviest ops</h2>")
+        parts.append("<section id='latency'><h2>Latency against the bounds</h2>"
+                     f"<img alt='latency and bounds' src='{_latency_chart(ok)}'></section>")
+        parts.append("<section id='per-op'><h2>Time per op</h2>"
+                     f"<img alt='time per op' src='{_per_op_chart(ok)}'>")
+        diff = _differing_ops(ok)
+        if diff:
+            parts.append("<p>The ops where the strategies differ most (emulated cycles), in "
+                         "program order:</p><table><tr><th>#</th><th>Op</th>"
+                         + "".join(f"<th>{html.escape(_label(e, ok))}</th>" for e in ok)
+                         + "</tr>")
+            for i, op, vals in diff:
+                parts.append(f"<tr><td class=num>{i}</td><td>{html.escape(op)}</td>" + "".join(
+                    f"<td class=num>{'-' if v is None else f'{v:,}'}</td>" for v in vals)
+                    + "</tr>")
+            parts.append("</table>")
+        parts.append("</section>")
+        with_plans = [e for e in ok if e.compiled]
+        parts.append("<section id='predicted'><h2>Predicted against emulated</h2><div class=row>")
+        if with_plans:
+            parts.append(f"<img alt='predicted against emulated' "
+                         f"src='{_predicted_chart(with_plans)}'>")
+        parts.append(f"<img alt='sram over time' src='{_sram_time_chart(ok)}'></div></section>")
+        parts.append("<section id='pareto'><h2>Pareto fronts of the heaviest distinct ops</h2>"
+                     "<div class=row>")
         for name, src in _front_charts(ok, heavy):
             parts.append(f"<img alt='front {html.escape(name)}' src='{src}'>")
-        parts.append("</section><section id='sram'><h2>SRAM per core</h2>")
-        for e in ok:
-            parts.append(f"<img alt='sram {html.escape(e.strategy)}' src='{_sram_chart(e)}'>")
-        parts.append("</section><section id='timeline'><h2>Timeline</h2>")
-        for e in ok:
-            parts.append(f"<img alt='timeline {html.escape(e.strategy)}' "
-                         f"src='{_timeline_chart(e)}'>")
-        parts.append("</section>")
+        parts.append("</div></section><section id='sram'><h2>SRAM per core</h2>")
+        cores = _sram_cores_chart(ok)
+        if cores:
+            parts.append(f"<img alt='{html.escape(cores[0])}' src='{cores[1]}'>")
+        else:
+            parts.append("<p>Timing-only compiles keep no program: no per-core SRAM.</p>")
+        parts.append("</section><section id='timeline'><h2>Timeline</h2>"
+                     f"<img alt='timeline' src='{_timeline_chart(ok)}'></section>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -16,15 +16,18 @@ import pytest
 TIERS: dict[str, str] = {
     "test_bounds": "e2e", "test_check": "e2e", "test_chips": "unit", "test_cli": "e2e",
     "test_constant_outputs": "ops", "test_decode": "e2e", "test_determinism": "e2e",
-    "test_expressions": "unit", "test_fixtures": "e2e", "test_graphcheck": "unit",
+    "test_emulator_speed": "unit", "test_expressions": "unit", "test_fixtures": "e2e",
+    "test_fusion": "e2e", "test_graphcheck": "unit",
     "test_layers": "unit",
     "test_light_models": "e2e", "test_loader": "unit", "test_memory": "unit",
     "test_mesh": "e2e", "test_models": "unit", "test_onnx_backend": "ops",
     "test_onnx_node": "ops", "test_ops": "ops", "test_ops_layout": "ops", "test_ops_nn": "ops",
-    "test_outputs": "e2e", "test_pipeline": "e2e", "test_plan_space": "e2e", "test_planfile": "e2e",
+    "test_outputs": "e2e", "test_pipeline": "e2e", "test_planfile": "e2e",
+    "test_plan_override": "e2e", "test_plan_space": "e2e",
     "test_planner": "unit", "test_program_files": "e2e", "test_progress": "e2e",
-    "test_reference_executor": "unit", "test_registry": "unit", "test_report": "e2e",
-    "test_run_dir": "e2e", "test_solver": "unit", "test_strategies": "unit",
+    "test_reference_executor": "unit", "test_registry": "unit",
+    "test_relayout": "e2e", "test_report": "e2e",
+    "test_run_dir": "e2e", "test_solver": "unit", "test_strategies": "unit", "test_sweep": "e2e",
     "test_trace": "e2e", "test_zoo": "e2e",
 }
 

@@ -71,7 +71,8 @@ def test_says_weights_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
 def test_summarises_a_compilable_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "bert-tiny", "--seq-len", "16")
     assert code == EXIT_OK
-    assert "device graph: 53 ops (contraction 16, elementwise 22, gather 1, reduce 14)" in out
+    # the bias, scale, GELU and residual ops are epilogues of the matmuls (frontend/fuse.py)
+    assert "device graph: 39 ops (contraction 16, elementwise 8, gather 1, reduce 14)" in out
     assert "parameters: 4,369,156" in out
     # only necessary conditions are checked: the verdict must not promise a plan
     assert "they fit in it" in out and "nothing found that stops bert-tiny" in out

@@ -32,7 +32,7 @@ STAGE_IMPORTS: dict[str, tuple[str, ...]] = {
 #: the application: the top-level modules of t10c/ that drive the stages
 APPLICATION = ("t10c.cli", "t10c.driver", "t10c.rundir", "t10c.compare", "t10c.report",
                "t10c.planfile", "t10c.check", "t10c.explain", "t10c.meshcompare", "t10c.args",
-               "t10c.strategies", "t10c.outputs", "t10c.progress")
+               "t10c.strategies", "t10c.outputs", "t10c.progress", "t10c.sweep")
 
 
 def modules() -> dict[str, Path]:

@@ -204,7 +204,8 @@ def test_shape_only_convention_is_public(tmp_path: Path) -> None:
     assert graph.constants["w"].shape == (64, 32) and not has_weights(graph)
     code = ("import sys, t10c.frontend; "
             "sys.exit('t10c.models' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    # in a temporary folder: from the repository root its t10c/ would shadow the install
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
 
 
 def test_compile_and_run_with_external_data_from_elsewhere(

@@ -234,9 +234,13 @@ def test_decomposed_softmax_is_like_softmax() -> None:
 
 
 def test_batchnorm_folds_into_conv() -> None:
-    # Conv, then one elementwise op (bias and Relu), then the pool: no BatchNormalization op
-    graph = to_graph(case_model(next(c for c in FP32_CASES if c.name == "Conv-BN-Relu-MaxPool")))
-    assert [op.kind for op in graph.ops] == ["contraction", "elementwise", "reduce"]
+    # Conv with the bias and Relu as its epilogue, then the pool: no BatchNormalization op
+    model = case_model(next(c for c in FP32_CASES if c.name == "Conv-BN-Relu-MaxPool"))
+    graph = to_graph(model)
+    assert [op.kind for op in graph.ops] == ["contraction", "reduce"]
+    assert graph.ops[0].epilogue is not None
+    plain = to_graph(model, epilogues=False)
+    assert [op.kind for op in plain.ops] == ["contraction", "elementwise", "reduce"]
     assert not any("BatchNormalization" in op.source for op in graph.ops)
 
 

@@ -132,7 +132,8 @@ def test_ctrl_c_outside_the_solve(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", script, "compile", "bert-mini", "--chip", "ipu-mk2", "--run",
          "--no-table", "-o", str(out)],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        cwd=tmp_path)  # not the repository root, whose t10c/ would shadow the install
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # one line per finished stage

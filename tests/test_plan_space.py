@@ -44,7 +44,11 @@ def test_every_baseline_plan_is_a_t10_plan() -> None:
     norot = {p for f in spaces[1].fronts for p in f}
     assert norot - {p for f in spaces[0].fronts for p in f}
     assert all(not any(p.rot) for f in spaces[1].fronts for p in f)
-    assert all(p.home for f in spaces[2].fronts for p in f)
+    # vgm fetches the weights of every op that has some (an op without weights has none)
+    _, consts = tensor_sets(graph)
+    for op, front in zip(graph.ops, spaces[2].fronts):
+        weighted = any(o.tensor in consts for o in op.inputs)
+        assert all(p.home == weighted for p in front)
     # the non-warmed-up plans come first (the greedy walks those), fastest first
     for front in united.fronts:
         homes = [p.home for p in front]

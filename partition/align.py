@@ -1,0 +1,154 @@
+"""Plans that need no re-layout: a consumer plan whose input tiles are where its producer left
+them.
+
+Each op's own Pareto front in (hot bytes, cycles) rarely holds a plan that matches the layout
+its producer leaves: a bias Add after a MatMul is cheapest on its own as a near-square grid,
+while the MatMul leaves row strips, and every such pair pays a barrier and an exchange. So
+for every activation input of an op, and every plan on its producer's front that leaves one
+box per core forming a regular grid over the tensor (`transitions.result_boxes`), this
+module builds the consumer plan that wants exactly those boxes:
+
+- ``F`` over the consumer's axes is the grid's shape on the axes the input indexes (1 on the
+  others), with one compute step and nothing rotating; its blocks ``ceil(E / F)`` must equal
+  the producer's boxes, or the grid cannot be matched;
+- on an all-to-all chip any physical core can run any logical core, so logical core ``c``
+  runs on the core that holds box ``c`` (`OpPlan.cores`).
+
+The aligned plan is costed by the same cost model (`cost.plan_cost`) and offered in a second,
+small solve after the first (`partition.plan_graph`): every op chooses between its chosen plan
+and the plans aligned to what its producers' choices, or their aligned alternatives, leave;
+the solver pairs an aligned plan only with the producer plans that leave its layout
+(`solve.py`, (C3)). Aligned plans leave a box grid themselves, so chains of elementwise ops
+align transitively. At most ``SearchOptions.align`` of them are added per op.
+
+Only ops with a single moving input (the others weights) get aligned plans: an op with two
+moving inputs pays its barrier unless both arrive aligned, and offering them plans aligned to
+one input made the relaxation of the whole-graph model weak (diamonds such as a LayerNorm's
+mean, variance and normalisation all reading one tensor). Offering aligned plans beside whole
+fronts in the first solve stalled CP-SAT on bert-large (docs/planner.md). Mesh chips are left
+out: there a core's position decides what its transfers cost (`place.py`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.ir import Graph
+
+from .cost import plan_cost
+from .plan import Cycles, Geometry, OpPlan, geometry
+from .transitions import result_boxes
+
+
+def _grid(origin: np.ndarray, shape: np.ndarray, extent: tuple[int, ...]
+          ) -> tuple[tuple[int, ...], np.ndarray] | None:
+    """When the boxes that lie inside the tensor form a regular grid of ``shape``-sized
+    blocks from 0 (one box per block, blocks of ``ceil(E / F)``): (F per dimension, the grid
+    index of every box, -1 for boxes wholly in the padding). None otherwise."""
+    ext = np.asarray(extent)
+    if (shape <= 0).any():
+        return None
+    inside = (origin < ext).all(axis=1) & (origin + shape > 0).all(axis=1)
+    if ((origin[inside] % shape) != 0).any() or (origin[inside] < 0).any():
+        return None
+    F = tuple(int(f) for f in -(-ext // shape))
+    if any(-(-e // f) != s for e, f, s in zip(extent, F, shape)):
+        return None
+    index = np.full(len(origin), -1, dtype=np.int64)
+    if inside.any():
+        index[inside] = np.ravel_multi_index(tuple((origin[inside] // shape).T), F)
+    if len(np.unique(index[inside])) != inside.sum() or inside.sum() != math.prod(F):
+        return None
+    return F, index
+
+
+def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip: Chip,
+                 dtype: str, ints: frozenset[str], consts: frozenset[str],
+                 weights_home: bool = False) -> OpPlan | None:
+    """The plan of op ``i`` whose input ``slot`` tiles are the boxes plan ``produced`` of op
+    ``j`` leaves, on the cores holding them; None when there is none."""
+    op = graph.ops[i]
+    operand = op.inputs[slot]
+    if operand.tensor != graph.ops[j].output.tensor or chip.is_mesh:
+        return None
+    names = op.axis_names
+    if any(not isinstance(d, str) or d not in names for d in operand.axes) or \
+            len(set(operand.axes)) != len(operand.axes):
+        return None  # windows and data-indexed dimensions have no simple tiles
+    pgeo = geometry(graph, graph.ops[j], produced)
+    boxes = result_boxes(pgeo)
+    if boxes is None:
+        return None
+    origin, shape = boxes
+    grid = _grid(origin, shape, graph.tensors[operand.tensor].shape)
+    if grid is None:
+        return None
+    per_dim, index = grid
+    F = [1] * len(names)
+    for d, a in enumerate(operand.axes):
+        F[names.index(a)] = per_dim[d]
+    if math.prod(F) > chip.cores:
+        return None
+    # logical core c (row-major over F) wants the box whose grid index its coordinates give
+    holder = np.full(math.prod(per_dim), -1, dtype=np.int64)
+    holder[index[index >= 0]] = pgeo.phys[index >= 0]
+    coords = np.stack(np.unravel_index(np.arange(math.prod(F)), F), axis=1)
+    dims = [names.index(a) for a in operand.axes]
+    cores = holder[np.ravel_multi_index(tuple(coords[:, dims].T), per_dim)]
+    nops = len(op.operands)
+    T = (1,) * len(names)
+    rot: tuple[tuple[str, ...], ...] = ((),) * nops
+    drivers: tuple[tuple[str, ...], ...] = ((),) * len(names)
+    chain = (1,) * nops
+    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    placed = tuple(int(c) for c in cores)
+    if placed == tuple(range(len(placed))):
+        placed_or_none = None  # the row-major numbering already matches
+    else:
+        placed_or_none = placed
+    geo = Geometry(op, tuple(F), T, rot, drivers, shapes, chain, None, placed_or_none)
+    cycles, hot, cold, out = plan_cost(geo, chip, dtype, ints, consts, weights_home)
+    if hot > chip.sram_bytes_per_core:
+        return None
+    return OpPlan(op.name, tuple(F), T, rot, drivers, chain,
+                  Cycles(cycles.compute, cycles.shift, cycles.sync, cycles.reduce), hot, cold,
+                  out, home=weights_home, cores=placed_or_none, aligned=slot)
+
+
+def _same(a: OpPlan, b: OpPlan) -> bool:
+    """The same plan, wherever it came from (an aligned copy of a front plan adds nothing)."""
+    return (a.F, a.T, a.rot, a.chain, a.cores, a.home) == (b.F, b.T, b.rot, b.chain, b.cores,
+                                                            b.home)
+
+
+def aligned_variants(graph: Graph, i: int, fronts: list[list[OpPlan]], chip: Chip,
+                     dtype: str, ints: frozenset[str], consts: frozenset[str], limit: int,
+                     weights_home: bool = False) -> list[OpPlan]:
+    """Up to ``limit`` plans of op ``i`` aligned to plans on its producers' fronts (earlier
+    ops' fronts, aligned variants included), not already on its own front."""
+    if limit <= 0 or chip.is_mesh:
+        return []
+    op = graph.ops[i]
+    producer = {o.output.tensor: j for j, o in enumerate(graph.ops[:i])}
+    found: list[OpPlan] = []
+    # round-robin over the inputs, each producer's plans in front order (fastest first)
+    candidates = []
+    made = {o.output.tensor for o in graph.ops}
+    if sum(graph.root(o.tensor) in made for o in op.inputs) != 1:
+        return []  # see the module doc: one moving input only
+    for slot, operand in enumerate(op.inputs):
+        j = producer.get(operand.tensor)
+        if j is not None:
+            candidates.append([(slot, j, p) for p in fronts[j]])
+    for tier in range(max((len(c) for c in candidates), default=0)):
+        for c in candidates:
+            if tier >= len(c) or len(found) >= limit:
+                continue
+            slot, j, p = c[tier]
+            q = aligned_plan(graph, i, slot, j, p, chip, dtype, ints, consts, weights_home)
+            if q is not None and not any(_same(q, f) for f in (*fronts[i], *found)):
+                found.append(q)
+    return found
