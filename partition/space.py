@@ -35,7 +35,7 @@ from t10c.ir import Graph, TensorExpr
 
 from .cost import plan_cost
 from .plan import OpPlan, geometry
-from .search import SearchOptions, search_front
+from .search import SearchOptions, SearchResult, search_front
 
 
 def no_rotation_options(s: SearchOptions) -> SearchOptions:
@@ -93,7 +93,7 @@ def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_
     for op, key in zip(graph.ops, op_keys(graph)):
         if key not in cache:
             shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
-            found = search_front(op, chip, dtype, shapes, ints, consts, search, front_limit)
+            found = _searched(op, chip, dtype, shapes, ints, consts, search, front_limit)
             plans = [dataclasses.replace(p, op=op.name) for p in found.front]
             weighted = any(o.tensor in consts for o in op.inputs)
             if search.weights_home and weighted:  # an op without weights has none to fetch
@@ -110,6 +110,28 @@ def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_
         if tick:
             tick()
     return Space(tuple(fronts), tuple(smallest), tuple(least_cold))
+
+
+#: searches done in this process: a t10 compile searches the no-rotation space twice (with
+#: every twin and as that baseline builds it), and `t10c bench`, `compare` and `sweep` compile
+#: one model under several strategies; a search is deterministic, so a repeat is a look-up
+_FOUND: dict[tuple, SearchResult] = {}
+_FOUND_LIMIT = 4096
+
+
+def _searched(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
+              ints: frozenset[str], consts: frozenset[str], search: SearchOptions,
+              limit: int) -> SearchResult:
+    """`search.search_front`, remembered under everything it reads (plans are renamed by
+    the caller)."""
+    key = (repr(chip), dtype, op.signature(), op.name,
+           tuple((o.tensor, shapes[o.tensor], o.tensor in ints, o.tensor in consts)
+                 for o in op.operands), search, limit)
+    if key not in _FOUND:
+        if len(_FOUND) >= _FOUND_LIMIT:
+            _FOUND.clear()
+        _FOUND[key] = search_front(op, chip, dtype, shapes, ints, consts, search, limit)
+    return _FOUND[key]
 
 
 def warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip, dtype: str,

@@ -12,10 +12,14 @@ import pytest
 from t10c.chips import PRESETS, load_chip
 from t10c.driver import CompileOptions, compile_model, load_source
 from t10c.frontend import to_graph
-from t10c.partition import DoesNotFitError, SolverOptions, plan_cost
+from t10c.partition import DoesNotFitError, SolverOptions, _edges, _front_ids, plan_cost
+from t10c.partition import solve as solving
+from t10c.partition import space as space_module
 from t10c.partition.plan import geometry
 from t10c.partition.solve import choose_plans
 from t10c.partition.space import baseline_options, space_of, tensor_sets, union
+from t10c.partition.tie import tie_classes
+from t10c.partition.transitions import Views
 from t10c.strategies import search_options
 
 TEST16 = PRESETS["test16"]
@@ -144,5 +148,57 @@ def test_the_united_space_is_deterministic() -> None:
     t10 = search_options("t10")
     chip = dataclasses.replace(TEST16, sram_bytes_per_core=600 * 1024)
     a = union([space_of(graph, chip, "fp16", s, 16) for s in (t10, *baseline_options(t10))])
+    space_module._FOUND.clear()  # searched again, not looked up
     b = union([space_of(graph, chip, "fp16", s, 16) for s in (t10, *baseline_options(t10))])
     assert a == b
+
+
+def _model(graph, chip=TEST16):
+    fronts = [list(f) for f in space_of(graph, chip, "fp16", search_options("t10"), 16).fronts]
+    ints, _ = tensor_sets(graph)
+    edges = _edges(graph, _front_ids(fronts), fronts, chip, "fp16", ints, Views(graph))
+    return fronts, edges
+
+
+def test_repeated_layers_tie_and_other_ops_do_not() -> None:
+    """The ops of bert-tiny's second layer mostly share a class with their first-layer twin
+    (not those next to the embeddings or the output), and a class never mixes fronts."""
+    graph = _graph()
+    fronts, edges = _model(graph)
+    cycles = [[p.cycles.total for p in f] for f in fronts]
+    tie = tie_classes(fronts, cycles, [(e.src, e.dst, e.slot, e.cost) for e in edges])
+    index = {op.name: i for i, op in enumerate(graph.ops)}
+    pairs = [(index[op.name.replace("layer1", "layer0", 1)], i) for i, op in enumerate(graph.ops)
+             if op.name.startswith("layer1") and op.name.replace("layer1", "layer0", 1) in index]
+    assert len(pairs) > 10
+    tied = sum(tie[a] == tie[b] for a, b in pairs)
+    assert len(pairs) // 2 < tied < len(pairs)
+    for a, b in ((i, j) for i in range(len(tie)) for j in range(i) if tie[i] == tie[j]):
+        assert [dataclasses.replace(p, op="") for p in fronts[a]] == \
+            [dataclasses.replace(p, op="") for p in fronts[b]]
+    # refined to the end, every op would be told apart from every other
+    assert len(set(tie_classes(fronts, cycles, [(e.src, e.dst, e.slot, e.cost) for e in edges],
+                               rounds=len(graph.ops)))) > len(set(tie))
+
+
+def test_a_repeated_solve_is_a_look_up() -> None:
+    """The same model again (a baseline's, solved inside t10's compile and then by its own
+    compile) gives the same choice at once; another memory size is another model."""
+    graph = _graph()
+    fronts, edges = _model(graph)
+    none = [[0] * len(f) for f in fronts]
+    solving._SOLVED.clear()
+    opts = SolverOptions(time_limit_s=5.0)
+    first, _ = choose_plans(graph, fronts, none, edges, 600 * 1024, opts)
+    calls: list[tuple[str, int, int]] = []
+    again, _ = choose_plans(graph, fronts, none, edges, 600 * 1024, opts,
+                            lambda *c: calls.append(c))
+    assert first is not None and again is not None
+    assert (again.choice, again.objective_cycles, again.bound_cycles, again.status) == \
+        (first.choice, first.objective_cycles, first.bound_cycles, first.status)
+    assert calls == [("solve", 0, 5000), ("solve", 5000, 5000)]
+    calls.clear()
+    other, _ = choose_plans(graph, fronts, none, edges, 10 ** 9, opts,
+                            lambda *c: calls.append(c))
+    assert other is not None and other.objective_cycles <= first.objective_cycles
+    assert len(solving._SOLVED) == 2
