@@ -113,9 +113,10 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
     solves = len(spaces) + 1  # the baselines' solves, then the solve itself, share a display
     starts = []
+    spent: list[float] = []  # every solve's deterministic time
     for n, (own, where) in enumerate(zip(spaces, maps)):
         choice = _baseline_choice(graph, chip, own, where, edges, solver,
-                                  _share(progress, n, solves))
+                                  _share(progress, n, solves), spent)
         if choice is not None:
             starts.append(tuple(where[i][k] for i, k in enumerate(choice)))
     no_extra = [[0] * len(f) for f in fronts]
@@ -123,13 +124,14 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                   solver, _share(progress, solves - 1, solves), starts)
     if result is None:
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
+    spent.append(result.deterministic_s)
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
     if search.align and not chip.is_mesh and solver.planner != "greedy":
         fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
         chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
-                                    search, solver, views, fixed)
+                                    search, solver, views, fixed, spent)
     gap = result.objective_cycles - result.bound_cycles
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
@@ -141,7 +143,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             gap=round(gap / max(result.objective_cycles, 1), 6),
             greedy_objective_cycles=result.greedy_objective_cycles,
             wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
-            time_limit_s=solver.time_limit_s),
+            time_limit_s=solver.time_limit_s, deterministic_s=round(sum(spent), 3)),
         search_wall_s=search_wall,
         bounds=plan_bounds,
     )
@@ -163,8 +165,8 @@ def _share(progress: Progress | None, n: int, solves: int) -> Progress | None:
 
 
 def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]],
-                     edges: list[Edge], solver: SolverOptions, progress: Progress | None
-                     ) -> tuple[int, ...] | None:
+                     edges: list[Edge], solver: SolverOptions, progress: Progress | None,
+                     spent: list[float]) -> tuple[int, ...] | None:
     """The choice a baseline's own compile makes (the same fronts, edges, options and seed,
     so the same model and the same answer), or None where it does not fit."""
     fronts = [list(f) for f in own.fronts]
@@ -177,19 +179,24 @@ def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]
            for e in edges]
     result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], sub,
                              chip.sram_bytes_per_core, solver, progress)
-    return None if result is None else result.choice
+    if result is None:
+        return None
+    spent.append(result.deterministic_s)
+    return result.choice
 
 
 def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayout: list[int],
              chip: Chip, dtype: str, ints: frozenset[str], consts: frozenset[str],
              search: SearchOptions, solver: SolverOptions, views: Views,
-             fixed: frozenset[int] = frozenset()) -> tuple[tuple[OpPlan, ...], list[int]]:
+             fixed: frozenset[int] = frozenset(), spent: list[float] | None = None
+             ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """The second solve: every op chooses between its chosen plan and the plans aligned to
     what its producers' choices (or their aligned alternatives) leave (`align.py`), under the
     same memory constraints. Offering the aligned plans in the first solve, beside whole
     fronts, stalled CP-SAT on bert-large at the greedy's objective; this small model solves
     at once, starts from the first choice (its greedy hint) and keeps the better of the two.
-    The ops in ``fixed`` (named by `--plan` constraints) keep their chosen plan."""
+    The ops in ``fixed`` (named by `--plan` constraints) keep their chosen plan; the solve's
+    deterministic time is appended to ``spent``."""
     fronts = _with_aligned(graph, keys, [[p] for p in chosen], chip, dtype, ints, consts,
                            search)
     # ops a `--plan` constraint names keep the plan that obeys it
@@ -201,6 +208,8 @@ def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayo
                              chip.sram_bytes_per_core, solver)
     if result is None:
         return chosen, relayout
+    if spent is not None:
+        spent.append(result.deterministic_s)
     picked = tuple(f[k] for f, k in zip(fronts, result.choice))
     again = relayout_cycles(graph, picked, chip, dtype, ints, views)
     before = sum(p.cycles.total for p in chosen) + sum(relayout)

@@ -83,6 +83,8 @@ class SolverResult:
     bound_cycles: int
     wall_s: float
     greedy_objective_cycles: int | None
+    #: CP-SAT's deterministic time spent on this choice (0 for the greedy and a look-up)
+    deterministic_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -403,7 +405,9 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
             progress("solve", whole, whole)
         result, name = _SOLVED[key]
         wall = time.perf_counter() - start
-        return (None if result is None else dataclasses.replace(result, wall_s=wall)), name
+        if result is None:
+            return None, name
+        return dataclasses.replace(result, wall_s=wall, deterministic_s=0.0), name
     if len(_SOLVED) >= _SOLVED_LIMIT:
         _SOLVED.clear()
     _SOLVED[key] = _choose(terms, fronts, relayout_in, edges, sram_bytes, opts, progress,
@@ -465,6 +469,7 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     rest = dataclasses.replace(opts, time_limit_s=max(opts.time_limit_s - used, 0.001))
     model, x = build_model(terms, fronts, arrays, edges, cap, best)
     solver, status = solve_model(model, rest, _window(progress, int(used * 1000), whole, True))
+    used += float(solver.deterministic_time)
     name = solver.status_name(status)
     choice = x.decode(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     wall = time.perf_counter() - start
@@ -472,12 +477,12 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
         if best is None or best_obj is None:
             return None, name
         return SolverResult(best, "FEASIBLE", best_obj, int(solver.best_objective_bound),
-                            wall, warm_obj), name
+                            wall, warm_obj, used), name
     value = objective(arrays, edges, choice)
     if best is not None and best_obj is not None and best_obj < value:
         choice, value = best, best_obj
     bound = min(int(round(solver.best_objective_bound)), value)
-    return SolverResult(tuple(choice), name, value, bound, wall, warm_obj), name
+    return SolverResult(tuple(choice), name, value, bound, wall, warm_obj, used), name
 
 
 @dataclass(frozen=True)
