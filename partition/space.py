@@ -7,7 +7,8 @@ A strategy's plan space is, per op, the list of plans the whole-graph solve may 
   warm-up twin of its fastest plan (the weights kept in the compact idle layout, spread over
   all cores, and fetched into the plan's layout before the op runs);
 - vgm (``weights_home``): the front of the no-rotation plans priced with every op fetching its
-  weights from that idle layout, all of them warmed up;
+  weights from that idle layout, all of a weighted op's plans warmed up (an op without
+  weights has nothing to fetch: its plans are the no-rotation ones);
 - t10: its own front (rotation allowed) and the no-rotation front, each with the twin of
   EVERY plan on it, united with the no-rotation space and the vgm space exactly as those
   strategies build them (`union`).
