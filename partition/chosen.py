@@ -35,11 +35,14 @@ class SolverReport:
     workers: int
     seed: int
     time_limit_s: float  # CP-SAT's deterministic limit (work units, about seconds)
+    #: CP-SAT's deterministic time over the compile's solves (the baselines' own, the tied
+    #: and full models, the aligned second solve); kept out of plan.json beside ``wall_s``
+    deterministic_s: float = 0.0
 
     def document(self) -> dict[str, object]:
-        """The reproducible fields, as plan.json stores them (everything but ``wall_s``)."""
+        """The fields plan.json stores (all but ``wall_s`` and ``deterministic_s``)."""
         doc = asdict(self)
-        del doc["wall_s"]
+        del doc["wall_s"], doc["deterministic_s"]
         return doc
 
     @staticmethod

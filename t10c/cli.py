@@ -717,7 +717,8 @@ def _print_summary(compiled, timing_only: bool) -> None:
     else:
         print(f"solver {s.status}: objective {s.objective_cycles} cycles, bound "
               f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
-              f"{s.greedy_objective_cycles} cycles, {s.wall_s} s")
+              f"{s.greedy_objective_cycles} cycles, {s.wall_s} s; deterministic time "
+              f"{s.deterministic_s} s over the compile's solves")
     if options.constraints:
         print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program

@@ -25,7 +25,7 @@ TIERS: dict[str, str] = {
     "test_mesh": "e2e", "test_models": "unit", "test_onnx_backend": "ops",
     "test_onnx_node": "ops", "test_ops": "ops", "test_ops_layout": "ops", "test_ops_nn": "ops",
     "test_outputs": "e2e", "test_pipeline": "e2e", "test_planfile": "e2e",
-    "test_plan_override": "e2e",
+    "test_plan_override": "e2e", "test_plan_space": "e2e",
     "test_planner": "unit", "test_program_files": "e2e", "test_progress": "e2e",
     "test_prologue": "e2e",
     "test_reference_executor": "unit", "test_registry": "unit",
