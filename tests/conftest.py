@@ -6,11 +6,22 @@ change's test cost is visible and a tier can be run alone (`pytest -m unit`, `-m
 - ops: single ONNX ops and generated node cases through the whole pipeline, against
   onnxruntime or the onnx package's expected outputs;
 - e2e: whole models and the command line, end to end.
+
+Property tests (hypothesis) draw new examples on every run, except under CI (the environment
+variable ``CI`` set, as `.ci/run` does), where they draw the same ones: a submission's check
+does not depend on luck, and local runs keep looking for new failures.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 #: the tier of each test module; a module missing here fails the collection (add it)
 TIERS: dict[str, str] = {
