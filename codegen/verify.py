@@ -26,7 +26,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import DTYPES
-from t10c.elementwise import COMBINES, check_body
+from t10c.elementwise import COMBINES, body_inputs, check_body
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 from .pattern import Pattern, check
@@ -119,20 +119,12 @@ def _check_expr(e: TensorExpr) -> str | None:
             why = why or check_body(body, len(e.inputs))
             axes = set(e.inputs[slot].axis_set)
             if why is None and any(not set(e.inputs[k].axis_set) <= axes
-                                   for k in _leaves(body) if k != 1 - slot):
+                                   for k in body_inputs(body) if k != 1 - slot):
                 why = "a prologue's inputs must index a subset of its operand's axes"
-            elif why is None and 1 - slot in _leaves(body):
+            elif why is None and 1 - slot in body_inputs(body):
                 why = "a prologue must not read the other operand of its matmul"
     return why
 
-
-def _leaves(body: tuple) -> set[int]:
-    """The inputs a body reads."""
-    if body[0] == "in":
-        return {int(body[1])}
-    if body[0] == "const":
-        return set()
-    return set().union(*(_leaves(arg) for arg in body[1:]))
 
 
 def _check_chip(p: Program, chip: Chip) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.elementwise import body_inputs
 from t10c.ir import INDIRECT, TensorExpr
 
 from .place import choose, ring_drivers
@@ -169,16 +170,9 @@ def _prologue_inputs(op: TensorExpr) -> dict[int, list[int]]:
     """For each prologue slot, the inputs past the first two that its body reads."""
     found: dict[int, list[int]] = {}
     for slot, body in op.prologue:
-        found[slot] = sorted(i for i in _leaves(body) if i >= 2)
+        found[slot] = sorted(i for i in body_inputs(body) if i >= 2)
     return found
 
-
-def _leaves(body: tuple) -> set[int]:
-    if body[0] == "in":
-        return {int(body[1])}
-    if body[0] == "const":
-        return set()
-    return set().union(*(_leaves(arg) for arg in body[1:]))
 
 
 def _templates(op: TensorExpr, grid: np.ndarray, opts: SearchOptions):

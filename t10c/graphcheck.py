@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from t10c.elementwise import COMBINES, check_body
+from t10c.elementwise import COMBINES, body_inputs, check_body
 from t10c.ir import INDIRECT, Graph, TensorExpr, Window, is_contraction
 
 
@@ -125,16 +125,9 @@ def _prologue_problems(op: TensorExpr) -> list[str]:
             continue
         axes = set(op.inputs[slot].axis_set)
         found += [f"prologue of input {slot} reads input {k}, whose axes are not among the "
-                  f"operand's" for k in _leaves(body)
+                  f"operand's" for k in body_inputs(body)
                   if not set(op.inputs[k].axis_set) <= axes]
     if len({slot for slot, _ in op.prologue}) != len(op.prologue):
         found.append("two prologues on one input")
     return found
 
-
-def _leaves(body: tuple) -> set[int]:
-    if body[0] == "in":
-        return {int(body[1])}
-    if body[0] == "const":
-        return set()
-    return set().union(*(_leaves(arg) for arg in body[1:]))
