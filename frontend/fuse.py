@@ -207,14 +207,20 @@ def _substitute_acc(body: Body, value: Body) -> Body:
     return (body[0], *(_substitute_acc(arg, value) for arg in body[1:]))
 
 
-def fuse_epilogue(ops: list[TensorExpr], keep: set[str], shapes: dict[str, tuple[int, ...]],
-                  max_extra: int = 4) -> bool:
-    """Fold one elementwise op into the reduction before it (module doc, rules a-c), in
-    place; True if one was folded."""
+def _read_sites(ops: list[TensorExpr]) -> dict[str, list[tuple[int, int]]]:
+    """For each tensor, the (op, read slot) pairs that read it."""
     reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for ci, op in enumerate(ops):
         for slot, o in enumerate(op.reads):
             reads[o.tensor].append((ci, slot))
+    return reads
+
+
+def fuse_epilogue(ops: list[TensorExpr], keep: set[str], shapes: dict[str, tuple[int, ...]],
+                  max_extra: int = 4) -> bool:
+    """Fold one elementwise op into the reduction before it (module doc, rules a-c), in
+    place; True if one was folded."""
+    reads = _read_sites(ops)
     for pi, producer in enumerate(ops):
         out = producer.output.tensor
         if producer.combine is None or producer.body[0] == "take" or out in keep:
@@ -311,10 +317,7 @@ def fuse_prologue(ops: list[TensorExpr], keep: set[str],
                   shapes: dict[str, tuple[int, ...]]) -> bool:
     """Fold one elementwise op into the contractions that read it, as their prologue (module
     doc, rules i-iii), in place; True if one was folded."""
-    reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for ci, op in enumerate(ops):
-        for slot, o in enumerate(op.reads):
-            reads[o.tensor].append((ci, slot))
+    reads = _read_sites(ops)
     for pi, producer in enumerate(ops):
         out = producer.output.tensor
         if (producer.combine is not None or producer.body[0] == "take" or out in keep
