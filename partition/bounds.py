@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from t10c.chips import Chip
+from t10c.costs import INDEX_BYTES
+from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph
 
 from .plan import OpPlan
@@ -71,8 +73,9 @@ def ideal_cycles(fronts: Sequence[Sequence[OpPlan]],
 
 
 def _nbytes(graph: Graph, name: str, dtype: str) -> int:
+    """Bytes of a tensor on chip: floats in the storage dtype, integers as indices."""
     t = graph.tensors[name]
-    return t.numel * (4 if t.dtype != "float32" or dtype == "fp32" else 2)
+    return t.numel * (INDEX_BYTES if t.dtype != "float32" else dtype_bytes(dtype))
 
 
 def dram_ideal_cycles(graph: Graph, chip: Chip, dtype: str) -> list[int]:

@@ -752,9 +752,10 @@ def _bounds_line(plan, cycles: int) -> str:
     if b is None:
         return "bounds: none (a plan made by hand)"
     roof, ideal = b.fractions(cycles)
+    dram = " or its DRAM time" if b.dram_roofline_cycles else ""
     return (f"bounds: {100 * roof:.1f}% of the compute roofline ({b.roofline_cycles} cycles), "
             f"{100 * ideal:.1f}% of the ideal ({b.ideal_cycles} cycles: every op at its "
-            f"fastest plan, no memory limit, no re-layout)")
+            f"fastest plan{dram}, no memory limit, no re-layout)")
 
 
 def _write_compile(compiled, args: argparse.Namespace) -> None:
