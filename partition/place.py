@@ -32,6 +32,7 @@ real routes.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,8 +177,12 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     rest = np.zeros(n, dtype=np.int64)
     for col, dim in zip(rest_cols, rest_dims):
         rest = rest * dim + col
-    blocks_per_row = embed.cols // embed.col_ring
-    brow, bcol = np.divmod(rest, blocks_per_row)
+    # reduction axes are innermost: a reduction group is ``group`` consecutive blocks, laid so
+    # that it never straddles the end of a row (`row_width`)
+    group = math.prod(d for (j, d) in zip(order, rest_dims) if axes[j] in reduction)
+    width = row_width(embed.cols // embed.col_ring, embed.rows // embed.row_ring,
+                      math.prod(rest_dims), group)
+    brow, bcol = np.divmod(rest, width)
     col = bcol * embed.col_ring
     row = brow * embed.row_ring
     if embed.col_driver:
@@ -185,6 +190,25 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     if embed.row_driver:
         row = row + interleave(ring_pos[embed.row_driver], embed.row_ring)
     return row * embed.cols + col
+
+
+def row_width(blocks_per_row: int, block_rows: int, nblocks: int, group: int) -> int:
+    """Blocks per physical row used when filling the chip with ``nblocks`` blocks in groups of
+    ``group`` consecutive blocks (the members of one reduction): a whole number of groups when
+    a group fits a row, else the widest divisor of ``group`` that fits (its groups are then
+    rectangles of whole rows). Full rows when that would not fit the chip."""
+    if group <= 1 or blocks_per_row < 1:  # (a grid that does not embed: priced, never placed)
+        return max(blocks_per_row, 1)
+    if group <= blocks_per_row:
+        width = blocks_per_row // group * group
+    else:
+        width = max(d for d in _divisors(group) if d <= blocks_per_row)
+    return width if -(-nblocks // width) <= block_rows else blocks_per_row
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small)]
 
 
 def shift_cycles(chip: Chip, moved: list[tuple[int, str, int]]) -> int:
@@ -205,18 +229,6 @@ def shift_cycles(chip: Chip, moved: list[tuple[int, str, int]]) -> int:
 def hops_of_ring(t: int) -> int:
     """Longest edge of an interleaved ring of ``t`` cores."""
     return 0 if t <= 1 else 1 if t == 2 else 2
-
-
-def gather_estimate(chip: Chip, group: int, chunk_bytes: int, stride: int) -> int:
-    """Estimated cycles for each of ``group`` cores on a line (``stride`` apart) to receive its
-    chunk from the others: the middle link carries ``floor(g/2) x ceil(g/2)`` chunks, times the
-    ``stride`` interleaved groups that share the line. Reductions and warm-ups on meshes are
-    priced so; the emulator routes them exactly."""
-    if group <= 1 or chunk_bytes <= 0:
-        return 0
-    hops = min((group - 1) * stride, chip.rows + chip.cols - 2)
-    load = chunk_bytes * (group // 2) * (-(-group // 2)) * stride
-    return chip.hop_latency_cycles * hops + -(-load // chip.link_bytes_per_cycle)
 
 
 def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0) -> int:
@@ -249,6 +261,6 @@ def describe(embed: Embedding | None, ncores: int) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["Embedding", "choose", "embed_rows", "physical_cores", "shift_cycles", "gather_estimate",
+__all__ = ["Embedding", "choose", "embed_rows", "physical_cores", "shift_cycles", "row_width",
            "exchange_estimate", "interleave", "ring_drivers", "hops_of_ring", "fits",
            "ROUTES_PER_RING"]
