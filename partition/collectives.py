@@ -4,10 +4,10 @@ After an op's steps, the ``G`` cores of a reduction group hold partial sums of t
 of ``L`` elements, and a reduce-scatter leaves member ``p`` with elements ``[p x c, (p + 1) x
 c)`` of the reduced block, ``c = ceil(L / G)``. Gathering every member's chunk directly over a
 line of ``G`` cores loads the line's middle link with about ``G / 4`` blocks. As WaferLLM's
-MeshGEMV does, t10c reduces in levels instead: the members of a group laid as a rectangle
-(`place.physical_cores` keeps a group inside whole rows) are numbered by *digits*, each a set
-of members along one mesh dimension (a row of the rectangle, a column, or a row's contiguous
-runs and every run's ``k``-th core), and level ``k`` reduces among the members that differ only
+MeshGEMV does, t10c reduces in levels instead: the members of a group, laid as a rectangle
+that never straddles a row's end (`place.group_tile`), are numbered by *digits*, each a set of
+members along one mesh dimension (a row of the rectangle, a column, or a row's contiguous runs
+and every run's ``k``-th core), and level ``k`` reduces among the members that differ only
 in digit ``k``, each keeping ``1 / size`` of its chunk. The first level moves the most, the
 later ones little; the busiest link of a level along a line carries, per receiver on one side,
 its chunk from every sender on the other side.
@@ -20,7 +20,7 @@ end are padding that no transfer carries (`Reduce.sizes`).
 
 Every level is an ordinary `Reduce` instruction (codegen emits one per level), so the emulator
 computes the same numbers and routes each level's real transfers; the planner prices the levels
-with `reduce_estimate` over the rectangle `place.row_width` makes. A group that is not a
+with `reduce_estimate` over the rectangle `place.group_tile` makes. A group that is not a
 rectangle on the mesh (a plan aligned to its producer, a chip without a grid) keeps one level.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.dtypes import ceil_div
 
-from .place import row_width
+from .place import group_tile
 
 if TYPE_CHECKING:
     from .plan import Geometry
@@ -149,12 +149,66 @@ def choose_levels(rows: int, cols: int, row_stride: int, col_stride: int, elems:
 def group_shape(chip: Chip, ncores: int, group: int, col_ring: int, row_ring: int
                 ) -> tuple[int, int]:
     """(rows, cols) of the members of a reduction group of ``group`` consecutive blocks as
-    `place.physical_cores` lays them (one member per block)."""
+    `place.physical_cores` lays them (one member per block; `place.group_tile`). Where no
+    rectangle tiles the chip the groups straddle rows and are priced as lines (optimistic)."""
     nblocks = ceil_div(ncores, col_ring * row_ring)
-    width = row_width(chip.cols // col_ring, chip.rows // row_ring, nblocks, group)
-    if group <= width:
-        return 1, group
-    return group // width, width
+    tile = group_tile(chip.cols // col_ring, chip.rows // row_ring, nblocks, group)
+    return (1, group) if tile is None else tile
+
+
+def _digit_values(digits: tuple[Digit, ...], height: int, width: int
+                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[int]]:
+    """Members of a ``height x width`` rectangle in row-major order: their row and column
+    index, their value of every digit, and each digit's weight in the final position."""
+    i, j = np.divmod(np.arange(height * width), width)
+    along = {0: j, 1: i}
+    values = [(along[d.axis] // d.unit) % d.size for d in digits]
+    weights = [math.prod(d.size for d in digits[k + 1:]) for k in range(len(digits))]
+    return i, j, values, weights
+
+
+@lru_cache(maxsize=65536)
+def routed_levels(height: int, width: int, row_stride: int, col_stride: int, elems: int,
+                  elem_bytes: int) -> tuple[tuple[int, int, int], ...]:
+    """(longest route in hops, busiest link's bytes, elements added) of every level of one
+    group laid as a rectangle (`choose_levels`' order), its transfers routed along the
+    rectangle's lines link by link as the emulator routes them; interleaved groups of other
+    ring positions load the same lines (``stride`` of them)."""
+    digits = choose_levels(height, width, row_stride, col_stride, elems)
+    group = height * width
+    unit = ceil_div(elems, group)
+    i, j, values, weights = _digit_values(digits, height, width)
+    p = sum(v * w for v, w in zip(values, weights))
+    member = np.empty(group, dtype=np.int64)  # the member at each final position
+    member[p] = np.arange(group)
+    start = np.zeros(group, dtype=np.int64)
+    out = []
+    for d, v, w in zip(digits, values, weights):
+        chunk = unit * w
+        start = start + v * chunk
+        real = np.clip(elems - start, 0, chunk) * elem_bytes  # what each member gathers
+        peers = member[(p - v * w)[:, None] + np.arange(d.size)[None, :] * w]  # (group, size)
+        dst = np.broadcast_to(np.arange(group)[:, None], peers.shape).ravel()
+        src = peers.ravel()
+        nbytes = np.broadcast_to(real[:, None], peers.shape).ravel()
+        keep = (src != dst) & (nbytes > 0)
+        src, dst, nbytes = src[keep], dst[keep], nbytes[keep]
+        line, pos = (i, j * col_stride) if d.axis == 0 else (j, i * row_stride)
+        length = (width * col_stride if d.axis == 0 else height * row_stride) + 1
+        share = col_stride if d.axis == 0 else row_stride
+        busiest, hops = 0, 0
+        if len(src):
+            a, b = pos[src], pos[dst]
+            hops = int(np.abs(b - a).max())
+            for sel in (b > a, b < a):  # one direction's links at a time
+                lo, hi = np.minimum(a, b)[sel], np.maximum(a, b)[sel]
+                base = line[dst][sel] * length
+                diff = np.bincount(np.concatenate([base + lo, base + hi]),
+                                   weights=np.concatenate([nbytes[sel], -nbytes[sel]]),
+                                   minlength=(max(height, width) + 1) * length)
+                busiest = max(busiest, int(np.rint(np.cumsum(diff).max(initial=0))))
+        out.append((hops, busiest * share, (d.size - 1) * chunk))
+    return tuple(out)
 
 
 def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring: int,
@@ -167,7 +221,11 @@ def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring
     rows, cols = group_shape(chip, ncores, group, col_ring, row_ring)
     digits = choose_levels(rows, cols, row_ring, col_ring, elems)
     first = ceil_div(elems, group) * (group // digits[0].size)
-    return levels_cost(chip, digits, elems, elem_bytes, dtype), first
+    cycles = sum(chip.hop_latency_cycles * hops + ceil_div(most, chip.link_bytes_per_cycle)
+                 + chip.vector_cycles(adds, dtype)
+                 for hops, most, adds in routed_levels(rows, cols, row_ring, col_ring, elems,
+                                                       elem_bytes))
+    return cycles, first
 
 
 def _members(geo: Geometry) -> tuple[np.ndarray, np.ndarray]:
@@ -232,12 +290,9 @@ def scatter_of(geo: Geometry) -> Scatter:
     digits = choose_levels(height, width, row_stride, col_stride, elems)
     # each member's position along the rectangle's rows and columns, then its digits
     blocks = ordered.shape[0]
-    i = np.broadcast_to(np.arange(height)[None, :, None], ordered.shape).ravel()
-    j = np.broadcast_to(np.arange(width)[None, None, :], ordered.shape).ravel()
     core = ordered.ravel()
-    along = {0: j, 1: i}
-    values = [(along[d.axis] // d.unit) % d.size for d in digits]
-    rests = [math.prod(d.size for d in digits[k + 1:]) for k in range(len(digits))]
+    _, _, one, rests = _digit_values(digits, height, width)
+    values = [np.tile(v, blocks) for v in one]
     p = sum(v * r for v, r in zip(values, rests))
     final = np.empty(geo.ncores, dtype=np.int64)
     final[core] = p
@@ -261,4 +316,4 @@ def scatter_of(geo: Geometry) -> Scatter:
 
 
 __all__ = ["Digit", "Level", "Scatter", "choose_levels", "group_shape", "levels_cost",
-           "reduce_estimate", "scatter_of"]
+           "reduce_estimate", "routed_levels", "scatter_of"]

@@ -177,12 +177,20 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     rest = np.zeros(n, dtype=np.int64)
     for col, dim in zip(rest_cols, rest_dims):
         rest = rest * dim + col
-    # reduction axes are innermost: a reduction group is ``group`` consecutive blocks, laid so
-    # that it never straddles the end of a row (`row_width`)
+    # reduction axes are innermost: a reduction group is ``group`` consecutive blocks, laid as
+    # a rectangle of blocks that tiles the chip (`group_tile`) so that it never straddles the
+    # end of a row; row-major over the blocks when no rectangle tiles it
     group = math.prod(d for (j, d) in zip(order, rest_dims) if axes[j] in reduction)
-    width = row_width(embed.cols // embed.col_ring, embed.rows // embed.row_ring,
-                      math.prod(rest_dims), group)
-    brow, bcol = np.divmod(rest, width)
+    per_row = embed.cols // embed.col_ring
+    tile = group_tile(per_row, embed.rows // embed.row_ring, math.prod(rest_dims), group)
+    if tile is None:
+        brow, bcol = np.divmod(rest, per_row)
+    else:
+        height, width = tile
+        gi, member = np.divmod(rest, group)
+        band, slot = np.divmod(gi, per_row // width)
+        mr, mc = np.divmod(member, width)
+        brow, bcol = band * height + mr, slot * width + mc
     col = bcol * embed.col_ring
     row = brow * embed.row_ring
     if embed.col_driver:
@@ -192,18 +200,22 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     return row * embed.cols + col
 
 
-def row_width(blocks_per_row: int, block_rows: int, nblocks: int, group: int) -> int:
-    """Blocks per physical row used when filling the chip with ``nblocks`` blocks in groups of
-    ``group`` consecutive blocks (the members of one reduction): a whole number of groups when
-    a group fits a row, else the widest divisor of ``group`` that fits (its groups are then
-    rectangles of whole rows). Full rows when that would not fit the chip."""
+def group_tile(blocks_per_row: int, block_rows: int, nblocks: int, group: int
+               ) -> tuple[int, int] | None:
+    """(rows, cols) of blocks of the rectangle each reduction group of ``group`` consecutive
+    blocks occupies when ``nblocks`` blocks fill a grid of ``block_rows x blocks_per_row``
+    blocks: the widest (a line when it fits) whose rectangles tile the grid; None when none
+    does (the blocks are then laid row-major and a group may straddle a row's end)."""
     if group <= 1 or blocks_per_row < 1:  # (a grid that does not embed: priced, never placed)
-        return max(blocks_per_row, 1)
-    if group <= blocks_per_row:
-        width = blocks_per_row // group * group
-    else:
-        width = max(d for d in _divisors(group) if d <= blocks_per_row)
-    return width if -(-nblocks // width) <= block_rows else blocks_per_row
+        return None
+    groups = -(-nblocks // group)
+    for width in reversed(_divisors(group)):
+        if width > blocks_per_row:
+            continue
+        height = group // width
+        if -(-groups // (blocks_per_row // width)) * height <= block_rows:
+            return height, width
+    return None
 
 
 def _divisors(n: int) -> list[int]:
@@ -261,6 +273,6 @@ def describe(embed: Embedding | None, ncores: int) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["Embedding", "choose", "embed_rows", "physical_cores", "shift_cycles", "row_width",
+__all__ = ["Embedding", "choose", "embed_rows", "physical_cores", "shift_cycles", "group_tile",
            "exchange_estimate", "interleave", "ring_drivers", "hops_of_ring", "fits",
            "ROUTES_PER_RING"]
