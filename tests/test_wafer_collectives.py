@@ -1,0 +1,79 @@
+"""The mesh reduce-scatter in levels (K-tree, `partition/collectives.py`): placement of groups as
+rectangles, the levels codegen emits, their link loads by hand on a tiny mesh, the same numbers
+as onnxruntime on a 64 x 64 and a rectangular mesh, and the planner's price equal to the
+emulated time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from t10c.chips import chip_from_dict
+from t10c.codegen.program import Reduce
+from t10c.driver import CompileOptions, compile_model, run_compiled
+from t10c.emulator.routing import route
+from t10c.partition.collectives import _line_busiest, choose_levels
+from t10c.partition.place import group_tile
+
+TINY = chip_from_dict({"base": "wse2", "name": "tiny2x4", "grid": [2, 4], "cores": 8})
+MESH64 = chip_from_dict({"base": "wse2", "name": "mesh64", "grid": [64, 64], "cores": 4096})
+RECT = chip_from_dict({"base": "wse2", "name": "mesh24x40", "grid": [24, 40], "cores": 960})
+
+
+def test_line_loads_by_hand() -> None:
+    # 4 cores on a line, each gathering 2 elements from the 3 others: the middle link carries
+    # 2 receivers x 2 senders x 2 elements each way
+    assert _line_busiest(np.array([2, 2, 2, 2])) == 8
+    line = chip_from_dict({"base": "wse2", "name": "line", "grid": [1, 4], "cores": 4})
+    src, dst = np.array([s for d in range(4) for s in range(4) if s != d]), \
+        np.array([d for d in range(4) for s in range(4) if s != d])
+    r = route(line, src, dst, np.full(len(src), 2))
+    assert r.max_link_bytes == 8 and r.loads[0, 0].tolist() == [6, 8, 6, 0]
+    # only core 0 (2 elements) and core 1 (1) receive: link 0-1 westward carries 2 x 3
+    assert _line_busiest(np.array([2, 1, 0, 0])) == 6
+
+
+def test_groups_tile_the_mesh() -> None:
+    assert group_tile(996, 757, 2048, 8) == (1, 8)  # lines of 8, 124 to a row (no straddling)
+    assert group_tile(40, 24, 960, 15) == (3, 5)  # 15 in a row would not fit: 3 x 5 blocks
+    assert group_tile(4, 2, 8, 8) == (2, 4)  # a group larger than a row: whole rows
+    # a line of 32 goes contiguous runs first, then every run's k-th core (a 2-level tree)
+    assert [d.size for d in choose_levels(1, 32, 1, 1, 2)] == [8, 4]
+
+
+def test_levels_link_loads_by_hand_on_a_tiny_mesh() -> None:
+    """matmul 1x1024x4 on 2 x 4 cores: k split 8 ways, the group is the whole 2 x 4 mesh; the
+    4 fp32 partial sums go up the columns first (one hop, only row 0 keeps data), then along
+    row 0 (one element each)."""
+    c = compile_model("matmul-1x1024x4", TINY, CompileOptions())
+    levels = [i for i in c.program.instrs if isinstance(i, Reduce)]
+    assert [lv.group.shape[1] for lv in levels] == [2, 4]
+    assert [c.program.buffers[lv.dst].elems for lv in levels] == [4, 1]
+    # level 1: each core with its column neighbour; level 2: along its row
+    assert all(len({int(g) % 4 for g in row}) == 1 for row in levels[0].group)
+    assert all(len({int(g) // 4 for g in row}) == 1 for row in levels[1].group)
+    # the first level's chunk is 4 elements: the block's 4 on one core of each pair, padding
+    # (nothing sent) on the other
+    assert sorted(levels[0].sizes.tolist()) == [0, 0, 0, 0, 4, 4, 4, 4]
+    r = run_compiled(c)
+    assert r.ok
+    red = [x for x in r.timeline.records if x.phase == "reduce"]
+    # level 1: 4 elements x 4 bytes over one hop: 1 + 16/4 + add (8 + 4/4)
+    assert (red[0].bytes_per_core, red[0].hops, red[0].cycles) == (16, 1, 14)
+    # level 2: 2 receivers x 2 senders x 4 bytes on row 0's middle link, 3 hops: 3 + 4 + 9
+    assert (red[1].bytes_per_core, red[1].hops, red[1].cycles) == (16, 3, 16)
+    assert c.plan.ops[0].cycles.reduce == c.chip.sync_cycles + 14 + 16
+
+
+@pytest.mark.parametrize("chip", [MESH64, RECT], ids=["64x64", "24x40"])
+@pytest.mark.parametrize("model", ["matmul-1x4096x256", "matmul-4x2048x512"])
+def test_levels_match_onnxruntime_and_the_planner(chip, model) -> None:
+    c = compile_model(model, chip, CompileOptions())
+    levels = [i for i in c.program.instrs if isinstance(i, Reduce)]
+    assert len(levels) >= 2  # a tree, not one gather
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    emulated = r.timeline.by_op()["matmul"]
+    predicted = c.plan.ops[0].cycles
+    assert predicted.reduce == emulated["reduce"] + emulated["sync"]
+    assert c.plan.total_cycles == r.timeline.cycles
