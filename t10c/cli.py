@@ -182,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="KxN", help="the decode GEMV, one row (default: 4096x4096)")
     mc.add_argument("--model", type=model_arg, default="bert-base",
                     help="the whole model (default: bert-base)")
+    mc.add_argument("--decode", type=model_arg, default="llama3-8b-decode",
+                    help="a decode step, its row in tokens/s (default: llama3-8b-decode)")
+    mc.add_argument("--cache-len", type=int, default=4096, metavar="N",
+                    help="the decode step's KV cache (default: 4096)")
     mode = mc.add_mutually_exclusive_group()
     mode.add_argument("--timing-only", dest="timing_only", action="store_true", default=None,
                       help="time without data (the default above 16,384 cores)")
@@ -490,8 +494,12 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
     gemm, gemv = "x".join(map(str, args.gemm)), "x".join(map(str, args.gemv))
     workloads = [("prefill GEMM", f"matmul-{gemm}"),
                  ("decode GEMV", f"matmul-1x{gemv}"), ("model", args.model)]
+    if args.cache_len < 1:
+        return _error(f"--cache-len must be at least 1, not {args.cache_len}", EXIT_USAGE)
+    workloads3 = [(label, model, None) for label, model in workloads]
+    workloads3.append((f"decode step (cache {args.cache_len})", args.decode, args.cache_len))
     try:
-        rows = mesh_compare(workloads, chip, _base_options(args), args.timing_only,
+        rows = mesh_compare(workloads3, chip, _base_options(args), args.timing_only,
                             log=lambda m: print(m, file=sys.stderr), progress=StageProgress)
     except ValueError as exc:
         return _error(str(exc).splitlines()[0], EXIT_FAIL)

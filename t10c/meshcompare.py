@@ -10,7 +10,8 @@ links. `t10c mesh-compare` compiles each workload twice for the same mesh chip:
   row-major, as T10 would;
 
 and emulates both on the mesh, where the emulator routes every transfer dimension-order and
-charges the busiest link. The ratio is the all-to-all plan's latency over the mesh-aware one's.
+charges the busiest link. The ratio is the all-to-all plan's latency over the mesh-aware one's;
+a decode step's row also reads in tokens per second (one token per step, batch 1).
 Functional runs (checked against onnxruntime) are used where the chip is small enough, timing-only
 runs otherwise.
 """
@@ -60,6 +61,11 @@ class Row:
     assumed: Side
 
     @property
+    def decode(self) -> bool:
+        """A decode step (one token per run): its row reads in tokens per second."""
+        return self.label.startswith("decode step")
+
+    @property
     def ratio(self) -> float:
         """How many times longer the all-to-all-assumption plan runs on the mesh."""
         return self.assumed.timeline.cycles / max(self.aware.timeline.cycles, 1)
@@ -84,11 +90,13 @@ def run_side(model: str, chip: Chip, strategy: str, base: CompileOptions, timing
                 result.max_rel_err)
 
 
-def mesh_compare(workloads: list[tuple[str, str]], chip: Chip, base: CompileOptions,
+def mesh_compare(workloads: list[tuple[str, str]] | list[tuple[str, str, int | None]],
+                 chip: Chip, base: CompileOptions,
                  timing_only: bool | None = None, log: Callable[[str], None] | None = None,
                  progress: Callable[[], AbstractContextManager[Progress]] | None = None
                  ) -> list[Row]:
-    """Compile and emulate every (label, model) of ``workloads`` both ways on ``chip``;
+    """Compile and emulate every (label, model) of ``workloads`` both ways on ``chip`` (a
+    third item, when given, is the model's ``seq_len``: a decode step's KV cache);
     ``progress()`` makes a fresh progress display for each compile."""
     if not chip.is_mesh:
         raise ValueError(f"{chip.name} is {chip.topology}: mesh-compare needs a mesh2d or "
@@ -96,14 +104,16 @@ def mesh_compare(workloads: list[tuple[str, str]], chip: Chip, base: CompileOpti
     if timing_only is None:
         timing_only = chip.cores > FUNCTIONAL_CORES
     rows = []
-    for label, model in workloads:
+    for label, model, *rest in workloads:
+        options = dataclasses.replace(base, seq_len=rest[0]) if rest and rest[0] else base
         sides = {}
         for strategy in ("t10", "all-to-all"):
             if log:
                 log(f"[{label}: {model} on {chip.name}, {strategy}"
                     f"{', timing only' if timing_only else ''}]")
             with progress() if progress else contextlib.nullcontext() as report:
-                sides[strategy] = run_side(model, chip, strategy, base, timing_only, report)
+                sides[strategy] = run_side(model, chip, strategy, options, timing_only,
+                                           report)
         rows.append(Row(model, label, sides["t10"], sides["all-to-all"]))
     return rows
 
@@ -111,7 +121,7 @@ def mesh_compare(workloads: list[tuple[str, str]], chip: Chip, base: CompileOpti
 def table(rows: list[Row], chip: Chip) -> str:
     """The comparison as a Markdown table."""
     head = ["workload", "model", "mesh-aware (us)", "all-to-all assumed (us)", "ratio",
-            "longest shift (hops)", "busiest link (bytes)", "checked"]
+            "tokens/s", "longest shift (hops)", "busiest link (bytes)", "checked"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         a, b = r.aware, r.assumed
@@ -120,6 +130,8 @@ def table(rows: list[Row], chip: Chip) -> str:
         lines.append("| " + " | ".join([
             r.label, r.workload, f"{a.timeline.latency_s * 1e6:.1f}",
             f"{b.timeline.latency_s * 1e6:.1f}", f"{r.ratio:.2f}x",
+            (f"{1 / a.timeline.latency_s:,.0f} / {1 / b.timeline.latency_s:,.0f}"
+             if r.decode else "-"),
             f"{a.longest_shift} / {b.longest_shift}",
             f"{a.busiest_link} / {b.busiest_link}", checked]) + " |")
     return "\n".join(lines)

@@ -191,10 +191,16 @@ def test_cli_timing_only_and_mesh_compare(tmp_path, capsys) -> None:
     assert not (tmp_path / "out" / "program.npz").exists()
     assert main(["compile", "bert-tiny", "--chip", str(toml), "--timing-only", "--run"]) == 2
     assert main(["mesh-compare", "--chip", str(toml), "--gemm", "64x128x128",
-                 "--gemv", "128x128", "--model", "mlp"]) == 0
+                 "--gemv", "128x128", "--model", "mlp", "--decode", "mlp",
+                 "--cache-len", "16"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ")][1:]
-    assert len(rows) == 3 and all("x |" in r for r in rows)
+    assert len(rows) == 4 and all("x |" in r for r in rows)
+    tokens = rows[3].split(" | ")[5]  # the decode row in tokens/s, mesh-aware / all-to-all
+    assert rows[0].split(" | ")[5] == "-"
+    assert rows[3].startswith("| decode step (cache 16) | mlp")
+    assert all(float(t.replace(",", "")) > 0 for t in tokens.split(" / "))
+    assert main(["mesh-compare", "--chip", str(toml), "--cache-len", "0"]) == 2
     assert main(["mesh-compare", "--chip", "ipu-mk2"]) == 1
 
 
