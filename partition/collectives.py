@@ -178,7 +178,9 @@ def routed_levels(height: int, width: int, row_stride: int, col_stride: int, ele
     group = height * width
     unit = ceil_div(elems, group)
     i, j, values, weights = _digit_values(digits, height, width)
-    p = sum(v * w for v, w in zip(values, weights))
+    p = np.zeros(group, dtype=np.int64)
+    for v, w in zip(values, weights):
+        p = p + v * w
     member = np.empty(group, dtype=np.int64)  # the member at each final position
     member[p] = np.arange(group)
     start = np.zeros(group, dtype=np.int64)
@@ -187,26 +189,28 @@ def routed_levels(height: int, width: int, row_stride: int, col_stride: int, ele
         chunk = unit * w
         start = start + v * chunk
         real = np.clip(elems - start, 0, chunk) * elem_bytes  # what each member gathers
-        peers = member[(p - v * w)[:, None] + np.arange(d.size)[None, :] * w]  # (group, size)
-        dst = np.broadcast_to(np.arange(group)[:, None], peers.shape).ravel()
-        src = peers.ravel()
-        nbytes = np.broadcast_to(real[:, None], peers.shape).ravel()
-        keep = (src != dst) & (nbytes > 0)
-        src, dst, nbytes = src[keep], dst[keep], nbytes[keep]
+        # the level's groups, members in digit order (which is their order along the line);
+        # between members k and k + 1 the line carries the chunks of the receivers on one
+        # side from every sender on the other, the same on every link of that stretch
+        m = member[p[v == 0][:, None] + np.arange(d.size)[None, :] * w]  # (groups, size)
+        got = np.cumsum(real[m], axis=1)
+        total = got[:, -1:]
+        k = np.arange(d.size - 1)[None, :]
+        west = got[:, :-1] * (d.size - 1 - k)
+        east = (total - got[:, :-1]) * (k + 1)
         line, pos = (i, j * col_stride) if d.axis == 0 else (j, i * row_stride)
         length = (width * col_stride if d.axis == 0 else height * row_stride) + 1
         share = col_stride if d.axis == 0 else row_stride
-        busiest, hops = 0, 0
-        if len(src):
-            a, b = pos[src], pos[dst]
-            hops = int(np.abs(b - a).max())
-            for sel in (b > a, b < a):  # one direction's links at a time
-                lo, hi = np.minimum(a, b)[sel], np.maximum(a, b)[sel]
-                base = line[dst][sel] * length
-                diff = np.bincount(np.concatenate([base + lo, base + hi]),
-                                   weights=np.concatenate([nbytes[sel], -nbytes[sel]]),
-                                   minlength=(max(height, width) + 1) * length)
-                busiest = max(busiest, int(np.rint(np.cumsum(diff).max(initial=0))))
+        lo, hi = pos[m[:, :-1]].ravel(), pos[m[:, 1:]].ravel()
+        base = line[m[:, :-1]].ravel() * length
+        busiest = 0
+        for load in (west.ravel(), east.ravel()):
+            diff = np.bincount(np.concatenate([base + lo, base + hi]),
+                               weights=np.concatenate([load, -load]).astype(np.float64),
+                               minlength=(max(height, width) + 1) * length)
+            busiest = max(busiest, int(np.rint(np.cumsum(diff).max(initial=0))))
+        moving = total[:, 0] > 0
+        hops = int((pos[m[:, -1]] - pos[m[:, 0]])[moving].max(initial=0))
         out.append((hops, busiest * share, (d.size - 1) * chunk))
     return tuple(out)
 
@@ -218,6 +222,17 @@ def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring
     not included)."""
     if group <= 1:
         return 0, elems
+    nblocks = ceil_div(ncores, col_ring * row_ring)
+    if group_tile(chip.cols // col_ring, chip.rows // row_ring, nblocks, group) is None:
+        # no rectangle tiles the chip: one level over groups that straddle rows' ends, their
+        # transfers crossing the chip's width (codegen's fallback)
+        unit = ceil_div(elems, group)
+        sizes = np.clip(elems - unit * np.arange(group), 0, unit)
+        hops = chip.cols - 1 + ceil_div(group * col_ring, chip.cols)
+        return (chip.hop_latency_cycles * hops
+                + ceil_div(_line_busiest(sizes) * elem_bytes * col_ring,
+                           chip.link_bytes_per_cycle)
+                + chip.vector_cycles((group - 1) * unit, dtype)), unit
     rows, cols = group_shape(chip, ncores, group, col_ring, row_ring)
     digits = choose_levels(rows, cols, row_ring, col_ring, elems)
     first = ceil_div(elems, group) * (group // digits[0].size)
@@ -272,16 +287,18 @@ def _rectangle(geo: Geometry, members: np.ndarray
     return ordered, height, width, row_stride, col_stride
 
 
-def scatter_of(geo: Geometry) -> Scatter:
+def scatter_of(geo: Geometry, tables: bool = True) -> Scatter:
     """The reduce-scatter of ``geo``'s plan (`Geometry.reduce_group` > 1): levels along the
     mesh when the groups are rectangles on it, else one level (every member's chunk from every
-    other member)."""
+    other member). ``tables=False``: only where the result ends up (no levels)."""
     members, pos = _members(geo)
     group = members.shape[1]
     elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
     unit = ceil_div(elems, group)
     rect = _rectangle(geo, members)
     if rect is None or group <= 1:
+        if not tables:
+            return Scatter(members, pos, unit, ())
         table = np.empty((geo.ncores, group), dtype=np.int64)
         table[members.ravel()] = np.repeat(members, group, axis=0)
         sizes = np.clip(elems - pos * unit, 0, unit)
@@ -296,6 +313,8 @@ def scatter_of(geo: Geometry) -> Scatter:
     p = sum(v * r for v, r in zip(values, rests))
     final = np.empty(geo.ncores, dtype=np.int64)
     final[core] = p
+    if not tables:
+        return Scatter(members, final, unit, ())
     by_p = np.empty((blocks, group), dtype=np.int64)
     block = np.repeat(np.arange(blocks), group)
     by_p[block, p] = core
@@ -311,8 +330,7 @@ def scatter_of(geo: Geometry) -> Scatter:
         start = start + offset
         sizes = np.clip(elems - start, 0, chunk)
         levels.append(Level(d.size, chunk, table, offset, sizes))
-    members_by_id = np.sort(members, axis=1)
-    return Scatter(members_by_id, final, unit, tuple(levels))
+    return Scatter(members, final, unit, tuple(levels))
 
 
 __all__ = ["Digit", "Level", "Scatter", "choose_levels", "group_shape", "levels_cost",

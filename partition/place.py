@@ -204,12 +204,16 @@ def group_tile(blocks_per_row: int, block_rows: int, nblocks: int, group: int
                ) -> tuple[int, int] | None:
     """(rows, cols) of blocks of the rectangle each reduction group of ``group`` consecutive
     blocks occupies when ``nblocks`` blocks fill a grid of ``block_rows x blocks_per_row``
-    blocks: the widest (a line when it fits) whose rectangles tile the grid; None when none
-    does (the blocks are then laid row-major and a group may straddle a row's end)."""
+    blocks: the squarest (then the widest) whose rectangles tile the grid, as a reduction in
+    levels along both dimensions moves least over a square (`partition.collectives`); None
+    when none does (the blocks are then laid row-major and a group may straddle a row's
+    end)."""
     if group <= 1 or blocks_per_row < 1:  # (a grid that does not embed: priced, never placed)
         return None
     groups = -(-nblocks // group)
-    for width in reversed(_divisors(group)):
+    # |log w - log sqrt(group)| in integers: max(w*w, group) / min(w*w, group)
+    for width in sorted(_divisors(group), key=lambda w: (max(w * w, group) / min(w * w, group),
+                                                         -w)):
         if width > blocks_per_row:
             continue
         height = group // width

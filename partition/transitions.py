@@ -106,7 +106,7 @@ def scatter_members(geo: Geometry) -> tuple[np.ndarray, np.ndarray, int]:
     lists the logical cores holding partial sums of the same output block, by core id;
     member ``pos[c]`` ends with elements ``[pos * chunk, (pos + 1) * chunk)`` of the block's
     buffer (row-major over the output tile)."""
-    scatter = scatter_of(geo)  # one definition for codegen and the pricing
+    scatter = scatter_of(geo, tables=False)  # one definition for codegen and the pricing
     return scatter.members, scatter.pos, scatter.chunk
 
 

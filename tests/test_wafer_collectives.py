@@ -34,9 +34,11 @@ def test_line_loads_by_hand() -> None:
 
 
 def test_groups_tile_the_mesh() -> None:
-    assert group_tile(996, 757, 2048, 8) == (1, 8)  # lines of 8, 124 to a row (no straddling)
-    assert group_tile(40, 24, 960, 15) == (3, 5)  # 15 in a row would not fit: 3 x 5 blocks
-    assert group_tile(4, 2, 8, 8) == (2, 4)  # a group larger than a row: whole rows
+    assert group_tile(996, 757, 2048, 8) == (2, 4)  # the squarest: 2 x 4, 249 to a band
+    assert group_tile(40, 24, 960, 15) == (3, 5)
+    assert group_tile(4, 2, 8, 8) == (2, 4)  # the only one that fits
+    assert group_tile(996, 757, 4096 * 128, 4096) == (64, 64)
+    assert group_tile(996, 757, 700000 // 4096 * 4096, 4096) is None  # too full to tile
     # a line of 32 goes contiguous runs first, then every run's k-th core (a 2-level tree)
     assert [d.size for d in choose_levels(1, 32, 1, 1, 2)] == [8, 4]
 
