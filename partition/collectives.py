@@ -92,24 +92,33 @@ def _line_busiest(sizes: np.ndarray) -> int:
     return int(max(west.max(), east.max()))
 
 
-def levels_cost(chip: Chip | None, digits: tuple[Digit, ...], elems: int, elem_bytes: int,
-                dtype: str) -> int:
-    """Cycles of the levels in order on ``chip`` (the barrier before them not included); with
-    no chip, the elements moved over the busiest links (the order's chip-free measure)."""
+def _line_busiest_prefix(size: int, chunk: int, left: int) -> int:
+    """`_line_busiest` of a line whose receivers hold ``min(chunk, what is left)`` of
+    ``left`` elements in order (full chunks, one partial, then none), in O(1): both
+    directions' loads are concave up to the last receiver, so only a few links can peak."""
+    if size <= 1:
+        return 0
+    total = min(left, size * chunk)
+    best = 0
+    last = -(-total // chunk) - 1  # the last receiver holding anything
+    for x in {0, size - 2, last - 1, last, size // 2 - 1, (size - 1) // 2,
+              total // (2 * chunk) - 1, -(-total // (2 * chunk)) - 1}:
+        if 0 <= x <= size - 2:
+            got = min((x + 1) * chunk, total)
+            best = max(best, got * (size - 1 - x), (total - got) * (x + 1))
+    return best
+
+
+def levels_cost(digits: tuple[Digit, ...], elems: int) -> int:
+    """Elements the levels in order move over their busiest links (the chip-free measure by
+    which `choose_levels` orders them)."""
     group = math.prod(d.size for d in digits)
     unit = ceil_div(elems, group)
     rest, left, total = group, elems, 0  # left: block elements in the first line's chunk
     for d in digits:
         rest //= d.size
         chunk = unit * rest
-        sizes = np.clip(left - chunk * np.arange(d.size), 0, chunk)
-        load = _line_busiest(sizes) * d.share
-        if chip is None:
-            total += load
-        else:
-            total += (chip.hop_latency_cycles * (d.size - 1) * d.stride
-                      + ceil_div(load * elem_bytes, chip.link_bytes_per_cycle)
-                      + chip.vector_cycles((d.size - 1) * chunk, dtype))
+        total += _line_busiest_prefix(d.size, chunk, left) * d.share
         left = min(left, chunk)
     return total
 
@@ -139,7 +148,7 @@ def choose_levels(rows: int, cols: int, row_stride: int, col_stride: int, elems:
     for across in _splits(cols, col_stride, col_stride, 0):
         for down in _splits(rows, row_stride, row_stride, 1):
             for order in itertools.permutations(across + down):
-                key = (levels_cost(None, order, elems, 1, ""), len(order), order)
+                key = (levels_cost(order, elems), len(order), order)
                 if best is None or key[:2] < best[:2]:
                     best = key
     assert best is not None

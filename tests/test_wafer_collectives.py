@@ -79,3 +79,14 @@ def test_levels_match_onnxruntime_and_the_planner(chip, model) -> None:
     predicted = c.plan.ops[0].cycles
     assert predicted.reduce == emulated["reduce"] + emulated["sync"]
     assert c.plan.total_cycles == r.timeline.cycles
+
+
+def test_closed_form_line_load_equals_the_exact_one() -> None:
+    from t10c.partition.collectives import _line_busiest_prefix
+
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        g, c = int(rng.integers(2, 70)), int(rng.integers(1, 9))
+        left = int(rng.integers(0, g * c + 1))
+        sizes = np.clip(left - c * np.arange(g), 0, c)
+        assert _line_busiest(sizes) == _line_busiest_prefix(g, c, left), (g, c, left)
