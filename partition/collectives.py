@@ -305,6 +305,12 @@ def scatter_of(geo: Geometry, tables: bool = True) -> Scatter:
     elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
     unit = ceil_div(elems, group)
     rect = _rectangle(geo, members)
+    if rect is None and geo.embed is not None and group > 1:
+        # not a rectangle (a plan aligned to its producer's layout): levels over the members
+        # in physical order as if on one line, so that no core gathers from all G members
+        # (the numbers are the same whatever the layout; the emulator routes the real paths)
+        order = np.argsort(geo.phys[members], axis=1, kind="stable")
+        rect = (np.take_along_axis(members, order, axis=1)[:, None, :], 1, group, 1, 1)
     if rect is None or group <= 1:
         if not tables:
             return Scatter(members, pos, unit, ())
