@@ -43,6 +43,10 @@ class CostArrays:
     out: np.ndarray
     #: rows a mesh-aware search can embed (`place.choose`); all True otherwise
     placeable: np.ndarray
+    #: bytes of the non-resident inputs' first tiles over all cores: what the producers'
+    #: re-layouts must deliver (a plan that replicates an activation on every core it splits
+    #: the weights over feeds it many times; a rotating input is fed once per ring)
+    fed: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
@@ -228,4 +232,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
         hot = hot + cold
     cold = cold + epi_cold
-    return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes, placeable)
+    fed = np.prod(F, axis=1) * sum((tile_bytes[i] for i, o in enumerate(op.inputs)
+                                    if o.tensor not in const_tensors),
+                                   np.zeros(n, dtype=np.int64))
+    return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes, placeable, fed)
