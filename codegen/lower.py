@@ -32,18 +32,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import dtype_bytes
+from t10c.dtypes import ceil_div, dtype_bytes
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, scatter_of
+from t10c.partition.cost import idle_cores
+from t10c.partition.dram import dram_operands
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
-from .memory import Layout, Rect, aligned, layout
+from .memory import ALIGN, Layout, Rect, aligned, layout
+from .pattern import encode, from_table, received, unique_origins
 from .program import (
     Alloc,
     Buffer,
     Compute,
+    DmaLoad,
+    DmaWait,
     Exchange,
     Fill,
     Free,
@@ -54,6 +59,8 @@ from .program import (
     Shift,
     Store,
     Sync,
+    exchange,
+    indexed_load,
     tile_elements,
 )
 
@@ -101,6 +108,23 @@ class _Allocator:
         self.peak = max(self.peak, offset + size)
         return offset
 
+    def alloc_top(self, buf_id: int, nbytes: int) -> int:
+        """The highest free gap that holds ``nbytes`` (first-fit from the bottom when none
+        does): DRAM preloads live across several ops, and placing them at the top keeps them
+        out of the way of the buffers that come and go below."""
+        size = aligned(nbytes)
+        top = self.sram // ALIGN * ALIGN
+        for start, end in sorted(self.live.values(), key=lambda r: -r[1]):
+            if end <= top - size:
+                break
+            top = min(top, start // ALIGN * ALIGN)
+        if top - size < 0:
+            return self.alloc(buf_id, nbytes)
+        offset = top - size
+        self.live[buf_id] = (offset, top)
+        self.peak = max(self.peak, top)
+        return offset
+
     def free(self, buf_id: int) -> None:
         del self.live[buf_id]
 
@@ -126,11 +150,20 @@ class _Builder:
         self.extra_weights: dict[tuple[int, int], int] = {}  # (op, extra) -> resident buffer
         self.view_tables: dict[str, np.ndarray] = {}
         self.home: dict[str, Placement] = {}  # vgm: where each weight lives
+        self.idle: dict[str, Placement] = {}  # where each epilogue weight waits
+        #: chips with DRAM: (op, input) -> the buffer its DMA load fills, and per op the ops
+        #: whose loads are issued at its start (`Plan.dram_issue`)
+        self.dma: dict[tuple[int, int], int] = {}
+        self.issued_at: dict[int, list[int]] = {}
+        for k, j in enumerate(plan.dram_issue):
+            if j >= 0:
+                self.issued_at.setdefault(j, []).append(k)
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
         bid = len(self.buffers)
-        offset = self.alloc.alloc(bid, elems * dtype_bytes(dtype))
+        place = self.alloc.alloc_top if phase == "dram" else self.alloc.alloc
+        offset = place(bid, elems * dtype_bytes(dtype))
         self.buffers.append(Buffer(bid, name, elems, dtype, offset))
         self.instrs.append(Alloc(op, phase, bid))
         return bid
@@ -166,17 +199,24 @@ class _Builder:
         if not home and (root in self.graph.constants or root in self.graph.inputs):
             phase = "resident" if root in self.graph.constants else "host"
             tile = geo.tile_shape(index)
-            bid = self.new_buffer(name, math.prod(tile), dtype, op.name, phase)
+            elems = math.prod(tile)
+            bid = self.new_buffer(name, elems, dtype, op.name, phase)
             shape = self.graph.tensors[root].shape
             origin = geo.tile_origin(index, 0).astype(np.int32)
-            table = None
-            if root != operand.tensor:  # through a view: spell out every element
-                flat, valid = self.element_map(geo, index, 0)
-                table = np.where(valid, self.to_root(operand.tensor)[flat], -1).astype(np.int32)
-            self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, table,
-                                    _cores(geo)))
+            if root == operand.tensor:
+                self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, None,
+                                        _cores(geo)))
+            else:  # through a view: element by element, each distinct tile once
+                uniq, inverse = unique_origins(origin)
+                flat, valid = tile_elements(uniq, tile, self.graph.tensors[operand.tensor].shape)
+                table = np.where(valid, self.to_root(operand.tensor)[flat], -1)
+                self.instrs.append(indexed_load(op.name, phase, bid, root, shape, elems, table,
+                                                inverse, _cores(geo)))
             return bid, root not in self.graph.constants
-        flat, valid = self.element_map(geo, index, 0)
+        # each distinct tile's elements once: replicas of a tile receive the same elements
+        uniq, inverse = unique_origins(geo.tile_origin(index, 0))
+        flat, valid = tile_elements(uniq, geo.tile_shape(index),
+                                    self.graph.tensors[operand.tensor].shape)
         if root != operand.tensor:
             flat = self.to_root(operand.tensor)[flat]
         elems = flat.shape[1]
@@ -189,15 +229,17 @@ class _Builder:
         src_core = np.where(valid, place.core[flat], -1).astype(np.int32, copy=False)
         src_off = np.where(valid, place.off[flat], -1).astype(np.int32, copy=False)
         src = self.buffers[place.buf]
-        in_place = (valid.all() and src.elems == elems and src.dtype == dtype
-                    and geo.rotation_axis(index) is None
-                    and (src_core == geo.phys[:, None]).all()
+        # in place: every core's own tile (so no two cores share one), where it already lies
+        in_place = (len(uniq) == geo.ncores and valid.all() and src.elems == elems
+                    and src.dtype == dtype and geo.rotation_axis(index) is None
+                    and (src_core[inverse] == geo.phys[:, None]).all()
                     and (src_off == np.arange(elems)[None, :]).all())
         if in_place and not home:
             return place.buf, False
         phase = "fetch" if home else "relayout"
         bid = self.new_buffer(name, elems, dtype, op.name, phase)
-        moves.append(Exchange(op.name, phase, bid, place.buf, src_core, src_off, _cores(geo)))
+        moves.append(exchange(op.name, phase, bid, place.buf,
+                              encode(src_core, src_off, inverse), elems, _cores(geo)))
         return bid, True
 
     # -- one op ---------------------------------------------------------------------------
@@ -207,27 +249,34 @@ class _Builder:
         is loaded once, spread evenly over all cores, and ops fetch from there."""
         for i, operand in enumerate(op.inputs):
             root = self.graph.root(operand.tensor)
-            if root not in self.graph.constants:
-                continue
+            if root not in self.graph.constants or self.plan.ops[n].dram_weights:
+                continue  # (weights in DRAM are loaded before each run: `issue_dram`)
             if self.plan.ops[n].home:
                 if root not in self.home:
                     self.home[root] = self.load_home(root, op.name)
             else:
                 geo = geometry(self.graph, op, self.plan.ops[n])
                 self.weights[n, i] = self.bring_input(op, geo, i, [])[0]
-        if any(self.graph.root(o.tensor) in self.graph.constants for o in op.extra):
+        weights = [k for k, o in enumerate(op.extra)
+                   if self.graph.root(o.tensor) in self.graph.constants]
+        if weights and len(idle_cores(self.chip)) > 1:  # fetched by each run
+            for k in weights:
+                root = self.graph.root(op.extra[k].tensor)
+                if root not in self.idle:
+                    self.idle[root] = self.load_home(root, op.name, idle_cores(self.chip))
+        elif weights:  # one core: resident beside the result
             geo = geometry(self.graph, op, self.plan.ops[n])
             flat, valid = self.final_elements(op, geo)[:2]
-            for k, operand in enumerate(op.extra):
-                if self.graph.root(operand.tensor) in self.graph.constants:
-                    self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
+            for k in weights:
+                self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
 
     def bring_extra(self, op: TensorExpr, geo: Geometry, k: int, flat: np.ndarray,
                     valid: np.ndarray, moves: list[Exchange]) -> tuple[int, bool]:
         """Put epilogue operand ``extra[k]`` element for element beside the op's finished
         result (``flat``, ``valid``: `final_elements`); returns (buffer, owned by this op).
-        Weights are loaded once before the run, graph inputs from the host, activations
-        exchanged with the op's other inputs (one barrier for all)."""
+        Weights are fetched from their compact idle layout (`partition.cost.epilogue_cost`
+        says why; loaded once before the run on a one-core chip), graph inputs loaded from
+        the host, activations exchanged; all with the op's other inputs (one barrier)."""
         operand = op.extra[k]
         idx = extra_elements(self.graph, op, k, flat, valid)
         root = self.graph.root(operand.tensor)
@@ -235,39 +284,48 @@ class _Builder:
             idx = np.where(idx >= 0, self.to_root(operand.tensor)[np.maximum(idx, 0)], -1)
         elems = flat.shape[1]
         bid = -1
-        if root in self.graph.constants or root in self.graph.inputs:
+        home = root in self.idle
+        if not home and (root in self.graph.constants or root in self.graph.inputs):
             phase = "resident" if root in self.graph.constants else "host"
             bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor),
                                   op.name, phase)
-            origin = np.zeros((geo.ncores, 1), dtype=np.int32)
-            self.instrs.append(Load(op.name, phase, bid, root, self.graph.tensors[root].shape,
-                                    (elems,), origin, idx.astype(np.int32), _cores(geo)))
+            self.instrs.append(indexed_load(op.name, phase, bid, root,
+                                            self.graph.tensors[root].shape, elems, idx, None,
+                                            _cores(geo)))
             return bid, root not in self.graph.constants
-        if root not in self.placement:
+        if home:
+            place = self.idle[root]
+        elif root not in self.placement:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
-        place = self.placement[root]
+        else:
+            place = self.placement[root]
         hit = np.maximum(idx, 0)
         src_core = np.where(idx >= 0, place.core[hit], -1).astype(np.int32)
         src_off = np.where(idx >= 0, place.off[hit], -1).astype(np.int32)
+        phase = "fetch" if home else "relayout"
         bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor), op.name,
-                              "relayout")
-        moves.append(Exchange(op.name, "relayout", bid, place.buf, src_core, src_off,
-                              _cores(geo)))
+                              phase)
+        moves.append(exchange(op.name, phase, bid, place.buf, from_table(src_core, src_off),
+                              elems, _cores(geo)))
         return bid, True
 
-    def load_home(self, tensor: str, op: str) -> Placement:
-        """Element e of ``tensor`` on core e // chunk at offset e % chunk."""
+    def load_home(self, tensor: str, op: str, over: range | None = None) -> Placement:
+        """Element e of ``tensor`` on the (e // chunk)-th core of ``over`` (default: all
+        cores) at offset e % chunk; the other cores hold padding."""
         numel = self.graph.tensors[tensor].numel
         cores = self.chip.cores
-        chunk = -(-numel // cores)
+        over = over if over is not None else range(cores)
+        chunk = ceil_div(numel, len(over))
         bid = self.new_buffer(f"{tensor}.home", chunk, self.storage(tensor), op, "resident")
-        flat = np.arange(cores * chunk, dtype=np.int64).reshape(cores, chunk)
-        table = np.where(flat < numel, flat, -1).astype(np.int32)
+        flat = np.full((cores, chunk), -1, dtype=np.int64)
+        flat[over.start:over.stop] = np.arange(len(over) * chunk).reshape(len(over), chunk)
+        table = np.where(flat < numel, flat, -1)
         shape = self.graph.tensors[tensor].shape
-        self.instrs.append(Load(op, "resident", bid, tensor, shape, (chunk,),
-                                np.zeros((cores, 1), dtype=np.int32), table))
+        self.instrs.append(indexed_load(op, "resident", bid, tensor, shape, chunk, table, None,
+                                        None))
         idx = np.arange(numel)
-        return Placement(bid, (idx // chunk).astype(np.int32), (idx % chunk).astype(np.int32))
+        return Placement(bid, (over.start + idx // chunk).astype(np.int32),
+                         (idx % chunk).astype(np.int32))
 
     # -- repeated layers (streaming) ----------------------------------------------------------
     def op_key(self, n: int, op: TensorExpr) -> tuple:
@@ -298,6 +356,7 @@ class _Builder:
         self.drain()
         self.sink.replay(op.name, cached)  # type: ignore[union-attr]
         self.sink.written(out, cached.cores)  # type: ignore[union-attr]
+        self.free_dram(n)
         for operand in op.reads:
             root = self.graph.root(operand.tensor)
             if root in self.pending:
@@ -306,7 +365,51 @@ class _Builder:
                     self.free(self.placement[root].buf, op.name)
         self.placement[op.output.tensor] = Placement(out, cached.core, cached.off)
 
+    # -- off-chip memory ----------------------------------------------------------------------
+    def issue_dram(self, j: int) -> None:
+        """At op j's start: the DMA loads of every op whose loads the schedule issues here,
+        each into a fresh buffer in that op's layout (the preload footprint)."""
+        for k in self.issued_at.get(j, ()):
+            op = self.graph.ops[k]
+            p = self.plan.ops[k]
+            geo = geometry(self.graph, op, p)
+            for i in dram_operands(self.graph, op, p.dram_weights):
+                operand = op.inputs[i]
+                root = self.graph.root(operand.tensor)
+                tile = geo.tile_shape(i)
+                bid = self.new_buffer(f"{op.name}.in{i}", math.prod(tile),
+                                      self.storage(operand.tensor), self.graph.ops[j].name,
+                                      "dram")
+                table = None
+                if root != operand.tensor:  # through a view: spell out every element
+                    flat, valid = self.element_map(geo, i, 0)
+                    table = np.where(valid, self.to_root(operand.tensor)[flat],
+                                     -1).astype(np.int32)
+                self.instrs.append(DmaLoad(
+                    self.graph.ops[j].name, "dram", bid, root, self.graph.tensors[root].shape,
+                    tile, geo.tile_origin(i, 0).astype(np.int32), table, _cores(geo)))
+                self.dma[k, i] = bid
+
+    def wait_dram(self, n: int) -> None:
+        """Before op n: wait for its DMA loads to land."""
+        for (k, _), bid in sorted(self.dma.items()):
+            if k == n:
+                self.instrs.append(DmaWait(self.graph.ops[n].name, "dram", bid))
+
+    def free_dram(self, n: int, live: list[int] | None = None) -> None:
+        """After op n: free the buffers its DMA loads filled (or, for a rotated operand, the
+        one of its pair that is still live: ``live`` per input)."""
+        for (k, i), bid in sorted(self.dma.items()):
+            if k != n:
+                continue
+            buf = bid if live is None else live[i]
+            if buf in self.alloc.live:
+                self.free(buf, self.graph.ops[n].name)
+            del self.dma[k, i]
+
     def emit_op(self, n: int, op: TensorExpr) -> None:
+        self.issue_dram(n)
+        self.wait_dram(n)
         if not hasattr(self.sink, "replay"):
             return self.generate_op(n, op)
         key = self.op_key(n, op)
@@ -335,6 +438,8 @@ class _Builder:
         for i in range(nin):
             if (n, i) in self.weights:
                 bid, own = self.weights[n, i], False
+            elif (n, i) in self.dma:  # loaded from DRAM: freed after the op (`free_dram`)
+                bid, own = self.dma[n, i], False
             else:
                 bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home)
             cur.append(bid)
@@ -348,8 +453,7 @@ class _Builder:
                 else:
                     extra.append(self.bring_extra(op, geo, k, flat, valid, moves))
         # one barrier before the exchange phase, unless every copy stays on its core
-        here = geo.phys[:, None]
-        if any(((m.src_core >= 0) & (m.src_core != here)).any() for m in moves):
+        if any(received(m.pattern(), geo.phys).any() for m in moves):
             self.instrs.append(Sync(op.name, "relayout"))
         self.instrs.extend(moves)
         # inputs are in place: producers whose last reader this was can go
@@ -390,26 +494,44 @@ class _Builder:
 
         # resident weights that rotated go back to where they started, into their own buffer,
         # so that the program leaves them as it found them (one more ring shift)
-        restore = [i for i in recv if (n, i) in self.weights]
-        if restore:
-            self.instrs.append(Sync(op.name, "sync"))
-        for i in restore:
-            home = self.weights[n, i]
+        # (weights loaded from DRAM too: the cost model prices every rotated weight's return)
+        kept = {**self.weights, **{key: b for key, b in self.dma.items() if key[0] == n
+                                   and self.graph.root(op.inputs[key[1]].tensor)
+                                   in self.graph.constants}}
+        restore = []
+        for i in recv:
+            if (n, i) not in kept:
+                continue
+            home = kept[n, i]
             source = geo.phys[geo.restore_source(i)].astype(np.int32)
-            self.instrs.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
+            if cur[i] == home and (source == geo.phys).all():
+                continue  # already home: nothing moves, no shift, no barrier
+            restore.append(Shift(op.name, "shift", home, cur[i], source, _cores(geo)))
             if cur[i] != home:
                 cur[i], recv[i] = home, cur[i]
-        for i in recv:
-            self.free(recv[i], op.name)
+        if restore:
+            self.instrs.append(Sync(op.name, "sync"))
+            self.instrs.extend(restore)
+        # a reduce-scatter after the restore shares its superstep (and barrier): the buffers
+        # the restore reads stay allocated until the reduce has been emitted, so that the
+        # reduce's result cannot take their addresses while they are being sent
+        shared = bool(restore) and geo.reduce_group > 1
+        if not shared:
+            for i in recv:
+                self.free(recv[i], op.name)
         for i in range(nin):
             if owned[i]:
                 self.free(cur[i], op.name)
+        self.free_dram(n, cur)
         for operand in op.inputs:  # a producer buffer used in place dies with this op
             root = self.graph.root(operand.tensor)
             if self.pending.get(root) == 0 and self.placement[root].buf in cur[:nin]:
                 if self.placement[root].buf in self.alloc.live:
                     self.free(self.placement[root].buf, op.name)
-        place = self.finish_output(op, geo, cur[nin])
+        place = self.finish_output(op, geo, cur[nin], barrier=not shared)
+        if shared:
+            for i in recv:
+                self.free(recv[i], op.name)
         self.placement[op.output.tensor] = place
         if op.epilogue is not None:
             self.emit_epilogue(n, geo, place.buf, [xb for xb, _ in extra])
@@ -446,14 +568,19 @@ class _Builder:
         rows = np.arange(geo.ncores)[:, None]
         return flat[rows, local], valid[rows, local] & inside, scatter
 
-    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int) -> Placement:
+    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int, barrier: bool = True
+                      ) -> Placement:
+        """Reduce-scatter the result where cores hold partial sums (after a barrier, unless
+        ``barrier`` is False: the restore shift's superstep is still open), and record where
+        every element lies."""
         tensor = op.output.tensor
         numel = self.graph.tensors[tensor].numel
         flat, valid, scatter = self.final_elements(op, geo)
         if scatter is not None:
             # one barrier, then one Reduce per level (a K-tree on a mesh): level k's chunk
             # of the previous level's chunk, from the cores differing in digit k
-            self.instrs.append(Sync(op.name, "reduce"))
+            if barrier:
+                self.instrs.append(Sync(op.name, "reduce"))
             dtype = self.buffers[buf].dtype
             for k, level in enumerate(scatter.levels):
                 name = f"{op.name}.red" if k == len(scatter.levels) - 1 else f"{op.name}.red{k}"

@@ -12,10 +12,15 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
 - ``Load(buf, tensor, shape, tile, origin, index)``: host -> chip before the run (weights,
   inputs). Core c's buffer is the ``tile``-shaped block of ``tensor`` (of ``shape``) starting at
   ``origin[c]``, zero outside the tensor (`tile_elements`); or, when ``index`` is given,
-  ``index[c, e]`` is the flat element of ``tensor`` for element e, -1 for padding (zero).
+  ``index[c, e]`` is the flat element of ``tensor`` for element e, -1 for padding (zero); or
+  that table as a copy pattern (``pat``, ``pat_start``, ``runs``: `codegen/pattern.py`, the
+  source core being 0, or -1 for zero).
 - ``Fill(buf, value)``: set a buffer (accumulator initialisation).
 - ``Exchange(dst, src, src_core, src_off)``: re-layout; ``dst[c, e] = src[src_core[c, e],
-  src_off[c, e]]``, zero where ``src_core`` is -1.
+  src_off[c, e]]``, zero where ``src_core`` is -1. Codegen gives the table as a copy pattern
+  instead (``pat``, ``pat_start``, ``runs``, the table fields None: each row's buffer as runs
+  of consecutive elements of one source core, equal rows stored once, `codegen/pattern.py`),
+  and keeps the table only where the pattern would be larger.
 - ``Compute(expr, out, ins, sub, offsets, origin, accumulate)``: one sub-task of ``expr`` per core
   with axis sizes ``sub``; ``offsets[k][c]`` is where the sub-task starts in operand k's buffer
   on core c (inputs then output); ``origin[c]`` is the sub-task's global position, which masks
@@ -27,10 +32,15 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
   the rest padding that is not sent.
 - ``Sync()``: bulk-synchronous barrier.
 - ``Store(tensor, src, src_core, src_off)``: chip -> host after the run (graph outputs).
+- ``DmaLoad(...)``: as ``Load``, but from the chip's off-chip DRAM during the run: the DMA
+  engine starts it when it is issued and works while the cores compute (chips with DRAM,
+  `partition/dram.py`); the buffer may be read only after its ``DmaWait``.
+- ``DmaWait(buf)``: the cores wait until the DMA load into ``buf`` has landed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -40,6 +50,13 @@ import numpy as np
 
 from t10c.dtypes import DTYPES
 from t10c.ir import TensorExpr, expr_from_json, expr_to_json
+
+from .pattern import Pattern, compact, encode, expand, from_table, width
+
+# the emulator's view of patterns (it may import codegen's program types only)
+from .pattern import pair_counts as pair_counts
+from .pattern import received as received
+from .pattern import unique_expand as unique_expand
 
 DTYPE_BYTES = {name: d.bytes for name, d in DTYPES.items()}
 
@@ -91,16 +108,51 @@ class Load(Instr):
     origin: np.ndarray
     index: np.ndarray | None = None
     cores: np.ndarray | None = None
+    pat: np.ndarray | None = None  # ``index`` as a `Pattern` (source core 0, or -1: zero)
+    pat_start: np.ndarray | None = None
+    runs: np.ndarray | None = None
 
     @property
     def ncores(self) -> int:
         return len(self.origin)
 
+    @property
+    def indexed(self) -> bool:
+        """Whether elements are given one by one (``index`` or its pattern), not as tiles."""
+        return self.index is not None or self.pat is not None
+
+    def pattern(self) -> Pattern | None:
+        if self.pat is not None:
+            return Pattern(self.pat, self.pat_start, self.runs)  # type: ignore[arg-type]
+        if self.index is not None:
+            return from_table(np.where(self.index >= 0, 0, -1), self.index)
+        return None
+
     def elements(self) -> tuple[np.ndarray, np.ndarray]:
         """(flat tensor element, valid) for every buffer element of every core."""
+        if self.pat is not None:
+            p = self.pattern()
+            core, flat = expand(p, width(p))  # type: ignore[arg-type]
+            return np.maximum(flat, 0), core >= 0
         if self.index is not None:
             return np.maximum(self.index, 0), self.index >= 0
         return tile_elements(self.origin, self.tile, self.shape)
+
+
+def indexed_load(op: str, phase: str, buf: int, tensor: str, shape: tuple[int, ...],
+                 elems: int, index: np.ndarray, pat: np.ndarray | None,
+                 cores: np.ndarray | None) -> Load:
+    """A load of ``elems`` elements per core given one by one: row r of the table is
+    ``index[pat[r]]`` (``pat`` None: row r is ``index[r]``), the flat element of ``tensor``
+    or -1 (zero). Held as a pattern where that is smaller than the table."""
+    p = encode(np.where(index >= 0, 0, -1), index, pat)
+    rows = p.rows
+    origin = np.zeros((rows, 1), dtype=np.int32)
+    if compact(p, rows, elems, per_element=1):
+        return Load(op, phase, buf, tensor, shape, (elems,), origin, None, cores,
+                    p.pat, p.start, p.runs)
+    flat = expand(p, elems)[1]
+    return Load(op, phase, buf, tensor, shape, (elems,), origin, flat, cores)
 
 
 def tile_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
@@ -141,9 +193,39 @@ class Fill(Instr):
 class Exchange(Instr):
     dst: int
     src: int
-    src_core: np.ndarray
-    src_off: np.ndarray
+    src_core: np.ndarray | None  # the element table, where no pattern is given
+    src_off: np.ndarray | None
     cores: np.ndarray | None = None
+    pat: np.ndarray | None = None  # the table as a `Pattern` (codegen/pattern.py)
+    pat_start: np.ndarray | None = None
+    runs: np.ndarray | None = None
+
+    @property
+    def nrows(self) -> int:
+        return len(self.pat) if self.pat is not None else len(self.src_core)  # type: ignore
+
+    def pattern(self) -> Pattern:
+        """The copy pattern (encoded from the table where the instruction holds one)."""
+        if self.pat is not None:
+            return Pattern(self.pat, self.pat_start, self.runs)  # type: ignore[arg-type]
+        return from_table(self.src_core, self.src_off)  # type: ignore[arg-type]
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The element table ``(src_core, src_off)``, expanded from the pattern if need be."""
+        if self.src_core is not None and self.src_off is not None:
+            return self.src_core, self.src_off
+        p = self.pattern()
+        return expand(p, width(p))
+
+
+def exchange(op: str, phase: str, dst: int, src: int, p: Pattern, elems: int,
+             cores: np.ndarray | None) -> Exchange:
+    """An exchange of pattern ``p`` into a buffer of ``elems``: the pattern where it is
+    smaller than the element table, else the table."""
+    if compact(p, p.rows, elems):
+        return Exchange(op, phase, dst, src, None, None, cores, p.pat, p.start, p.runs)
+    core, off = expand(p, elems)
+    return Exchange(op, phase, dst, src, core, off, cores)
 
 
 @dataclass(frozen=True)
@@ -195,6 +277,16 @@ class Store(Instr):
 
 
 @dataclass(frozen=True)
+class DmaLoad(Load):
+    """DRAM -> SRAM by the DMA engine, concurrent with compute (fields as `Load`)."""
+
+
+@dataclass(frozen=True)
+class DmaWait(Instr):
+    buf: int
+
+
+@dataclass(frozen=True)
 class Program:
     """An SPMD program for one chip, ready for the emulator."""
 
@@ -218,23 +310,30 @@ class Program:
         return [line for ins in self.instrs if (line := _asm(self, ins, core)) is not None]
 
     def save(self, directory: Path) -> None:
-        """Write ``program.json`` (instructions) and ``program.npz`` (their tables)."""
+        """Write ``program.json`` (instructions) and ``program.npz`` (their tables). Equal
+        tables (repeated layers exchange, compute and reduce by the same ones) are stored
+        once, under the name of their first use."""
         arrays: dict[str, np.ndarray] = {}
+        seen: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+
+        def put(key: str, arr: np.ndarray) -> str:
+            digest = hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=20)
+            ident = (arr.dtype.str, arr.shape, digest.digest())
+            if ident not in seen:
+                seen[ident] = key
+                arrays[key] = arr
+            return seen[ident]
+
         records = []
         for n, ins in enumerate(self.instrs):
             rec: dict[str, object] = {"kind": type(ins).__name__}
             for f in fields(ins):
                 val = getattr(ins, f.name)
                 if isinstance(val, np.ndarray):
-                    key = f"i{n}.{f.name}"
-                    arrays[key] = val
-                    rec[f.name] = {"npz": key}
+                    rec[f.name] = {"npz": put(f"i{n}.{f.name}", val)}
                 elif isinstance(val, tuple) and val and isinstance(val[0], np.ndarray):
-                    keys = []
-                    for k, arr in enumerate(val):
-                        keys.append(f"i{n}.{f.name}.{k}")
-                        arrays[keys[-1]] = arr
-                    rec[f.name] = {"npz": keys}
+                    rec[f.name] = {"npz": [put(f"i{n}.{f.name}.{k}", arr)
+                                           for k, arr in enumerate(val)]}
                 else:
                     rec[f.name] = val
             records.append(rec)
@@ -427,8 +526,14 @@ def _expr_json(k: int, e: object) -> dict[str, Any]:
             return bool(b) and isinstance(b[0], str) and all(body(x) for x in b[1:])
         return type(b) in (int, float)
 
+    def prologue(p: object) -> bool:  # [[input slot, body], ...]
+        return isinstance(p, list) and all(
+            isinstance(x, list) and len(x) == 2 and type(x[0]) is int and body(x[1])
+            for x in p)
+
     ok = (isinstance(e, dict) and set(e) <= {"name", "axes", "output", "inputs", "combine",
-                                              "body", "source"}
+                                              "body", "source", "prologue"}
+          and prologue(e.get("prologue", []))
           and isinstance(e.get("name"), str) and isinstance(e.get("source", ""), str)
           and isinstance(e.get("axes"), list) and all(axis_pair(a) for a in e["axes"])
           and operand(e.get("output")) and isinstance(e.get("inputs"), list)
@@ -459,28 +564,42 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
         return f"alloc  {b(ins.buf)} {x.dtype}[{x.elems}] @ {x.offset:#x}{tag}"
     if isinstance(ins, Free):
         return f"free   {b(ins.buf)}{tag}"
+    if isinstance(ins, DmaWait):
+        return f"wait   {b(ins.buf)} (dma){tag}"
     if isinstance(ins, Load):
         row = ins.row_of(core, ins.ncores)
         if row is None:
             return None
-        flat, ok = ins.elements() if ins.index is not None else tile_elements(
-            ins.origin[row:row + 1], ins.tile, ins.shape)
-        r = 0 if ins.index is None else row
-        valid = flat[r][ok[r]]
-        span = f"{valid.min()}..{valid.max()}" if len(valid) else "padding"
-        return f"load   {b(ins.buf)} <- host:{ins.tensor}[{span}] ({len(valid)} elems){tag}"
+        p = ins.pattern()
+        if p is not None:  # the row's runs of valid elements
+            runs = p.runs[p.start[p.pat[row]]:p.start[p.pat[row] + 1]].astype(np.int64)
+            runs = runs[runs[:, 0] >= 0]
+            count = int(runs[:, 2].sum())
+            last = runs[:, 1] + runs[:, 3] * (runs[:, 2] - 1)
+            lo, hi = (np.minimum(runs[:, 1], last).min(),
+                      np.maximum(runs[:, 1], last).max()) if count else (0, 0)
+        else:
+            flat, ok = tile_elements(ins.origin[row:row + 1], ins.tile, ins.shape)
+            valid = flat[0][ok[0]]
+            count = len(valid)
+            lo, hi = (valid.min(), valid.max()) if count else (0, 0)
+        span = f"{lo}..{hi}" if count else "padding"
+        kind, where = ("dma   ", "dram") if isinstance(ins, DmaLoad) else ("load  ", "host")
+        return f"{kind} {b(ins.buf)} <- {where}:{ins.tensor}[{span}] ({count} elems){tag}"
     if isinstance(ins, Fill):
         row = ins.row_of(core, ins.ncores)
         return f"fill   {b(ins.buf)}, {ins.value}{tag}" if row is not None else None
     if isinstance(ins, Exchange):
-        row = ins.row_of(core, len(ins.src_core))
+        row = ins.row_of(core, ins.nrows)
         if row is None:
             return None
-        srcs = ins.src_core[row]
-        cores = np.unique(srcs[srcs >= 0])
-        remote = int(((srcs >= 0) & (srcs != core)).sum())
+        p = ins.pattern()
+        runs = p.runs[p.start[p.pat[row]]:p.start[p.pat[row] + 1]].astype(np.int64)
+        runs = runs[runs[:, 0] >= 0]
+        cores = np.unique(runs[:, 0])
+        remote = int(runs[runs[:, 0] != core, 2].sum())
         return (f"exch   {b(ins.dst)} <- {b(ins.src)} from {len(cores)} cores "
-                f"({remote} remote elems){tag}")
+                f"({remote} remote elems, {len(runs)} runs){tag}")
     if isinstance(ins, Compute):
         row = ins.row_of(core, len(ins.origin))
         if row is None:
@@ -512,4 +631,4 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
 
 
 _KINDS.update({cls.__name__: cls for cls in (Alloc, Free, Load, Fill, Exchange, Compute, Shift,
-                                              Reduce, Sync, Store)})
+                                              Reduce, Sync, Store, DmaLoad, DmaWait)})

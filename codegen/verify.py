@@ -26,12 +26,15 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import DTYPES
-from t10c.elementwise import COMBINES, check_body
-from t10c.ir import INDIRECT, TensorExpr, Window
+from t10c.elementwise import COMBINES, body_inputs, check_body
+from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
+from .pattern import Pattern, check
 from .program import (
     Alloc,
     Compute,
+    DmaLoad,
+    DmaWait,
     Exchange,
     Fill,
     Free,
@@ -109,7 +112,19 @@ def _check_expr(e: TensorExpr) -> str | None:
             e.take_dim()
         except ValueError as exc:
             why = str(exc)
+    if why is None and e.prologue:  # `t10c.ir.TensorExpr.prologue`: a contraction's operand
+        if not is_contraction(e) or any(slot not in (0, 1) for slot, _ in e.prologue):
+            return "a prologue must transform input 0 or 1 of a contraction"
+        for slot, body in e.prologue:
+            why = why or check_body(body, len(e.inputs))
+            axes = set(e.inputs[slot].axis_set)
+            if why is None and any(not set(e.inputs[k].axis_set) <= axes
+                                   for k in body_inputs(body) if k != 1 - slot):
+                why = "a prologue's inputs must index a subset of its operand's axes"
+            elif why is None and 1 - slot in body_inputs(body):
+                why = "a prologue must not read the other operand of its matmul"
     return why
+
 
 
 def _check_chip(p: Program, chip: Chip) -> None:
@@ -186,7 +201,7 @@ def _load(p: Program, ins: Load) -> None:
     if not isinstance(ins.tensor, str):
         raise _Bad("its tensor is not a name")
     shape, tile = _shape("tensor shape", ins.shape), _shape("tile", ins.tile)
-    if len(tile) != len(shape) and ins.index is None:
+    if len(tile) != len(shape) and not ins.indexed:
         raise _Bad(f"tile {tile} and tensor shape {shape} differ in rank")
     if math.prod(tile) != b.elems:
         raise _Bad(f"tile {tile} has {math.prod(tile)} elements, buffer %{b.name} {b.elems}")
@@ -196,7 +211,25 @@ def _load(p: Program, ins: Load) -> None:
     if ins.index is not None:
         index = _table("index", ins.index, (n, b.elems))
         _within("index", index, -1, max(math.prod(shape), 0), "the tensor's elements (or -1)")
+    if ins.pat is not None:
+        if ins.index is not None:
+            raise _Bad("it has both an index table and a pattern")
+        pat = _pattern(ins, b.elems, max(math.prod(shape), 0), 1)
+        if pat.rows != n:
+            raise _Bad(f"its pattern has {pat.rows} rows, its origin table {n}")
     _rows(p, ins, n)
+
+
+def _pattern(ins: Exchange | Load, elems: int, src_elems: int, cores: int) -> Pattern:
+    """The instruction's copy pattern, checked: its rows cover ``elems`` destination elements
+    exactly, from within ``src_elems`` source elements of cores that exist."""
+    parts = (_table("pat", ins.pat, (None,)), _table("pat_start", ins.pat_start, (None,)),
+             _table("runs", ins.runs, (None, 4)))
+    p = Pattern(*parts)
+    wrong = check(p, elems, src_elems, cores)
+    if wrong:
+        raise _Bad(wrong)
+    return p
 
 
 def _fill(p: Program, ins: Fill) -> None:
@@ -212,6 +245,11 @@ def _fill(p: Program, ins: Fill) -> None:
 def _exchange(p: Program, ins: Exchange) -> None:
     dst = p.buffers[_buf(p, "destination", ins.dst)]
     src = p.buffers[_buf(p, "source", ins.src)]
+    if ins.pat is not None:
+        if ins.src_core is not None or ins.src_off is not None:
+            raise _Bad("it has both an element table and a pattern")
+        _rows(p, ins, _pattern(ins, dst.elems, src.elems, p.cores).rows)
+        return
     core = _table("src_core", ins.src_core, (None, dst.elems))
     off = _table("src_off", ins.src_off, core.shape)
     _sources(p, "src_core", core, padding=True)
@@ -296,9 +334,14 @@ def _store(p: Program, ins: Store) -> None:
     _within("src_off", off, 0, src.elems, f"buffer %{src.name}")
 
 
+def _dma_wait(p: Program, ins: DmaWait) -> None:
+    _buf(p, "its", ins.buf)
+
+
 _CHECKS: dict[type[Instr], Callable[[Program, Any], None]] = {
     Alloc: _alloc, Free: _alloc, Load: _load, Fill: _fill, Exchange: _exchange, Shift: _shift,
-    Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store}
+    Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store, DmaLoad: _load,
+    DmaWait: _dma_wait}
 
 
 def load_program(directory: Path) -> Program:

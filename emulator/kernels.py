@@ -116,7 +116,7 @@ def evaluate(expr: TensorExpr, values: list[np.ndarray], sub: dict[str, int],
     expanded = [expand(expr, k, v.astype(np.float32, copy=False), sub)
                 for k, v in enumerate(values)]
     if is_contraction(expr):
-        return _contract(expr, expanded)
+        return _contract(expr, _prologues(expr, expanded, sub, n))
     axes = expr.axis_names
     full = [v.reshape([n] + [sub[a] if a in have else 1 for a in axes]) for v, have in expanded]
     result = _eval_body(expr.body, full)
@@ -139,6 +139,25 @@ def evaluate(expr: TensorExpr, values: list[np.ndarray], sub: dict[str, int],
         kept = list(axes)
     perm = [0] + [kept.index(str(a)) + 1 for a in expr.output.axes]
     return np.transpose(result, perm)
+
+
+def _prologues(expr: TensorExpr, expanded: list[tuple[np.ndarray, list[str]]],
+               sub: dict[str, int], n: int) -> list[tuple[np.ndarray, list[str]]]:
+    """A contraction's two operands, each as its prologue (if any) transforms it: the body
+    evaluated over the operand's axes, the inputs it reads broadcast along the ones they lack
+    (they index a subset of them)."""
+    pair = list(expanded[:2])
+    for slot, body in expr.prologue:
+        axes = pair[slot][1]
+        full = []
+        for v, have in expanded:
+            if not set(have) <= set(axes):
+                full.append(v)  # not read by this prologue (the other matmul operand)
+                continue
+            full.append(v.reshape([n] + [sub[a] if a in have else 1 for a in axes]))
+        value = _eval_body(body, full)
+        pair[slot] = (np.broadcast_to(value, (n, *(sub[a] for a in axes))), axes)
+    return pair
 
 
 def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray, list[str]]]) -> np.ndarray:

@@ -41,15 +41,18 @@ from t10c.chips import Chip
 from t10c.codegen.program import (
     Alloc,
     Compute,
+    DmaLoad,
     Exchange,
     Fill,
     Free,
     Load,
+    Pattern,
     Program,
     Reduce,
     Shift,
     Store,
     tile_elements,
+    unique_expand,
 )
 from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
@@ -84,6 +87,7 @@ class Machine(TimingMachine):
         self.outputs: dict[str, np.ndarray] = {}
         self.dtypes = [b.dtype for b in program.buffers]
         self.host_held: dict[tuple[str, str], np.ndarray] = {}
+        self.patterns = Gathers()
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
@@ -120,6 +124,16 @@ class Machine(TimingMachine):
 
     def load(self, ins: Load) -> None:
         super().load(ins)
+        self.timeline.host_bytes += self.load_values(ins)
+
+    def dma_load(self, ins: DmaLoad) -> None:
+        # the values land at once (nothing reads them before the DmaWait, which the timing
+        # handler enforces); the DRAM array is the host's copy of the tensor
+        super().dma_load(ins)
+        self.load_values(ins)
+
+    def load_values(self, ins: Load) -> int:
+        """Cut ``ins``'s tiles from the host tensor into its buffer; returns the bytes."""
         if ins.tensor not in self.host:
             raise EmulatorError(f"no host tensor {ins.tensor!r} to load")
         src = np.asarray(self.host[ins.tensor])
@@ -129,7 +143,17 @@ class Machine(TimingMachine):
         rows = _rows(ins, ins.ncores)
         dst = self.mem[ins.buf]
         host = self.rounded(ins.tensor, ins.buf, src)
-        if ins.index is None:
+        if ins.pat is not None:
+            p = ins.pattern()
+            assert p is not None
+            vals = self.patterns.gather(p, host.reshape(1, -1))
+            dst[rows] = vals[p.pat]
+            runs = p.runs.astype(np.int64)
+            owner = np.repeat(np.arange(p.patterns), np.diff(p.start))
+            valid = np.bincount(owner, weights=np.where(runs[:, 0] >= 0, runs[:, 2], 0),
+                                minlength=p.patterns).astype(np.int64)
+            loaded = int(valid[p.pat].sum())  # valid elements per pattern, per row
+        elif ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = unique_rows(ins.origin)
             tiles, counts = load_tiles(host, uniq, ins.tile)
@@ -143,7 +167,7 @@ class Machine(TimingMachine):
             vals = np.take(host.reshape(-1), flat)
             dst[rows] = vals if valid.all() else np.where(valid, vals, 0)
             loaded = int(valid.sum())
-        self.timeline.host_bytes += loaded * self.itemsize(ins.buf)
+        return loaded * self.itemsize(ins.buf)
 
     def rounded(self, tensor: str, buf: int, value: np.ndarray) -> np.ndarray:
         """Host tensor ``tensor`` as buffer ``buf`` holds its values: rounded to the buffer's
@@ -162,8 +186,13 @@ class Machine(TimingMachine):
     def exchange(self, ins: Exchange) -> None:
         super().exchange(ins)
         src, dst = self.mem[ins.src], self.mem[ins.dst]
-        n = len(ins.src_core)
+        n = ins.nrows
         rows = _rows(ins, n)
+        if ins.pat is not None:  # each distinct row gathered once, then copied to its rows
+            p = ins.pattern()
+            vals = self.patterns.gather(p, src)
+            dst[rows] = self.stored(ins.dst, vals[p.pat], ins.src)
+            return
         if ins.dst != ins.src and isinstance(rows, slice) and self.exact(ins.dst, ins.src):
             out = dst[rows]  # gathered straight into the destination buffers
         else:  # every core reads before any core writes (dst may be src)
@@ -283,6 +312,45 @@ def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
     return (vals if valid.all() else np.where(valid, vals, 0)), counts
 
 
+class Gathers:
+    """Gather indices of copy patterns, built once per distinct pattern and source width
+    (repeated layers exchange by the same patterns) and kept up to a budget of bytes."""
+
+    BUDGET = 1 << 28
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[int, bytes, bytes], tuple[np.ndarray, np.ndarray | None]] = {}
+        self.bytes = 0
+
+    def index(self, p: Pattern, src_width: int, width: int
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(flat index into a ``(cores, src_width)`` array, padding mask or None) of every
+        distinct pattern's elements, ``(patterns, width)``."""
+        key = (src_width, p.start.tobytes(), p.runs.tobytes())
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        core, off = unique_expand(p, width)
+        hole = core < 0
+        flat = np.where(hole, 0, core * src_width + off)
+        entry = flat, (hole if hole.any() else None)
+        size = flat.nbytes + (hole.nbytes if entry[1] is not None else 0)
+        if self.bytes + size <= self.BUDGET:
+            self.cache[key] = entry
+            self.bytes += size
+        return entry
+
+    def gather(self, p: Pattern, src: np.ndarray) -> np.ndarray:
+        """Every distinct pattern's values gathered from ``src`` (cores, elems), zero on
+        padding: ``(patterns, width)``."""
+        width = int(p.runs[p.start[0]:p.start[1], 2].sum()) if p.patterns else 0
+        flat, hole = self.index(p, src.shape[1], width)
+        vals = np.take(src.reshape(-1), flat)
+        if hole is not None:
+            vals[hole] = 0
+        return vals
+
+
 #: elements of an exchange table gathered at once: the int64 index of a block stays in cache
 GATHER_BLOCK = 1 << 17
 
@@ -293,6 +361,7 @@ def gather_exchange(ins: Exchange, src: np.ndarray, out: np.ndarray) -> None:
     done in blocks of table rows so that the index (built in int64, which numpy gathers with
     fastest) never leaves the cache."""
     core, off = ins.src_core, ins.src_off
+    assert core is not None and off is not None  # a table exchange
     n, width = core.shape
     padded = bool(core.size) and int(core.min()) < 0
     flat_src = src.reshape(-1)

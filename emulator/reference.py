@@ -98,9 +98,13 @@ class Reference:
         mem = self.mem
         value = np.asarray(self.host[ins.tensor])
         flat = value.reshape(-1)
+        table = None
+        if ins.indexed:  # the pattern's meaning is its table
+            elems, valid = ins.elements()
+            table = np.where(valid, elems, -1)
         for c in range(ins.ncores):
-            if ins.index is not None:
-                idx = ins.index[c]
+            if table is not None:
+                idx = table[c]
                 mem[c][ins.buf][:] = to_storage(np.where(idx >= 0, flat[np.maximum(idx, 0)], 0),
                                                 mem[c][ins.buf].dtype)
                 continue
@@ -111,6 +115,12 @@ class Reference:
             block[tuple(slice(0, n) for n in part.shape)] = to_storage(part, block.dtype)
             mem[c][ins.buf][:] = block.reshape(-1)
 
+    def dma_load(self, ins: Load) -> None:
+        self.load(ins)  # the values are the same; when they land is the timing's business
+
+    def dma_wait(self, ins: Instr) -> None:
+        pass
+
     def fill(self, ins: Fill) -> None:
         for c in range(ins.ncores):
             buf = self.mem[c][ins.buf]
@@ -120,12 +130,13 @@ class Reference:
         mem = self.mem
         # every core reads before any core writes (dst may be src)
         new = []
-        for c in range(len(ins.src_core)):
+        src_core, src_off = ins.table()  # a pattern means its table
+        for c in range(len(src_core)):
             vals = np.zeros_like(mem[c][ins.dst])
-            for s in np.unique(ins.src_core[c]):
+            for s in np.unique(src_core[c]):
                 if s >= 0:
-                    here = ins.src_core[c] == s
-                    vals[here] = to_storage(mem[s][ins.src][ins.src_off[c][here]], vals.dtype)
+                    here = src_core[c] == s
+                    vals[here] = to_storage(mem[s][ins.src][src_off[c][here]], vals.dtype)
             new.append(vals)
         for c, vals in enumerate(new):
             mem[c][ins.dst][:] = vals

@@ -20,6 +20,8 @@ from t10c.codegen.program import (
     DTYPE_BYTES,
     Alloc,
     Compute,
+    DmaLoad,
+    DmaWait,
     Exchange,
     Fill,
     Free,
@@ -30,6 +32,8 @@ from t10c.codegen.program import (
     Shift,
     Store,
     Sync,
+    pair_counts,
+    received,
 )
 from t10c.costs import compute_cycles
 
@@ -61,6 +65,7 @@ class Timeline:
     sram_samples: list[tuple[int, int]] = field(default_factory=list)  # (cycle, bytes per core)
     peak_sram_bytes_per_core: int = 0
     host_bytes: int = 0
+    dram_bytes: int = 0  # bytes loaded from off-chip DRAM during the run (all cores)
     #: mesh chips: bytes carried by every directed link over the run, (4, rows, cols) as in
     #: `routing.Routed.loads`
     link_bytes: np.ndarray | None = None
@@ -86,6 +91,7 @@ class Timeline:
 HANDLERS: dict[type[Instr], str] = {
     Alloc: "alloc", Free: "free", Load: "load", Fill: "fill", Sync: "sync",
     Exchange: "exchange", Shift: "shift", Reduce: "reduce", Compute: "compute", Store: "store",
+    DmaLoad: "dma_load", DmaWait: "dma_wait",
 }
 
 
@@ -115,6 +121,10 @@ class TimingMachine:
         self.handlers: dict[type[Instr], Callable[[Any], None]] = {
             cls: getattr(self, name) for cls, name in HANDLERS.items()}
         self.sources = {e.name: e.source for e in program.exprs}
+        #: the DMA engine (chips with DRAM): when its queue is free, and when each buffer's
+        #: load lands (with the cores it fills)
+        self.dma_free = 0
+        self.dma_ready: dict[int, tuple[int, np.ndarray | slice]] = {}
 
     # -- driving --------------------------------------------------------------------------
     def execute(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
@@ -299,6 +309,9 @@ class TimingMachine:
         if ins.buf not in self.live:
             raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name}, which is not "
                                 "allocated")
+        if ins.buf in self.dma_ready:
+            raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name} while its "
+                                "DMA load is in flight")
         start, end = self.live.pop(ins.buf)
         self.written.pop(ins.buf)
         self.in_use -= end - start
@@ -322,22 +335,45 @@ class TimingMachine:
         self.record(ins.op, "sync", self.chip.sync_cycles)
 
     def exchange(self, ins: Exchange) -> None:
-        n = len(ins.src_core)
+        if ins.pat is not None:
+            return self.exchange_pattern(ins)
+        src_core = ins.src_core
+        assert src_core is not None  # the verifier's: a table where there is no pattern
+        n = len(src_core)
         rows, here = _rows(ins, n), _phys(ins, n)
-        self.check_sources(ins.src_core, padding=True)
-        self.check_read(ins.src, lambda: _cores_in(ins.src_core, self.chip.cores))
+        self.check_sources(src_core, padding=True)
+        self.check_read(ins.src, lambda: _cores_in(src_core, self.chip.cores))
         self.mark_live(ins.dst)
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
         if self.chip.is_mesh:
-            self.receive(ins.op, ins.phase, *_pairs(ins.src_core, here, size))
+            self.receive(ins.op, ins.phase, *_pairs(src_core, here, size))
         else:  # received bytes per core: a remote element counts wherever it comes from
-            table = ins.src_core
+            table = src_core
             if table.size and table.min() >= 0:  # no padding: all but the local elements
                 remote = table.shape[1] - np.count_nonzero(table == here[:, None], axis=1)
             else:
                 remote = np.count_nonzero((table >= 0) & (table != here[:, None]), axis=1)
             self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
+
+    def exchange_pattern(self, ins: Exchange) -> None:
+        """An exchange given as a copy pattern: the same checks and bytes as its table,
+        counted from the runs without expanding them."""
+        p = ins.pattern()
+        n = p.rows
+        rows, here = _rows(ins, n), _phys(ins, n)
+        run_core = p.runs[:, 0]
+        self.check_sources(run_core, padding=True)
+        self.check_read(ins.src, lambda: _cores_in(run_core, self.chip.cores))
+        self.mark_live(ins.dst)
+        self.written[ins.dst][rows] = True
+        size = self.itemsize(ins.dst)
+        if self.chip.is_mesh:
+            src, dst, count = pair_counts(p, here)
+            keep = src != dst
+            self.receive(ins.op, ins.phase, src[keep], dst[keep], count[keep] * size)
+        else:
+            self.receive(ins.op, ins.phase, np.full(n, -1), here, received(p, here) * size)
 
     def shift(self, ins: Shift) -> None:
         n = len(ins.src_core)
@@ -390,6 +426,35 @@ class TimingMachine:
     def store(self, ins: Store) -> None:
         self.check_sources(ins.src_core)
         self.check_read(ins.src, lambda: _cores_in(ins.src_core, self.chip.cores))
+
+
+    # -- off-chip memory ----------------------------------------------------------------------
+    def dma_load(self, ins: DmaLoad) -> None:
+        """Start a DMA load: the engine takes it when its queue is free and works beside the
+        cores; the buffer is written when its `DmaWait` finds the load landed."""
+        if not self.chip.has_dram:
+            raise EmulatorError(f"DMA load from DRAM on {self.chip.name}, which has none")
+        self.mark_live(ins.buf)
+        if ins.buf in self.dma_ready:
+            raise EmulatorError(f"DMA load into buffer %{self.prog.buffers[ins.buf].name}, "
+                                "which already has one in flight")
+        self.flush()  # the clock stands where the cores are
+        nbytes = self.prog.buffers[ins.buf].nbytes
+        cycles = self.chip.dram_cycles(nbytes * ins.ncores, nbytes)
+        self.dma_free = max(self.now, self.dma_free) + cycles
+        self.dma_ready[ins.buf] = (self.dma_free, _rows(ins, ins.ncores))
+        self.timeline.dram_bytes += nbytes * ins.ncores
+
+    def dma_wait(self, ins: DmaWait) -> None:
+        """The cores stall until the buffer's DMA load has landed (phase "dram")."""
+        if ins.buf not in self.dma_ready:
+            raise EmulatorError(f"waits for buffer %{self.prog.buffers[ins.buf].name}, which "
+                                "has no DMA load in flight")
+        self.mark_live(ins.buf)
+        self.flush()
+        ready, rows = self.dma_ready.pop(ins.buf)
+        self.record(ins.op, "dram", max(ready - self.now, 0))
+        self.written[ins.buf][rows] = True
 
 
 def _rows(ins: Instr, n: int) -> np.ndarray | slice:

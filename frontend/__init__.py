@@ -246,28 +246,31 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 
 
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
-             name: str | None = None, fuse: bool = True, epilogues: bool = True) -> Graph:
+             name: str | None = None, fuse: bool = True, epilogues: bool = True,
+             prologues: bool = False) -> Graph:
     """Lower a model (an ONNX path or a ModelProto) to the device graph.
 
     With ``fuse`` (the default), single-reader elementwise ops are inlined into their reader
     and, with ``epilogues`` too, elementwise consumers fold into the reduction or contraction
-    before them (`fuse.py`).
+    before them, and with ``prologues`` as well elementwise producers into the contractions
+    that read them (`fuse.py`).
     Raises `UnsupportedModelError` listing every node that cannot be lowered.
     """
     model = load_model(source)
     low = lower(model, pinned)
     if low.problems:
         raise UnsupportedModelError(low.problems)
-    return device_graph(low, name, fuse, epilogues)
+    return device_graph(low, name, fuse, epilogues, prologues)
 
 
 def device_graph(low: Lowered, name: str | None = None, fuse: bool = True,
-                 epilogues: bool = True) -> Graph:
+                 epilogues: bool = True, prologues: bool = False) -> Graph:
     """The device graph of a completely lowered model (``low.problems`` must be empty)."""
     if low.problems:
         raise UnsupportedModelError(low.problems)
     graph = _graph(low, name)
-    return fuse_elementwise(graph, epilogues=epilogues) if fuse else prune(graph)
+    return fuse_elementwise(graph, epilogues=epilogues, prologues=prologues) if fuse \
+        else prune(graph)
 
 
 def _graph(low: Lowered, name: str | None) -> Graph:

@@ -28,10 +28,19 @@ from .constrain import (
 from .cost import plan_cost
 from .cpsat import Progress
 from .diagnose import check_fit, diagnose
+from .dram import (
+    Schedule,
+    dram_bytes_needed,
+    dram_twins,
+    extra_cycles,
+    schedule,
+    with_dram_inputs,
+)
 from .epilogue import extra_edge_cost
-from .plan import Cycles, Geometry, OpPlan, geometry
+from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
-from .solve import Edge, SolverOptions, choose_plans
+from .solve import Edge, SolverOptions, _Arrays, choose_plans, liveness, memory_use
+from .space import Space, baseline_options, op_keys, space_of, tensor_sets, union
 from .transitions import Views, edge_cost, relayout_cycles
 from .verify import verify_plan
 
@@ -42,17 +51,11 @@ __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "S
            "search_op_constrained", "match_ops"]
 
 
-def _tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
-    consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
-    return ints, consts
-
-
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
               opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
     """Every plan of one op of ``graph`` that survives pruning (not yet reduced to a front)."""
-    ints, consts = _tensor_sets(graph)
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    ints, consts = tensor_sets(graph)
+    shapes = operand_shapes(graph, op)
     return enumerate_plans(op, chip, dtype, shapes, ints, consts, opts)
 
 
@@ -60,13 +63,9 @@ def search_op_front(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
                     opts: SearchOptions = SearchOptions(), limit: int | None = None
                     ) -> SearchResult:
     """One op's Pareto front (and smallest plan), computed without materialising every plan."""
-    ints, consts = _tensor_sets(graph)
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    ints, consts = tensor_sets(graph)
+    shapes = operand_shapes(graph, op)
     return search_front(op, chip, dtype, shapes, ints, consts, opts, limit)
-
-
-def _rename(plan: OpPlan, name: str) -> OpPlan:
-    return dataclasses.replace(plan, op=name)
 
 
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
@@ -74,36 +73,54 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                front_limit: int = 16, progress: Progress | None = None,
                constraints: tuple[Constraint, ...] = ()) -> Plan:
     """Search every op's plans (once per distinct op), then choose one per op with CP-SAT;
-    the ops ``constraints`` name choose among the plans that obey them (`constrain.py`)."""
-    start = time.perf_counter()
-    ints, consts = _tensor_sets(graph)
-    keys = [(op.signature(), tuple(o.tensor in consts for o in op.reads),
-             tuple(o.tensor in ints for o in op.reads)) for op in graph.ops]
-    cache: dict[tuple, SearchResult] = {}
-    fronts: list[list[OpPlan]] = []
-    smallest: list[OpPlan | None] = []
-    least_cold: list[int] = []
-    for n, (op, key) in enumerate(zip(graph.ops, keys)):
-        if key not in cache:
-            cache[key] = search_op_front(graph, op, chip, dtype, search, front_limit)
-        found = cache[key]
-        fronts.append([_rename(p, op.name) for p in found.front])
-        smallest.append(found.smallest)
-        least_cold.append(found.least_cold)
-        if progress:
-            progress("search", n + 1, len(graph.ops))
-    search_wall = time.perf_counter() - start
+    the ops ``constraints`` name choose among the plans that obey them (`constrain.py`).
 
-    if search.weights_home:  # vgm: every op warms its weights up from the idle layout
-        fronts = [[dataclasses.replace(p, home=True) for p in f] for f in fronts]
-    else:  # t10: an op may keep its weights idle and warm them up, where SRAM is short
-        fronts = [f + _warm_up_twins(graph, op, f, chip, dtype, ints, consts)
+    A strategy that rotates (t10) chooses from its own plans united with the no-rotation and
+    vgm baselines' (`space.py` says why its plan is then never slower than theirs): each
+    baseline's own choice is solved first and given to the solve as a start. With
+    ``constraints`` the named ops' fronts are replaced, the baselines' choices no longer map,
+    and the solve starts from the greedy alone."""
+    start = time.perf_counter()
+    if chip.has_dram:  # before any search: the model must fit the DRAM
+        check_dram_capacity(graph, chip, dtype)
+    ints, consts = tensor_sets(graph)
+    keys = op_keys(graph)
+    baselines = baseline_options(search)
+    # a rotating strategy: its own plans and the no-rotation plans with every twin, then each
+    # baseline's space as that baseline's compile builds it (so that its choice can be
+    # reproduced and mapped in); a baseline: its own space
+    wide = [search, *baselines[:1]] if baselines else []
+    searched, searches = [0], (len(wide) + len(baselines)) or 1
+
+    def tick() -> None:
+        searched[0] += 1
+        if progress:
+            progress("search", searched[0], searches * len(graph.ops))
+
+    spaces = [space_of(graph, chip, dtype, s, front_limit, tick, every_twin=True) for s in wide]
+    spaces += [space_of(graph, chip, dtype, s, front_limit, tick)
+               for s in (baselines or (search,))]
+    if wide:
+        space, maps = union(spaces)
+        spaces, maps = spaces[len(wide):], maps[len(wide):]  # the baselines' own
+    else:
+        space, spaces, maps = spaces[0], [], []
+    search_wall = time.perf_counter() - start
+    fronts = [list(f) for f in space.fronts]
+    smallest = list(space.smallest)
+    least_cold = list(space.least_cold)
+    if chip.has_dram:  # graph inputs stream from DRAM; weights may live there (appended:
+        # the baselines' choices still map)
+        fronts = [with_dram_inputs(graph, op, f, chip, dtype, ints) for op, f in
+                  zip(graph.ops, fronts)]
+        fronts = [f + dram_twins(graph, op, f, chip, dtype, ints)
                   for op, f in zip(graph.ops, fronts)]
         least_cold = [min([c, *(p.cold_bytes_per_core for p in f)])
                       for c, f in zip(least_cold, fronts)]
     if constraints:  # `--plan FILE`: the named ops' fronts become the plans obeying it
         apply_constraints(graph, chip, dtype, search, front_limit, constraints, fronts,
                           smallest, least_cold, keys, ints, consts)
+        spaces, maps = [], []
     check_fit(graph, chip, fronts, smallest)
     plan_bounds = bounds(graph, chip, dtype, fronts)
     if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
@@ -112,19 +129,32 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                        dtype))
     views = Views(graph)
     edges = _edges(graph, _front_ids(fronts), fronts, chip, dtype, ints, views)
-    no_extra = [[0] * len(f) for f in fronts]
-    result, status = choose_plans(graph, fronts, no_extra, edges, chip.sram_bytes_per_core,
-                                  solver, progress)
+    solves = len(spaces) + 1  # the baselines' solves, then the solve itself, share a display
+    starts = []
+    spent: list[float] = []  # every solve's deterministic time
+    for n, (own, where) in enumerate(zip(spaces, maps)):
+        choice = _baseline_choice(graph, chip, own, where, edges, solver,
+                                  _share(progress, n, solves), spent)
+        if choice is not None:
+            starts.append(tuple(where[i][k] for i, k in enumerate(choice)))
+    # DRAM loads add what they cannot hide to an op's cycles (none on chips without DRAM)
+    extra = [extra_cycles(f, search.dram_schedule) for f in fronts]
+    result, status = choose_plans(graph, fronts, extra, edges, chip.sram_bytes_per_core,
+                                  solver, _share(progress, solves - 1, solves), starts)
     if result is None:
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
+    spent.append(result.deterministic_s)
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
-    if search.align and not chip.is_mesh and solver.planner != "greedy":
+    # (the second solve re-derives plans with their weights resident: not on DRAM chips)
+    if search.align and not chip.is_mesh and solver.planner != "greedy" and not chip.has_dram:
         fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
         chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
-                                    search, solver, views, fixed)
+                                    search, solver, views, fixed, spent)
     gap = result.objective_cycles - result.bound_cycles
+    dram = (_dram_schedule(graph, chosen, relayout, chip, solver, search.dram_schedule)
+            if any(p.dram_cycles for p in chosen) else None)
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
         relayout_cycles=tuple(relayout),
@@ -135,38 +165,83 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             gap=round(gap / max(result.objective_cycles, 1), 6),
             greedy_objective_cycles=result.greedy_objective_cycles,
             wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
-            time_limit_s=solver.time_limit_s),
+            time_limit_s=solver.time_limit_s, deterministic_s=round(sum(spent), 3)),
         search_wall_s=search_wall,
         bounds=plan_bounds,
+        dram_schedule=dram.mode if dram else "",
+        dram_issue=dram.issue if dram else (),
+        dram_stall_cycles=dram.stall if dram else (),
     )
 
 
-def _warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip, dtype: str,
-                   ints: frozenset[str], consts: frozenset[str]) -> list[OpPlan]:
-    """For an op with weights, its fastest plan again with the weights kept in the compact
-    idle layout (spread over all cores) and warmed up before each run: fewer resident bytes
-    for some shift time. The solver chooses; the greedy walks the front only."""
-    if not front or not any(o.tensor in consts for o in op.inputs):
-        return []
-    p = front[0]
-    cycles, hot, cold, out = plan_cost(geometry(graph, op, p), chip, dtype, ints, consts,
-                                       weights_home=True)
-    if cold >= p.cold_bytes_per_core:
-        return []
-    return [dataclasses.replace(p, cycles=cycles, hot_bytes_per_core=hot,
-                                cold_bytes_per_core=cold, out_bytes_per_core=out, home=True)]
+def check_dram_capacity(graph: Graph, chip: Chip, dtype: str) -> None:
+    """Refuse a graph whose weights and inputs exceed the chip's DRAM."""
+    need = dram_bytes_needed(graph, dtype)
+    if need > chip.dram_bytes:
+        raise DoesNotFitError(
+            f"{graph.name} needs {need / 1e9:.2f} GB of DRAM for its weights and inputs in "
+            f"{dtype}; {chip.name} has {chip.dram_bytes / 1e9:.2f} GB. Use a chip with more "
+            "DRAM (see `t10c chips`) or a smaller model")
+
+
+def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
+                   solver: SolverOptions, mode: str) -> Schedule:
+    """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave."""
+    arrays = _Arrays([[p] for p in chosen], [[0] for _ in chosen])
+    memory = memory_use(liveness(graph), arrays, [0] * len(chosen))
+    on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
+    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode)
+
+
+def _rename(plan: OpPlan, name: str) -> OpPlan:
+    return dataclasses.replace(plan, op=name)
+
+
+def _share(progress: Progress | None, n: int, solves: int) -> Progress | None:
+    """Solve ``n`` of ``solves`` reported as its share of one "solve" display."""
+    if progress is None or solves == 1:
+        return progress
+    shown = progress
+
+    def report(stage: str, done: int, total: int) -> None:
+        shown(stage, n * total + done, solves * total)
+    return report
+
+
+def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]],
+                     edges: list[Edge], solver: SolverOptions, progress: Progress | None,
+                     spent: list[float]) -> tuple[int, ...] | None:
+    """The choice a baseline's own compile makes (the same fronts, edges, options and seed,
+    so the same model and the same answer), or None where it does not fit."""
+    fronts = [list(f) for f in own.fronts]
+    cap = chip.sram_bytes_per_core * (1 - solver.reserve_fraction)
+    if not all(fronts) or sum(own.least_cold) > cap:
+        return None
+    # its edges are the united edges' sub-matrices: edge costs are priced pair by pair
+    sub = [Edge(e.src, e.dst, e.slot,
+                tuple(tuple(e.cost[p][q] for q in where[e.dst]) for p in where[e.src]))
+           for e in edges]
+    result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], sub,
+                             chip.sram_bytes_per_core, solver, progress)
+    if result is None:
+        return None
+    spent.append(result.deterministic_s)
+    return result.choice
 
 
 def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayout: list[int],
              chip: Chip, dtype: str, ints: frozenset[str], consts: frozenset[str],
              search: SearchOptions, solver: SolverOptions, views: Views,
-             fixed: frozenset[int] = frozenset()) -> tuple[tuple[OpPlan, ...], list[int]]:
+             fixed: frozenset[int] = frozenset(), spent: list[float] | None = None
+             ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """The second solve: every op chooses between its chosen plan and the plans aligned to
     what its producers' choices (or their aligned alternatives) leave (`align.py`), under the
     same memory constraints. Offering the aligned plans in the first solve, beside whole
     fronts, stalled CP-SAT on bert-large at the greedy's objective; this small model solves
     at once, starts from the first choice (its greedy hint) and keeps the better of the two.
-    The ops in ``fixed`` (named by `--plan` constraints) keep their chosen plan."""
+    The ops in ``fixed`` (named by `--plan` constraints) keep their chosen plan; the solve's
+    deterministic time is appended to ``spent``."""
     fronts = _with_aligned(graph, keys, [[p] for p in chosen], chip, dtype, ints, consts,
                            search)
     # ops a `--plan` constraint names keep the plan that obeys it
@@ -178,6 +253,8 @@ def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayo
                              chip.sram_bytes_per_core, solver)
     if result is None:
         return chosen, relayout
+    if spent is not None:
+        spent.append(result.deterministic_s)
     picked = tuple(f[k] for f, k in zip(fronts, result.choice))
     again = relayout_cycles(graph, picked, chip, dtype, ints, views)
     before = sum(p.cycles.total for p in chosen) + sum(relayout)
@@ -259,7 +336,7 @@ def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip
 def replay_plan(graph: Graph, replay: Replay, chip: Chip, dtype: str) -> Plan:
     """The plan read back from plan.json, for ``graph`` on ``chip``, once every op's costs and
     re-layouts are re-derived and agree (`constrain.check_replay`); raises `PlanError`."""
-    ints, consts = _tensor_sets(graph)
+    ints, consts = tensor_sets(graph)
     check_replay(graph, replay, chip, dtype, ints, consts)
     return replay.plan
 
@@ -268,7 +345,7 @@ def check_constraints(graph: Graph, chip: Chip, constraints: tuple[Constraint, .
                       search: SearchOptions = SearchOptions()) -> None:
     """Refuse, before any search, constraints that name no op or ask what no plan can be
     (`constrain.check_constraint`); `plan_graph` finds the rest (no legal or fitting plan)."""
-    _, consts = _tensor_sets(graph)
+    _, consts = tensor_sets(graph)
     for op, c in zip(graph.ops, match_ops(graph, constraints)):
         if c is not None:
             check_constraint(op, c, chip, any(o.tensor in consts for o in op.inputs),
@@ -280,5 +357,5 @@ def search_op_constrained(graph: Graph, op: TensorExpr, chip: Chip, dtype: str, 
                           ) -> list[OpPlan]:
     """The front of the plans of one op of ``graph`` that obey ``c`` (as `plan_graph` puts
     it before the solver), for `t10c explain --plan`."""
-    ints, consts = _tensor_sets(graph)
+    ints, consts = tensor_sets(graph)
     return constrained_front(graph, op, c, chip, dtype, opts, limit, ints, consts).front

@@ -39,7 +39,7 @@ from t10c.chips import Chip
 from t10c.ir import Graph
 
 from .cost import plan_cost
-from .plan import Cycles, Geometry, OpPlan, geometry
+from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .transitions import result_boxes
 
 
@@ -103,7 +103,7 @@ def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip
     rot: tuple[tuple[str, ...], ...] = ((),) * nops
     drivers: tuple[tuple[str, ...], ...] = ((),) * len(names)
     chain = (1,) * nops
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    shapes = operand_shapes(graph, op)
     placed = tuple(int(c) for c in cores)
     if placed == tuple(range(len(placed))):
         placed_or_none = None  # the row-major numbering already matches

@@ -35,11 +35,14 @@ class SolverReport:
     workers: int
     seed: int
     time_limit_s: float  # CP-SAT's deterministic limit (work units, about seconds)
+    #: CP-SAT's deterministic time over the compile's solves (the baselines' own, the tied
+    #: and full models, the aligned second solve); kept out of plan.json beside ``wall_s``
+    deterministic_s: float = 0.0
 
     def document(self) -> dict[str, object]:
-        """The reproducible fields, as plan.json stores them (everything but ``wall_s``)."""
+        """The fields plan.json stores (all but ``wall_s`` and ``deterministic_s``)."""
         doc = asdict(self)
-        del doc["wall_s"]
+        del doc["wall_s"], doc["deterministic_s"]
         return doc
 
     @staticmethod
@@ -73,7 +76,14 @@ class Plan:
     search_wall_s: float = 0.0
     #: the roofline and ideal lower bounds (`partition.bounds`); None for a hand-made plan
     bounds: Bounds | None = None
+    #: chips with DRAM (`partition/dram.py`): the schedule ("elk", "static" or "basic"), and
+    #: per op the op at whose start its DRAM loads are issued (-1: none) and the cycles it
+    #: waits for them; empty on chips without DRAM
+    dram_schedule: str = ""
+    dram_issue: tuple[int, ...] = ()
+    dram_stall_cycles: tuple[int, ...] = ()
 
     @property
     def total_cycles(self) -> int:
-        return sum(p.cycles.total for p in self.ops) + sum(self.relayout_cycles)
+        return (sum(p.cycles.total for p in self.ops) + sum(self.relayout_cycles)
+                + sum(self.dram_stall_cycles))

@@ -29,7 +29,7 @@ from t10c.ir import Graph, TensorExpr
 
 from .chosen import Plan, PlanError
 from .cost import plan_cost
-from .plan import OpPlan, geometry
+from .plan import OpPlan, geometry, operand_shapes
 from .search import SearchOptions, _factor_grids, _feasible, _plan, _templates
 from .transitions import relayout_cycles
 from .vcost import CostArrays, costs_for
@@ -183,7 +183,7 @@ def constrained_front(graph: Graph, op: TensorExpr, c: Constraint, chip: Chip, d
         max_steps=max(opts.max_steps, math.prod(max(p) for p in paces.values()) if paces else 1),
         chains=opts.chains or any(len(p) > 1 for p in paces.values()))
     home = opts.weights_home or c.weights == "warmed-up"
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    shapes = operand_shapes(graph, op)
     extents = tuple(e for _, e in op.axes)
     grid = _factor_grids(extents, [True] * len(extents), chip.cores, relaxed,
                          [a in op.output.axes for a in op.axis_names])

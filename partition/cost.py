@@ -6,6 +6,11 @@ Formulas (all per core; the slowest core sets the pace of a bulk-synchronous ste
   the matrix unit as ``batch`` products of ``m x k`` by ``k x n``, padded to the unit's (k, n)
   granularity (`Chip.matmul_cycles`); other ops run on the vector unit at `body_ops` operations
   per point of the sub-task (`Chip.vector_cycles`).
+- prologue (a contraction that reads an elementwise function of an operand,
+  `t10c.ir.TensorExpr.prologue`; `costs.prologue_cycles`): each sub-task first transforms its
+  block of the operand on the vector unit, at the prologue's operations per element, before
+  the matrix unit reads it; the prologue's inputs are inputs of the op, with tiles, shifts and
+  re-layouts of their own.
 - shift: at each step boundary where a rotating operand's axis advances, every core receives the
   next partition of it from its ring neighbour: one barrier plus the bytes of all operands that
   move (`Chip.transfer_cycles`). On a mesh, a plan embedded by `place.py` pays hops (at most 2)
@@ -20,8 +25,9 @@ Formulas (all per core; the slowest core sets the pace of a bulk-synchronous ste
 - epilogue (a fused op, `t10c.ir.TensorExpr.epilogue`; `epilogue_cost`): once the result is
   complete, its vector work on each core's share of it (the chunk after a reduce-scatter, the
   output tile otherwise), counted as compute; each extra operand is one more buffer of that
-  share, resident for a weight; an activation's re-layout is an edge of the whole-graph
-  choice, as an input's is (`partition/epilogue.py`).
+  share. A weight (a bias) waits in a compact idle layout and is fetched into that buffer
+  before the op, with any weights the op warms up (one barrier); an activation's re-layout is
+  an edge of the whole-graph choice, as an input's is (`partition/epilogue.py`).
 
 The emulator times the program with the same `Chip` primitives from the instructions' actual
 shapes and tables, so a one-op program's measured cycles equal these predictions.
@@ -30,10 +36,12 @@ shapes and tables, so a one-op program's measured cycles equal these predictions
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from t10c.chips import DTYPES, Chip
 from t10c.costs import INDEX_BYTES, compute_cycles
+from t10c.dtypes import ceil_div
 from t10c.elementwise import body_cost
 from t10c.ir import TensorExpr
 
@@ -55,24 +63,53 @@ def element_bytes(op: TensorExpr, index: int, dtype: str, int_tensors: frozenset
 def home_bytes(op: TensorExpr, shapes: dict[str, tuple[int, ...]], chip: Chip, dtype: str,
                const_tensors: frozenset[str]) -> int:
     """Bytes per core of the op's weights spread evenly over all cores (the vgm home)."""
-    return sum(-(-math.prod(shapes[o.tensor]) // chip.cores) * DTYPES[dtype]
+    return sum(ceil_div(math.prod(shapes[o.tensor]), chip.cores) * DTYPES[dtype]
                for o in op.inputs if o.tensor in const_tensors)
 
 
+@dataclass(frozen=True)
+class EpilogueCost:
+    """Per core, what a fused op's epilogue adds (all zero without one); fields are ints, or
+    numpy arrays over plans in `vcost`."""
+
+    compute: Any = 0  # cycles of vector work on the finished result
+    moved: Any = 0  # bytes of activations brought beside the result (an edge of the solve)
+    hot: Any = 0  # bytes of the extra operands' buffers and idle copies, live through the op
+    cold: Any = 0  # bytes resident between runs: the weights' idle copies
+    fetched: Any = 0  # bytes of weights fetched from their idle layout before the op
+
+
 def epilogue_cost(op: TensorExpr, share: Any, chip: Chip, dtype: str,
-                  int_tensors: frozenset[str], const_tensors: frozenset[str]
-                  ) -> tuple[Any, Any, Any, Any]:
-    """(compute cycles, activation bytes, hot bytes, cold bytes) per core of op's epilogue on
-    ``share`` elements of its finished result (all zero without an epilogue). ``share`` may
-    be a numpy array (`vcost`): the arithmetic is elementwise."""
+                  int_tensors: frozenset[str], const_tensors: frozenset[str],
+                  shapes: dict[str, tuple[int, ...]]) -> EpilogueCost:
+    """What op's epilogue costs per core on ``share`` elements of its finished result
+    (``share`` may be a numpy array, `vcost`: the arithmetic is elementwise).
+
+    An epilogue weight (a bias) is broadcast over the result and laid element for element
+    beside a core's share: kept there between runs it would take as many bytes as the share,
+    which at large batches adds up to much of SRAM over a model's ops. It waits in a compact
+    idle layout instead (``shapes`` gives its size; `idle_cores`) and is fetched into the share
+    buffer before the op, with the op's other weights. The idle copy avoids core 0, on which
+    every op runs: that core receives its whole share, so the busiest core's bytes are the
+    share's, as priced here (one core alone keeps its weights resident)."""
     if op.epilogue is None:
-        return 0, 0, 0, 0
+        return EpilogueCost()
     rate = chip.vector_ops_per_cycle[dtype]
-    compute = chip.compute_overhead_cycles + -(-share * max(1, body_cost(op.epilogue)) // rate)
+    compute = chip.compute_overhead_cycles + ceil_div(share * max(1, body_cost(op.epilogue)),
+                                                      rate)
     each = [share * (INDEX_BYTES if o.tensor in int_tensors else DTYPES[dtype]) for o in op.extra]
     moved = sum(b for b, o in zip(each, op.extra) if o.tensor not in const_tensors)
-    cold = sum(b for b, o in zip(each, op.extra) if o.tensor in const_tensors)
-    return compute, moved, sum(each), cold
+    weights = sum(b for b, o in zip(each, op.extra) if o.tensor in const_tensors)
+    if chip.cores == 1:
+        return EpilogueCost(compute, moved, sum(each), weights)
+    idle = sum(ceil_div(math.prod(shapes[o.tensor]), chip.cores - 1) * DTYPES[dtype]
+               for o in op.extra if o.tensor in const_tensors)
+    return EpilogueCost(compute, moved, sum(each) + idle, idle, weights)
+
+
+def idle_cores(chip: Chip) -> range:
+    """The cores an epilogue weight's idle copy is spread over (`epilogue_cost`)."""
+    return range(1, chip.cores) if chip.cores > 1 else range(1)
 
 
 def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
@@ -128,8 +165,13 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         shift += step_cycles(homing)
         sync += chip.sync_cycles
 
-    fetched = sum(tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
-    if weights_home and fetched:
+    epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
+                        geo.shapes)
+    fetched = epi.fetched
+    if weights_home:
+        fetched += sum(tile_bytes[i] for i, o in enumerate(op.inputs)
+                       if o.tensor in const_tensors)
+    if fetched:
         shift += (exchange_estimate(chip, fetched) if geo.embed is not None
                   else chip.transfer_cycles(fetched))
         sync += chip.sync_cycles
@@ -152,11 +194,10 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         else:
             moving = chip.transfer_cycles((group - 1) * chunk_bytes)
             reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
+        if sum(tile_bytes[i] for i in homing) and not weights_home:
+            reduce -= chip.sync_cycles  # codegen: the reduce shares the restore's superstep
         out_bytes = chunk_bytes
-    share = chunk if group > 1 else math.prod(geo.tile_shape(out))
-    epi_compute, _, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype, int_tensors,
-                                                      const_tensors)
-    compute += epi_compute  # (the activations' re-layout is an edge: partition/epilogue.py)
+    compute += epi.compute  # (the activations' re-layout is an edge: partition/epilogue.py)
 
     # while computing: every operand's tile and a receive buffer per rotating one; during the
     # reduce-scatter the activation inputs and receive buffers are gone, and the weights, the
@@ -165,9 +206,15 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
     hot = sum(tile_bytes) + sum(tile_bytes[i] for i in range(nops) if rot_axis[i] is not None)
     if group > 1:
         hot = max(hot, cold + tile_bytes[out] + first)
-    hot += epi_hot  # the epilogue's operands live through the whole op
+    hot += epi.hot  # the epilogue's operands live through the whole op
     if weights_home:
         cold = home_bytes(op, geo.shapes, chip, dtype, const_tensors)
         hot += cold
-    cold += epi_cold  # epilogue weights stay resident beside the result, homed or not
+    cold += epi.cold
     return Cycles(compute, shift, sync, reduce), hot, cold, out_bytes
+
+
+def _final_share(geo: Geometry) -> int:
+    """Elements of the finished result per core: its chunk after a reduce-scatter."""
+    elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
+    return ceil_div(elems, geo.reduce_group)

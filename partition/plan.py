@@ -90,6 +90,13 @@ class OpPlan:
     #: the input whose producer's layout this plan was built to match (`partition/align.py`):
     #: the solver pairs it only with producer plans that leave that layout; -1 for none
     aligned: int = -1
+    #: bytes per core this plan loads from off-chip DRAM before it runs (its graph inputs'
+    #: tiles, and its weights' with ``dram_weights``): its preload footprint
+    dram_bytes_per_core: int = 0
+    #: cycles of those DMA loads (`Chip.dram_cycles`, one load per operand, in sequence)
+    dram_cycles: int = 0
+    #: the weights live in DRAM and are loaded before each run instead of staying resident
+    dram_weights: bool = False
 
     @property
     def steps(self) -> int:
@@ -308,7 +315,12 @@ class Geometry:
         return group // self.T[j] if j is not None else group
 
 
+def operand_shapes(graph: Graph, op: TensorExpr) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor ``op`` names: its operands and its epilogue's extras."""
+    return {o.tensor: graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra)}
+
+
 def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
-    shapes = {o.tensor: graph.tensors[o.tensor].shape for o in op.operands}
+    shapes = operand_shapes(graph, op)
     return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain, plan.embed,
                     plan.cores)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.elementwise import body_inputs
 from t10c.ir import INDIRECT, TensorExpr
 
 from .place import choose, ring_drivers
@@ -56,6 +57,10 @@ class SearchOptions:
     #: plans aligned to the layouts their producers' chosen plans leave (`align.py`), at most
     #: this many per op in the second solve; 0 for none
     align: int = 2
+    #: on a chip with DRAM, how each op's loads are scheduled (`partition/dram.py`): "elk"
+    #: (as early as SRAM allows), "static" (one fixed preload depth) or "basic" (load, then
+    #: execute)
+    dram_schedule: str = "elk"
 
 
 def _axis_candidates(extent: int, cores: int) -> list[int]:
@@ -140,7 +145,7 @@ def _axis_rotations(op: TensorExpr, grid: np.ndarray, opts: SearchOptions
         longest = int((-(-op.axes[j][1] // grid[:, j])).max()) if len(grid) else 0
         for size in range(1, len(users) + 1):
             for subset in itertools.combinations(users, size):
-                if not all(lacks[i] for i in subset):
+                if not all(lacks[i] for i in subset) or not _in_step(op, subset, users):
                     continue
                 drivers = sorted({k for i in subset for k in lacks[i]})
                 values = np.unique(grid[:, drivers])
@@ -148,6 +153,26 @@ def _axis_rotations(op: TensorExpr, grid: np.ndarray, opts: SearchOptions
                              if (values % t == 0).any()})
                 found.extend(_AxisRotation(j, t, subset) for t in ts)
     return found
+
+
+def _in_step(op: TensorExpr, subset: tuple[int, ...], users: list[int]) -> bool:
+    """A prologue's own inputs (`t10c.ir.TensorExpr.prologue`) rotate exactly when the operand
+    it transforms does: the rest of the choices would only enlarge the search."""
+    chosen = set(subset)
+    for slot, base in _prologue_inputs(op).items():
+        for i in base:
+            if i in users and (i in chosen) != (slot in chosen):
+                return False
+    return True
+
+
+def _prologue_inputs(op: TensorExpr) -> dict[int, list[int]]:
+    """For each prologue slot, the inputs past the first two that its body reads."""
+    found: dict[int, list[int]] = {}
+    for slot, body in op.prologue:
+        found[slot] = sorted(i for i in body_inputs(body) if i >= 2)
+    return found
+
 
 
 def _templates(op: TensorExpr, grid: np.ndarray, opts: SearchOptions):

@@ -22,6 +22,10 @@ model is built by `build_model`, solved by `solve_model` and decoded by `decode`
   producer plans it allows.
 - objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]``.
 
+Repeated layers: ops of one tie class (`tie.py`) first share their choice variables, in a
+small tied model solved within `TIED_SHARE` of the limit; its choice starts the full model
+(every op untied), which has the rest of the limit (docs/planner.md, "Tied layers").
+
 The greedy starts from every op's fastest plan and, while some op's memory (C2) is exceeded,
 moves one op contributing there to its next smaller plan, the one that adds the fewest cycles
 per byte saved. Its choice is the solver's hint, and a solver result worse than it (possible
@@ -33,7 +37,9 @@ bound).
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +51,12 @@ from t10c.ir import Graph
 from . import cpsat
 from .cpsat import Progress
 from .plan import OpPlan
+from .tie import tie_classes
 
 #: the objective of a choice that uses a pair of plans an edge does not allow
 FORBIDDEN = 2 ** 62
+#: the share of the deterministic limit the tied model (`tie.py`) may use before the full one
+TIED_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,8 @@ class SolverResult:
     bound_cycles: int
     wall_s: float
     greedy_objective_cycles: int | None
+    #: CP-SAT's deterministic time spent on this choice (0 for the greedy and a look-up)
+    deterministic_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -127,16 +138,25 @@ class _Arrays:
                        for f, r in zip(fronts, relayout_in)]
 
 
-def memory_use(terms: MemoryTerms, arrays: _Arrays, choice: list[int] | tuple[int, ...]
-               ) -> np.ndarray:
-    """(C2)'s left-hand side at every op for one choice of plans."""
-    cold = np.array([a[k] for a, k in zip(arrays.cold, choice)])
-    extra = np.array([a[k] for a, k in zip(arrays.extra, choice)])
-    out = np.array([a[k] for a, k in zip(arrays.out, choice)])
-    use = cold.sum() + extra
-    for i in range(len(choice)):
-        use[i] += out[list(terms.live_after[i])].sum() + out[list(terms.dying_inputs[i])].sum()
-    return use
+def live_matrix(terms: MemoryTerms) -> np.ndarray:
+    """``L[i, j] = 1`` when op j's output is in SRAM while op i runs (C2's activation terms)."""
+    n = len(terms.live_after)
+    live = np.zeros((n, n), dtype=np.int64)
+    for i in range(n):
+        live[i, list(terms.live_after[i]) + list(terms.dying_inputs[i])] = 1
+    return live
+
+
+def memory_use(terms: MemoryTerms, arrays: _Arrays, choice: list[int] | tuple[int, ...],
+               live: np.ndarray | None = None) -> np.ndarray:
+    """(C2)'s left-hand side at every op for one choice of plans (``live``: `live_matrix`
+    of ``terms``, when the caller already has it)."""
+    cold = np.array([a[k] for a, k in zip(arrays.cold, choice)], dtype=np.int64)
+    extra = np.array([a[k] for a, k in zip(arrays.extra, choice)], dtype=np.int64)
+    out = np.array([a[k] for a, k in zip(arrays.out, choice)], dtype=np.int64)
+    if live is None:
+        live = live_matrix(terms)
+    return cold.sum() + extra + live @ out
 
 
 def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None = None
@@ -150,8 +170,9 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None
     # appended after it (weights warmed up) are left to the solver
     end = base if base is not None else [len(c) for c in arrays.cold]
     last = [e - 1 for e in end]
+    live = live_matrix(terms)
     while True:
-        use = memory_use(terms, arrays, choice)
+        use = memory_use(terms, arrays, choice, live)
         over = np.flatnonzero(use > cap)
         if not len(over):
             return choice
@@ -190,47 +211,144 @@ def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int,
     return total + sum(r for r in pairs if r is not None)
 
 
+def _classes(vectors: list[tuple[int | None, ...]]) -> list[list[int]]:
+    """Indices grouped by equal vectors, in order of first appearance."""
+    groups: dict[tuple[int | None, ...], list[int]] = {}
+    for k, v in enumerate(vectors):
+        groups.setdefault(tuple(v), []).append(k)
+    return list(groups.values())
+
+
+class _Choice:
+    """The choice variables of a model: ``x[c][p]`` is 1 when the ops of tie class ``c``
+    (`tie.py`; one op per class in the full model) run plan ``p`` of their front, and linear
+    terms over them gathered as coefficients (so that a class's many ops make one term)."""
+
+    def __init__(self, model: cp_model.CpModel, fronts: list[list[OpPlan]],
+                 tie: Sequence[int]) -> None:
+        self.tie = list(tie)
+        first: dict[int, int] = {}
+        for i, c in enumerate(self.tie):
+            first.setdefault(c, i)
+        self.x = {c: [model.new_bool_var(f"x[{c},{p}]") for p in range(len(fronts[i]))]
+                  for c, i in first.items()}
+        # (C1) one plan per op
+        for xs in self.x.values():
+            model.add_exactly_one(xs)
+
+    def add(self, into: dict[tuple[int, int], int], values: np.ndarray, i: int,
+            times: int = 1) -> None:
+        """Add ``times * sum_p values[p] * x[i, p]`` to the coefficients ``into``."""
+        c = self.tie[i]
+        for k, v in enumerate(values):
+            if v:
+                into[c, k] = into.get((c, k), 0) + times * int(v)
+
+    def expr(self, coeffs: dict[tuple[int, int], int]) -> Any:
+        """The linear expression of gathered coefficients."""
+        keys = sorted(coeffs)
+        return cp_model.LinearExpr.weighted_sum([self.x[c][k] for c, k in keys],
+                                                [coeffs[key] for key in keys])
+
+    def term(self, values: np.ndarray, i: int) -> Any:
+        """``sum_p values[p] * x[i, p]``."""
+        coeffs: dict[tuple[int, int], int] = {}
+        self.add(coeffs, values, i)
+        return self.expr(coeffs)
+
+    def hint(self, model: cp_model.CpModel, choice: Sequence[int]) -> None:
+        """Hint a per-op choice (each class takes its first op's plan)."""
+        done = set()
+        for i, k in enumerate(choice):
+            c = self.tie[i]
+            if c not in done:
+                done.add(c)
+                for kk, var in enumerate(self.x[c]):
+                    model.add_hint(var, kk == k)
+
+    def decode(self, solver: cp_model.CpSolver) -> tuple[int, ...]:
+        picked = {c: next(k for k, v in enumerate(xs) if solver.value(v))
+                  for c, xs in self.x.items()}
+        return tuple(picked[c] for c in self.tie)
+
+
+def _memory(model: cp_model.CpModel, x: _Choice, terms: MemoryTerms, arrays: _Arrays,
+            top: int) -> tuple[Any, list[Any]]:
+    """(C2)'s two parts: the resident bytes of every op, as one variable (so that each op's
+    constraint stays short), and per distinct op the running op's working bytes plus the
+    live activations (tied layers repeat the same expression: it is given once)."""
+    resident = model.new_int_var(0, top, "resident")
+    cold: dict[tuple[int, int], int] = {}
+    for i in range(len(arrays.cold)):
+        x.add(cold, arrays.cold[i], i)
+    model.add(resident == x.expr(cold))
+    working, stated = [], set()
+    for i in range(len(arrays.cold)):
+        at: dict[tuple[int, int], int] = {}
+        x.add(at, arrays.extra[i], i)
+        for j in (*terms.live_after[i], *terms.dying_inputs[i]):
+            x.add(at, arrays.out[j], j)
+        key = frozenset(at.items())
+        if key not in stated:
+            stated.add(key)
+            working.append(x.expr(at))
+    return resident, working
+
+
 def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
-                edges: list[Edge], cap: int, hint: list[int] | None):
+                edges: list[Edge], cap: int, hint: Sequence[int] | None,
+                tie: Sequence[int] | None = None) -> tuple[cp_model.CpModel, _Choice]:
+    """The CP-SAT model of (C1)-(C3) and the objective; with ``tie`` (a class per op,
+    `tie.py`) the ops of a class share their choice, their equal edges share their pair
+    variables and equal memory constraints are stated once."""
     model = cp_model.CpModel()
-    x = [[model.new_bool_var(f"x[{i},{p}]") for p in range(len(front))]
-         for i, front in enumerate(fronts)]
-    # (C1) one plan per op
-    for xs in x:
-        model.add_exactly_one(xs)
-
-    def term(values: np.ndarray, i: int):
-        return sum(int(v) * x[i][k] for k, v in enumerate(values) if v)
-
-    # (C2) resident weights + the running op + live activations fit the SRAM at every op; the
-    # resident bytes are one variable, so each op's constraint stays short
-    resident = model.new_int_var(0, cap, "resident")
-    model.add(resident == sum(term(arrays.cold[i], i) for i in range(len(fronts))))
+    x = _Choice(model, fronts, tie if tie is not None else range(len(fronts)))
+    # (C2) resident weights + the running op + live activations fit the SRAM at every op
+    resident, working = _memory(model, x, terms, arrays, cap)
+    for w in working:
+        model.add(resident + w <= cap)
+    # (C3) re-layout between a producer's plan and its consumer's, over classes of plans
+    # with the same costs on this edge (a plan and its warm-up twin have the same layout):
+    # the same marginal linearisation, with fewer pairs; edges between the same tie classes
+    # with the same costs share their pair variables, their cost counted once per edge
+    objective: dict[tuple[int, int], int] = {}
     for i in range(len(fronts)):
-        live = sum(term(arrays.out[j], j)
-                   for j in (*terms.live_after[i], *terms.dying_inputs[i]))
-        model.add(resident + term(arrays.extra[i], i) + live <= cap)
-    # (C3) re-layout between a producer's plan and its consumer's
-    transitions: list[Any] = []  # CP-SAT linear terms
-    for n, e in enumerate(edges):
+        x.add(objective, arrays.cycles[i], i)
+    shared: dict[tuple, int] = {}
+    alike: list[Edge] = []
+    for e in edges:
         if all(r == 0 for row in e.cost for r in row):
             continue
-        # no variable for a pair that is not allowed: the marginals then forbid it
-        y: list[list[Any]] = [[model.new_bool_var(f"y[{n},{p},{q}]") if r is not None else None
-                               for q, r in enumerate(row)] for p, row in enumerate(e.cost)]
-        for p, row in enumerate(y):
-            model.add(sum(v for v in row if v is not None) == x[e.src][p])
-        for q in range(len(e.cost[0])):
-            model.add(sum(y[p][q] for p in range(len(y)) if y[p][q] is not None)
-                      == x[e.dst][q])
-        transitions.extend(r * y[p][q] for p, row in enumerate(e.cost)
-                           for q, r in enumerate(row) if r)
-    model.minimize(sum(term(arrays.cycles[i], i) for i in range(len(fronts)))
-                   + sum(transitions))
+        key = (x.tie[e.src], x.tie[e.dst], e.cost)
+        if key not in shared:
+            shared[key] = 0
+            alike.append(e)
+        shared[key] += 1
+    pair_vars: list[Any] = []
+    pair_costs: list[int] = []
+    for n, e in enumerate(alike):
+        rows = _classes(list(e.cost))
+        cols = _classes(list(zip(*e.cost)))
+        # cost[p][q] is the same for every p of a row class and q of a column class; no
+        # variable for a pair that is not allowed (None): the marginals then forbid it
+        pair = [[e.cost[r[0]][c[0]] for c in cols] for r in rows]
+        y: list[list[Any]] = [[model.new_bool_var(f"y[{n},{a},{b}]") if r is not None else None
+                               for b, r in enumerate(row)] for a, row in enumerate(pair)]
+        src, dst = x.x[x.tie[e.src]], x.x[x.tie[e.dst]]
+        for a, members in enumerate(rows):
+            model.add(sum(v for v in y[a] if v is not None) == sum(src[p] for p in members))
+        for b, members in enumerate(cols):
+            model.add(sum(y[a][b] for a in range(len(rows)) if y[a][b] is not None)
+                      == sum(dst[q] for q in members))
+        times = shared[x.tie[e.src], x.tie[e.dst], e.cost]
+        for a, row in enumerate(pair):
+            for b, r in enumerate(row):
+                if r:
+                    pair_vars.append(y[a][b])
+                    pair_costs.append(times * r)
+    model.minimize(x.expr(objective) + cp_model.LinearExpr.weighted_sum(pair_vars, pair_costs))
     if hint is not None:
-        for i, k in enumerate(hint):
-            for kk, var in enumerate(x[i]):
-                model.add_hint(var, kk == k)
+        x.hint(model, hint)
     return model, x
 
 
@@ -246,19 +364,69 @@ def solve_model(model: cp_model.CpModel, opts: SolverOptions,
     return solver, status
 
 
-def decode(solver: cp_model.CpSolver, status: cp_model.CpSolverStatus, x: list[list[Any]]
-           ) -> tuple[int, ...] | None:
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+def _window(progress: Progress | None, offset: int, whole: int, last: bool
+            ) -> Progress | None:
+    """A solve's progress shown as the part of one display that starts at ``offset`` of
+    ``whole`` (thousandths of a deterministic second): the tied solve, then the full one.
+    Only the ``last`` solve's end is the display's end; the tied solve's end (at its limit,
+    past the time it used) is not shown, so the display never goes back."""
+    if progress is None:
         return None
-    return tuple(next(k for k, v in enumerate(xs) if solver.value(v)) for xs in x)
+    shown = progress
+
+    def report(stage: str, done: int, total: int) -> None:
+        if done >= total:
+            if last:
+                shown(stage, whole, whole)
+            return
+        shown(stage, min(offset + done, whole - 1), whole)
+    return report
 
 
 def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
                  edges: list[Edge], sram_bytes: int, opts: SolverOptions,
-                 progress: Progress | None = None) -> tuple[SolverResult | None, str]:
-    """Choose one plan per op; returns the result (None when nothing fits) and the status."""
+                 progress: Progress | None = None,
+                 starts: Sequence[tuple[int, ...]] = ()) -> tuple[SolverResult | None, str]:
+    """Choose one plan per op; returns the result (None when nothing fits) and the status.
+
+    ``starts`` are known choices (the baselines' own, mapped into these fronts): the best of
+    them and the greedy's is CP-SAT's hint, and the result is never worse than any of them.
+    Where ops tie (repeated layers, `tie.py`), the tied model is solved first, within a share
+    of the deterministic limit, and its choice joins the starts of the full model, which has
+    the rest of the limit."""
     start = time.perf_counter()
     terms = liveness(graph)
+    key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
+           sram_bytes, opts, tuple(map(tuple, starts)))
+    if key in _SOLVED:  # the same model again (a baseline's, solved inside t10's compile)
+        if progress:  # shown as a solve that ends at once
+            whole = 1 if opts.planner == "greedy" else max(int(opts.time_limit_s * 1000), 1)
+            progress("solve", 0, whole)
+            progress("solve", whole, whole)
+        result, name = _SOLVED[key]
+        wall = time.perf_counter() - start
+        if result is None:
+            return None, name
+        return dataclasses.replace(result, wall_s=wall, deterministic_s=0.0), name
+    if len(_SOLVED) >= _SOLVED_LIMIT:
+        _SOLVED.clear()
+    _SOLVED[key] = _choose(terms, fronts, relayout_in, edges, sram_bytes, opts, progress,
+                           starts, start)
+    return _SOLVED[key]
+
+
+#: whole-graph choices made in this process, by everything the choice depends on: a t10
+#: compile solves each baseline's own model (`partition.plan_graph`), and `t10c bench`,
+#: `compare` and `sweep` then compile those baselines; a solve is deterministic (its only
+#: limit is deterministic time), so a repeat is a look-up that gives the same choice
+_SOLVED: dict[tuple, tuple[SolverResult | None, str]] = {}
+_SOLVED_LIMIT = 16
+
+
+def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
+            edges: list[Edge], sram_bytes: int, opts: SolverOptions, progress: Progress | None,
+            starts: Sequence[tuple[int, ...]], start: float) -> tuple[SolverResult | None, str]:
+    """`choose_plans` without its memory of earlier solves."""
     arrays = _Arrays(fronts, relayout_in)
     cap = int(sram_bytes * (1 - opts.reserve_fraction))
     # the greedy walks each op's own front: neither warm-up twins nor aligned plans
@@ -266,29 +434,55 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
             for f in fronts]
     warm = greedy(terms, arrays, cap, base)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
+    known = [tuple(warm)] if warm is not None else []
+    for s in starts:
+        # a start chosen under the same memory terms fits here too; checked, not assumed
+        if (memory_use(terms, arrays, s) <= cap).all():
+            known.append(tuple(s))
+
+    def best_known() -> tuple[tuple[int, ...] | None, int | None]:
+        if not known:
+            return None, None
+        c = min(known, key=lambda c: objective(arrays, edges, c))
+        return c, objective(arrays, edges, c)
+
+    best, best_obj = best_known()
     if opts.planner == "greedy":
         if progress:  # the greedy is the whole choice: it starts and ends at once
             progress("solve", 1, 1)
-        if warm is None:
+        if best is None or best_obj is None:
             return None, "INFEASIBLE"
-        assert warm_obj is not None
-        return SolverResult(tuple(warm), "FEASIBLE", warm_obj, 0, time.perf_counter() - start,
+        return SolverResult(best, "FEASIBLE", best_obj, 0, time.perf_counter() - start,
                             warm_obj), "FEASIBLE"
-    model, x = build_model(terms, fronts, arrays, edges, cap, warm)
-    solver, status = solve_model(model, opts, progress)
+    whole = max(int(opts.time_limit_s * 1000), 1)
+    used = 0.0
+    tie = tie_classes(fronts, [a.tolist() for a in arrays.cycles],
+                      [(e.src, e.dst, e.slot, e.cost) for e in edges])
+    if len(set(tie)) < len(tie):
+        share = dataclasses.replace(opts, time_limit_s=opts.time_limit_s * TIED_SHARE)
+        model, x = build_model(terms, fronts, arrays, edges, cap, best, tie)
+        solver, status = solve_model(model, share, _window(progress, 0, whole, False))
+        used = float(solver.deterministic_time)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            known.append(x.decode(solver))  # fits: it is checked against every op's (C2)
+            best, best_obj = best_known()
+    rest = dataclasses.replace(opts, time_limit_s=max(opts.time_limit_s - used, 0.001))
+    model, x = build_model(terms, fronts, arrays, edges, cap, best)
+    solver, status = solve_model(model, rest, _window(progress, int(used * 1000), whole, True))
+    used += float(solver.deterministic_time)
     name = solver.status_name(status)
-    choice = decode(solver, status, x)
+    choice = x.decode(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     wall = time.perf_counter() - start
     if choice is None:
-        if warm is None or warm_obj is None:
+        if best is None or best_obj is None:
             return None, name
-        return SolverResult(tuple(warm), "FEASIBLE", warm_obj, int(solver.best_objective_bound),
-                            wall, warm_obj), name
+        return SolverResult(best, "FEASIBLE", best_obj, int(solver.best_objective_bound),
+                            wall, warm_obj, used), name
     value = objective(arrays, edges, choice)
-    if warm is not None and warm_obj is not None and warm_obj < value:
-        choice, value = tuple(warm), warm_obj
+    if best is not None and best_obj is not None and best_obj < value:
+        choice, value = best, best_obj
     bound = min(int(round(solver.best_objective_bound)), value)
-    return SolverResult(tuple(choice), name, value, bound, wall, warm_obj), name
+    return SolverResult(tuple(choice), name, value, bound, wall, warm_obj, used), name
 
 
 @dataclass(frozen=True)
@@ -313,35 +507,22 @@ def least_peak(graph: Graph, fronts: list[list[OpPlan]], opts: SolverOptions,
     terms = liveness(graph)
     arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
     model = cp_model.CpModel()
-    x = [[model.new_bool_var(f"x[{i},{p}]") for p in range(len(front))]
-         for i, front in enumerate(fronts)]
-    for xs in x:
-        model.add_exactly_one(xs)
-
-    def term(values: np.ndarray, i: int):
-        return sum(int(v) * x[i][k] for k, v in enumerate(values) if v)
-
+    x = _Choice(model, fronts, range(len(fronts)))
     top = int(sum(int(a.max()) for a in arrays.cold) + max(int(a.max()) for a in arrays.extra)
               + sum(int(a.max()) for a in arrays.out))
     peak = model.new_int_var(0, top, "peak")
-    resident = model.new_int_var(0, top, "resident")
-    model.add(resident == sum(term(arrays.cold[i], i) for i in range(len(fronts))))
-    for i in range(len(fronts)):
-        live = sum(term(arrays.out[j], j)
-                   for j in (*terms.live_after[i], *terms.dying_inputs[i]))
-        model.add(resident + term(arrays.extra[i], i) + live <= peak)
+    resident, working = _memory(model, x, terms, arrays, top)
+    for w in working:
+        model.add(resident + w <= peak)
     model.minimize(peak)
     # hint: every op's least resident plan
-    for i, a in enumerate(arrays.cold):
-        k = int(np.argmin(a))
-        for kk, var in enumerate(x[i]):
-            model.add_hint(var, kk == k)
+    x.hint(model, [int(np.argmin(a)) for a in arrays.cold])
     solver = cp_model.CpSolver()
     cpsat.configure(solver, opts.time_limit_s, opts.workers, opts.seed)
     status = cpsat.run(solver, model, progress, "solve")
-    choice = decode(solver, status, x)
-    if choice is None:
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
+    choice = x.decode(solver)
     use = memory_use(terms, arrays, choice)
     at = int(np.argmax(use))
     around = (*terms.live_after[at], *terms.dying_inputs[at])

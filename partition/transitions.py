@@ -40,7 +40,7 @@ from t10c.chips import Chip
 from t10c.ir import Graph, map_to_root
 
 from .collectives import scatter_of
-from .cost import element_bytes
+from .cost import element_bytes, idle_cores
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
 
@@ -270,11 +270,15 @@ def barrier_cycles(chip: Chip) -> int:
     return chip.sync_cycles + (0 if chip.is_mesh else chip.hop_latency_cycles)
 
 
-def fetches(graph: Graph, i: int, plan: OpPlan) -> bool:
-    """Whether plan ``plan`` of op ``i`` warms its weights up before it runs: that fetch has
-    a barrier of its own (`cost.plan_cost`), which codegen shares with the re-layout."""
-    return plan.home and any(graph.root(o.tensor) in graph.constants
-                             for o in graph.ops[i].inputs)
+def fetches(graph: Graph, i: int, plan: OpPlan, chip: Chip) -> bool:
+    """Whether plan ``plan`` of op ``i`` fetches weights before it runs (it warms its weights
+    up, or its epilogue reads one: `cost.epilogue_cost`): that fetch has a barrier of its own
+    (`cost.plan_cost`), which codegen shares with the re-layout."""
+    op = graph.ops[i]
+    if len(idle_cores(chip)) > 1 and op.epilogue is not None and \
+            any(graph.root(o.tensor) in graph.constants for o in op.extra):
+        return True
+    return plan.home and any(graph.root(o.tensor) in graph.constants for o in op.inputs)
 
 
 def _transfer(chip: Chip, nbytes: int) -> int:
@@ -322,7 +326,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     # tile once per consumer core that reads each element (the operand's replication)
     fanout = [replication(op, slot, q) for q in consumer]
     # a consumer plan that warms its weights up has paid the barrier (not the latency)
-    shared = [fetches(graph, i, q) and not chip.is_mesh for q in consumer]
+    shared = [fetches(graph, i, q, chip) and not chip.is_mesh for q in consumer]
     barrier = barrier_cycles(chip)
     rows = []
     for p, at in zip(producer, have_index):
@@ -383,7 +387,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
         most = int(received.max(initial=0))
         if chip.is_mesh:
             out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
-        elif fetches(graph, i, plans[i]):
+        elif fetches(graph, i, plans[i], chip):
             out.append(chip.transfer_cycles(most))
         else:
             out.append(chip.sync_cycles + chip.transfer_cycles(most) if most else 0)

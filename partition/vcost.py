@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.costs import body_ops
+from t10c.costs import body_ops, prologue_ops
 from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
@@ -112,7 +112,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     steps = math.prod(tpl.T)
 
     if is_contraction(op):
-        a_set, b_set = (set(x.axis_set) for x in op.inputs)
+        a_set, b_set = (set(x.axis_set) for x in op.inputs[:2])
         out_set = set(op.output.axes)
         m = k = nn = batch = ones
         for j, a in enumerate(axes):
@@ -128,6 +128,12 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         macs = batch * m * (ceil_div(k, uk) * uk) * (ceil_div(nn, un) * un)
         per_step = chip.compute_overhead_cycles + ceil_div(
             macs, chip.matmul_macs_per_cycle[dtype])
+        for slot, _ in op.prologue:  # `costs.prologue_cycles`
+            work = sum((np.prod(u[:, [axes.index(a) for a in on]], axis=1) * ops
+                        for s, (on, ops) in prologue_ops(op) if s == slot),
+                       np.zeros(n, dtype=np.int64))
+            per_step = per_step + chip.compute_overhead_cycles + ceil_div(
+                work, chip.vector_ops_per_cycle[dtype])
     elif op.body[0] == "take":  # `costs.compute_cycles`: one lookup per output point
         points = np.prod(u[:, [axes.index(a) for a in op.output.axes]], axis=1)
         per_step = chip.compute_overhead_cycles + ceil_div(
@@ -179,20 +185,24 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         shift = shift + step(homing)
         sync = sync + np.where(home > 0, chip.sync_cycles, 0)
 
-    fetched = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
-                  np.zeros(n, dtype=np.int64))
+    red = [j for j, a in enumerate(axes) if a not in op.output.axes]
+    group = np.prod(F[:, red], axis=1) if red else ones
+    out_axis = rot_axis[out_index]
+    if out_axis is not None:
+        group = group // tpl.T[out_axis]
+    share = np.where(group > 1, ceil_div(elems[out_index], group), elems[out_index])
+    epi = epilogue_cost(op, share, chip, dtype, int_tensors, const_tensors, shapes)
+    fetched = ones * epi.fetched
     if weights_home:
+        fetched = fetched + sum((tile_bytes[i] for i, o in enumerate(op.inputs)
+                                 if o.tensor in const_tensors), np.zeros(n, dtype=np.int64))
+    if fetched.any():
         if mesh:
             shift = shift + np.asarray([exchange_estimate(chip, int(x)) for x in fetched])
         else:
             shift = shift + _transfer(chip, fetched)
         sync = sync + np.where(fetched > 0, chip.sync_cycles, 0)
 
-    red = [j for j, a in enumerate(axes) if a not in op.output.axes]
-    group = np.prod(F[:, red], axis=1) if red else ones
-    out_axis = rot_axis[out_index]
-    if out_axis is not None:
-        group = group // tpl.T[out_axis]
     out_elem = element_bytes(op, out_index, dtype, int_tensors)
     chunk = ceil_div(elems[out_index], group)
     chunk_bytes = np.where(group > 1, chunk * out_elem, 0)
@@ -215,11 +225,10 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     else:
         moving = _transfer(chip, (group - 1) * chunk * out_elem)
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
+    if homing:  # codegen: a reduce-scatter shares the restore shift's superstep (one barrier)
+        reduce = reduce - np.where((group > 1) & (home > 0), chip.sync_cycles, 0)
     out_bytes = np.where(group > 1, chunk_bytes, tile_bytes[out_index])
-    share = np.where(group > 1, chunk, elems[out_index])
-    epi_compute, _, epi_hot, epi_cold = epilogue_cost(op, share, chip, dtype, int_tensors,
-                                                      const_tensors)
-    compute = compute + epi_compute
+    compute = compute + epi.compute
 
     cold = sum((tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors),
                np.zeros(n, dtype=np.int64))
@@ -227,11 +236,11 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
                                 np.zeros(n, dtype=np.int64))
     hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + first * out_elem),
                    hot)
-    hot = hot + epi_hot
+    hot = hot + epi.hot
     if weights_home:
         cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
         hot = hot + cold
-    cold = cold + epi_cold
+    cold = cold + epi.cold
     fed = np.prod(F, axis=1) * sum((tile_bytes[i] for i, o in enumerate(op.inputs)
                                     if o.tensor not in const_tensors),
                                    np.zeros(n, dtype=np.int64))

@@ -13,7 +13,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from t10c.chips import PRESETS
 from t10c.models import ALIASES, ZOO_NAMES, is_zoo_name
@@ -127,9 +127,12 @@ def strategy_arg(text: str) -> str:
         f"{', '.join(STRATEGIES)}")
 
 
-def list_of(item: Callable[[str], str]) -> Callable[[str], list[str]]:
+T = TypeVar("T")
+
+
+def list_of(item: Callable[[str], T]) -> Callable[[str], list[T]]:
     """An argparse type: a comma-separated list, every element checked by ``item``."""
-    def parse(text: str) -> list[str]:
+    def parse(text: str) -> list[T]:
         parts = [p.strip() for p in text.split(",")]
         if not all(parts):
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
@@ -176,14 +179,19 @@ def _check_parent(path: Path) -> None:
         raise argparse.ArgumentTypeError(f"directory {parent} is not writable")
 
 
-def model_args(p: argparse.ArgumentParser) -> None:
+def model_args(p: argparse.ArgumentParser, batches: bool = False) -> None:
     """The options that size a model and prune the per-op search (compile, explain, compare,
-    bench, mesh-compare)."""
+    bench, mesh-compare); with ``batches``, ``--batch`` takes a list (bench: a row each)."""
     p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
                    help="storage dtype for memory, timing and numerics (default: fp16)")
     p.add_argument("--seq-len", type=int_at_least(1),
                    help="sequence length of zoo transformers (128)")
-    p.add_argument("--batch", type=int_at_least(1), help="batch size of zoo models")
+    if batches:
+        p.add_argument("--batch", type=list_of(int_at_least(1)), metavar="B[,B...]",
+                       help="batch sizes of zoo models, comma-separated: a row each, and the "
+                            "largest that fits under each strategy")
+    else:
+        p.add_argument("--batch", type=int_at_least(1), help="batch size of zoo models")
     p.add_argument("--shape", type=shape_arg, action="append", default=[],
                    metavar="NAME=DxD", help="pin a dynamic input shape (repeatable)")
     d = SearchOptions()

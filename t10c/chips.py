@@ -74,6 +74,16 @@ class Chip:
     overlap: bool = False
     #: routes (Cerebras "colours") a core's router can hold at once; 0 for no limit
     routes_per_core: int = 0
+    #: off-chip memory (DRAM) capacity in bytes; 0 for none (every tensor lives in SRAM)
+    dram_bytes: int = 0
+    #: DRAM bandwidth in bytes per cycle: "edge", of the whole chip (its channels together);
+    #: "stacked", of each core's own bank
+    dram_bytes_per_cycle: int = 0
+    #: cycles from a DMA request to its first bytes (the DRAM access, before any network hop)
+    dram_latency_cycles: int = 0
+    #: how the DRAM attaches: "edge" (GDDR/HBM channels at the chip's edge, reached over the
+    #: on-chip network) or "stacked" (a 3D-stacked bank under every core)
+    dram_attach: str = ""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -102,6 +112,43 @@ class Chip:
         if self.topology == "torus2d":
             dy, dx = np.minimum(dy, self.rows - dy), np.minimum(dx, self.cols - dx)
         return dy + dx
+
+    @property
+    def has_dram(self) -> bool:
+        """Whether tensors that do not fit SRAM can live off chip."""
+        return self.dram_bytes > 0
+
+    @property
+    def dram_edge_hops(self) -> int:
+        """Hops from an edge DRAM channel to the farthest core (mesh and torus: the largest
+        distance of a core to the grid's border, plus the hop onto the grid; all-to-all: one
+        exchange hop); 0 for stacked DRAM, which sits under every core."""
+        if self.dram_attach != "edge":
+            return 0
+        if not self.is_mesh:
+            return 1
+        return 1 + min((self.rows - 1) // 2, (self.cols - 1) // 2)
+
+    @property
+    def dram_peak_bytes_per_cycle(self) -> int:
+        """The chip's whole DRAM bandwidth, bytes per cycle (stacked: every bank at once)."""
+        if self.dram_attach == "stacked":
+            return self.dram_bytes_per_cycle * self.cores
+        return self.dram_bytes_per_cycle
+
+    def dram_cycles(self, total_bytes: int, max_core_bytes: int) -> int:
+        """Cycles of one DMA load of ``total_bytes`` in all, at most ``max_core_bytes`` into
+        one core. Edge: the latency, the hops to the farthest core, and the larger of the
+        channels' time for everything and the core's one link for its share. Stacked: the
+        latency and each bank's time for its own core's share (banks work in parallel)."""
+        if total_bytes <= 0:
+            return 0
+        if self.dram_attach == "stacked":
+            return self.dram_latency_cycles + ceil_div(max_core_bytes,
+                                                       self.dram_bytes_per_cycle)
+        return (self.dram_latency_cycles + self.hop_latency_cycles * self.dram_edge_hops
+                + max(ceil_div(total_bytes, self.dram_bytes_per_cycle),
+                      ceil_div(max_core_bytes, self.link_bytes_per_cycle)))
 
     @property
     def total_sram_bytes(self) -> int:
@@ -138,6 +185,13 @@ _ASSUMED = "t10c modelling assumption (approximate)"
 _WSE_SRC = "Cerebras SDK documentation (sdk.cerebras.net); WaferLLM (OSDI 2025)"
 _WSE3_SRC = "Cerebras WSE-3 announcement (cerebras.ai, 2024); WaferLLM repository"
 _TT_SRC = "docs.tenstorrent.com; tt-isa-documentation (github.com/tenstorrent)"
+_TT_N150_SRC = ("Tenstorrent Wormhole n150 product page (tenstorrent.com); docs.tenstorrent.com "
+                "tt-vscode-toolkit version-compat: \"N150 (Single Chip) - DRAM: 12GB\"")
+_TT_P150_SRC = ("Tenstorrent Blackhole p150 product page (tenstorrent.com); docs.tenstorrent.com "
+                "tt-system-firmware, Blackhole overview: \"8 GDDR6 channels\", \"32 GB of "
+                "on-board GDDR6 memory\"")
+_VOXEL_SRC = ("Voxel, 'Exploring the Efficiency of 3D-Stacked AI Chip Architecture for LLM "
+              "Inference' (arXiv 2604.26821, 2026), default configuration")
 
 PRESETS: dict[str, Chip] = {
     "ipu-mk2": Chip(
@@ -224,9 +278,16 @@ PRESETS: dict[str, Chip] = {
                        "(" + _TT_SRC + ")",
             "vector_ops_per_cycle": _ASSUMED, "compute_overhead_cycles": _ASSUMED,
             "sync_cycles": _ASSUMED,
-            "topology": "two 2D-torus NoCs (" + _TT_SRC + "); t10c models one; the 12 GB of "
-                        "GDDR6 are not modelled yet",
+            "topology": "two 2D-torus NoCs (" + _TT_SRC + "); t10c models one",
+            "dram_bytes": "12 GB of GDDR6 on the n150 board (" + _TT_N150_SRC + ")",
+            "dram_bytes_per_cycle": "288 GB/s of GDDR6 bandwidth (" + _TT_N150_SRC
+                                    + ") at the 1 GHz clock",
+            "dram_attach": "GDDR6 channels on the NoC's edge, reached over the NoC ("
+                           + _TT_SRC + ")",
+            "dram_latency_cycles": "about 400 cycles of GDDR6 access; " + _ASSUMED,
         },
+        dram_bytes=12 * 1024 ** 3, dram_bytes_per_cycle=288, dram_latency_cycles=400,
+        dram_attach="edge",
     ),
 }
 
@@ -260,10 +321,54 @@ PRESETS["blackhole-p150"] = dataclasses.replace(
         "link_bytes_per_cycle": "64 B flits per cycle per NoC link (" + _TT_SRC + ")",
         "matmul_macs_per_cycle": "per-core rate as Wormhole's; " + _ASSUMED,
         "hop_latency_cycles": "as Wormhole; " + _ASSUMED,
-        "topology": "2D torus (" + _TT_SRC + "); the GDDR6 is not modelled yet",
+        "topology": "2D torus (" + _TT_SRC + ")",
+        "dram_bytes": "32 GB of GDDR6 (" + _TT_P150_SRC + ")",
+        "dram_bytes_per_cycle": "512 GB/s of GDDR6 bandwidth (" + _TT_P150_SRC + ") at the "
+                                "1.35 GHz clock is 379.3 B/cycle, rounded down",
+        "dram_attach": "8 GDDR6 channels on the NoC's edge (" + _TT_P150_SRC + ")",
+    },
+    dram_bytes=32 * 1024 ** 3, dram_bytes_per_cycle=379)
+
+# A 3D-stacked chip after Voxel's defaults: a DRAM bank under every core
+PRESETS["voxel-3d"] = Chip(
+    name="voxel-3d",
+    description="A 3D-stacked chip after Voxel's defaults: 256 cores on a 2D mesh, 2 MB SRAM "
+                "each, a DRAM bank under every core",
+    cores=256, topology="mesh2d", grid=(16, 16),
+    sram_bytes_per_core=2 * 1024 * 1024, clock_hz=1.0e9,
+    matmul_macs_per_cycle={"fp16": 512, "fp32": 128}, matmul_unit=(32, 32),
+    vector_ops_per_cycle={"fp16": 64, "fp32": 32}, compute_overhead_cycles=64,
+    link_bytes_per_cycle=16, hop_latency_cycles=4, sync_cycles=200, overlap=True,
+    dram_bytes=256 * 64 * 1024 ** 2, dram_bytes_per_cycle=32, dram_latency_cycles=100,
+    dram_attach="stacked",
+    sources={
+        "cores": _VOXEL_SRC + " (256 cores; t10c arranges them 16 x 16)",
+        "grid": "16 x 16; " + _ASSUMED, "topology": "2D mesh NoC (" + _VOXEL_SRC + ")",
+        "sram_bytes_per_core": "2 MB of SRAM per core (" + _VOXEL_SRC + ")",
+        "link_bytes_per_cycle": "16 B/cycle per mesh link (" + _VOXEL_SRC + ")",
+        "dram_bytes_per_cycle": "32 B/cycle of stacked DRAM per core (" + _VOXEL_SRC + ")",
+        "dram_attach": "a DRAM bank stacked on every core through TSVs (" + _VOXEL_SRC + ")",
+        "dram_bytes": "64 MiB per bank; " + _ASSUMED,
+        "dram_latency_cycles": _ASSUMED, "clock_hz": "1 GHz; " + _ASSUMED,
+        "matmul_macs_per_cycle": "a Tensix-like core (as wormhole-n150); " + _ASSUMED,
+        "matmul_unit": _ASSUMED, "vector_ops_per_cycle": _ASSUMED,
+        "compute_overhead_cycles": _ASSUMED, "hop_latency_cycles": _ASSUMED,
+        "sync_cycles": _ASSUMED, "overlap": "DMA engines and NoC beside the compute; "
+                                            + _ASSUMED,
     })
+
+# A small chip with edge DRAM, for functional runs and tests of the DRAM path
+PRESETS["test64-dram"] = dataclasses.replace(
+    PRESETS["test16"], name="test64-dram",
+    description="A 64-core all-to-all test chip with 256 KiB per core and 64 MiB of edge DRAM",
+    cores=64, grid=(8, 8), sram_bytes_per_core=256 * 1024, dram_bytes=64 * 1024 ** 2,
+    dram_bytes_per_cycle=64, dram_latency_cycles=100, dram_attach="edge",
+    sources={"*": "t10c test chip: test16's rates; 16 MiB of SRAM in all, so that "
+                  "llama-tiny's 16.4 MiB of fp16 weights cannot all be resident; the DRAM "
+                  "figures are chosen for tests"})
 PRESETS = {name: PRESETS[name] for name in ("ipu-mk2", "test16", "wse2", "wse3",
-                                            "wormhole-n150", "blackhole-p150")}
+                                            "wormhole-n150", "blackhole-p150", "voxel-3d",
+                                            "test64-dram")}
 
 _FIELD_TYPES: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Chip)}  # type: ignore
 _OPTIONAL = {f.name for f in dataclasses.fields(Chip) if f.default is not dataclasses.MISSING
@@ -276,10 +381,13 @@ MAX_CHIP_FILE_BYTES = 1 << 20
 #: integer fields and their least legal value (0 where zero means "none" or "free")
 _INT_FIELDS = {"cores": 1, "sram_bytes_per_core": 1, "link_bytes_per_cycle": 1,
                "compute_overhead_cycles": 0, "hop_latency_cycles": 0, "sync_cycles": 0,
-               "routes_per_core": 0}
+               "routes_per_core": 0, "dram_bytes_per_cycle": 0, "dram_latency_cycles": 0}
 #: the largest integer any field takes: far beyond every real chip, and small enough that
 #: products such as cores x SRAM stay inside the int64 arithmetic of the planner and emulator
 _INT_MAX = 2**31 - 1
+#: the largest DRAM capacity a chip file may give (1 PiB: beyond any board)
+_DRAM_MAX = 2**50
+ATTACHMENTS = ("edge", "stacked")
 
 
 def load_chip(spec: str) -> Chip:
@@ -411,8 +519,34 @@ def _check_values(v: dict[str, Any]) -> list[str]:
             and len(grid) == 2 and all(_is_int(x) for x in grid) and _is_int(cores)
             and math.prod(grid) != cores):
         errors.append(f"grid: {list(grid)} has {math.prod(grid)} cores but cores = {cores}")
+    errors.extend(_check_dram(v))
     if not isinstance(v.get("overlap", False), bool):
         errors.append(f"overlap: expected true or false, got {v['overlap']!r}")
+    return errors
+
+
+def _check_dram(v: dict[str, Any]) -> list[str]:
+    """The off-chip memory fields: all unset (no DRAM), or a capacity with a bandwidth and
+    an attachment."""
+    errors = []
+    size = v.get("dram_bytes", 0)
+    if not (isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= _DRAM_MAX):
+        return [f"dram_bytes: expected an integer from 0 (no DRAM) to {_DRAM_MAX}, got {size!r}"]
+    attach = v.get("dram_attach", "")
+    rate = v.get("dram_bytes_per_cycle", 0)
+    if size == 0:
+        given = [k for k in ("dram_bytes_per_cycle", "dram_latency_cycles", "dram_attach")
+                 if v.get(k) not in (None, 0, "")]
+        if given:
+            errors.append(f"{', '.join(given)}: set for a chip without DRAM; give dram_bytes "
+                          "(the capacity) too, or remove them")
+        return errors
+    if attach not in ATTACHMENTS:
+        errors.append(f"dram_attach: {attach!r} is not one of {', '.join(ATTACHMENTS)} "
+                      "(required with dram_bytes)")
+    if _is_int(rate) and rate < 1:
+        errors.append("dram_bytes_per_cycle: a chip with DRAM needs a bandwidth of at least 1 "
+                      "byte per cycle")
     return errors
 
 
@@ -433,4 +567,19 @@ def describe(chip: Chip) -> list[tuple[str, str]]:
                   f"cycle{'s' if chip.hop_latency_cycles != 1 else ''} per hop, "
                   f"sync {chip.sync_cycles} cycles"),
         ("compute/transfer overlap", "yes" if chip.overlap else "no"),
+        ("off-chip memory", _describe_dram(chip)),
     ]
+
+
+def _describe_dram(chip: Chip) -> str:
+    if not chip.has_dram:
+        return "none (every tensor lives in SRAM)"
+    rate = chip.dram_bytes_per_cycle * chip.clock_hz / 1e9
+    where = (f"edge channels, {chip.dram_bytes_per_cycle} B/cycle ({rate:.0f} GB/s) in all"
+             if chip.dram_attach == "edge" else
+             f"stacked, {chip.dram_bytes_per_cycle} B/cycle ({rate:.0f} GB/s) per core, "
+             f"{chip.dram_peak_bytes_per_cycle * chip.clock_hz / 1e12:.1f} TB/s in all")
+    size = (f"{chip.dram_bytes / 1024 ** 3:.1f} GiB" if chip.dram_bytes >= 1024 ** 3
+            else f"{chip.dram_bytes / 1024 ** 2:.0f} MiB")
+    return (f"{size}, {where}, latency "
+            f"{chip.dram_latency_cycles} cycles")

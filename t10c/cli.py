@@ -77,10 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --run or --timing-only, write the timeline as a Chrome trace "
                         "(Perfetto opens it)")
     model_args(c)
-    c.add_argument("--fuse", choices=("all", "inline", "none"), default="all",
+    c.add_argument("--fuse", choices=("all", "prologues", "best", "inline", "none"),
+                   default="all",
                    help="all (default): elementwise chains inlined and elementwise consumers "
                         "folded into the matmul or reduction before them as epilogues; "
-                        "inline: no epilogues; none: no fusion, one op per lowered node")
+                        "prologues: also Softmax's and LayerNorm's tails folded into the "
+                        "matmuls that read them; best: whichever of all and prologues the "
+                        "planner predicts faster (compiles twice); inline: no epilogues; none: "
+                        "no fusion, one op per lowered node")
     c.add_argument("--no-fuse", dest="fuse", action="store_const", const="none",
                    help="the same as --fuse none")
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")
@@ -152,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--timing-only", action="store_true",
                    help="time every plan without data (no onnxruntime check): for models too "
                         "large to emulate functionally, such as bert-large at batch 8")
-    model_args(b)
+    model_args(b, batches=True)
 
     sw = sub.add_parser("sweep", help="a design-space sweep: models x chip fields x strategies",
                         description="Compile every point of SPEC's grid (see t10c/sweep.py "
@@ -182,10 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="KxN", help="the decode GEMV, one row (default: 4096x4096)")
     mc.add_argument("--model", type=model_arg, default="bert-base",
                     help="the whole model (default: bert-base)")
-    mc.add_argument("--decode", type=model_arg, default="llama3-8b-decode",
-                    help="a decode step, its row in tokens/s (default: llama3-8b-decode)")
-    mc.add_argument("--cache-len", type=int, default=4096, metavar="N",
-                    help="the decode step's KV cache (default: 4096)")
+    mc.add_argument("--decode", type=model_arg, default="llama-decode",
+                    help="a decode step, its row in tokens/s (default: llama-decode; the "
+                         "wafer papers' is llama3-8b-decode --cache-len 4096)")
+    mc.add_argument("--cache-len", type=int_at_least(1), metavar="N",
+                    help="the decode step's KV cache (default: the model's)")
     mode = mc.add_mutually_exclusive_group()
     mode.add_argument("--timing-only", dest="timing_only", action="store_true", default=None,
                       help="time without data (the default above 16,384 cores)")
@@ -494,10 +499,9 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
     gemm, gemv = "x".join(map(str, args.gemm)), "x".join(map(str, args.gemv))
     workloads = [("prefill GEMM", f"matmul-{gemm}"),
                  ("decode GEMV", f"matmul-1x{gemv}"), ("model", args.model)]
-    if args.cache_len < 1:
-        return _error(f"--cache-len must be at least 1, not {args.cache_len}", EXIT_USAGE)
     workloads3 = [(label, model, None) for label, model in workloads]
-    workloads3.append((f"decode step (cache {args.cache_len})", args.decode, args.cache_len))
+    cache = f" (cache {args.cache_len})" if args.cache_len else ""
+    workloads3.append((f"decode step{cache}", args.decode, args.cache_len))
     try:
         rows = mesh_compare(workloads3, chip, _base_options(args), args.timing_only,
                             log=lambda m: print(m, file=sys.stderr), progress=StageProgress)
@@ -512,20 +516,25 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import math
 
-    from t10c.compare import Entry, speedup
+    from t10c.compare import Entry, largest_batches, speedup
     from t10c.outputs import write_text
 
-    entries = _entries(args.models, args.chips, list(DEFAULT_STRATEGIES), args, slim=True)
+    batches = args.batch or [None]
+    entries = []
+    for model in args.models:
+        for batch in batches:
+            entries += _entries([model], args.chips, list(DEFAULT_STRATEGIES),
+                                argparse.Namespace(**{**vars(args), "batch": batch}), slim=True)
     base = [s for s in DEFAULT_STRATEGIES if s != "t10"]  # the baselines
-    head = ["model", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
+    head = ["model", "batch", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
             *(f"vs {s}" for s in base), "of roofline", "of ideal", "emulation (s)",
             "onnxruntime (s)", "matches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
-    groups: dict[tuple[str, str], dict[str, Entry]] = {}
+    groups: dict[tuple[str, int | None, str], dict[str, Entry]] = {}
     for e in entries:
-        groups.setdefault((e.model, e.chip.name), {})[e.strategy] = e
-    for (model, chip), by in groups.items():
+        groups.setdefault((e.model, e.batch, e.chip.name), {})[e.strategy] = e
+    for (model, batch, chip), by in groups.items():
         t10 = by["t10"]
 
         def us(e: Entry) -> str:
@@ -538,7 +547,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return e.result is not None and not e.result.timing_only
 
         ok = all(e.result is None or e.result.ok for e in by.values())
-        row = [model, chip, f"{t10.compile_s:.2f}", *(us(by[s]) for s in DEFAULT_STRATEGIES),
+        row = [model, "-" if batch is None else str(batch), chip,
+               "-" if math.isnan(t10.compile_s) else f"{t10.compile_s:.2f}",
+               *(us(by[s]) for s in DEFAULT_STRATEGIES),
                *(x(speedup(entries, t10, s)) for s in base),
                f"{100 * t10.roofline_fraction:.1f}%" if t10.result else "-",
                f"{100 * t10.ideal_fraction:.1f}%" if t10.result else "-",
@@ -548,10 +559,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         lines.append("| " + " | ".join(row) + " |")
         rows.append(dict(zip(head, row)))
     print("\n".join(lines))
+    capacity = largest_batches(entries, list(DEFAULT_STRATEGIES)) if len(batches) > 1 else []
+    if capacity:
+        print(f"\nLargest batch that fits, of {', '.join(map(str, batches))}, and its "
+              "throughput:\n")
+        cap_head = ["model", "chip", *(f"{s}: batch, samples/s" for s in DEFAULT_STRATEGIES),
+                    *(f"t10 vs {s}" for s in base)]
+        print("| " + " | ".join(cap_head) + " |\n|" + "---|" * len(cap_head))
+        for c in capacity:
+            cells = [c.model, c.chip,
+                     *(f"{c.batch[s]}, {c.throughput[s]:,.0f}" if c.batch[s] else "none"
+                       for s in DEFAULT_STRATEGIES),
+                     *(x(c.gain("t10", s)) for s in base)]
+            print("| " + " | ".join(cells) + " |")
     if args.json:
         from t10c import report
 
         write_text(args.json, json.dumps({"format": "t10c-bench/1", "table": rows,
+                                          "largest_batch": [c.as_dict() for c in capacity],
                                           "runs": json.loads(report.to_json(entries))["rows"]},
                                          indent=1) + "\n")
     bad = [e for e in entries if e.result is not None and not e.result.ok]
@@ -700,7 +725,8 @@ def _print_summary(compiled, timing_only: bool) -> None:
     else:
         print(f"solver {s.status}: objective {s.objective_cycles} cycles, bound "
               f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
-              f"{s.greedy_objective_cycles} cycles, {s.wall_s} s")
+              f"{s.greedy_objective_cycles} cycles, {s.wall_s} s; deterministic time "
+              f"{s.deterministic_s} s over the compile's solves")
     if options.constraints:
         print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program
@@ -726,9 +752,10 @@ def _bounds_line(plan, cycles: int) -> str:
     if b is None:
         return "bounds: none (a plan made by hand)"
     roof, ideal = b.fractions(cycles)
+    dram = " or its DRAM time" if b.dram_roofline_cycles else ""
     return (f"bounds: {100 * roof:.1f}% of the compute roofline ({b.roofline_cycles} cycles), "
             f"{100 * ideal:.1f}% of the ideal ({b.ideal_cycles} cycles: every op at its "
-            f"fastest plan, no memory limit, no re-layout)")
+            f"fastest plan{dram}, no memory limit, no re-layout)")
 
 
 def _write_compile(compiled, args: argparse.Namespace) -> None:

@@ -50,6 +50,7 @@ class Entry:
     dtype: str = "fp16"
     compile_wall_s: float = math.nan
     bounds: Bounds | None = None
+    batch: int | None = None  # the zoo model's batch size, if one was asked for
 
     def slim(self) -> Entry:
         """The figures without the program, model and outputs (for long benchmark runs)."""
@@ -110,18 +111,20 @@ def run_entry(model: str, chip: Chip, strategy: str, options: CompileOptions, se
     try:
         compiled = compile_model(model, chip, strategy_options(strategy, options), progress)
     except ValueError as exc:  # frontend and planner errors are ValueErrors
-        return Entry(model, chip, strategy, None, None, str(exc).splitlines()[0])
+        return Entry(model, chip, strategy, None, None, str(exc).splitlines()[0],
+                     batch=options.batch)
     result = RunResult.timed(compiled) if options.timing_only else \
         run_compiled(compiled, seed, progress)
     return Entry(model, chip, strategy, compiled, result, flops=compiled.graph.flops(),
                  dtype=compiled.plan.dtype, compile_wall_s=compiled.timings["total_s"],
-                 bounds=compiled.plan.bounds)
+                 bounds=compiled.plan.bounds, batch=options.batch)
 
 
 def speedup(entries: list[Entry], entry: Entry, over: str) -> float:
-    """How much faster ``entry`` is than strategy ``over`` on the same model and chip."""
+    """How much faster ``entry`` is than strategy ``over`` on the same model, batch and chip."""
     for other in entries:
-        if (other.model, other.chip.name, other.strategy) == (entry.model, entry.chip.name, over):
+        if (other.model, other.batch, other.chip.name, other.strategy) == \
+                (entry.model, entry.batch, entry.chip.name, over):
             return other.latency_s / entry.latency_s if other.result and entry.result \
                 else math.nan
     return math.nan
@@ -142,7 +145,8 @@ def sram_per_core(compiled: Compiled) -> np.ndarray:
 
     for ins in prog.instrs:
         n = (ins.ncores if isinstance(ins, Load) else len(ins.origin) if isinstance(ins, Compute)
-             else len(ins.src_core) if isinstance(ins, (Exchange, Shift))
+             else ins.nrows if isinstance(ins, Exchange)
+             else len(ins.src_core) if isinstance(ins, Shift)
              else len(ins.group) if isinstance(ins, Reduce) else 0)
         for name in ("buf", "dst", "out"):
             if hasattr(ins, name):
@@ -160,3 +164,40 @@ def sram_per_core(compiled: Compiled) -> np.ndarray:
         elif isinstance(ins, Free):
             now[used.get(ins.buf, none)] -= prog.buffers[ins.buf].nbytes
     return peak
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Per strategy, the largest batch of one model that fitted one chip among the batches
+    run (0: none did), and the throughput there in samples per second."""
+
+    model: str
+    chip: str
+    batch: dict[str, int]
+    throughput: dict[str, float]
+
+    def gain(self, strategy: str, over: str) -> float:
+        """How many times ``over``'s best throughput ``strategy``'s is (NaN if either has none):
+        each at its own largest batch, which is how a memory-bound server would run."""
+        a, b = self.throughput.get(strategy, 0.0), self.throughput.get(over, 0.0)
+        return a / b if a and b else math.nan
+
+    def as_dict(self) -> dict[str, object]:
+        return {"model": self.model, "chip": self.chip, "largest_batch": self.batch,
+                "samples_per_s": {s: round(v, 3) for s, v in self.throughput.items()}}
+
+
+def largest_batches(entries: list[Entry], strategies: list[str]) -> list[Capacity]:
+    """The largest batch each strategy fitted, per model and chip, of the entries' batches
+    (entries without a batch size are left out)."""
+    out: dict[tuple[str, str], Capacity] = {}
+    for e in entries:
+        if e.batch is None:
+            continue
+        key = (e.model, e.chip.name)
+        cap = out.setdefault(key, Capacity(e.model, e.chip.name, dict.fromkeys(strategies, 0),
+                                           dict.fromkeys(strategies, 0.0)))
+        if e.result is not None and e.batch > cap.batch.get(e.strategy, 0):
+            cap.batch[e.strategy] = e.batch
+            cap.throughput[e.strategy] = e.batch / e.latency_s
+    return list(out.values())

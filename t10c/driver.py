@@ -62,7 +62,9 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
-    #: "all": elementwise inlining and epilogues; "inline": inlining only; "none": no fusion
+    #: "all": elementwise inlining and epilogues; "prologues": those and prologues (Softmax's
+    #: and LayerNorm's tails into the matmuls after them); "best": whichever of the two the
+    #: planner predicts faster (compiles twice); "inline": inlining only; "none": no fusion
     fuse: str = "all"
     #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
@@ -145,6 +147,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                   progress: Progress | None = None) -> Compiled:
     """Compile a zoo name, ONNX path or ModelProto for ``chip``, telling ``progress`` how far
     each stage has come."""
+    if options.fuse == "best":
+        return _best_fusion(source, chip, options, progress)
     start = time.perf_counter()
     if progress:
         progress("frontend", 0, 1)
@@ -152,7 +156,9 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                         weights=options.weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name),
-                              fuse=options.fuse != "none", epilogues=options.fuse == "all")
+                              fuse=options.fuse != "none",
+                              epilogues=options.fuse in ("all", "prologues"),
+                              prologues=options.fuse == "prologues")
     if options.check:
         verify_graph(graph)
     if options.constraints:  # what is wrong with them is said before any search
@@ -194,6 +200,20 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                "plan_s": t_plan - t_front, "codegen_s": t_code - t_plan,
                "total_s": t_code - start}
     return Compiled(_short(name), model, graph, chip, plan, program, timings, options, timeline)
+
+
+def _best_fusion(source: str | onnx.ModelProto, chip: Chip, options: CompileOptions,
+                 progress: Progress | None) -> Compiled:
+    """``--fuse best``: compile with and without prologues and keep the compile whose plan
+    the planner predicts faster (the one without on a tie). Whether prologues pay depends on
+    the whole-graph plan (`frontend/fuse.py`), so only the whole-graph solve can tell."""
+    import dataclasses
+
+    tried = [compile_model(source, chip, dataclasses.replace(options, fuse=fuse), progress)
+             for fuse in ("all", "prologues")]
+    best = min(tried, key=lambda c: c.plan.total_cycles)  # min keeps the first on a tie
+    timings = dict(best.timings, total_s=sum(c.timings["total_s"] for c in tried))
+    return dataclasses.replace(best, timings=timings)
 
 
 @contextlib.contextmanager

@@ -112,6 +112,15 @@ def body_cost(body: tuple[Any, ...]) -> int:
     return FNS[head].ops + sum(body_cost(arg) for arg in body[1:])
 
 
+def body_inputs(body: tuple[Any, ...]) -> set[int]:
+    """The inputs a body reads (``("in", k)`` leaves)."""
+    if body[0] == "in":
+        return {int(body[1])}
+    if body[0] == "const":
+        return set()
+    return set().union(*(body_inputs(arg) for arg in body[1:]))
+
+
 def check_body(body: object, inputs: int) -> str | None:
     """Why ``body`` is not a well-formed body over ``inputs`` inputs, or None if it is."""
     if not isinstance(body, tuple) or not body:

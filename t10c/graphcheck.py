@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 
-from t10c.elementwise import COMBINES, check_body
-from t10c.ir import INDIRECT, Graph, TensorExpr, Window
+from t10c.elementwise import COMBINES, body_inputs, check_body
+from t10c.ir import INDIRECT, Graph, TensorExpr, Window, is_contraction
 
 
 class GraphError(ValueError):
@@ -103,4 +103,31 @@ def _op_problems(graph: Graph, op: TensorExpr, known: set[str]) -> list[str]:
     why = check_body(op.body, len(op.inputs))
     if why is not None:
         found.append(why)
+    found += _prologue_problems(op)
     return found
+
+
+def _prologue_problems(op: TensorExpr) -> list[str]:
+    """A prologue transforms one of a contraction's two operands, from inputs that index a
+    subset of that operand's axes (`t10c.ir.TensorExpr.prologue`)."""
+    if not op.prologue:
+        return []
+    if not is_contraction(op):
+        return ["a prologue on an op that is not a contraction"]
+    found = []
+    for slot, body in op.prologue:
+        if slot not in (0, 1):
+            found.append(f"a prologue on input {slot}: only inputs 0 and 1 take one")
+            continue
+        why = check_body(body, len(op.inputs))
+        if why is not None:
+            found.append(f"prologue of input {slot}: {why}")
+            continue
+        axes = set(op.inputs[slot].axis_set)
+        found += [f"prologue of input {slot} reads input {k}, whose axes are not among the "
+                  f"operand's" for k in body_inputs(body)
+                  if not set(op.inputs[k].axis_set) <= axes]
+    if len({slot for slot, _ in op.prologue}) != len(op.prologue):
+        found.append("two prologues on one input")
+    return found
+

@@ -32,6 +32,15 @@ only (a bias, a residual, a mask). The planner never splits or rotates them: cod
 each into the layout the op's result has once its reduction is complete, and runs the epilogue
 there, on the part of the output each core then owns.
 
+A contraction may also carry a ``prologue`` (fusion, `frontend/fuse.py`): pairs ``(slot, body)``
+saying that the matmul reads, in place of input ``slot``, ``body`` evaluated elementwise over
+that operand's axes, whose leaves ``("in", i)`` read the op's inputs (``("in", slot)`` the stored
+operand itself; inputs past the first two exist only for prologues and index a subset of that
+operand's axes: Softmax's max and sum, LayerNorm's mean, variance, scale and bias). The op stays
+a contraction on the matrix unit; each sub-task first transforms its tile of the operand on the
+vector unit (`t10c.costs.compute_cycles`, `emulator.kernels.evaluate`), and the planner lays
+out and re-lays the extra inputs like any other input.
+
 Reshape and Transpose of a tensor are `View`s, not ops: they cost nothing by themselves and are
 folded into the re-layout that feeds the next op (codegen maps element indices through them).
 """
@@ -130,6 +139,9 @@ class TensorExpr:
     #: reads ``extra[i]`` (fused elementwise consumers; None: the combined value as it is)
     epilogue: Body | None = None
     extra: tuple[Operand, ...] = ()
+    #: (input slot, body over the inputs) pairs: the contraction reads body in place of that
+    #: input (fused elementwise producers; empty: the inputs as they are)
+    prologue: tuple[tuple[int, Body], ...] = ()
 
     @property
     def extents(self) -> dict[str, int]:
@@ -191,13 +203,24 @@ class TensorExpr:
         ops = tuple(tuple(dim(d) for d in o.axes) for o in self.operands)
         extra = tuple(tuple(dim(d) for d in o.axes) for o in self.extra)
         return (tuple(e for _, e in self.axes), ops, self.combine, self.body, self.epilogue,
-                extra)
+                extra, self.prologue)
 
 
 def is_contraction(op: TensorExpr) -> bool:
-    """True for sum-of-products of two inputs (matmul, batched matmul): runs on the matrix unit."""
-    return (op.combine == "sum" and len(op.inputs) == 2
+    """True for sum-of-products of two inputs (matmul, batched matmul): runs on the matrix unit.
+
+    With a prologue the two are inputs 0 and 1 as the prologue transforms them; further inputs
+    are the prologue's."""
+    return (op.combine == "sum" and (len(op.inputs) == 2 or bool(op.prologue))
             and op.body == ("mul", ("in", 0), ("in", 1)) and bool(op.reduction_axes))
+
+
+def prologue_of(op: TensorExpr, slot: int) -> Body | None:
+    """The prologue body that replaces input ``slot`` of a contraction, or None."""
+    for k, body in op.prologue:
+        if k == slot:
+            return body
+    return None
 
 
 @dataclass(frozen=True)
@@ -236,6 +259,7 @@ class Graph:
         lookup counts its output points, not the table rows it could have read) and of
         epilogues."""
         total = 0
+        seen: set[tuple[Any, ...]] = set()
         for op in self.ops:
             axes = [e for a, e in op.axes if op.body[0] != "take" or a in op.output.axes]
             points = int(np.prod(axes, dtype=np.int64))
@@ -243,6 +267,14 @@ class Graph:
             if op.epilogue is not None:  # one per output point, as the unfused consumer had
                 total += int(np.prod([op.extents[str(a)] for a in op.output.axes],
                                      dtype=np.int64))
+            for slot, _ in op.prologue:  # one per operand point, as the unfused producer
+                # had; a producer recomputed by several readers (LayerNorm's by q, k and v)
+                # counts once (the same tensors transformed)
+                key = tuple(sorted(o.tensor for i, o in enumerate(op.inputs) if i != 1 - slot))
+                if key not in seen:
+                    seen.add(key)
+                    total += int(np.prod([op.extents[a] for a in op.inputs[slot].axis_set],
+                                         dtype=np.int64))
         return total
 
 
@@ -281,6 +313,8 @@ def expr_to_json(op: TensorExpr) -> dict[str, Any]:
     if op.epilogue is not None:  # absent for unfused ops: their JSON is unchanged
         doc["epilogue"] = body(op.epilogue)
         doc["extra"] = [operand(o) for o in op.extra]
+    if op.prologue:  # likewise absent for ops without one
+        doc["prologue"] = [[slot, body(b)] for slot, b in op.prologue]
     return doc
 
 
@@ -299,4 +333,5 @@ def expr_from_json(d: dict[str, Any]) -> TensorExpr:
     return TensorExpr(d["name"], tuple((a, int(e)) for a, e in d["axes"]), operand(d["output"]),
                       tuple(operand(o) for o in d["inputs"]), d["combine"], body(d["body"]),
                       d.get("source", ""), None if epilogue is None else body(epilogue),
-                      tuple(operand(o) for o in d.get("extra", ())))
+                      tuple(operand(o) for o in d.get("extra", ())),
+                      tuple((int(slot), body(b)) for slot, b in d.get("prologue", ())))

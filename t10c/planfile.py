@@ -79,7 +79,7 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             "T": dict(zip(op.axis_names, p.T)), "operands": operands, "steps": p.steps,
             "cycles": p.cycles.as_dict(), "relayout_cycles": relayout,
             "hot_bytes_per_core": p.hot_bytes_per_core,
-            "weights": "warmed-up" if p.home else "resident",
+            "weights": "warmed-up" if p.home else "dram" if p.dram_weights else "resident",
             "cold_bytes_per_core": p.cold_bytes_per_core,
             "cores": math.prod(p.F), "front_size": front,
             # exactly what the planner chose, for `load_plan`: per op axis the axes that skew
@@ -98,6 +98,9 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             # ...] runs of consecutive cores, logical core order; null: core c is core c
             "core_map": _runs(p.cores) if p.cores is not None else None,
             "aligned_input": p.aligned,
+            # chips with DRAM (`partition/dram.py`): what the op loads before it runs
+            **({"dram_bytes_per_core": p.dram_bytes_per_core, "dram_cycles": p.dram_cycles}
+               if p.dram_cycles else {}),
         })
     return {
         "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,
@@ -117,6 +120,11 @@ def plan_document(c: Compiled) -> dict[str, Any]:
         # lower bounds on the latency (`partition.bounds`): FLOPs at the chip's peak, and
         # every op at its fastest plan with memory and re-layouts ignored
         "bounds": plan.bounds.as_dict() if plan.bounds is not None else None,
+        # chips with DRAM: the preload schedule, per op the op its loads are issued at (-1:
+        # none) and the cycles it waits for them
+        **({"dram": {"schedule": plan.dram_schedule, "issue": list(plan.dram_issue),
+                     "stall_cycles": list(plan.dram_stall_cycles)}}
+           if plan.dram_schedule else {}),
     }
 
 
@@ -140,16 +148,26 @@ def load_plan(path: str | Path) -> Plan:
             relayout_cycles=tuple(int(o["relayout_cycles"]) for o in doc["ops"]),
             front_sizes=tuple(int(o["front_size"]) for o in doc["ops"]),
             solver=SolverReport.from_document(doc["solver"]), search_wall_s=0.0,
-            bounds=_bounds(doc.get("bounds")))
+            bounds=_bounds(doc.get("bounds")),
+            **_dram(doc.get("dram")))
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanFileError(f"{path}: a malformed or missing field ({exc!r}); write it again "
                             "with `t10c compile ... -o DIR`") from exc
 
 
+def _dram(doc: dict[str, Any] | None) -> dict[str, Any]:
+    if doc is None:
+        return {}
+    return {"dram_schedule": str(doc["schedule"]),
+            "dram_issue": tuple(int(i) for i in doc["issue"]),
+            "dram_stall_cycles": tuple(int(c) for c in doc["stall_cycles"])}
+
+
 def _bounds(doc: dict[str, Any] | None) -> Bounds | None:
     if doc is None:
         return None
-    return Bounds(int(doc["roofline_cycles"]), int(doc["ideal_cycles"]))
+    return Bounds(int(doc["roofline_cycles"]), int(doc["ideal_cycles"]),
+                  int(doc.get("dram_roofline_cycles", 0)))
 
 
 def _op_plan(o: dict[str, Any]) -> OpPlan:
@@ -166,7 +184,9 @@ def _op_plan(o: dict[str, Any]) -> OpPlan:
         cold_bytes_per_core=int(o["cold_bytes_per_core"]),
         out_bytes_per_core=int(o["out_bytes_per_core"]),
         home=o["weights"] == "warmed-up", embed=Embedding.from_list(o["embedding"]),
-        cores=_unruns(o.get("core_map")), aligned=int(o.get("aligned_input", -1)))
+        cores=_unruns(o.get("core_map")), aligned=int(o.get("aligned_input", -1)),
+        dram_bytes_per_core=int(o.get("dram_bytes_per_core", 0)),
+        dram_cycles=int(o.get("dram_cycles", 0)), dram_weights=o["weights"] == "dram")
 
 
 def _unruns(runs: list[list[int]] | None) -> tuple[int, ...] | None:

@@ -32,6 +32,8 @@ def summary_rows(entries: list[Entry]) -> list[dict[str, Any]]:
     rows = []
     for e in entries:
         row: dict[str, Any] = {"model": e.model, "chip": e.chip.name, "strategy": e.strategy}
+        if e.batch is not None:
+            row["batch"] = e.batch
         if e.result is None:
             row["error"] = e.error
             rows.append(row)
@@ -458,7 +460,8 @@ def to_html(entries: list[Entry], heavy: int = 3) -> str:
              f"<p class='sub'>{html.escape(options)}</p>",
              "<section id='summary'><h2>Summary</h2>", *_summary_table(entries),
              "<p>Latency is emulated chip time. The roofline is the model's FLOPs at the chip's "
-             "peak matrix rate, the ideal every op at its fastest plan with nothing else "
+             "peak matrix rate, the ideal every op at its fastest plan (or, on a chip with "
+             "DRAM, its DRAM time, if longer) with nothing else "
              "resident (<code>partition/bounds.py</code>); “of roofline” is roofline / latency. "
              "Speedups compare strategies on the same model and chip. Compile times are taken "
              "after a one-time warm-up of the process, so the first strategy pays no more than "

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from t10c.partition.search import SearchOptions
+from t10c.partition.space import no_rotation_options, vgm_options
 
 
 @dataclass(frozen=True)
@@ -32,30 +33,38 @@ def _t10(s: SearchOptions) -> SearchOptions:
     return s
 
 
-def _no_rotation(s: SearchOptions) -> SearchOptions:
-    # every shared sub-tensor replicated: nothing rotates, all f_t = 1
-    return dataclasses.replace(s, max_rot_axes=0)
-
-
-def _vgm(s: SearchOptions) -> SearchOptions:
-    # nothing rotates either: every op fetches its weight tiles from their home layout
-    return dataclasses.replace(s, max_rot_axes=0, weights_home=True)
-
-
 def _all_to_all(s: SearchOptions) -> SearchOptions:
     return dataclasses.replace(s, mesh_aware=False)
 
 
+def _basic(s: SearchOptions) -> SearchOptions:
+    # DRAM chips: every op loads its DRAM data, then runs (nothing overlaps the loads)
+    return dataclasses.replace(s, dram_schedule="basic")
+
+
+def _static(s: SearchOptions) -> SearchOptions:
+    # DRAM chips: every op's loads issued one fixed number of ops ahead
+    return dataclasses.replace(s, dram_schedule="static")
+
+
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    # t10 (and all-to-all) plan from their own space united with the two baselines'
+    # (`partition/space.py`), so that their plan is never slower than a baseline's that fits
     Strategy("t10", "compute-shift plans: operands rotate around rings of cores (default)",
              _t10),
     Strategy("no-rotation", "the baseline that replicates every shared sub-tensor "
-             "(all f_t = 1)", _no_rotation),
+             "(all f_t = 1)", no_rotation_options),
     Strategy("vgm", "virtual global memory: weights spread over all cores and fetched by "
-             "every op before it computes", _vgm),
+             "every op before it computes", vgm_options),
     Strategy("all-to-all", "t10 planned as if every ring were one hop, cores numbered "
              "row-major (T10 as published; differs from t10 on meshes only)", _all_to_all,
              default=False),
+    Strategy("basic", "t10 on a chip with DRAM, each op loading its DRAM data and then "
+             "executing, no overlap (ELK's baseline; as t10 on chips without DRAM)", _basic,
+             default=False),
+    Strategy("static", "t10 on a chip with DRAM, every op's DRAM loads issued one fixed "
+             "number of ops ahead (ELK's static preload; as t10 on chips without DRAM)",
+             _static, default=False),
 )}
 
 #: the strategies `t10c compare` and `t10c bench` run unless told otherwise

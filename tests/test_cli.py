@@ -431,6 +431,8 @@ BAD_VALUES = [
               EXIT_USAGE, ("--models", "nosuch")),
     ErrorCase("bench-unknown-chip", lambda tmp: ["bench", "--chips", "test16,tpu"],
               EXIT_USAGE, ("--chips", "tpu")),
+    ErrorCase("bench-zero-batch", lambda tmp: ["bench", "--batch", "1,0"],
+              EXIT_USAGE, ("--batch", "must be at least 1")),
     ErrorCase("bench-empty-list", lambda tmp: ["bench", "--models", "mlp,"],
               EXIT_USAGE, ("--models", "comma-separated")),
     ErrorCase("bench-json-into-dir", lambda tmp: ["bench", "--json", str(tmp)],

@@ -73,13 +73,16 @@ def test_a_shift_from_core_minus_one_is_refused(compiled, tmp_path, capsys) -> N
         a[0] = -1
         return a
 
-    _edit_table(d, shift["src_core"]["npz"], minus_one)
-    _run_fails(d, capsys, f"instruction {n} (Shift of op {shift['op']})", "src_core holds -1")
+    key = shift["src_core"]["npz"]
+    _edit_table(d, key, minus_one)
+    # equal tables are stored once: the error names the table's first user
+    first, field = key[1:].split(".")[:2]
+    _run_fails(d, capsys, f"instruction {first} (", f"{field} holds -1")
 
 
 @pytest.mark.parametrize("kind,field,value,words", [
-    ("Exchange", "src_off", 10 ** 6, "src_off holds 1000000"),
-    ("Exchange", "src_core", 16, "src_core holds 16"),
+    ("Exchange", "runs", 16, "a run reads core 16"),
+    ("Exchange", "pat", 10 ** 6, "a row names a pattern that does not exist"),
     ("Reduce", "group", -2, "group holds -2"),
     ("Reduce", "offset", -1, "offset holds -1"),
     ("Store", "src_off", -1, "src_off holds -1"),
@@ -94,8 +97,30 @@ def test_tables_out_of_range_are_refused(compiled, tmp_path, capsys, kind, field
         a.reshape(-1)[0] = value
         return a
 
-    _edit_table(d, ins[field]["npz"], poke)
-    _run_fails(d, capsys, f"instruction {n} ({kind}", words)
+    key = ins[field]["npz"]
+    _edit_table(d, key, poke)
+    # equal tables are stored once: the error names the table's first user
+    first = key[1:].split(".")[0]
+    _run_fails(d, capsys, f"instruction {first} (", words)
+
+
+@pytest.mark.parametrize("column,value,words", [
+    (1, 10 ** 6, "a run reads past the"),
+    (2, 0, "a run is empty"),
+    (2, 10 ** 6, "does not cover the"),
+])
+def test_exchange_patterns_out_of_range_are_refused(compiled, tmp_path, capsys, column, value,
+                                                    words) -> None:
+    """A run's source offset past its buffer, an empty run, runs longer than the buffer."""
+    d = _copy(compiled, tmp_path / "d")
+    n, ins = _first(d, "Exchange")
+
+    def poke(a: np.ndarray) -> np.ndarray:
+        a[0, column] = value
+        return a
+
+    _edit_table(d, ins["runs"]["npz"], poke)
+    _run_fails(d, capsys, f"instruction {n} (Exchange", words)
 
 
 def test_compute_offsets_outside_the_tile_are_refused(compiled, tmp_path, capsys) -> None:

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from t10c.chips import PRESETS, Chip
+from t10c.codegen.pattern import from_table
+from t10c.codegen.pattern import width as pattern_width
 from t10c.codegen.program import (
     Alloc,
     Buffer,
@@ -24,7 +28,9 @@ from t10c.codegen.program import (
     Reduce,
     Shift,
     Store,
+    indexed_load,
 )
+from t10c.codegen.verify import verify_program
 from t10c.driver import (
     TOLERANCE,
     CompileOptions,
@@ -179,3 +185,71 @@ def test_timing_machine_times_as_the_data_machine() -> None:
     timing = TimingMachine(c.program, c.chip).execute(inputs, c.graph.constants)
     assert timing.records == full.records and timing.cycles > 0
     assert not hasattr(TimingMachine(c.program, c.chip), "mem")
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int]:
+    """An exchange table for 4 cores: rows drawn from a few distinct rows, each a mix of
+    blocks, strided columns, broadcasts, padding and random elements of an 8-element source."""
+    width = draw(st.integers(0, 12))
+    distinct = []
+    for _ in range(draw(st.integers(1, 3))):
+        core, off = np.empty(width, np.int64), np.empty(width, np.int64)
+        e = 0
+        while e < width:
+            n = draw(st.integers(1, width - e))
+            kind = draw(st.sampled_from(["block", "stride", "broadcast", "pad", "random"]))
+            c = draw(st.integers(0, 3))
+            start = draw(st.integers(0, 7))
+            step = {"block": 1, "stride": 2, "broadcast": 0}.get(kind, 1)
+            n = min(n, (7 - start) // step + 1) if step else n
+            core[e:e + n] = -1 if kind == "pad" else c
+            off[e:e + n] = (draw(st.lists(st.integers(0, 7), min_size=n, max_size=n))
+                            if kind == "random" else start + step * np.arange(n))
+            e += n
+        distinct.append((core, np.where(core >= 0, off, -1)))
+    pick = draw(st.lists(st.integers(0, len(distinct) - 1), min_size=4, max_size=4))
+    return (np.stack([distinct[k][0] for k in pick]), np.stack([distinct[k][1] for k in pick]),
+            width)
+
+
+@settings(max_examples=60, deadline=None)
+@given(table=tables(), mesh=st.booleans())
+def test_patterns_mean_their_tables(table, mesh) -> None:
+    """An exchange and an indexed load given as copy patterns move the same values and cost
+    the same cycles as their element tables, on the emulator and the reference executor."""
+    core, off, width = table
+    chip = dataclasses.replace(PRESETS["test16"], cores=4, grid=(2, 2),
+                               topology="mesh2d" if mesh else PRESETS["test16"].topology)
+    p = from_table(core, off)
+    assert pattern_width(p) == width or not width
+    bufs = (Buffer(0, "a", 8, "fp32", 0), Buffer(1, "b", width, "fp32", 64),
+            Buffer(2, "c", width, "fp32", 128))
+    index = np.where(core >= 0, core * 8 + off, -1)  # the load reads the same elements
+    loads = (Load("", "", 2, "x", (4, 8), (width,), np.zeros((4, 1), np.int32), index),
+             indexed_load("", "", 2, "x", (4, 8), width, index, None, None))
+    moves = (Exchange("", "relayout", 1, 0, core, off),
+             Exchange("", "relayout", 1, 0, None, None, None, p.pat, p.start, p.runs))
+    x = {"x": np.arange(1, 33, dtype=np.float32).reshape(4, 8)}
+    results = []
+    for load, move in zip(loads, moves):
+        instrs = (*(Alloc("", "", b.id) for b in bufs),
+                  Load("", "", 0, "x", (4, 8), (1, 8), np.arange(4, dtype=np.int32)[:, None]
+                       * [1, 0]), load, move,
+                  Store("", "", "y", (4, width), 1, np.repeat(np.arange(4), width),
+                        np.tile(np.arange(width), 4)),
+                  Store("", "", "z", (4, width), 2, np.repeat(np.arange(4), width),
+                        np.tile(np.arange(width), 4)))
+        prog = Program("p", chip.name, "fp32", 4, bufs, (), instrs, {"x": ((4, 8), "fp32")},
+                       ("y", "z"), 192)
+        verify_program(prog, chip)
+        out, timeline, _ = emulate(prog, chip, x, {})
+        ref = run_reference(prog, chip, x, {})
+        for name in ("y", "z"):
+            np.testing.assert_array_equal(out[name], ref[name])
+        results.append((out, [(r.phase, r.cycles, r.bytes_per_core) for r in timeline.records],
+                        timeline.host_bytes))
+    (a, ta, ha), (b, tb, hb) = results
+    for name in ("y", "z"):
+        np.testing.assert_array_equal(a[name], b[name])
+    assert ta == tb and ha == hb

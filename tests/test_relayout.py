@@ -89,7 +89,7 @@ def _emulated_relayout(program, timeline, chip, warm: frozenset[str] = frozenset
 
 def _warm_ops(graph: Graph, chosen) -> frozenset[str]:
     return frozenset(op.name for i, (op, p) in enumerate(zip(graph.ops, chosen))
-                     if fetches(graph, i, p))
+                     if fetches(graph, i, p, CHIP))
 
 
 def _warm(graph: Graph, op, p):
@@ -277,7 +277,14 @@ def test_solver_chooses_aligned_plans() -> None:
     assert sum(aligned.relayout_cycles) < sum(plain.relayout_cycles)
     program = generate(graph, aligned, CHIP)
     _, timeline, _ = emulate(program, CHIP, make_inputs(graph, 0), graph.constants)
-    assert timeline.cycles == aligned.total_cycles
+    # an op that warms its weights up and also re-lays out an input moves both in one phase:
+    # the prediction adds the fetch's busiest core to the re-layout's, the emulator times the
+    # busiest core of the sum, so there the prediction is an upper bound; elsewhere it is exact
+    both = [p.op for p, r in zip(aligned.ops, aligned.relayout_cycles) if p.home and r]
+    if both:
+        assert timeline.cycles <= aligned.total_cycles
+    else:
+        assert timeline.cycles == aligned.total_cycles
 
 
 def test_aligned_plans_read_back_from_plan_json(tmp_path) -> None:

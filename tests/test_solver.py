@@ -87,9 +87,11 @@ def test_solver_matches_brute_force(data, n: int, sram: int) -> None:
     fronts = []
     for i in range(n):
         k = data.draw(st.integers(1, 3))
-        fronts.append([plan(f"op{i}", data.draw(st.integers(1, 200)),
-                            data.draw(st.integers(8, 60)), data.draw(st.integers(0, 30)),
-                            data.draw(st.integers(1, 20))) for _ in range(k)])
+        fronts.append([])
+        for _ in range(k):  # a plan's hot bytes include its resident (cold) ones
+            cycles, cold = data.draw(st.integers(1, 200)), data.draw(st.integers(0, 30))
+            hot = cold + data.draw(st.integers(8, 60))
+            fronts[-1].append(plan(f"op{i}", cycles, hot, cold, data.draw(st.integers(1, 20))))
     edges = []
     for i in range(n - 1):
         cost = tuple(tuple(data.draw(st.integers(0, 50)) for _ in fronts[i + 1])

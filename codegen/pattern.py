@@ -1,0 +1,250 @@
+"""Copy patterns: what an exchange (or an indexed load) copies, without an element table.
+
+A per-element table says, for every core (row) and every element e of its destination buffer,
+where the element comes from: ``(core[r, e], off[r, e])``, core -1 for padding (zero). Tables
+of real programs are highly regular: many rows are equal (replicated operands: every core of a
+replica group receives the same elements), and each row is a few long runs of consecutive
+source elements on one source core (a tile cut across its producer's tiles), or of elements
+at a fixed stride (a transposed read). A `Pattern`
+stores exactly that:
+
+- ``pat[r]``: the distinct row pattern of table row r;
+- ``runs[start[u]:start[u + 1]]``: pattern u as runs ``(src_core, src_off, length, step)``,
+  in destination order and covering the destination buffer exactly (the destination offset of
+  a run is the sum of the lengths before it): element i of a run is source element
+  ``src_off + i * step`` of core ``src_core`` (step 1: a block of a tile; a larger step: a
+  column read through a Transpose; 0: a broadcast); a run with core -1 is padding (offset and
+  step 0).
+
+The pattern of a table is unique (maximal runs, patterns numbered in order of first use), so
+equal tables give equal patterns and byte-identical program files. Everything a consumer needs
+is computed from the runs: the table itself (`expand`, for the reference executor and for
+small programs' assembly), a gather index per distinct pattern (the functional emulator), and
+the elements each core receives from each other core (`pair_counts`, the timing machine),
+without expanding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A per-element copy table in compressed form (see the module docstring)."""
+
+    pat: np.ndarray  # int32 [rows]
+    start: np.ndarray  # int64 [patterns + 1]
+    runs: np.ndarray  # int32 [runs, 4]: source core (-1: zero), source offset, length, step
+
+    @property
+    def rows(self) -> int:
+        return len(self.pat)
+
+    @property
+    def patterns(self) -> int:
+        return len(self.start) - 1
+
+    @property
+    def size(self) -> int:
+        """Integers stored (what the program files hold)."""
+        return self.pat.size + self.start.size + self.runs.size
+
+
+#: random odd weights for row fingerprints (fixed: programs are deterministic)
+_WEIGHTS = np.random.default_rng(0x9A77).integers(1, 2 ** 62, size=1 << 16, dtype=np.int64) | 1
+
+
+def dedup_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse): the distinct rows of ``table`` (n, e) in order of first appearance,
+    as indices of their first row, and each row's number among them.
+
+    Rows are told apart by a random-weighted sum (one integer each, so that only n numbers
+    are sorted, not n rows), and rows with equal sums are checked to be equal; should two
+    different rows ever share a sum, the rows themselves are compared instead."""
+    n = len(table)
+    if n <= 1 or table.shape[1] == 0:
+        return np.zeros(min(n, 1), dtype=np.int64), np.zeros(n, dtype=np.int64)
+    e = table.shape[1]
+    weights = np.resize(_WEIGHTS, e)
+    with np.errstate(over="ignore"):
+        key = (table.astype(np.int64, copy=False) * weights[None, :]).sum(axis=1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not (table[first[inverse]] == table).all():  # a collision: compare whole rows
+        rows = np.ascontiguousarray(table).view(np.dtype((np.void, table.dtype.itemsize * e)))
+        _, first, inverse = np.unique(rows.ravel(), return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    # renumber in order of first appearance (np.unique orders by key)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[inverse]
+
+
+def encode(core: np.ndarray, off: np.ndarray, pat: np.ndarray | None = None) -> Pattern:
+    """The pattern of a table ``(core, off)`` (u, e) of distinct rows, row r of the table
+    being pattern ``pat[r]`` (default: one table row each). Rows are deduplicated again, so
+    that the result does not depend on how the caller found its distinct rows."""
+    core = np.asarray(core)
+    off = np.asarray(off)
+    u, e = core.shape
+    both = np.empty((u, 2 * e), dtype=np.int64)
+    both[:, :e] = core
+    both[:, e:] = np.where(core >= 0, off, 0)
+    first, inverse = dedup_rows(both)
+    core, off = core[first], both[first, e:]
+    pat = inverse if pat is None else inverse[np.asarray(pat, dtype=np.int64)]
+    # canonical numbering: patterns in order of their first row, unused ones dropped
+    used, at = np.unique(pat, return_index=True)
+    order = used[np.argsort(at, kind="stable")]
+    rank = np.full(len(first), -1, dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    pat, core, off, first = rank[pat], core[order], off[order], first[order]
+    u = len(first)
+    # a run goes on while the core stays and the step between elements stays the step
+    # before; a run's second element may take any step. Decided pairwise (not greedily), so a
+    # change of step can leave a one-element run: at most twice the fewest runs
+    brk = np.ones((u, e), dtype=bool)
+    if e > 1:
+        moved = core[:, 1:] != core[:, :-1]
+        brk[:, 1:] = moved
+        if e > 2:
+            d = off[:, 1:] - off[:, :-1]
+            brk[:, 2:] |= (d[:, 1:] != d[:, :-1]) & ~moved[:, :-1]
+    r, c = np.nonzero(brk)
+    flat = r.astype(np.int64) * e + c
+    length = np.diff(np.append(flat, u * e))
+    off_flat = off.reshape(-1)
+    step = np.where(length > 1, off_flat[np.minimum(flat + 1, u * e - 1)] - off_flat[flat], 0)
+    src = core.reshape(-1)[flat]
+    first = off_flat[flat]
+    # a step change leaves a one-element run at the junction: it starts the next run instead
+    # when it lies one step before it (0 8 16 | 1 | 9 17 -> 0 8 16 | 1 9 17)
+    join = np.zeros(len(flat), dtype=bool)
+    join[:-1] = ((length[:-1] == 1) & (length[1:] > 1) & (r[1:] == r[:-1])
+                 & (src[1:] == src[:-1]) & (first[1:] - first[:-1] == step[1:]))
+    into = np.flatnonzero(join) + 1
+    length[into - 1] += length[into]
+    step[into - 1] = step[into]
+    keep = np.ones(len(flat), dtype=bool)
+    keep[into] = False
+    r = r[keep]
+    runs = np.stack([src[keep], first[keep], length[keep], step[keep]], axis=1)
+    start = np.zeros(u + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=u), out=start[1:])
+    return Pattern(pat.astype(np.int32), start, runs.astype(np.int32))
+
+
+def unique_origins(origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows of ``origin``, each row's number among them): the cores whose tiles
+    start at the same place receive the same elements, so their table row is built once."""
+    if not len(origin):
+        return origin, np.zeros(0, dtype=np.int64)
+    uniq, inverse = np.unique(origin, axis=0, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
+def from_table(core: np.ndarray, off: np.ndarray) -> Pattern:
+    """The pattern of a full table (one row per core)."""
+    return encode(core, off)
+
+
+def width(p: Pattern) -> int:
+    """The destination elements every row covers."""
+    return int(p.runs[p.start[0]:p.start[1], 2].sum(dtype=np.int64)) if p.patterns else 0
+
+
+def compact(p: Pattern, rows: int, width: int, per_element: int = 2) -> bool:
+    """Whether the pattern is smaller than the table it stands for (``per_element`` integers
+    an element: two for an exchange's cores and offsets, one for a load's indices); where it
+    is not, the program keeps the table."""
+    return p.size < per_element * rows * width
+
+
+def unique_expand(p: Pattern, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(core, off), each (patterns, width): every distinct pattern's table."""
+    runs = p.runs.astype(np.int64)
+    length = runs[:, 2]
+    run_first = np.cumsum(length) - length  # the run's first element, over all patterns
+    core = np.repeat(runs[:, 0], length)
+    pos = np.arange(int(length.sum())) - np.repeat(run_first, length)
+    off = np.repeat(runs[:, 1], length) + np.repeat(runs[:, 3], length) * pos
+    off[core < 0] = -1
+    shape = (p.patterns, width)
+    return core.reshape(shape), off.reshape(shape)
+
+
+def expand(p: Pattern, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The element table ``(core, off)`` (rows, width), int32, -1 for padding."""
+    core, off = unique_expand(p, width)
+    return core[p.pat].astype(np.int32), off[p.pat].astype(np.int32)
+
+
+def pair_counts(p: Pattern, here: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, elements) per distinct pair of cores: what row r (on core ``here[r]``)
+    receives from each source core, padding left out, in O(runs + rows x sources)."""
+    src, row, count = _row_pairs(p)
+    return src, np.asarray(here, dtype=np.int64)[row], count
+
+
+def received(p: Pattern, here: np.ndarray) -> np.ndarray:
+    """Elements row r (on core ``here[r]``) receives from other cores: padding and local
+    copies left out."""
+    src, row, count = _row_pairs(p)
+    remote = src != np.asarray(here, dtype=np.int64)[row]
+    return np.bincount(row[remote], weights=count[remote], minlength=p.rows).astype(np.int64)
+
+
+def _row_pairs(p: Pattern) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(source core, row, elements) per row and distinct source core of its pattern."""
+    runs = p.runs.astype(np.int64)
+    owner = np.repeat(np.arange(p.patterns, dtype=np.int64), np.diff(p.start))
+    keep = runs[:, 0] >= 0
+    owner, src, length = owner[keep], runs[keep, 0], runs[keep, 2]
+    base = int(src.max(initial=0)) + 1
+    # per pattern and source core, the elements it takes (sorted by pattern, then core)
+    key, inverse = np.unique(owner * base + src, return_inverse=True)
+    total = np.bincount(inverse.reshape(-1), weights=length, minlength=len(key)).astype(np.int64)
+    k_pat, k_src = key // base, key % base
+    first = np.searchsorted(k_pat, np.arange(p.patterns + 1))
+    pat = p.pat.astype(np.int64)
+    per = np.diff(first)[pat]  # pairs of each row
+    row = np.repeat(np.arange(p.rows, dtype=np.int64), per)
+    pos = np.arange(len(row)) - np.repeat(np.cumsum(per) - per, per)
+    idx = first[pat][row] + pos
+    return k_src[idx], row, total[idx]
+
+
+def check(p: Pattern, width: int, src_elems: int, cores: int) -> str | None:
+    """What is wrong with ``p`` as a pattern of rows of ``width`` elements reading a buffer of
+    ``src_elems`` elements on ``cores`` cores (None when it is sound)."""
+    if p.pat.ndim != 1 or p.start.ndim != 1 or p.runs.ndim != 2 or p.runs.shape[1] != 4:
+        return "its pattern arrays have the wrong shapes"
+    # signed: an unsigned table's differences would wrap instead of going negative
+    p = Pattern(p.pat.astype(np.int64), p.start.astype(np.int64), p.runs.astype(np.int64))
+    if not len(p.start) or p.start[0] != 0 or (np.diff(p.start) < 0).any() \
+            or p.start[-1] != len(p.runs):
+        return "its pattern's run starts are not increasing from 0 to the number of runs"
+    if len(p.pat) and (p.pat.min() < 0 or p.pat.max() >= p.patterns):
+        return "a row names a pattern that does not exist"
+    core, off, length, step = (p.runs[:, k].astype(np.int64) for k in range(4))
+    if len(length) and length.min() <= 0:
+        return "a run is empty"
+    ends = np.concatenate([[0], np.cumsum(length)])
+    sums = ends[p.start[1:]] - ends[p.start[:-1]]
+    if p.patterns and (sums != width).any():
+        return f"a pattern does not cover the {width} destination elements exactly"
+    if len(core) and (core.min() < -1 or core.max() >= cores):
+        bad = int(core.max()) if core.max() >= cores else int(core.min())
+        return f"a run reads core {bad}, which does not exist"
+    real = core >= 0
+    if real.any() and np.abs(step[real]).max() > src_elems:  # also keeps the products small
+        return f"a run steps further than the {src_elems} elements of its source"
+    last = off + step * (length - 1)
+    if real.any() and (np.minimum(off, last)[real].min() < 0
+                       or np.maximum(off, last)[real].max() >= src_elems):
+        return f"a run reads past the {src_elems} elements of its source"
+    return None
