@@ -5,6 +5,8 @@ emulated time."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -90,3 +92,31 @@ def test_closed_form_line_load_equals_the_exact_one() -> None:
         left = int(rng.integers(0, g * c + 1))
         sizes = np.clip(left - c * np.arange(g), 0, c)
         assert _line_busiest(sizes) == _line_busiest_prefix(g, c, left), (g, c, left)
+
+
+def test_mesh_front_keeps_the_plans_fed_least() -> None:
+    """On a mesh the search's front is the Pareto front in (hot bytes, bytes fed, cycles), fed
+    being the activation's first tiles over all cores: every enumerated plan is matched or
+    beaten in all three by a front plan, and the front holds plans fed less than the fastest
+    (which replicates the activation over every core of its weight split)."""
+    from t10c import frontend
+    from t10c.driver import load_source
+    from t10c.partition import search_op, search_op_front
+    from t10c.partition.cost import element_bytes
+    from t10c.partition.plan import geometry
+
+    graph = frontend.to_graph(load_source("matmul-1x576x1536"), name="gemv")
+    op = graph.ops[0]
+
+    def key(p) -> tuple[int, int, int]:
+        geo = geometry(graph, op, p)
+        fed = geo.ncores * math.prod(geo.tile_shape(0)) * element_bytes(op, 0, "fp16",
+                                                                      frozenset())
+        return p.hot_bytes_per_core, fed, p.cycles.total
+
+    front = [key(p) for p in search_op_front(graph, op, RECT, "fp16").front]
+    every = [key(p) for p in search_op(graph, op, RECT, "fp16")
+             if p.hot_bytes_per_core <= RECT.sram_bytes_per_core]
+    assert all(any(all(f <= e for f, e in zip(k, q)) for k in front) for q in every)
+    fastest = min(front, key=lambda k: k[2])
+    assert min(k[1] for k in front) < fastest[1]
