@@ -36,6 +36,7 @@ from t10c.dtypes import ceil_div, dtype_bytes
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
+from t10c.partition.collectives import Scatter, scatter_of
 from t10c.partition.cost import idle_cores
 from t10c.partition.dram import dram_operands
 
@@ -550,30 +551,22 @@ class _Builder:
             np.zeros((geo.ncores, 1), dtype=np.int64), False, _cores(geo)))
 
     def final_elements(self, op: TensorExpr, geo: Geometry
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+                       ) -> tuple[np.ndarray, np.ndarray, Scatter | None]:
         """Where the result lies once the op is complete: (flat output element, validity) per
-        core and element of the final buffer, and for a reduce-scatter the cores of each
-        core's group and its position in it (None without one)."""
+        core and element of the final buffer, and the reduce-scatter that puts it there
+        (`partition.collectives`; None without one)."""
         flat, valid = self.element_map(geo, len(op.inputs), geo.steps - 1)
-        group = geo.reduce_group
-        if group == 1:
-            return flat, valid, None, None
+        if geo.reduce_group == 1:
+            return flat, valid, None
         elems = flat.shape[1]
-        origin = geo.tile_origin(len(op.inputs), geo.steps - 1)
-        key = np.unique(origin, axis=0, return_inverse=True)[1].ravel()
-        order = np.lexsort((np.arange(geo.ncores), key))
-        members = order.reshape(-1, group)  # cores holding the same block, by core id
-        pos = np.empty(geo.ncores, dtype=np.int64)
-        pos[members] = np.arange(group)[None, :]
-        table = np.empty((geo.ncores, group), dtype=np.int64)
-        table[members.ravel()] = np.repeat(members, group, axis=0)
-        chunk = -(-elems // group)
+        scatter = scatter_of(geo)
+        chunk = scatter.chunk
         # element e of core c's chunk is element pos*chunk + e of its block buffer
-        local = pos[:, None] * chunk + np.arange(chunk)[None, :]
+        local = scatter.pos[:, None] * chunk + np.arange(chunk)[None, :]
         inside = local < elems
         local = np.minimum(local, elems - 1)
         rows = np.arange(geo.ncores)[:, None]
-        return flat[rows, local], valid[rows, local] & inside, table, pos
+        return flat[rows, local], valid[rows, local] & inside, scatter
 
     def finish_output(self, op: TensorExpr, geo: Geometry, buf: int, barrier: bool = True
                       ) -> Placement:
@@ -582,18 +575,22 @@ class _Builder:
         every element lies."""
         tensor = op.output.tensor
         numel = self.graph.tensors[tensor].numel
-        flat, valid, table, pos = self.final_elements(op, geo)
-        if table is not None and pos is not None:
-            chunk = flat.shape[1]
+        flat, valid, scatter = self.final_elements(op, geo)
+        if scatter is not None:
+            # one barrier, then one Reduce per level (a K-tree on a mesh): level k's chunk
+            # of the previous level's chunk, from the cores differing in digit k
             if barrier:
                 self.instrs.append(Sync(op.name, "reduce"))
-            dst = self.new_buffer(f"{op.name}.red", chunk, self.buffers[buf].dtype, op.name,
-                                  "reduce")
-            self.instrs.append(Reduce(op.name, "reduce", dst, buf, op.combine or "sum",
-                                      geo.phys[table].astype(np.int32),
-                                      (pos * chunk).astype(np.int32), _cores(geo)))
-            self.free(buf, op.name)
-            buf = dst
+            dtype = self.buffers[buf].dtype
+            for k, level in enumerate(scatter.levels):
+                name = f"{op.name}.red" if k == len(scatter.levels) - 1 else f"{op.name}.red{k}"
+                dst = self.new_buffer(name, level.chunk, dtype, op.name, "reduce")
+                self.instrs.append(Reduce(op.name, "reduce", dst, buf, op.combine or "sum",
+                                          geo.phys[level.table].astype(np.int32),
+                                          level.offset.astype(np.int32), _cores(geo),
+                                          level.sizes.astype(np.int32)))
+                self.free(buf, op.name)
+                buf = dst
         elems = flat.shape[1]
         core = np.full(numel, -1, dtype=np.int32)
         off = np.full(numel, -1, dtype=np.int32)

@@ -28,7 +28,8 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
 - ``Shift(dst, src, src_core)``: rotation; ``dst[c] = src[src_core[c]]``.
 - ``Reduce(dst, src, combine, group, offset)``: reduce-scatter; ``dst[c] = combine over g of
   src[group[c, g], offset[c] : offset[c] + dst.elems]``, the combine's identity
-  past the end of src.
+  past the end of src; ``sizes[c]`` (optional) is how much of core c's chunk is real data,
+  the rest padding that is not sent.
 - ``Sync()``: bulk-synchronous barrier.
 - ``Store(tensor, src, src_core, src_off)``: chip -> host after the run (graph outputs).
 - ``DmaLoad(...)``: as ``Load``, but from the chip's off-chip DRAM during the run: the DMA
@@ -256,6 +257,9 @@ class Reduce(Instr):
     group: np.ndarray
     offset: np.ndarray
     cores: np.ndarray | None = None
+    #: per row, the elements of its chunk inside the source block (None: all); the rest is
+    #: padding that holds the combine's identity and that no transfer carries
+    sizes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,9 @@ def _reduce(p: Program, ins: Reduce) -> None:
     offset = _table("offset", ins.offset, (len(group),))
     _within("offset", offset, 0, max(src.elems, group.shape[1] * dst.elems) + 1,
             f"buffer %{src.name}")
+    if ins.sizes is not None:
+        _within("sizes", _table("sizes", ins.sizes, (len(group),)), 0, dst.elems + 1,
+                f"the chunk of %{dst.name}")
     _rows(p, ins, len(group))
 
 

@@ -398,9 +398,12 @@ class TimingMachine:
         add = self.chip.vector_cycles((group - 1) * chunk, self.prog.dtype)
         nbytes = chunk * self.itemsize(ins.dst)
         if self.chip.is_mesh:  # each core gathers its chunk from every other member
+            # (only the chunk's real elements: padding past the block is never sent)
+            real = (np.full(n, chunk, dtype=np.int64) if ins.sizes is None
+                    else np.minimum(ins.sizes.astype(np.int64), chunk))
             members = np.broadcast_to(here[:, None], ins.group.shape)
-            cycles, most, hops = self.timed(ins.group.ravel(), members.ravel(),
-                                            np.full(members.size, nbytes, dtype=np.int64))
+            sent = np.broadcast_to((real * self.itemsize(ins.dst))[:, None], ins.group.shape)
+            cycles, most, hops = self.timed(ins.group.ravel(), members.ravel(), sent.ravel())
             self.record(ins.op, "reduce", cycles + add, most, hops)
         else:
             remote = (group - 1) * nbytes

@@ -18,7 +18,8 @@ Formulas (all per core; the slowest core sets the pace of a bulk-synchronous ste
   overlap, a shift step costs only what it takes beyond the compute step before it.
 - reduce: when ``g > 1`` cores hold partial sums of the same output block, a reduce-scatter
   leaves each with ``1/g`` of it: one barrier, ``(g - 1) x chunk`` elements received and added
-  (on a mesh, an estimate of the gather over a line, `place.gather_estimate`).
+  (on a mesh, the levels of a K-tree reduce-scatter along the mesh,
+  `collectives.reduce_estimate`).
 - re-layout (priced by the whole-graph planner, measured by the emulator): one barrier plus the
   bytes of each input buffer that a producer left elsewhere.
 - epilogue (a fused op, `t10c.ir.TensorExpr.epilogue`; `epilogue_cost`): once the result is
@@ -44,7 +45,8 @@ from t10c.dtypes import ceil_div
 from t10c.elementwise import body_cost
 from t10c.ir import TensorExpr
 
-from .place import exchange_estimate, gather_estimate, shift_cycles
+from .collectives import reduce_estimate
+from .place import exchange_estimate, shift_cycles
 from .plan import Cycles, Geometry
 
 
@@ -182,11 +184,16 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         elems = math.prod(geo.tile_shape(out))
         chunk = -(-elems // group)
         chunk_bytes = chunk * element_bytes(op, out, dtype, int_tensors)
-        if geo.embed is not None:
-            moving = gather_estimate(chip, group, chunk_bytes, geo.embed.col_ring)
+        first = chunk_bytes  # the largest chunk a level keeps
+        if geo.embed is not None:  # levels along the mesh, their adds included
+            moving, first_elems = reduce_estimate(
+                chip, geo.ncores, group, geo.embed.col_ring, geo.embed.row_ring, elems,
+                element_bytes(op, out, dtype, int_tensors), dtype)
+            first = first_elems * element_bytes(op, out, dtype, int_tensors)
+            reduce = chip.sync_cycles + moving
         else:
             moving = chip.transfer_cycles((group - 1) * chunk_bytes)
-        reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
+            reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
         if sum(tile_bytes[i] for i in homing) and not weights_home:
             reduce -= chip.sync_cycles  # codegen: the reduce shares the restore's superstep
         out_bytes = chunk_bytes
@@ -198,7 +205,7 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
     cold = sum(tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
     hot = sum(tile_bytes) + sum(tile_bytes[i] for i in range(nops) if rot_axis[i] is not None)
     if group > 1:
-        hot = max(hot, cold + tile_bytes[out] + chunk_bytes)
+        hot = max(hot, cold + tile_bytes[out] + first)
     hot += epi.hot  # the epilogue's operands live through the whole op
     if weights_home:
         cold = home_bytes(op, geo.shapes, chip, dtype, const_tensors)

@@ -32,6 +32,7 @@ real routes.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,8 +177,20 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     rest = np.zeros(n, dtype=np.int64)
     for col, dim in zip(rest_cols, rest_dims):
         rest = rest * dim + col
-    blocks_per_row = embed.cols // embed.col_ring
-    brow, bcol = np.divmod(rest, blocks_per_row)
+    # reduction axes are innermost: a reduction group is ``group`` consecutive blocks, laid as
+    # a rectangle of blocks that tiles the chip (`group_tile`) so that it never straddles the
+    # end of a row; row-major over the blocks when no rectangle tiles it
+    group = math.prod(d for (j, d) in zip(order, rest_dims) if axes[j] in reduction)
+    per_row = embed.cols // embed.col_ring
+    tile = group_tile(per_row, embed.rows // embed.row_ring, math.prod(rest_dims), group)
+    if tile is None:
+        brow, bcol = np.divmod(rest, per_row)
+    else:
+        height, width = tile
+        gi, member = np.divmod(rest, group)
+        band, slot = np.divmod(gi, per_row // width)
+        mr, mc = np.divmod(member, width)
+        brow, bcol = band * height + mr, slot * width + mc
     col = bcol * embed.col_ring
     row = brow * embed.row_ring
     if embed.col_driver:
@@ -185,6 +198,33 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     if embed.row_driver:
         row = row + interleave(ring_pos[embed.row_driver], embed.row_ring)
     return row * embed.cols + col
+
+
+def group_tile(blocks_per_row: int, block_rows: int, nblocks: int, group: int
+               ) -> tuple[int, int] | None:
+    """(rows, cols) of blocks of the rectangle each reduction group of ``group`` consecutive
+    blocks occupies when ``nblocks`` blocks fill a grid of ``block_rows x blocks_per_row``
+    blocks: the squarest (then the widest) whose rectangles tile the grid, as a reduction in
+    levels along both dimensions moves least over a square (`partition.collectives`); None
+    when none does (the blocks are then laid row-major and a group may straddle a row's
+    end)."""
+    if group <= 1 or blocks_per_row < 1:  # (a grid that does not embed: priced, never placed)
+        return None
+    groups = -(-nblocks // group)
+    # |log w - log sqrt(group)| in integers: max(w*w, group) / min(w*w, group)
+    for width in sorted(_divisors(group), key=lambda w: (max(w * w, group) / min(w * w, group),
+                                                         -w)):
+        if width > blocks_per_row:
+            continue
+        height = group // width
+        if -(-groups // (blocks_per_row // width)) * height <= block_rows:
+            return height, width
+    return None
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small)]
 
 
 def shift_cycles(chip: Chip, moved: list[tuple[int, str, int]]) -> int:
@@ -205,18 +245,6 @@ def shift_cycles(chip: Chip, moved: list[tuple[int, str, int]]) -> int:
 def hops_of_ring(t: int) -> int:
     """Longest edge of an interleaved ring of ``t`` cores."""
     return 0 if t <= 1 else 1 if t == 2 else 2
-
-
-def gather_estimate(chip: Chip, group: int, chunk_bytes: int, stride: int) -> int:
-    """Estimated cycles for each of ``group`` cores on a line (``stride`` apart) to receive its
-    chunk from the others: the middle link carries ``floor(g/2) x ceil(g/2)`` chunks, times the
-    ``stride`` interleaved groups that share the line. Reductions and warm-ups on meshes are
-    priced so; the emulator routes them exactly."""
-    if group <= 1 or chunk_bytes <= 0:
-        return 0
-    hops = min((group - 1) * stride, chip.rows + chip.cols - 2)
-    load = chunk_bytes * (group // 2) * (-(-group // 2)) * stride
-    return chip.hop_latency_cycles * hops + -(-load // chip.link_bytes_per_cycle)
 
 
 def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0) -> int:
@@ -249,6 +277,6 @@ def describe(embed: Embedding | None, ncores: int) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["Embedding", "choose", "embed_rows", "physical_cores", "shift_cycles", "gather_estimate",
+__all__ = ["Embedding", "choose", "embed_rows", "physical_cores", "shift_cycles", "group_tile",
            "exchange_estimate", "interleave", "ring_drivers", "hops_of_ring", "fits",
            "ROUTES_PER_RING"]

@@ -333,14 +333,39 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     smallest = make(int(np.lexsort((part, total, hot))[0]))
     fits = np.flatnonzero(hot <= chip.sram_bytes_per_core)
     order = fits[np.lexsort((row[fits], part[fits], hot[fits], total[fits]))]
-    best_before = np.minimum.accumulate(np.concatenate([[np.iinfo(np.int64).max], hot[order]]))
-    on_front = order[hot[order] < best_before[:-1]]
-    if limit is not None and len(on_front) > limit:
-        picks = sorted({round(i * (len(on_front) - 1) / (limit - 1)) for i in range(limit)})
-        on_front = on_front[picks]
+    if any(mesh for *_, mesh in parts):
+        # on a mesh, the front in (hot bytes, bytes fed to the plan, cycles): re-layouts, not
+        # an op's own cycles, dominate a decode step there, and a plan that splits the weights
+        # finely (cheap per op once reductions run in levels) replicates its activation input
+        # over every core, a fan-out the whole-graph planner must be able to avoid
+        fed = np.concatenate([c.fed for *_, c, _ in parts])
+        on_front = _front_of(order, hot, limit, fed)
+    else:
+        on_front = _front_of(order, hot, limit)
     least_cold = int(min(int(c.cold.min()) for *_, c, _ in parts))
     return SearchResult([make(int(n)) for n in on_front], smallest, least_cold, len(total),
                         time.perf_counter() - start)
+
+
+def _front_of(order: np.ndarray, key: np.ndarray, limit: int | None,
+              other: np.ndarray | None = None) -> np.ndarray:
+    """The rows of ``order`` (fastest first) that no faster row matches or beats in ``key``
+    (and in ``other``, if given), at most ``limit`` of them spread evenly along the front."""
+    if other is None:
+        best_before = np.minimum.accumulate(np.concatenate([[np.iinfo(np.int64).max],
+                                                            key[order]]))
+        on_front = order[key[order] < best_before[:-1]]
+    else:
+        kept: list[int] = []
+        for n in order.tolist():
+            k = np.asarray(kept, dtype=np.int64)
+            if not len(k) or not ((key[k] <= key[n]) & (other[k] <= other[n])).any():
+                kept.append(n)
+        on_front = np.asarray(kept, dtype=np.int64)
+    if limit is not None and len(on_front) > limit:
+        picks = sorted({round(i * (len(on_front) - 1) / (limit - 1)) for i in range(limit)})
+        on_front = on_front[picks]
+    return on_front
 
 
 def pareto_front(plans: list[OpPlan], sram_bytes: int, limit: int) -> list[OpPlan]:

@@ -39,6 +39,7 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.ir import Graph, map_to_root
 
+from .collectives import scatter_of
 from .cost import element_bytes, idle_cores
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
@@ -105,16 +106,8 @@ def scatter_members(geo: Geometry) -> tuple[np.ndarray, np.ndarray, int]:
     lists the logical cores holding partial sums of the same output block, by core id;
     member ``pos[c]`` ends with elements ``[pos * chunk, (pos + 1) * chunk)`` of the block's
     buffer (row-major over the output tile)."""
-    out = len(geo.op.inputs)
-    group = geo.reduce_group
-    origin = geo.tile_origin(out, geo.steps - 1)
-    key = np.unique(origin, axis=0, return_inverse=True)[1].ravel()
-    order = np.lexsort((np.arange(geo.ncores), key))
-    members = order.reshape(-1, group)
-    pos = np.empty(geo.ncores, dtype=np.int64)
-    pos[members] = np.arange(group)[None, :]
-    elems = int(np.prod(geo.tile_shape(out), dtype=np.int64))
-    return members, pos, -(-elems // group)
+    scatter = scatter_of(geo, tables=False)  # one definition for codegen and the pricing
+    return scatter.members, scatter.pos, scatter.chunk
 
 
 def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:

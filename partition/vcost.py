@@ -18,6 +18,7 @@ from t10c.costs import body_ops, prologue_ops
 from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
+from .collectives import reduce_estimate
 from .cost import element_bytes, epilogue_cost, home_bytes
 from .place import embed_rows, exchange_estimate, hops_of_ring
 
@@ -42,6 +43,10 @@ class CostArrays:
     out: np.ndarray
     #: rows a mesh-aware search can embed (`place.choose`); all True otherwise
     placeable: np.ndarray
+    #: bytes of the non-resident inputs' first tiles over all cores: what the producers'
+    #: re-layouts must deliver (a plan that replicates an activation on every core it splits
+    #: the weights over feeds it many times; a rotating input is fed once per ring)
+    fed: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
@@ -54,9 +59,9 @@ def _transfer(chip: Chip, nbytes: np.ndarray) -> np.ndarray:
 
 
 def mesh_rings(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip
-               ) -> tuple[np.ndarray, dict[int, np.ndarray], np.ndarray]:
+               ) -> tuple[np.ndarray, dict[int, np.ndarray], np.ndarray, np.ndarray]:
     """For every row of ``F``: whether `place.choose` embeds it, each rotating operand's
-    driver (axis position), and the ring length laid along the columns."""
+    driver (axis position), and the ring lengths laid along the columns and the rows."""
     axes = op.axis_names
     n = len(F)
     lacks = [[k for k, a in enumerate(axes) if a not in o.axis_set] for o in op.operands]
@@ -70,8 +75,8 @@ def mesh_rings(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip
         for k in reversed(lacks[i]):  # the first lacking axis whose factor t divides wins
             d = np.where(F[:, k] % t == 0, k, d)
         driver[i], ring[i] = d, t
-    ok, _, col_ring, _, _ = embed_rows(chip, np.prod(F, axis=1), driver, ring)
-    return ok, driver, col_ring
+    ok, _, col_ring, _, row_ring = embed_rows(chip, np.prod(F, axis=1), driver, ring)
+    return ok, driver, col_ring, row_ring
 
 
 def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: str,
@@ -141,9 +146,9 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
 
     rot_axis = [axes.index(r[0]) if r else None for r in tpl.rot]
     if mesh:
-        placeable, driver, col_ring = mesh_rings(op, tpl, F, chip)
+        placeable, driver, col_ring, row_ring = mesh_rings(op, tpl, F, chip)
     else:
-        placeable, driver, col_ring = np.ones(n, dtype=bool), {}, ones
+        placeable, driver, col_ring, row_ring = np.ones(n, dtype=bool), {}, ones, ones
 
     def step(movers: list[int]) -> np.ndarray:
         moved = sum((tile_bytes[i] for i in movers), np.zeros(n, dtype=np.int64))
@@ -203,11 +208,20 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     chunk_bytes = np.where(group > 1, chunk * out_elem, 0)
     vec = chip.compute_overhead_cycles + ceil_div((group - 1) * chunk,
                                                     chip.vector_ops_per_cycle[dtype])
-    if mesh:  # `place.gather_estimate`
-        stride = col_ring
-        hops = np.minimum((group - 1) * stride, chip.rows + chip.cols - 2)
-        load = chunk * out_elem * (group // 2) * ceil_div(group, 2) * stride
-        moving = chip.hop_latency_cycles * hops + ceil_div(load, chip.link_bytes_per_cycle)
+    first = chunk  # the largest chunk a level of the reduce-scatter keeps
+    if mesh:  # the levels of `collectives.reduce_estimate` (their adds included)
+        ncores = np.prod(F, axis=1)
+        moving = np.zeros(n, dtype=np.int64)
+        first = chunk.copy()
+        rows = np.stack([group, ncores, col_ring, row_ring, elems[out_index]], axis=1)
+        uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+        for row, (g, nc, tc, tr, block) in enumerate(uniq.tolist()):
+            if g > 1:
+                sel = inverse.ravel() == row
+                cycles, most = reduce_estimate(chip, nc, g, tc, tr, block, out_elem, dtype)
+                moving[sel] = cycles
+                first[sel] = most
+        vec = np.zeros(n, dtype=np.int64)
     else:
         moving = _transfer(chip, (group - 1) * chunk * out_elem)
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
@@ -220,10 +234,14 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
                np.zeros(n, dtype=np.int64))
     hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
                                 np.zeros(n, dtype=np.int64))
-    hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + chunk_bytes), hot)
+    hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + first * out_elem),
+                   hot)
     hot = hot + epi.hot
     if weights_home:
         cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
         hot = hot + cold
     cold = cold + epi.cold
-    return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes, placeable)
+    fed = np.prod(F, axis=1) * sum((tile_bytes[i] for i, o in enumerate(op.inputs)
+                                    if o.tensor not in const_tensors),
+                                   np.zeros(n, dtype=np.int64))
+    return CostArrays(compute, shift, sync, reduce, hot, cold, out_bytes, placeable, fed)

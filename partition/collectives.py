@@ -1,0 +1,352 @@
+"""Multi-level (K-tree) reduce-scatter on a mesh: its levels, its layout and its price.
+
+After an op's steps, the ``G`` cores of a reduction group hold partial sums of the same block
+of ``L`` elements, and a reduce-scatter leaves member ``p`` with elements ``[p x c, (p + 1) x
+c)`` of the reduced block, ``c = ceil(L / G)``. Gathering every member's chunk directly over a
+line of ``G`` cores loads the line's middle link with about ``G / 4`` blocks. As WaferLLM's
+MeshGEMV does, t10c reduces in levels instead: the members of a group, laid as a rectangle
+that never straddles a row's end (`place.group_tile`), are numbered by *digits*, each a set of
+members along one mesh dimension (a row of the rectangle, a column, or a row's contiguous runs
+and every run's ``k``-th core), and level ``k`` reduces among the members that differ only
+in digit ``k``, each keeping ``1 / size`` of its chunk. The first level moves the most, the
+later ones little; the busiest link of a level along a line carries, per receiver on one side,
+its chunk from every sender on the other side.
+
+Member ``p``'s digits are the mixed-radix digits of ``p`` in level order (the first level's
+most significant), and level ``k``'s chunk is ``c x`` (the product of the later levels'
+sizes), so the final share is ``[p x c, (p + 1) x c)`` as with one level: consumers and the
+re-layout pricing (`transitions.result_owner`) see the same layout. Chunks past the block's
+end are padding that no transfer carries (`Reduce.sizes`).
+
+Every level is an ordinary `Reduce` instruction (codegen emits one per level), so the emulator
+computes the same numbers and routes each level's real transfers; the planner prices the levels
+with `reduce_estimate` over the rectangle `place.group_tile` makes. A group that is not a
+rectangle on the mesh (a plan aligned to its producer, a chip without a grid) keeps one level.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.dtypes import ceil_div
+
+from .place import group_tile
+
+if TYPE_CHECKING:
+    from .plan import Geometry
+
+
+@dataclass(frozen=True)
+class Digit:
+    """``size`` members along mesh axis ``axis`` (0: along a row, 1: along a column),
+    ``stride`` cores apart; ``share`` interleaved groups use the same line's links; ``unit``
+    is the digit's step in the member's position along its axis of the rectangle."""
+
+    size: int
+    axis: int
+    stride: int
+    share: int
+    unit: int
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of a group's reduce-scatter, for every core (rows are logical cores)."""
+
+    size: int
+    chunk: int  # elements each core keeps after the level (padding included)
+    table: np.ndarray  # (ncores, size): logical cores of the core's level group, by digit
+    offset: np.ndarray  # (ncores,): where the core's chunk starts in its previous chunk
+    sizes: np.ndarray  # (ncores,): elements of that chunk inside the block (no padding)
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """A group reduce-scatter: ``members`` (blocks, G) logical cores by core id, the final
+    position of every core, the final chunk and the levels in order."""
+
+    members: np.ndarray
+    pos: np.ndarray
+    chunk: int
+    levels: tuple[Level, ...]
+
+
+def _line_busiest(sizes: np.ndarray) -> int:
+    """Elements on the busiest link of a line whose member ``x`` gathers ``sizes[x]`` from
+    every other member (dimension-order routes; both directions)."""
+    g = len(sizes)
+    if g <= 1:
+        return 0
+    x = np.arange(g - 1)
+    below = np.cumsum(sizes)[:-1]  # receivers at or left of link x
+    above = int(sizes.sum()) - below
+    west = below * (g - 1 - x)  # from the senders right of the link
+    east = above * (x + 1)
+    return int(max(west.max(), east.max()))
+
+
+def _line_busiest_prefix(size: int, chunk: int, left: int) -> int:
+    """`_line_busiest` of a line whose receivers hold ``min(chunk, what is left)`` of
+    ``left`` elements in order (full chunks, one partial, then none), in O(1): both
+    directions' loads are concave up to the last receiver, so only a few links can peak."""
+    if size <= 1:
+        return 0
+    total = min(left, size * chunk)
+    best = 0
+    last = -(-total // chunk) - 1  # the last receiver holding anything
+    for x in {0, size - 2, last - 1, last, size // 2 - 1, (size - 1) // 2,
+              total // (2 * chunk) - 1, -(-total // (2 * chunk)) - 1}:
+        if 0 <= x <= size - 2:
+            got = min((x + 1) * chunk, total)
+            best = max(best, got * (size - 1 - x), (total - got) * (x + 1))
+    return best
+
+
+def levels_cost(digits: tuple[Digit, ...], elems: int) -> int:
+    """Elements the levels in order move over their busiest links (the chip-free measure by
+    which `choose_levels` orders them)."""
+    group = math.prod(d.size for d in digits)
+    unit = ceil_div(elems, group)
+    rest, left, total = group, elems, 0  # left: block elements in the first line's chunk
+    for d in digits:
+        rest //= d.size
+        chunk = unit * rest
+        total += _line_busiest_prefix(d.size, chunk, left) * d.share
+        left = min(left, chunk)
+    return total
+
+
+def _splits(n: int, stride: int, share: int, axis: int) -> list[tuple[Digit, ...]]:
+    """Ways to number ``n`` members on a line: one digit, or two (contiguous runs of ``a``
+    members, then every ``a``-th), ``a`` a divisor of ``n`` next to its square root."""
+    if n <= 1:
+        return [()]
+    out: list[tuple[Digit, ...]] = [(Digit(n, axis, stride, share, 1),)]
+    a = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    for inner in sorted({a, n // a} - {1, n}):
+        out.append((Digit(inner, axis, stride, share, 1),
+                    Digit(n // inner, axis, stride * inner, share * inner, inner)))
+    return out
+
+
+@lru_cache(maxsize=65536)
+def choose_levels(rows: int, cols: int, row_stride: int, col_stride: int, elems: int
+                  ) -> tuple[Digit, ...]:
+    """The levels for a group laid as a ``rows x cols`` rectangle of members (``col_stride``
+    cores apart along a row, ``row_stride`` along a column, as many interleaved groups
+    sharing each line): the order that moves the fewest elements over the busiest links
+    (chip-free, so that codegen, the planner and the re-layout pricing agree); ties go to
+    fewer levels."""
+    best: tuple[int, int, tuple[Digit, ...]] | None = None
+    for across in _splits(cols, col_stride, col_stride, 0):
+        for down in _splits(rows, row_stride, row_stride, 1):
+            for order in itertools.permutations(across + down):
+                key = (levels_cost(order, elems), len(order), order)
+                if best is None or key[:2] < best[:2]:
+                    best = key
+    assert best is not None
+    return best[2]
+
+
+def group_shape(chip: Chip, ncores: int, group: int, col_ring: int, row_ring: int
+                ) -> tuple[int, int]:
+    """(rows, cols) of the members of a reduction group of ``group`` consecutive blocks as
+    `place.physical_cores` lays them (one member per block; `place.group_tile`). Where no
+    rectangle tiles the chip the groups straddle rows and are priced as lines (optimistic)."""
+    nblocks = ceil_div(ncores, col_ring * row_ring)
+    tile = group_tile(chip.cols // col_ring, chip.rows // row_ring, nblocks, group)
+    return (1, group) if tile is None else tile
+
+
+def _digit_values(digits: tuple[Digit, ...], height: int, width: int
+                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[int]]:
+    """Members of a ``height x width`` rectangle in row-major order: their row and column
+    index, their value of every digit, and each digit's weight in the final position."""
+    i, j = np.divmod(np.arange(height * width), width)
+    along = {0: j, 1: i}
+    values = [(along[d.axis] // d.unit) % d.size for d in digits]
+    weights = [math.prod(d.size for d in digits[k + 1:]) for k in range(len(digits))]
+    return i, j, values, weights
+
+
+@lru_cache(maxsize=65536)
+def routed_levels(height: int, width: int, row_stride: int, col_stride: int, elems: int,
+                  elem_bytes: int) -> tuple[tuple[int, int, int], ...]:
+    """(longest route in hops, busiest link's bytes, elements added) of every level of one
+    group laid as a rectangle (`choose_levels`' order), its transfers routed along the
+    rectangle's lines link by link as the emulator routes them; interleaved groups of other
+    ring positions load the same lines (``stride`` of them)."""
+    digits = choose_levels(height, width, row_stride, col_stride, elems)
+    group = height * width
+    unit = ceil_div(elems, group)
+    i, j, values, weights = _digit_values(digits, height, width)
+    p = np.zeros(group, dtype=np.int64)
+    for v, w in zip(values, weights):
+        p = p + v * w
+    member = np.empty(group, dtype=np.int64)  # the member at each final position
+    member[p] = np.arange(group)
+    start = np.zeros(group, dtype=np.int64)
+    out = []
+    for d, v, w in zip(digits, values, weights):
+        chunk = unit * w
+        start = start + v * chunk
+        real = np.clip(elems - start, 0, chunk) * elem_bytes  # what each member gathers
+        # the level's groups, members in digit order (which is their order along the line);
+        # between members k and k + 1 the line carries the chunks of the receivers on one
+        # side from every sender on the other, the same on every link of that stretch
+        m = member[p[v == 0][:, None] + np.arange(d.size)[None, :] * w]  # (groups, size)
+        got = np.cumsum(real[m], axis=1)
+        total = got[:, -1:]
+        k = np.arange(d.size - 1)[None, :]
+        west = got[:, :-1] * (d.size - 1 - k)
+        east = (total - got[:, :-1]) * (k + 1)
+        line, pos = (i, j * col_stride) if d.axis == 0 else (j, i * row_stride)
+        length = (width * col_stride if d.axis == 0 else height * row_stride) + 1
+        share = col_stride if d.axis == 0 else row_stride
+        lo, hi = pos[m[:, :-1]].ravel(), pos[m[:, 1:]].ravel()
+        base = line[m[:, :-1]].ravel() * length
+        busiest = 0
+        for load in (west.ravel(), east.ravel()):
+            diff = np.bincount(np.concatenate([base + lo, base + hi]),
+                               weights=np.concatenate([load, -load]).astype(np.float64),
+                               minlength=(max(height, width) + 1) * length)
+            busiest = max(busiest, int(np.rint(np.cumsum(diff).max(initial=0))))
+        moving = total[:, 0] > 0
+        hops = int((pos[m[:, -1]] - pos[m[:, 0]])[moving].max(initial=0))
+        out.append((hops, busiest * share, (d.size - 1) * chunk))
+    return tuple(out)
+
+
+def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring: int,
+                    elems: int, elem_bytes: int, dtype: str) -> tuple[int, int]:
+    """(cycles of the levels, the largest chunk a level keeps) of a mesh reduce-scatter of
+    blocks of ``elems`` over groups of ``group`` members: the planner's price (the barrier
+    not included)."""
+    if group <= 1:
+        return 0, elems
+    nblocks = ceil_div(ncores, col_ring * row_ring)
+    if group_tile(chip.cols // col_ring, chip.rows // row_ring, nblocks, group) is None:
+        # no rectangle tiles the chip: one level over groups that straddle rows' ends, their
+        # transfers crossing the chip's width (codegen's fallback)
+        unit = ceil_div(elems, group)
+        sizes = np.clip(elems - unit * np.arange(group), 0, unit)
+        hops = chip.cols - 1 + ceil_div(group * col_ring, chip.cols)
+        return (chip.hop_latency_cycles * hops
+                + ceil_div(_line_busiest(sizes) * elem_bytes * col_ring,
+                           chip.link_bytes_per_cycle)
+                + chip.vector_cycles((group - 1) * unit, dtype)), unit
+    rows, cols = group_shape(chip, ncores, group, col_ring, row_ring)
+    digits = choose_levels(rows, cols, row_ring, col_ring, elems)
+    first = ceil_div(elems, group) * (group // digits[0].size)
+    cycles = sum(chip.hop_latency_cycles * hops + ceil_div(most, chip.link_bytes_per_cycle)
+                 + chip.vector_cycles(adds, dtype)
+                 for hops, most, adds in routed_levels(rows, cols, row_ring, col_ring, elems,
+                                                       elem_bytes))
+    return cycles, first
+
+
+def _members(geo: Geometry) -> tuple[np.ndarray, np.ndarray]:
+    """(members (blocks, G) logical cores by core id, position of each core among them)."""
+    out = len(geo.op.inputs)
+    group = geo.reduce_group
+    origin = geo.tile_origin(out, geo.steps - 1)
+    key = np.unique(origin, axis=0, return_inverse=True)[1].ravel()
+    order = np.lexsort((np.arange(geo.ncores), key))
+    members = order.reshape(-1, group)
+    pos = np.empty(geo.ncores, dtype=np.int64)
+    pos[members] = np.arange(group)[None, :]
+    return members, pos
+
+
+def _rectangle(geo: Geometry, members: np.ndarray
+               ) -> tuple[np.ndarray, int, int, int, int] | None:
+    """Each group's members in physical row-major order, (blocks, rows, cols), with the
+    rectangle's shape and strides, when every group is the same evenly spaced rectangle."""
+    if geo.embed is None:
+        return None
+    cols_of_chip = geo.embed.cols
+    phys = geo.phys[members]
+    r, c = np.divmod(phys, cols_of_chip)
+    idx = np.lexsort((c, r), axis=-1)
+    r = np.take_along_axis(r, idx, axis=1)
+    c = np.take_along_axis(c, idx, axis=1)
+    g = members.shape[1]
+    height = int(np.count_nonzero(np.diff(r[0]))) + 1
+    if g % height:
+        return None
+    width = g // height
+    rr = r.reshape(-1, height, width)
+    cc = c.reshape(-1, height, width)
+    if (rr != rr[:, :, :1]).any() or (cc != cc[:, :1, :]).any():
+        return None
+    dc = np.diff(cc[:, 0, :], axis=1)
+    dr = np.diff(rr[:, :, 0], axis=1)
+    if (dc.size and (dc != dc.flat[0]).any()) or (dr.size and (dr != dr.flat[0]).any()):
+        return None
+    col_stride = int(dc.flat[0]) if dc.size else 1
+    row_stride = int(dr.flat[0]) if dr.size else 1
+    ordered = np.take_along_axis(members, idx, axis=1).reshape(-1, height, width)
+    return ordered, height, width, row_stride, col_stride
+
+
+def scatter_of(geo: Geometry, tables: bool = True) -> Scatter:
+    """The reduce-scatter of ``geo``'s plan (`Geometry.reduce_group` > 1): levels along the
+    mesh when the groups are rectangles on it, else one level (every member's chunk from every
+    other member). ``tables=False``: only where the result ends up (no levels)."""
+    members, pos = _members(geo)
+    group = members.shape[1]
+    elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
+    unit = ceil_div(elems, group)
+    rect = _rectangle(geo, members)
+    if rect is None and geo.embed is not None and group > 1:
+        # not a rectangle (a plan aligned to its producer's layout): levels over the members
+        # in physical order as if on one line, so that no core gathers from all G members
+        # (the numbers are the same whatever the layout; the emulator routes the real paths)
+        order = np.argsort(geo.phys[members], axis=1, kind="stable")
+        rect = (np.take_along_axis(members, order, axis=1)[:, None, :], 1, group, 1, 1)
+    if rect is None or group <= 1:
+        if not tables:
+            return Scatter(members, pos, unit, ())
+        table = np.empty((geo.ncores, group), dtype=np.int64)
+        table[members.ravel()] = np.repeat(members, group, axis=0)
+        sizes = np.clip(elems - pos * unit, 0, unit)
+        return Scatter(members, pos, unit, (Level(group, unit, table, pos * unit, sizes),))
+    ordered, height, width, row_stride, col_stride = rect
+    digits = choose_levels(height, width, row_stride, col_stride, elems)
+    # each member's position along the rectangle's rows and columns, then its digits
+    blocks = ordered.shape[0]
+    core = ordered.ravel()
+    _, _, one, rests = _digit_values(digits, height, width)
+    values = [np.tile(v, blocks) for v in one]
+    p = sum(v * r for v, r in zip(values, rests))
+    final = np.empty(geo.ncores, dtype=np.int64)
+    final[core] = p
+    if not tables:
+        return Scatter(members, final, unit, ())
+    by_p = np.empty((blocks, group), dtype=np.int64)
+    block = np.repeat(np.arange(blocks), group)
+    by_p[block, p] = core
+    levels = []
+    start = np.zeros(geo.ncores, dtype=np.int64)  # where the core's chunk starts in the block
+    for d, v, rest in zip(digits, values, rests):
+        chunk = unit * rest
+        base = p - v * rest
+        table = np.empty((geo.ncores, d.size), dtype=np.int64)
+        table[core] = by_p[block[:, None], base[:, None] + np.arange(d.size)[None, :] * rest]
+        offset = np.empty(geo.ncores, dtype=np.int64)
+        offset[core] = v * chunk
+        start = start + offset
+        sizes = np.clip(elems - start, 0, chunk)
+        levels.append(Level(d.size, chunk, table, offset, sizes))
+    return Scatter(members, final, unit, tuple(levels))
+
+
+__all__ = ["Digit", "Level", "Scatter", "choose_levels", "group_shape", "levels_cost",
+           "reduce_estimate", "routed_levels", "scatter_of"]

@@ -1,0 +1,122 @@
+"""The mesh reduce-scatter in levels (K-tree, `partition/collectives.py`): placement of groups as
+rectangles, the levels codegen emits, their link loads by hand on a tiny mesh, the same numbers
+as onnxruntime on a 64 x 64 and a rectangular mesh, and the planner's price equal to the
+emulated time."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from t10c.chips import chip_from_dict
+from t10c.codegen.program import Reduce
+from t10c.driver import CompileOptions, compile_model, run_compiled
+from t10c.emulator.routing import route
+from t10c.partition.collectives import _line_busiest, choose_levels
+from t10c.partition.place import group_tile
+
+TINY = chip_from_dict({"base": "wse2", "name": "tiny2x4", "grid": [2, 4], "cores": 8})
+MESH64 = chip_from_dict({"base": "wse2", "name": "mesh64", "grid": [64, 64], "cores": 4096})
+RECT = chip_from_dict({"base": "wse2", "name": "mesh24x40", "grid": [24, 40], "cores": 960})
+
+
+def test_line_loads_by_hand() -> None:
+    # 4 cores on a line, each gathering 2 elements from the 3 others: the middle link carries
+    # 2 receivers x 2 senders x 2 elements each way
+    assert _line_busiest(np.array([2, 2, 2, 2])) == 8
+    line = chip_from_dict({"base": "wse2", "name": "line", "grid": [1, 4], "cores": 4})
+    src, dst = np.array([s for d in range(4) for s in range(4) if s != d]), \
+        np.array([d for d in range(4) for s in range(4) if s != d])
+    r = route(line, src, dst, np.full(len(src), 2))
+    assert r.max_link_bytes == 8 and r.loads[0, 0].tolist() == [6, 8, 6, 0]
+    # only core 0 (2 elements) and core 1 (1) receive: link 0-1 westward carries 2 x 3
+    assert _line_busiest(np.array([2, 1, 0, 0])) == 6
+
+
+def test_groups_tile_the_mesh() -> None:
+    assert group_tile(996, 757, 2048, 8) == (2, 4)  # the squarest: 2 x 4, 249 to a band
+    assert group_tile(40, 24, 960, 15) == (3, 5)
+    assert group_tile(4, 2, 8, 8) == (2, 4)  # the only one that fits
+    assert group_tile(996, 757, 4096 * 128, 4096) == (64, 64)
+    assert group_tile(996, 757, 700000 // 4096 * 4096, 4096) is None  # too full to tile
+    # a line of 32 goes contiguous runs first, then every run's k-th core (a 2-level tree)
+    assert [d.size for d in choose_levels(1, 32, 1, 1, 2)] == [8, 4]
+
+
+def test_levels_link_loads_by_hand_on_a_tiny_mesh() -> None:
+    """matmul 1x1024x4 on 2 x 4 cores: k split 8 ways, the group is the whole 2 x 4 mesh; the
+    4 fp32 partial sums go up the columns first (one hop, only row 0 keeps data), then along
+    row 0 (one element each)."""
+    c = compile_model("matmul-1x1024x4", TINY, CompileOptions())
+    levels = [i for i in c.program.instrs if isinstance(i, Reduce)]
+    assert [lv.group.shape[1] for lv in levels] == [2, 4]
+    assert [c.program.buffers[lv.dst].elems for lv in levels] == [4, 1]
+    # level 1: each core with its column neighbour; level 2: along its row
+    assert all(len({int(g) % 4 for g in row}) == 1 for row in levels[0].group)
+    assert all(len({int(g) // 4 for g in row}) == 1 for row in levels[1].group)
+    # the first level's chunk is 4 elements: the block's 4 on one core of each pair, padding
+    # (nothing sent) on the other
+    assert sorted(levels[0].sizes.tolist()) == [0, 0, 0, 0, 4, 4, 4, 4]
+    r = run_compiled(c)
+    assert r.ok
+    red = [x for x in r.timeline.records if x.phase == "reduce"]
+    # level 1: 4 elements x 4 bytes over one hop: 1 + 16/4 + add (8 + 4/4)
+    assert (red[0].bytes_per_core, red[0].hops, red[0].cycles) == (16, 1, 14)
+    # level 2: 2 receivers x 2 senders x 4 bytes on row 0's middle link, 3 hops: 3 + 4 + 9
+    assert (red[1].bytes_per_core, red[1].hops, red[1].cycles) == (16, 3, 16)
+    assert c.plan.ops[0].cycles.reduce == c.chip.sync_cycles + 14 + 16
+
+
+@pytest.mark.parametrize("chip", [MESH64, RECT], ids=["64x64", "24x40"])
+@pytest.mark.parametrize("model", ["matmul-1x4096x256", "matmul-4x2048x512"])
+def test_levels_match_onnxruntime_and_the_planner(chip, model) -> None:
+    c = compile_model(model, chip, CompileOptions())
+    levels = [i for i in c.program.instrs if isinstance(i, Reduce)]
+    assert len(levels) >= 2  # a tree, not one gather
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    emulated = r.timeline.by_op()["matmul"]
+    predicted = c.plan.ops[0].cycles
+    assert predicted.reduce == emulated["reduce"] + emulated["sync"]
+    assert c.plan.total_cycles == r.timeline.cycles
+
+
+def test_closed_form_line_load_equals_the_exact_one() -> None:
+    from t10c.partition.collectives import _line_busiest_prefix
+
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        g, c = int(rng.integers(2, 70)), int(rng.integers(1, 9))
+        left = int(rng.integers(0, g * c + 1))
+        sizes = np.clip(left - c * np.arange(g), 0, c)
+        assert _line_busiest(sizes) == _line_busiest_prefix(g, c, left), (g, c, left)
+
+
+def test_mesh_front_keeps_the_plans_fed_least() -> None:
+    """On a mesh the search's front is the Pareto front in (hot bytes, bytes fed, cycles), fed
+    being the activation's first tiles over all cores: every enumerated plan is matched or
+    beaten in all three by a front plan, and the front holds plans fed less than the fastest
+    (which replicates the activation over every core of its weight split)."""
+    from t10c import frontend
+    from t10c.driver import load_source
+    from t10c.partition import search_op, search_op_front
+    from t10c.partition.cost import element_bytes
+    from t10c.partition.plan import geometry
+
+    graph = frontend.to_graph(load_source("matmul-1x576x1536"), name="gemv")
+    op = graph.ops[0]
+
+    def key(p) -> tuple[int, int, int]:
+        geo = geometry(graph, op, p)
+        fed = geo.ncores * math.prod(geo.tile_shape(0)) * element_bytes(op, 0, "fp16",
+                                                                      frozenset())
+        return p.hot_bytes_per_core, fed, p.cycles.total
+
+    front = [key(p) for p in search_op_front(graph, op, RECT, "fp16").front]
+    every = [key(p) for p in search_op(graph, op, RECT, "fp16")
+             if p.hot_bytes_per_core <= RECT.sram_bytes_per_core]
+    assert all(any(all(f <= e for f, e in zip(k, q)) for k in front) for q in every)
+    fastest = min(front, key=lambda k: k[2])
+    assert min(k[1] for k in front) < fastest[1]
