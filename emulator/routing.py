@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import ceil_div
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def route(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> R
     loads = np.stack([east, west, south_t.T, north_t.T])
     busiest = int(loads.max())
     hops = int((hx + hy).max())
-    cycles = chip.hop_latency_cycles * hops + -(-busiest // chip.link_bytes_per_cycle)
+    cycles = chip.hop_latency_cycles * hops + ceil_div(busiest, chip.link_bytes_per_cycle)
     return Routed(cycles, busiest, hops, loads)
 
 

@@ -36,6 +36,7 @@ from t10c.codegen.program import (
     received,
 )
 from t10c.costs import compute_cycles
+from t10c.dtypes import ceil_div
 
 from .routing import Routed, route
 
@@ -478,7 +479,7 @@ def _digest(*arrays: np.ndarray) -> tuple[int, ...]:
     for a in arrays:
         flat = np.ascontiguousarray(a, dtype=np.int64).ravel().view(np.uint64)
         n = len(flat)
-        reps = -(-n // _MIX.shape[1])
+        reps = ceil_div(n, _MIX.shape[1])
         with np.errstate(over="ignore"):
             for w in _MIX:
                 if reps > 1:  # each repetition of the weights gets its own multiplier

@@ -36,6 +36,7 @@ import math
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import ceil_div
 from t10c.ir import Graph
 
 from .cost import plan_cost
@@ -54,8 +55,8 @@ def _grid(origin: np.ndarray, shape: np.ndarray, extent: tuple[int, ...]
     inside = (origin < ext).all(axis=1) & (origin + shape > 0).all(axis=1)
     if ((origin[inside] % shape) != 0).any() or (origin[inside] < 0).any():
         return None
-    F = tuple(int(f) for f in -(-ext // shape))
-    if any(-(-e // f) != s for e, f, s in zip(extent, F, shape)):
+    F = tuple(int(f) for f in ceil_div(ext, shape))
+    if any(ceil_div(e, f) != s for e, f, s in zip(extent, F, shape)):
         return None
     index = np.full(len(origin), -1, dtype=np.int64)
     if inside.any():

@@ -100,9 +100,9 @@ def _line_busiest_prefix(size: int, chunk: int, left: int) -> int:
         return 0
     total = min(left, size * chunk)
     best = 0
-    last = -(-total // chunk) - 1  # the last receiver holding anything
+    last = ceil_div(total, chunk) - 1  # the last receiver holding anything
     for x in {0, size - 2, last - 1, last, size // 2 - 1, (size - 1) // 2,
-              total // (2 * chunk) - 1, -(-total // (2 * chunk)) - 1}:
+              total // (2 * chunk) - 1, ceil_div(total, (2 * chunk)) - 1}:
         if 0 <= x <= size - 2:
             got = min((x + 1) * chunk, total)
             best = max(best, got * (size - 1 - x), (total - got) * (x + 1))

@@ -182,7 +182,7 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
     chunk_bytes = 0
     if group > 1:
         elems = math.prod(geo.tile_shape(out))
-        chunk = -(-elems // group)
+        chunk = ceil_div(elems, group)
         chunk_bytes = chunk * element_bytes(op, out, dtype, int_tensors)
         first = chunk_bytes  # the largest chunk a level keeps
         if geo.embed is not None:  # levels along the mesh, their adds included

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import ceil_div
 
 #: routing resources one rotating operand takes on every core of its rings: one route (a
 #: Cerebras "colour") per direction of the interleaved ring
@@ -94,7 +95,7 @@ def fits(chip: Chip, ncores: int, tc: int, tr: int) -> bool:
 def _fits(chip: Chip, ncores: np.ndarray, tc: np.ndarray, tr: np.ndarray) -> np.ndarray:
     rows, cols = chip.grid
     tc, tr = np.maximum(tc, 1), np.maximum(tr, 1)
-    return (tc <= cols) & (tr <= rows) & (-(-ncores // (tc * tr)) <= (rows // tr) * (cols // tc))
+    return (tc <= cols) & (tr <= rows) & (ceil_div(ncores, tc * tr) <= (rows // tr) * (cols // tc))
 
 
 def embed_rows(chip: Chip, ncores: np.ndarray, driver: dict[int, np.ndarray],
@@ -210,14 +211,14 @@ def group_tile(blocks_per_row: int, block_rows: int, nblocks: int, group: int
     end)."""
     if group <= 1 or blocks_per_row < 1:  # (a grid that does not embed: priced, never placed)
         return None
-    groups = -(-nblocks // group)
+    groups = ceil_div(nblocks, group)
     # |log w - log sqrt(group)| in integers: max(w*w, group) / min(w*w, group)
     for width in sorted(_divisors(group), key=lambda w: (max(w * w, group) / min(w * w, group),
                                                          -w)):
         if width > blocks_per_row:
             continue
         height = group // width
-        if -(-groups // (blocks_per_row // width)) * height <= block_rows:
+        if ceil_div(groups, (blocks_per_row // width)) * height <= block_rows:
             return height, width
     return None
 
@@ -239,7 +240,7 @@ def shift_cycles(chip: Chip, moved: list[tuple[int, str, int]]) -> int:
     busiest = max(load.values())
     if busiest <= 0:
         return 0
-    return chip.hop_latency_cycles * hops + -(-busiest // chip.link_bytes_per_cycle)
+    return chip.hop_latency_cycles * hops + ceil_div(busiest, chip.link_bytes_per_cycle)
 
 
 def hops_of_ring(t: int) -> int:
@@ -261,7 +262,7 @@ def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0) -> int
     span = max(chip.rows, chip.cols)
     hops = (chip.rows + chip.cols) // 2
     load = max(remote_bytes, sent_bytes) * max(1, span // 4)
-    return chip.hop_latency_cycles * hops + -(-load // chip.link_bytes_per_cycle)
+    return chip.hop_latency_cycles * hops + ceil_div(load, chip.link_bytes_per_cycle)
 
 
 def describe(embed: Embedding | None, ncores: int) -> str:
@@ -272,7 +273,7 @@ def describe(embed: Embedding | None, ncores: int) -> str:
         parts.append(f"ring of {embed.col_ring} along {embed.col_driver} on the columns")
     if embed.row_driver:
         parts.append(f"ring of {embed.row_ring} along {embed.row_driver} on the rows")
-    blocks = -(-ncores // (embed.col_ring * embed.row_ring))
+    blocks = ceil_div(ncores, (embed.col_ring * embed.row_ring))
     parts.append(f"{blocks} blocks of {embed.row_ring} x {embed.col_ring}")
     return ", ".join(parts)
 

@@ -41,6 +41,7 @@ from functools import cached_property
 
 import numpy as np
 
+from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, Graph, TensorExpr, Window
 
 from .place import Embedding, physical_cores
@@ -125,7 +126,7 @@ class Geometry:
         self.chain = chain
         self.shapes = shapes  # tensor shapes, for INDIRECT dimensions
         self.ncores = math.prod(F)
-        self.b = tuple(-(-e // (f * t)) * t for e, f, t in zip(self.E, F, T))
+        self.b = tuple(ceil_div(e, (f * t)) * t for e, f, t in zip(self.E, F, T))
         self.u = tuple(b // t for b, t in zip(self.b, T))
         self.steps = math.prod(T)
         self.embed = embed

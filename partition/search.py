@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import ceil_div
 from t10c.elementwise import body_inputs
 from t10c.ir import INDIRECT, TensorExpr
 
@@ -89,7 +90,7 @@ def _factor_grids(extents: tuple[int, ...], splittable: list[bool], cores: int,
     # not be forced (a LayerNorm row on a wafer would otherwise be cut into hundreds of parts)
     best = min(cores, math.prod(e for e, s, p in zip(extents, splittable, parallel)
                                 if s and p))
-    padded = np.prod(-(-np.asarray(extents) // grid) * grid, axis=1)
+    padded = np.prod(ceil_div(np.asarray(extents), grid) * grid, axis=1)
     keep = (used <= cores) & (used >= opts.min_util * best) & (
         padded <= (1 + opts.max_pad) * math.prod(extents))
     if not keep.any():  # the thresholds must prune, never leave an op without a plan
@@ -112,7 +113,7 @@ def _fill(grid: np.ndarray, extents: np.ndarray, splittable: list[bool], cores: 
         others = np.prod(np.delete(grid, j, axis=1), axis=1)
         f = np.minimum(extents[j], cores // others)
         f = np.maximum(f, 1)
-        f = -(-extents[j] // -(-extents[j] // f))  # fewest cores with the same block size
+        f = ceil_div(extents[j], ceil_div(extents[j], f))  # fewest cores with the same block size
         stretched = grid.copy()
         stretched[:, j] = f
         rows.append(stretched)
@@ -142,7 +143,7 @@ def _axis_rotations(op: TensorExpr, grid: np.ndarray, opts: SearchOptions
     found: list[_AxisRotation] = []
     for j, a in enumerate(axes):
         users = [i for i, ax in enumerate(plain) if a in ax]
-        longest = int((-(-op.axes[j][1] // grid[:, j])).max()) if len(grid) else 0
+        longest = int((ceil_div(op.axes[j][1], grid[:, j])).max()) if len(grid) else 0
         for size in range(1, len(users) + 1):
             for subset in itertools.combinations(users, size):
                 if not all(lacks[i] for i in subset) or not _in_step(op, subset, users):
@@ -206,7 +207,7 @@ def _feasible(op: TensorExpr, combo: tuple[_AxisRotation, ...], grid: np.ndarray
     lacks = _lacks(op)
     mask = np.ones(len(grid), dtype=bool)
     for r in combo:
-        mask &= -(-op.axes[r.j][1] // grid[:, r.j]) >= r.t
+        mask &= ceil_div(op.axes[r.j][1], grid[:, r.j]) >= r.t
         for i in r.members:
             mask &= (grid[:, lacks[i]] % r.t == 0).any(axis=1)
     return mask
