@@ -145,3 +145,34 @@ def check_case(case: Case, chip: str) -> None:
 def with_fp16(cases: list[Case]) -> list[Case]:
     """Every case again with fp16 storage, at fp16's bound."""
     return cases + [dataclasses.replace(c, name=f"{c.name}-fp16", dtype="fp16") for c in cases]
+
+
+def check_every_plan(graph, chip: Chip, want_of: Callable[..., np.ndarray],
+                     dtype: str = "fp32", limit: int = 40, timed: bool = False) -> int:
+    """Emulate every enumerated plan of ``graph``'s one op (an even sample past ``limit``)
+    against ``want_of(graph, feeds)`` computed with numpy; with ``timed``, the emulated cycles
+    within 5% of the prediction. Returns how many plans were run."""
+    from t10c.codegen import generate
+    from t10c.emulator import emulate
+    from t10c.partition import Plan, SearchOptions, search_op, verify_plan
+
+    op = graph.ops[0]
+    plans = search_op(graph, op, chip, dtype, SearchOptions(chains=True))
+    assert plans
+    if len(plans) > limit:
+        plans = [plans[i] for i in np.linspace(0, len(plans) - 1, limit).astype(int)]
+    rng = np.random.default_rng(1)
+    feeds = {t: rng.standard_normal(graph.tensors[t].shape).astype(np.float32)
+             for t in graph.inputs}
+    want = want_of(graph, feeds)
+    out_name = graph.outputs[0]
+    for p in plans:
+        plan = Plan(graph.name, "test", dtype, (p,), (0,), (1,))
+        verify_plan(graph, plan, chip)
+        out, timeline, _ = emulate(generate(graph, plan, chip), chip, feeds, graph.constants)
+        err = np.abs(out[out_name] - want).max() / max(np.abs(want).max(), 1e-6)
+        assert err < (1e-5 if dtype == "fp32" else 2e-2), (p, err)
+        if timed:
+            assert abs(timeline.cycles - p.cycles.total) <= 0.05 * p.cycles.total, \
+                (p, timeline.cycles)
+    return len(plans)

@@ -13,16 +13,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ophelpers import check_every_plan
 
 from t10c.chips import PRESETS
-from t10c.codegen import generate
 from t10c.driver import CompileOptions, compile_model, run_compiled
 from t10c.dtypes import ceil_div
 from t10c.elementwise import erf
-from t10c.emulator import emulate
 from t10c.frontend.fuse import fuse_elementwise
 from t10c.ir import Graph, Operand, TensorExpr, TensorInfo, Window, expr_from_json, expr_to_json
-from t10c.partition import Plan, SearchOptions, geometry, plan_cost, search_op, verify_plan
+from t10c.partition import SearchOptions, geometry, plan_cost, search_op
 
 BASE = PRESETS["test16"]
 M, K, N = 6, 10, 8
@@ -171,45 +170,20 @@ def want_of(graph: Graph, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return d + feeds["R"] if "R" in feeds else d
 
 
-def check_every_plan(graph: Graph, chip, dtype: str = "fp32", limit: int = 40,
-                     timed: bool = False) -> int:
-    """Emulate every enumerated plan of the one fused op (an even sample past ``limit``)
-    against numpy; with ``timed``, the emulated cycles within 5% of the prediction."""
-    op = graph.ops[0]
-    plans = search_op(graph, op, chip, dtype, SearchOptions(chains=True))
-    assert plans
-    if len(plans) > limit:
-        plans = [plans[i] for i in np.linspace(0, len(plans) - 1, limit).astype(int)]
-    rng = np.random.default_rng(1)
-    feeds = {t: rng.standard_normal(graph.tensors[t].shape).astype(np.float32)
-             for t in graph.inputs}
-    want = want_of(graph, feeds)
-    out_name = graph.outputs[0]
-    for p in plans:
-        plan = Plan(graph.name, "test", dtype, (p,), (0,), (1,))
-        verify_plan(graph, plan, chip)
-        out, timeline, _ = emulate(generate(graph, plan, chip), chip, feeds, graph.constants)
-        err = np.abs(out[out_name] - want).max() / np.abs(want).max()
-        assert err < (1e-5 if dtype == "fp32" else 2e-2), (p, err)
-        if timed:
-            assert abs(timeline.cycles - p.cycles.total) <= 0.05 * p.cycles.total, \
-                (p, timeline.cycles)
-    return len(plans)
-
-
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(1, 12), k=st.integers(1, 24), n=st.integers(1, 12),
        cores=st.sampled_from([1, 2, 3, 5, 8, 12, 16]))
 def test_every_plan_of_a_fused_matmul_matches_numpy(m: int, k: int, n: int, cores: int) -> None:
     graph = fused_matmul(m, k, n)
-    check_every_plan(graph, dataclasses.replace(BASE, cores=cores), limit=20)
+    check_every_plan(graph, dataclasses.replace(BASE, cores=cores), want_of, limit=20)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(1, 10), k=st.integers(1, 40), cores=st.sampled_from([2, 3, 7, 12, 16]))
 def test_every_plan_of_a_fused_reduction_matches_numpy(m: int, k: int, cores: int) -> None:
     """Split reductions included: the epilogue runs on the reduce-scattered chunks."""
-    check_every_plan(fused_rowsum(m, k), dataclasses.replace(BASE, cores=cores), limit=20)
+    check_every_plan(fused_rowsum(m, k), dataclasses.replace(BASE, cores=cores), want_of,
+                     limit=20)
 
 
 def test_fused_plans_split_reductions_and_rotate_outputs() -> None:
@@ -220,12 +194,12 @@ def test_fused_plans_split_reductions_and_rotate_outputs() -> None:
     plans = search_op(graph, graph.ops[0], chip, "fp16", SearchOptions(chains=True))
     assert any(geometry(graph, graph.ops[0], p).reduce_group > 1 for p in plans)
     assert any(p.rot[-1] for p in plans)
-    assert check_every_plan(graph, chip, "fp16", limit=60, timed=True) > 20
+    assert check_every_plan(graph, chip, want_of, "fp16", limit=60, timed=True) > 20
 
 
 def test_fused_plans_on_a_mesh() -> None:
     graph = fused_matmul(12, 24, 16)
-    check_every_plan(graph, PRESETS["wormhole-n150"], "fp16", limit=12)
+    check_every_plan(graph, PRESETS["wormhole-n150"], want_of, "fp16", limit=12)
 
 
 def test_fused_costs_vectorised_equal_scalar_and_price_the_epilogue() -> None:
