@@ -261,15 +261,20 @@ def _sram_time_chart(ok: list[Entry]) -> str:
         if samples:
             t, b = zip(*samples)
             ax.step(t, np.array(b) / 1024, where="post", color=_color(i), label=_label(e, ok))
-    for chip in {e.chip.name: e.chip for e in ok}.values():
-        ax.axhline(chip.sram_bytes_per_core / 1024, color="#d62728", linestyle="--",
-                   label=f"capacity of {chip.name}")
+    _capacity_lines(ax, ok)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("cycles")
     ax.set_ylabel("KiB per core in use")
     ax.set_title("SRAM over time")
     ax.legend(fontsize=8)
     return _png(fig)
+
+
+def _capacity_lines(ax: Any, entries: list[Entry]) -> None:
+    """A dashed line at each chip's SRAM per core, in KiB."""
+    for chip in {e.chip.name: e.chip for e in entries}.values():
+        ax.axhline(chip.sram_bytes_per_core / 1024, color="#d62728", linestyle="--",
+                   label=f"capacity of {chip.name}")
 
 
 def _distinct_heavy_ops(base: Entry, heavy: int) -> list[tuple[int, Any]]:
@@ -354,9 +359,7 @@ def _sram_cores_chart(ok: list[Entry]) -> tuple[str, str] | None:
     fig, ax = plt.subplots(figsize=(WIDE, 3.6))
     for e, peak in zip(have, peaks):
         ax.plot(np.sort(peak)[::-1] / 1024, color=_color(_position(ok, e)), label=_label(e, have))
-    for chip in {e.chip.name: e.chip for e in have}.values():
-        ax.axhline(chip.sram_bytes_per_core / 1024, color="#d62728", linestyle="--",
-                   label=f"capacity of {chip.name}")
+    _capacity_lines(ax, have)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("cores, sorted by their peak (all-to-all: no geometry to draw)")
     ax.set_ylabel("peak KiB in use")
