@@ -235,3 +235,46 @@ def to_storage(values: np.ndarray, dtype: np.dtype | type[np.generic]) -> np.nda
         return values
     with np.errstate(over="ignore", invalid="ignore"):
         return values.astype(target)
+
+
+#: elements rounded at once by `round_fp16`: its few passes stay in the cache
+ROUND_BLOCK = 1 << 16
+_TINY16 = np.float32(2.0 ** -14)  # fp16's smallest normal: below it the spacing is 2^-24
+_HUGE16 = np.float32(65520.0)  # from here IEEE rounding to fp16 gives an infinity
+
+
+def round_fp16(values: np.ndarray) -> np.ndarray:
+    """float32 ``values`` rounded to the nearest fp16 value, as float32: bit for bit
+    ``to_storage(values, np.float16).astype(np.float32)``, several times faster (numpy's fp16
+    casts are scalar code here).
+
+    In fp16's normal range rounding to nearest even drops the 13 low mantissa bits (a carry
+    may raise the exponent, exactly as IEEE rounding does); below it every value is a multiple
+    of 2^-24, which ``rint(x * 2^24) * 2^-24`` gives exactly; from 65520 up the result is an
+    infinity of the value's sign; NaNs take numpy's cast (its payload rule)."""
+    x = np.ascontiguousarray(values, dtype=np.float32)
+    out = np.empty_like(x)
+    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    mag = np.empty(min(ROUND_BLOCK, flat_x.size), dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # large and NaN lanes are redone
+        for s in range(0, flat_x.size, ROUND_BLOCK):
+            xs, os = flat_x[s:s + ROUND_BLOCK], flat_out[s:s + ROUND_BLOCK]
+            a = mag[:len(xs)]
+            u, o = xs.view(np.uint32), os.view(np.uint32)
+            np.right_shift(u, 13, out=o)
+            o &= np.uint32(1)  # the kept mantissa's last bit: ties go to even
+            o += np.uint32(0xFFF)
+            o += u
+            o &= np.uint32(0xFFFFE000)
+            np.abs(xs, out=a)
+            small = a < _TINY16
+            if small.any():
+                np.copyto(os, np.rint(xs * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24),
+                          where=small)
+            over = ~(a < _HUGE16)  # past fp16's range, or NaN
+            if over.any():
+                np.copyto(os, np.copysign(np.float32(np.inf), xs), where=over)
+                nan = np.isnan(xs)
+                if nan.any():
+                    os[nan] = xs[nan].astype(np.float16).astype(np.float32)
+    return out

@@ -36,6 +36,7 @@ import math
 import time
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from t10c.chips import Chip
 from t10c.codegen.program import (
@@ -57,7 +58,14 @@ from t10c.codegen.program import (
 from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
 
-from .kernels import evaluate, gather_slices, operand_sizes, put_slices, to_storage
+from .kernels import (
+    evaluate,
+    gather_slices,
+    operand_sizes,
+    put_slices,
+    round_fp16,
+    to_storage,
+)
 from .timing import (
     EmulatorError,
     PhaseRecord,
@@ -88,6 +96,10 @@ class Machine(TimingMachine):
         self.dtypes = [b.dtype for b in program.buffers]
         self.host_held: dict[tuple[str, str], np.ndarray] = {}
         self.patterns = Gathers()
+        self.pool = Pool()
+        self.base: dict[int, np.ndarray] = {}  # each live buffer's memory, flat (for the pool)
+        #: buffers in reused memory: the cores whose row still holds an old buffer's values
+        self.dirty: dict[int, np.ndarray] = {}
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
@@ -103,7 +115,9 @@ class Machine(TimingMachine):
         held = HELD[name]
         if src is not None and self.exact(buf, src):
             return values.astype(held, copy=False)
-        if NP_DTYPES[name] != held:  # fp16 held in float32: round through fp16
+        if NP_DTYPES[name] != held:  # fp16 held in float32: round to fp16's values
+            if values.dtype == np.float32 and NP_DTYPES[name] == np.float16:
+                return round_fp16(values)
             return to_storage(values, NP_DTYPES[name]).astype(held)
         return to_storage(values, held)
 
@@ -116,11 +130,44 @@ class Machine(TimingMachine):
     def alloc(self, ins: Alloc) -> None:
         super().alloc(ins)
         b = self.prog.buffers[ins.buf]
-        self.mem[ins.buf] = np.zeros((self.chip.cores, b.elems), dtype=HELD[b.dtype])
+        shape, held = (self.chip.cores, b.elems), HELD[b.dtype]
+        flat = self.pool.take(math.prod(shape))
+        if flat is None:  # fresh memory reads as zeros
+            self.mem[ins.buf] = np.zeros(shape, dtype=held)
+            flat = self.mem[ins.buf].reshape(-1).view(np.float32)
+        else:  # a freed buffer's: no row may be read before it is written (`rewrite`)
+            self.mem[ins.buf] = flat[:math.prod(shape)].view(held).reshape(shape)
+            self.dirty[ins.buf] = np.ones(shape[0], dtype=bool)
+        self.base[ins.buf] = flat
 
     def free(self, ins: Free) -> None:
         super().free(ins)
         self.mem.pop(ins.buf, None)
+        self.dirty.pop(ins.buf, None)
+        flat = self.base.pop(ins.buf, None)
+        if flat is not None:
+            self.pool.give(flat)
+
+    def wrote(self, buf: int, rows: np.ndarray | slice) -> None:
+        """Rows ``rows`` of ``buf`` were written whole: they hold no old values any more."""
+        dirty = self.dirty.get(buf)
+        if dirty is not None:
+            dirty[rows] = False
+            if not dirty.any():
+                del self.dirty[buf]
+
+    def rewrite(self, buf: int, rows: np.ndarray | slice) -> None:
+        """Before a part of rows ``rows`` of ``buf`` is written: the rows that still hold an
+        old buffer's values are zeroed, as fresh memory is (the rest of a row that a compute
+        step writes in parts must read as zero, whatever the memory held before)."""
+        dirty = self.dirty.get(buf)
+        if dirty is None:
+            return
+        cores = np.arange(len(dirty))[rows]
+        cores = cores[dirty[cores]]
+        if len(cores):
+            self.mem[buf][cores] = 0
+        self.wrote(buf, rows)
 
     def load(self, ins: Load) -> None:
         super().load(ins)
@@ -142,12 +189,13 @@ class Machine(TimingMachine):
                                 f"expects {ins.shape}")
         rows = _rows(ins, ins.ncores)
         dst = self.mem[ins.buf]
+        self.wrote(ins.buf, rows)
         host = self.rounded(ins.tensor, ins.buf, src)
         if ins.pat is not None:
             p = ins.pattern()
             assert p is not None
             vals = self.patterns.gather(p, host.reshape(1, -1))
-            dst[rows] = vals[p.pat]
+            copy_rows(vals, p.pat, dst, rows)
             runs = p.runs.astype(np.int64)
             owner = np.repeat(np.arange(p.patterns), np.diff(p.start))
             valid = np.bincount(owner, weights=np.where(runs[:, 0] >= 0, runs[:, 2], 0),
@@ -157,10 +205,7 @@ class Machine(TimingMachine):
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = unique_rows(ins.origin)
             tiles, counts = load_tiles(host, uniq, ins.tile)
-            if isinstance(rows, slice):  # copied straight into the buffers
-                np.take(tiles, inverse, axis=0, out=dst[rows], mode="clip")  # in range: unbuffered
-            else:
-                dst[rows] = tiles[inverse]
+            copy_rows(tiles, inverse, dst, rows)
             loaded = int(counts[inverse].sum())
         else:
             flat, valid = ins.elements()
@@ -182,16 +227,18 @@ class Machine(TimingMachine):
         super().fill(ins)
         dst = self.mem[ins.buf]
         dst[_rows(ins, ins.ncores)] = self.stored(ins.buf, np.asarray(float(ins.value)))
+        self.wrote(ins.buf, _rows(ins, ins.ncores))
 
     def exchange(self, ins: Exchange) -> None:
         super().exchange(ins)
         src, dst = self.mem[ins.src], self.mem[ins.dst]
         n = ins.nrows
         rows = _rows(ins, n)
+        self.wrote(ins.dst, rows)  # every row it writes, it writes whole
         if ins.pat is not None:  # each distinct row gathered once, then copied to its rows
-            p = ins.pattern()
-            vals = self.patterns.gather(p, src)
-            dst[rows] = self.stored(ins.dst, vals[p.pat], ins.src)
+            p = ins.pattern()  # rounded once per distinct row, before the copies
+            vals = self.stored(ins.dst, self.patterns.gather(p, src), ins.src)
+            copy_rows(vals, p.pat, dst, rows)
             return
         if ins.dst != ins.src and isinstance(rows, slice) and self.exact(ins.dst, ins.src):
             out = dst[rows]  # gathered straight into the destination buffers
@@ -206,6 +253,7 @@ class Machine(TimingMachine):
         dst = self.mem[ins.dst]
         dst[_rows(ins, len(ins.src_core))] = self.stored(ins.dst, self.mem[ins.src][ins.src_core],
                                                          ins.src)
+        self.wrote(ins.dst, _rows(ins, len(ins.src_core)))
 
     def reduce(self, ins: Reduce) -> None:
         super().reduce(ins)
@@ -216,12 +264,13 @@ class Machine(TimingMachine):
         if width:  # some chunk reads past the end of src: the combine's identity there
             pad = np.full((self.chip.cores, width), combine.identity, dtype=np.float32)
             src = np.concatenate([src.astype(np.float32), pad], axis=1)
-        cols = ins.offset.astype(np.int64)[:, None] + np.arange(chunk)[None, :]  # (n, chunk)
-        # one flat gather of every member's chunk: (n, G, chunk)
-        parts = np.take(src.reshape(-1), ins.group.astype(np.int64)[:, :, None] * src.shape[1]
-                        + cols[:, None, :])
+        # every member's chunk, (n, G, chunk): whole chunks cut from a window view of the
+        # buffers (a copy per chunk, not an index per element)
+        windows = sliding_window_view(src, chunk, axis=1)  # (cores, starts, chunk)
+        parts = windows[ins.group.astype(np.intp), ins.offset.astype(np.intp)[:, None]]
         red = combine.ufunc.reduce(parts.astype(np.float32, copy=False), axis=1)
         dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red)
+        self.wrote(ins.dst, _rows(ins, len(ins.group)))
 
     def compute(self, ins: Compute) -> None:
         super().compute(ins)
@@ -239,6 +288,7 @@ class Machine(TimingMachine):
             values.append(gather_slices(buf, tiles[k], ins.offsets[k], sizes)[0])
         with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
             result = evaluate(expr, values, sub, ins.origin)
+        self.rewrite(ins.out, rows)  # a sub-block of each row: the rest must read as zero
         out = self.mem[ins.out]
         k = len(ins.ins)
         if placed:  # work on a copy of the placed cores' rows, written back below
@@ -269,6 +319,48 @@ def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
     start = time.perf_counter()
     outputs, timeline = Machine(program, chip).run(inputs, constants, progress)
     return outputs, timeline, time.perf_counter() - start
+
+
+class Pool:
+    """Freed buffers' memory (flat float32 arrays, any 4-byte dtype viewed on them), kept up to
+    a budget of bytes for later buffers: repeated layers allocate the same sizes, and fresh
+    memory costs a page fault per page at its first write, several times the write itself."""
+
+    BUDGET = 1 << 30
+
+    def __init__(self) -> None:
+        self.free: list[np.ndarray] = []
+        self.bytes = 0
+
+    def take(self, elems: int) -> np.ndarray | None:
+        """The smallest kept array of at least ``elems`` elements (and at most twice as many:
+        a small buffer does not hold a large array), or None."""
+        best = None
+        for k, flat in enumerate(self.free):
+            if elems <= flat.size <= 2 * elems and (best is None
+                                                    or flat.size < self.free[best].size):
+                best = k
+        if best is None:
+            return None
+        flat = self.free.pop(best)
+        self.bytes -= flat.nbytes
+        return flat
+
+    def give(self, flat: np.ndarray) -> None:
+        """Keep ``flat`` for a later buffer, if the budget allows."""
+        if self.bytes + flat.nbytes <= self.BUDGET:
+            self.free.append(flat)
+            self.bytes += flat.nbytes
+
+
+def copy_rows(values: np.ndarray, which: np.ndarray, dst: np.ndarray,
+              rows: np.ndarray | slice) -> None:
+    """``dst[rows] = values[which]``: straight into the buffers where ``rows`` is a slice
+    (no temporary of every row), else through one."""
+    if isinstance(rows, slice) and values.dtype == dst.dtype:
+        np.take(values, which, axis=0, out=dst[rows], mode="clip")  # in range: unbuffered
+    else:
+        dst[rows] = values[which]
 
 
 def unique_rows(origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

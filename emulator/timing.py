@@ -116,6 +116,8 @@ class TimingMachine:
         self.transfers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # mesh: src, dst, B
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
         self.routes: dict[tuple[int, ...], Routed] = {}  # routes by a digest of their transfers
+        #: (src, dst, elements) of the transfers of every distinct exchange pattern
+        self.counted: dict[tuple[bytes, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.host: dict[str, np.ndarray] = {}
         self.executed = 0  # instructions stepped so far: the index of the next one
         #: bound methods, so that a subclass's handlers are the ones called
@@ -369,12 +371,19 @@ class TimingMachine:
         self.mark_live(ins.dst)
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
-        if self.chip.is_mesh:
-            src, dst, count = pair_counts(p, here)
-            keep = src != dst
-            self.receive(ins.op, ins.phase, src[keep], dst[keep], count[keep] * size)
-        else:
-            self.receive(ins.op, ins.phase, np.full(n, -1), here, received(p, here) * size)
+        # repeated layers exchange by the same patterns: their counts are worked out once
+        key = (ins.pat.tobytes(), p.start.tobytes(), p.runs.tobytes(),
+               b"" if ins.cores is None else b"on" + ins.cores.tobytes())
+        counted = self.counted.get(key)
+        if counted is None:
+            if self.chip.is_mesh:
+                src, dst, count = pair_counts(p, here)
+                keep = src != dst
+                counted = self.counted[key] = (src[keep], dst[keep], count[keep])
+            else:
+                counted = self.counted[key] = (np.full(n, -1), here, received(p, here))
+        src, dst, count = counted
+        self.receive(ins.op, ins.phase, src, dst, count * size)
 
     def shift(self, ins: Shift) -> None:
         n = len(ins.src_core)
