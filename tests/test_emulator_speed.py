@@ -6,7 +6,9 @@ planner's strategy; the graph is compiled to a program, which the vectorised emu
 (`emulator/machine.py`: batched contractions, exchanges as one gather, fp16 held in float32)
 and the reference (`emulator/reference.py`: one core at a time, real fp16 buffers) both run.
 Their outputs must agree, and the data machine's timeline must be the timing machine's, record
-for record (the clock lives in one place: values may never change it).
+for record (the clock lives in one place: values may never change it). Run again with every
+buffer placed in memory full of NaNs (what reused memory may hold), the outputs are the same
+bit for bit.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from hypothesis import strategies as st
 from ophelpers import G, make_model
 
 from t10c.chips import PRESETS, Chip
+from t10c.codegen.program import Alloc, Buffer, Free, Program
 from t10c.driver import CompileOptions, compile_model, make_inputs, max_rel_err
 from t10c.emulator import Machine, TimingMachine
 from t10c.emulator.kernels import ROUND_BLOCK, round_fp16
+from t10c.emulator.machine import Pool
 from t10c.emulator.reference import run_reference
 from t10c.partition.search import SearchOptions
 
@@ -85,6 +89,14 @@ def chips(draw: st.DrawFn) -> Chip:
                                sram_bytes_per_core=2 * MIB)
 
 
+class PoisonPool(Pool):
+    """A memory pool that hands every buffer memory full of NaNs (as if an old buffer's
+    values were left in it), so that the machine's zeroing of reused memory is tested."""
+
+    def take(self, elems: int) -> np.ndarray:
+        return np.full(elems, np.nan, dtype=np.float32)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=graphs(), chip=chips(), dtype=st.sampled_from(("fp16", "fp32")),
        rotation=st.booleans(), vgm=st.booleans())
@@ -106,6 +118,12 @@ def test_fast_emulator_equals_reference(graph: tuple[tuple[int, ...], list[tuple
     # fp32 agrees to rounding; fp16 to about one fp16 ulp (the same values, summed in a
     # different order before the one rounding)
     assert max_rel_err(got, want) <= (1e-5 if dtype == "fp32" else 1e-3)
+    # every buffer in reused memory that holds NaNs: no stale value may reach an output
+    poisoned = Machine(c.program, c.chip)
+    poisoned.pool = PoisonPool()
+    again, _ = poisoned.run(inputs, c.graph.constants)
+    for name in want:
+        assert np.array_equal(again[name].view(np.uint32), got[name].view(np.uint32)), name
     timing = TimingMachine(c.program, c.chip).execute(inputs, c.graph.constants)
     assert timeline.records == timing.records and timeline.cycles > 0
     assert timeline.sram_samples == timing.sram_samples
@@ -135,3 +153,33 @@ def test_round_fp16_is_numpys_cast(seed: int, n: int) -> None:
     got = round_fp16(bits.reshape(-1, 1))
     assert got.shape == (len(bits), 1) and got.dtype == np.float32
     assert np.array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
+def test_reused_memory_reads_as_zero_where_written_in_parts() -> None:
+    """A buffer placed in a freed buffer's memory: rows written whole keep their values; a
+    row first written in parts (a compute step's sub-block) is zeroed first, as fresh memory
+    reads; rows never written keep the old values, which no correct program reads."""
+    chip = dataclasses.replace(PRESETS["test16"], cores=4, grid=(2, 2))
+    bufs = (Buffer(0, "a", 3, "fp32", 0), Buffer(1, "b", 3, "fp32", 0))
+    program = Program("reuse", chip.name, "fp32", 4, bufs, (),
+                      (Alloc("", "", 0), Free("", "", 0), Alloc("", "", 1)), {}, (), 16)
+    m = Machine(program, chip)
+    m.pool = PoisonPool()
+    for ins in program.instrs[:1]:
+        m.step(ins, {})
+    assert np.isnan(m.mem[0]).all() and m.dirty[0].all()
+    m.mem[0][:2] = 7.0  # rows 0 and 1 written whole (a load, say)
+    m.wrote(0, slice(0, 2))
+    m.rewrite(0, np.array([1, 2]))  # a compute step writes part of rows 1 and 2
+    assert (m.mem[0][:2] == 7.0).all() and (m.mem[0][2] == 0).all()
+    assert np.isnan(m.mem[0][3]).all() and m.dirty[0].tolist() == [False, False, False, True]
+    m.rewrite(0, slice(0, 4))
+    assert 0 not in m.dirty and (m.mem[0][3] == 0).all()
+    # freed memory goes back to the pool and comes out again for an equal buffer
+    # (not zeroed on the way: a buffer written whole costs one write, not two)
+    pool, old = Pool(), m.mem[0].copy()
+    m.pool = pool
+    m.step(program.instrs[1], {})
+    assert pool.bytes == 4 * 3 * 4
+    m.step(program.instrs[2], {})
+    assert pool.bytes == 0 and m.dirty[1].all() and (m.mem[1] == old).all()
