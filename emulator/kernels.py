@@ -7,6 +7,8 @@ Arrays carry a leading core axis. Inputs are read in the storage dtype and compu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -107,16 +109,31 @@ def expand(expr: TensorExpr, k: int, v: np.ndarray, sub: dict[str, int]
     return v[tuple(index)], axes
 
 
-def evaluate(expr: TensorExpr, values: list[np.ndarray], sub: dict[str, int],
+@dataclass(frozen=True)
+class Replicated:
+    """An operand whose cores hold few distinct blocks (a weight tile loaded onto many cores):
+    core c's block is ``blocks[index[c]]``. A contraction copies only the distinct blocks into
+    its matrix layout, then the matrix rows per core; ``dense()`` gives the operand as the
+    buffers hold it, for every other use."""
+
+    blocks: np.ndarray
+    index: np.ndarray
+    dense: Callable[[], np.ndarray]
+
+
+def evaluate(expr: TensorExpr, values: Sequence[np.ndarray | Replicated], sub: dict[str, int],
              origin: np.ndarray) -> np.ndarray:
     """The sub-task's result, (ncores, *output sub-block) in the output operand's axis order."""
-    n = values[0].shape[0] if values else len(origin)
+    if expr.body[0] == "take" or not is_contraction(expr) or expr.prologue:
+        values = [v.dense() if isinstance(v, Replicated) else v for v in values]
+    n = len(origin)
     if expr.body[0] == "take":
-        return _take(expr, values, n, origin)
-    expanded = [expand(expr, k, v.astype(np.float32, copy=False), sub)
-                for k, v in enumerate(values)]
+        return _take(expr, values, n, origin)  # type: ignore[arg-type]  # dense above
     if is_contraction(expr):
-        return _contract(expr, _prologues(expr, expanded, sub, n))
+        pair = [_expand_operand(expr, k, v, sub) for k, v in enumerate(values)]
+        return _contract(expr, _prologues(expr, pair, sub, n), n)  # type: ignore[arg-type]
+    expanded = [expand(expr, k, v.astype(np.float32, copy=False), sub)  # type: ignore[union-attr]
+                for k, v in enumerate(values)]
     axes = expr.axis_names
     full = [v.reshape([n] + [sub[a] if a in have else 1 for a in axes]) for v, have in expanded]
     result = _eval_body(expr.body, full)
@@ -160,30 +177,64 @@ def _prologues(expr: TensorExpr, expanded: list[tuple[np.ndarray, list[str]]],
     return pair
 
 
-def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray, list[str]]]) -> np.ndarray:
-    """Batched matmul over the core axis: (Z, batch, m, k) @ (Z, batch, k, n)."""
+def _expand_operand(expr: TensorExpr, k: int, v: np.ndarray | Replicated, sub: dict[str, int]
+                    ) -> tuple[np.ndarray | Replicated, list[str]]:
+    """`expand` of a contraction operand, a replicated one block by block."""
+    if not isinstance(v, Replicated):
+        return expand(expr, k, v.astype(np.float32, copy=False), sub)
+    blocks, axes = expand(expr, k, v.blocks.astype(np.float32, copy=False), sub)
+    dense = v.dense
+    return Replicated(blocks, v.index, lambda: expand(
+        expr, k, dense().astype(np.float32, copy=False), sub)[0]), axes
+
+
+def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray | Replicated, list[str]]],
+              z: int) -> np.ndarray:
+    """Batched matmul over the core axis (``z`` cores): (Z, batch, m, k) @ (Z, batch, k, n)."""
     (a, a_axes), (b, b_axes) = expanded
     out_axes = [str(a) for a in expr.output.axes]  # output dimensions are plain axes
     lifted = [x for x in out_axes if x not in a_axes and x not in b_axes]
     if lifted:  # the unit axis of a scalar result (`Context.emit` adds it): one more of a's
-        a, a_axes = a.reshape(a.shape + (1,) * len(lifted)), [*a_axes, *lifted]
+        unit = (1,) * len(lifted)
+        if isinstance(a, Replicated):
+            dense = a.dense
+            a = Replicated(a.blocks.reshape(a.blocks.shape + unit), a.index,
+                           lambda: (lambda d: d.reshape(d.shape + unit))(dense()))
+        else:
+            a = a.reshape(a.shape + unit)
+        a_axes = [*a_axes, *lifted]
     red = list(expr.reduction_axes)
     if not all(x in a_axes and x in b_axes for x in red):
+        a, b = (v.dense() if isinstance(v, Replicated) else v for v in (a, b))
         letters = {x: chr(ord("a") + i) for i, x in enumerate(expr.axis_names)}
         spec = ",".join("Z" + "".join(letters[x] for x in have) for have in (a_axes, b_axes))
         return np.einsum(f"{spec}->Z" + "".join(letters[x] for x in out_axes), a, b)
     batch = [x for x in out_axes if x in a_axes and x in b_axes]
     m = [x for x in out_axes if x in a_axes and x not in b_axes]
     n = [x for x in out_axes if x in b_axes and x not in a_axes]
-    size = dict(zip(a_axes, a.shape[1:])) | dict(zip(b_axes, b.shape[1:]))
-    z = a.shape[0]
+    shape_a = (a.blocks if isinstance(a, Replicated) else a).shape
+    shape_b = (b.blocks if isinstance(b, Replicated) else b).shape
+    size = dict(zip(a_axes, shape_a[1:])) | dict(zip(b_axes, shape_b[1:]))
 
     def arrange(v: np.ndarray, have: list[str], order: list[str]) -> np.ndarray:
         return np.transpose(v, [0] + [have.index(x) + 1 for x in order])
 
+    def matrix(v: np.ndarray | Replicated, have: list[str], order: list[str], rows: int,
+               cols: int) -> np.ndarray:
+        """The operand as (z * batch, rows, cols); a replicated one's distinct blocks are
+        arranged, then copied per core, where the buffers' arranged blocks are contiguous too
+        (copied, or already so): the matmul sees the same contiguous matrices, the same bits."""
+        if isinstance(v, Replicated):
+            u = len(v.blocks)
+            mat = arrange(v.blocks, have, order).reshape(u * nb, rows, cols)
+            if u >= 2 and z >= 2 and mat.flags.c_contiguous:
+                return mat.reshape(u, -1)[v.index].reshape(z * nb, rows, cols)
+            v = v.dense()
+        return arrange(v, have, order).reshape(z * nb, rows, cols)
+
     nb, nm, nn, nk = (math.prod(size[x] for x in g) for g in (batch, m, n, red))
-    a2 = arrange(a, a_axes, batch + m + red).reshape(z * nb, nm, nk)
-    b2 = arrange(b, b_axes, batch + red + n).reshape(z * nb, nk, nn)
+    a2 = matrix(a, a_axes, batch + m + red, nm, nk)
+    b2 = matrix(b, b_axes, batch + red + n, nk, nn)
     c = np.matmul(a2, b2).reshape([z] + [size[x] for x in batch + m + n])
     return arrange(c, batch + m + n, out_axes)
 
@@ -238,8 +289,10 @@ def to_storage(values: np.ndarray, dtype: np.dtype | type[np.generic]) -> np.nda
 
 
 #: elements rounded at once by `round_fp16`: its few passes stay in the cache
-ROUND_BLOCK = 1 << 16
-_TINY16 = np.float32(2.0 ** -14)  # fp16's smallest normal: below it the spacing is 2^-24
+ROUND_BLOCK = 1 << 15
+#: the bits of fp16's smallest normal (2^-14; below it the spacing is 2^-24) as a float32, less
+#: one: ``|x|``'s bits less one are below it for the values under it but zero (which wraps)
+_TINY16_BITS = np.uint32(0x38800000 - 1)
 _HUGE16 = np.float32(65520.0)  # from here IEEE rounding to fp16 gives an infinity
 
 
@@ -256,10 +309,11 @@ def round_fp16(values: np.ndarray) -> np.ndarray:
     out = np.empty_like(x)
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     mag = np.empty(min(ROUND_BLOCK, flat_x.size), dtype=np.float32)
+    low = np.empty(len(mag), dtype=np.uint32)
     with np.errstate(over="ignore", invalid="ignore"):  # large and NaN lanes are redone
         for s in range(0, flat_x.size, ROUND_BLOCK):
             xs, os = flat_x[s:s + ROUND_BLOCK], flat_out[s:s + ROUND_BLOCK]
-            a = mag[:len(xs)]
+            a, below = mag[:len(xs)], low[:len(xs)]
             u, o = xs.view(np.uint32), os.view(np.uint32)
             np.right_shift(u, 13, out=o)
             o &= np.uint32(1)  # the kept mantissa's last bit: ties go to even
@@ -267,12 +321,14 @@ def round_fp16(values: np.ndarray) -> np.ndarray:
             o += u
             o &= np.uint32(0xFFFFE000)
             np.abs(xs, out=a)
-            small = a < _TINY16
-            if small.any():
+            # |x| - 1 ulp as bits, wrapping at zero: below fp16's normals and not zero
+            np.subtract(a.view(np.uint32), np.uint32(1), out=below)
+            if below.min() < _TINY16_BITS:
+                small = below < _TINY16_BITS
                 np.copyto(os, np.rint(xs * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24),
                           where=small)
-            over = ~(a < _HUGE16)  # past fp16's range, or NaN
-            if over.any():
+            if not a.max() < _HUGE16:  # past fp16's range, or a NaN
+                over = ~(a < _HUGE16)
                 np.copyto(os, np.copysign(np.float32(np.inf), xs), where=over)
                 nan = np.isnan(xs)
                 if nan.any():

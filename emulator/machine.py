@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -59,6 +61,7 @@ from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
 
 from .kernels import (
+    Replicated,
     evaluate,
     gather_slices,
     operand_sizes,
@@ -91,7 +94,7 @@ class Machine(TimingMachine):
 
     def __init__(self, program: Program, chip: Chip) -> None:
         super().__init__(program, chip)
-        self.mem: dict[int, np.ndarray] = {}
+        self.mem = Memory()
         self.outputs: dict[str, np.ndarray] = {}
         self.dtypes = [b.dtype for b in program.buffers]
         self.host_held: dict[tuple[str, str], np.ndarray] = {}
@@ -205,7 +208,10 @@ class Machine(TimingMachine):
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = unique_rows(ins.origin)
             tiles, counts = load_tiles(host, uniq, ins.tile)
-            copy_rows(tiles, inverse, dst, rows)
+            if isinstance(rows, slice):  # copied onto the cores when read as a buffer
+                self.mem.share(ins.buf, tiles.astype(dst.dtype, copy=False), inverse)
+            else:
+                copy_rows(tiles, inverse, dst, rows)
             loaded = int(counts[inverse].sum())
         else:
             flat, valid = ins.elements()
@@ -280,12 +286,19 @@ class Machine(TimingMachine):
         rows = _rows(ins, n)
         placed = ins.cores is not None
         tiles = ins.tiles
-        values = []
+        values: list[np.ndarray | Replicated] = []
         for k, bid in enumerate(ins.ins):
-            buf = self.mem[bid]
-            buf = buf[rows] if placed else buf
             sizes = operand_sizes(expr, k, sub, tiles[k])
-            values.append(gather_slices(buf, tiles[k], ins.offsets[k], sizes)[0])
+            shared = None if placed else self.mem.shared.get(bid)
+            offsets = ins.offsets[k]
+            if shared is not None and n and (offsets == offsets[0]).all():
+                blocks, index = shared  # the distinct tiles' blocks, and each core's tile
+                cut = np.broadcast_to(offsets[0], (len(blocks), len(offsets[0])))
+                values.append(Replicated(
+                    gather_slices(blocks, tiles[k], cut, sizes)[0], index[:n],
+                    partial(self.operand, bid, tiles[k], offsets, sizes)))
+                continue
+            values.append(self.operand(bid, tiles[k], offsets, sizes, rows if placed else None))
         with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
             result = evaluate(expr, values, sub, ins.origin)
         self.rewrite(ins.out, rows)  # a sub-block of each row: the rest must read as zero
@@ -304,6 +317,13 @@ class Machine(TimingMachine):
         if placed:
             whole[rows] = out
 
+    def operand(self, buf: int, tile: tuple[int, ...], offsets: np.ndarray,
+                sizes: tuple[int, ...], rows: np.ndarray | slice | None = None) -> np.ndarray:
+        """Every core's sub-block of ``sizes`` at ``offsets`` of buffer ``buf`` (of the
+        placed cores ``rows``, if given)."""
+        values = self.mem[buf]
+        return gather_slices(values if rows is None else values[rows], tile, offsets, sizes)[0]
+
     def store(self, ins: Store) -> None:
         super().store(ins)
         src = self.mem[ins.src]
@@ -319,6 +339,36 @@ def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
     start = time.perf_counter()
     outputs, timeline = Machine(program, chip).run(inputs, constants, progress)
     return outputs, timeline, time.perf_counter() - start
+
+
+class Memory(dict[int, np.ndarray]):
+    """The live buffers' values by buffer id, each ``(cores, elems)``. A loaded buffer whose
+    cores hold few distinct tiles may be kept as the tiles and each core's tile (`shared`),
+    which a contraction reads as it is (`Replicated`); any other access copies the tiles onto
+    the cores first, so that everything else sees a plain array."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def share(self, buf: int, tiles: np.ndarray, index: np.ndarray) -> None:
+        """Rows ``[0, len(index))`` of ``buf`` are ``tiles[index]`` (not copied yet)."""
+        self.shared[buf] = (tiles, index)
+
+    def __getitem__(self, buf: int) -> np.ndarray:
+        values = super().__getitem__(buf)
+        shared = self.shared.pop(buf, None)
+        if shared is not None:
+            copy_rows(shared[0], shared[1], values, slice(0, len(shared[1])))
+        return values
+
+    def __setitem__(self, buf: int, values: np.ndarray) -> None:
+        self.shared.pop(buf, None)
+        super().__setitem__(buf, values)
+
+    def pop(self, buf: int, default: Any = None) -> Any:
+        self.shared.pop(buf, None)
+        return super().pop(buf, default)
 
 
 class Pool:

@@ -7,8 +7,9 @@ planner's strategy; the graph is compiled to a program, which the vectorised emu
 and the reference (`emulator/reference.py`: one core at a time, real fp16 buffers) both run.
 Their outputs must agree, and the data machine's timeline must be the timing machine's, record
 for record (the clock lives in one place: values may never change it). Run again with every
-buffer placed in memory full of NaNs (what reused memory may hold), the outputs are the same
-bit for bit.
+buffer placed in memory full of NaNs (what reused memory may hold), or with every loaded tile
+copied onto its cores at once (no contraction reading replicated tiles as such), the outputs
+are the same bit for bit.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from t10c.codegen.program import Alloc, Buffer, Free, Program
 from t10c.driver import CompileOptions, compile_model, make_inputs, max_rel_err
 from t10c.emulator import Machine, TimingMachine
 from t10c.emulator.kernels import ROUND_BLOCK, round_fp16
-from t10c.emulator.machine import Pool
+from t10c.emulator.machine import Memory, Pool
 from t10c.emulator.reference import run_reference
 from t10c.partition.search import SearchOptions
 
@@ -97,6 +98,14 @@ class PoisonPool(Pool):
         return np.full(elems, np.nan, dtype=np.float32)
 
 
+class DenseMemory(Memory):
+    """Buffers whose loaded tiles are copied onto the cores at once (never `Replicated`)."""
+
+    def share(self, buf: int, tiles: np.ndarray, index: np.ndarray) -> None:
+        super().share(buf, tiles, index)
+        self[buf]  # noqa: B018 - reading the buffer copies the tiles onto the cores
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=graphs(), chip=chips(), dtype=st.sampled_from(("fp16", "fp32")),
        rotation=st.booleans(), vgm=st.booleans())
@@ -118,12 +127,19 @@ def test_fast_emulator_equals_reference(graph: tuple[tuple[int, ...], list[tuple
     # fp32 agrees to rounding; fp16 to about one fp16 ulp (the same values, summed in a
     # different order before the one rounding)
     assert max_rel_err(got, want) <= (1e-5 if dtype == "fp32" else 1e-3)
-    # every buffer in reused memory that holds NaNs: no stale value may reach an output
-    poisoned = Machine(c.program, c.chip)
-    poisoned.pool = PoisonPool()
-    again, _ = poisoned.run(inputs, c.graph.constants)
-    for name in want:
-        assert np.array_equal(again[name].view(np.uint32), got[name].view(np.uint32)), name
+    # every buffer in reused memory that holds NaNs: no stale value may reach an output; and
+    # replicated loads copied onto the cores at once: contractions that read the distinct
+    # tiles give the same bits
+    for variant in ("poisoned", "dense"):
+        other = Machine(c.program, c.chip)
+        if variant == "poisoned":
+            other.pool = PoisonPool()
+        else:
+            other.mem = DenseMemory()
+        again, _ = other.run(inputs, c.graph.constants)
+        for name in want:
+            assert np.array_equal(again[name].view(np.uint32), got[name].view(np.uint32)), \
+                (variant, name)
     timing = TimingMachine(c.program, c.chip).execute(inputs, c.graph.constants)
     assert timeline.records == timing.records and timeline.cycles > 0
     assert timeline.sram_samples == timing.sram_samples
