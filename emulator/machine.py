@@ -193,10 +193,10 @@ class Machine(TimingMachine):
         rows = _rows(ins, ins.ncores)
         dst = self.mem[ins.buf]
         self.wrote(ins.buf, rows)
-        host = self.rounded(ins.tensor, ins.buf, src)
         if ins.pat is not None:
             p = ins.pattern()
             assert p is not None
+            host = self.rounded(ins.tensor, ins.buf, src)
             vals = self.patterns.gather(p, host.reshape(1, -1))
             copy_rows(vals, p.pat, dst, rows)
             runs = p.runs.astype(np.int64)
@@ -207,7 +207,8 @@ class Machine(TimingMachine):
         elif ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = unique_rows(ins.origin)
-            tiles, counts = load_tiles(host, uniq, ins.tile)
+            tiles, counts = load_tiles(src, uniq, ins.tile)
+            tiles = self.stored(ins.buf, tiles)  # rounded as cut: each value once
             if isinstance(rows, slice):  # copied onto the cores when read as a buffer
                 self.mem.share(ins.buf, tiles.astype(dst.dtype, copy=False), inverse)
             else:
@@ -215,7 +216,7 @@ class Machine(TimingMachine):
             loaded = int(counts[inverse].sum())
         else:
             flat, valid = ins.elements()
-            vals = np.take(host.reshape(-1), flat)
+            vals = np.take(self.rounded(ins.tensor, ins.buf, src).reshape(-1), flat)
             dst[rows] = vals if valid.all() else np.where(valid, vals, 0)
             loaded = int(valid.sum())
         return loaded * self.itemsize(ins.buf)
@@ -440,18 +441,33 @@ def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
                      dtype=np.int64) if len(tile) else np.ones(n, dtype=np.int64)
     t = np.asarray(tile, dtype=np.int64)
     grid = [ceil_div(s, b) if b else 0 for s, b in zip(shape, tile)]
-    if (len(tile) and all(tile) and (origin >= 0).all() and not (origin % t).any()
+    if not (len(tile) and all(tile) and (origin >= 0).all() and not (origin % t).any()
             and (origin // t < np.asarray(grid)).all()):
-        pad = [(0, g * b - s) for s, g, b in zip(shape, grid, tile)]
-        whole = np.pad(host, pad) if any(p for _, p in pad) else host
-        split = [x for g, b in zip(grid, tile) for x in (g, b)]
-        nd = len(tile)
-        blocks = whole.reshape(split).transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
-        tiles = blocks[tuple((origin // t).T)]  # (n, *tile)
-        return tiles.reshape(n, -1), counts
-    flat, valid = tile_elements(origin, tile, shape)
+        return edge_tiles(host, origin, tile), counts
+    # whole tiles from a blocked view of the tensor's whole tiles; those at its far edges
+    # (cut by the tensor's end) element by element
+    full = [s // b for s, b in zip(shape, tile)]
+    where = origin // t
+    inside = (where < np.asarray(full)).all(axis=1)
+    nd = len(tile)
+    split = [x for f, b in zip(full, tile) for x in (f, b)]
+    whole = host[tuple(slice(0, f * b) for f, b in zip(full, tile))]
+    blocks = whole.reshape(split).transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
+    if inside.all():
+        return blocks[tuple(where.T)].reshape(n, -1), counts
+    tiles = np.empty((n, math.prod(tile)), dtype=host.dtype)
+    if inside.any():
+        tiles[inside] = blocks[tuple(where[inside].T)].reshape(int(inside.sum()), -1)
+    tiles[~inside] = edge_tiles(host, origin[~inside], tile)
+    return tiles, counts
+
+
+def edge_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]) -> np.ndarray:
+    """The ``tile``-shaped blocks of ``host`` at ``origin`` (zero outside the tensor),
+    gathered element by element: (len(origin), elems)."""
+    flat, valid = tile_elements(origin, tile, host.shape)
     vals = np.take(host.reshape(-1), flat)
-    return (vals if valid.all() else np.where(valid, vals, 0)), counts
+    return vals if valid.all() else np.where(valid, vals, 0)
 
 
 class Gathers:
