@@ -145,8 +145,11 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         if geo.embed is not None:
             cycles = shift_cycles(chip, [(tile_bytes[i], geo.driver_of(i),
                                           geo.T[rot_axis[i]]) for i in movers])  # type: ignore
-        elif chip.is_pod:  # the busiest chip's bytes over its links (`pod.ring_cross`)
-            per_chip = sum(tile_bytes[i] * ring_cross(chip, geo.phys, geo.ring_source(i))
+        elif chip.is_pod:  # the busiest chip's bytes over its links (`pod.ring_cross`);
+            # an operand rotating slower than its axis moves on chain / T of its cores a step
+            per_chip = sum(ceil_div(tile_bytes[i] * geo.chain[i]
+                                    * ring_cross(chip, geo.phys, geo.ring_source(i)),
+                                    geo.T[rot_axis[i]])  # type: ignore[index]
                            for i in movers)
             cycles = chip.exchange_cycles(moved, int(np.asarray(per_chip).max()))
         else:
@@ -200,7 +203,9 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
             reduce = chip.sync_cycles + moving
         else:
             red = tuple(j for j, a in enumerate(geo.axes) if a not in op.output.axes)
-            pairs = reduce_pairs(chip, geo.F, red, group,
+            j = geo.rotation_axis(out)
+            ring = None if j is None else (geo.axes.index(geo.driver_of(out)), geo.T[j])
+            pairs = reduce_pairs(chip, geo.F, red, group, ring,
                                  geo.phys if geo.cores is not None else None)
             moving = chip.exchange_cycles((group - 1) * chunk_bytes, pairs * chunk_bytes)
             reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)

@@ -70,23 +70,34 @@ def _group_far(on: np.ndarray, key: np.ndarray, chips: int) -> np.ndarray:
     return np.bincount(on, weights=far, minlength=chips).astype(np.int64)
 
 
-def group_cross_row(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...]
-                    ) -> tuple[int, ...]:
+def group_cross_row(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...],
+                    ring: tuple[int, int] | None = None) -> tuple[int, ...]:
     """`group_cross` of a plan on cores 0 .. prod(F) - 1 whose groups are the cores that
-    differ only along the ``reduction`` axes of the core grid ``F``."""
-    return _group_row(chip.chips, chip.cores_per_chip, F, reduction)
+    differ only along the ``reduction`` axes of the core grid ``F`` and, for an output that
+    rotates on a ring of ``t`` cores along axis ``k`` (``ring`` = (k, t)), hold the same
+    partition of it after the last step (the same coordinate ``k`` modulo ``t``)."""
+    return _group_row(chip.chips, chip.cores_per_chip, F, reduction, ring)
+
+
+def group_keys(F: tuple[int, ...], reduction: tuple[int, ...],
+               ring: tuple[int, int] | None = None) -> np.ndarray:
+    """(prod(F),): the reduce-scatter group of every logical core (`group_cross_row`)."""
+    ncores = int(np.prod(F))
+    coords = np.stack(np.unravel_index(np.arange(ncores), F), axis=1)
+    keep = [j for j in range(len(F)) if j not in reduction]
+    key = (np.ravel_multi_index(tuple(coords[:, keep].T), tuple(F[j] for j in keep))
+           if keep else np.zeros(ncores, dtype=np.int64)).astype(np.int64)
+    if ring is not None:
+        k, t = ring
+        key = key * t + coords[:, k] % t
+    return key
 
 
 @lru_cache(maxsize=8192)
-def _group_row(chips: int, per_chip: int, F: tuple[int, ...], reduction: tuple[int, ...]
-               ) -> tuple[int, ...]:
-    ncores = int(np.prod(F))
-    c = np.arange(ncores, dtype=np.int64)
-    coords = np.stack(np.unravel_index(c, F), axis=1)
-    keep = [j for j in range(len(F)) if j not in reduction]
-    key = (np.ravel_multi_index(tuple(coords[:, keep].T), tuple(F[j] for j in keep))
-           if keep else np.zeros(ncores, dtype=np.int64))
-    return tuple(int(x) for x in _group_far(c // per_chip, np.asarray(key, dtype=np.int64),
+def _group_row(chips: int, per_chip: int, F: tuple[int, ...], reduction: tuple[int, ...],
+               ring: tuple[int, int] | None) -> tuple[int, ...]:
+    c = np.arange(int(np.prod(F)), dtype=np.int64)
+    return tuple(int(x) for x in _group_far(c // per_chip, group_keys(F, reduction, ring),
                                             chips))
 
 
@@ -100,23 +111,15 @@ def spread_cross(chip: Chip, ncores: int, bytes_per_core: int) -> int:
 
 
 def reduce_pairs(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...], group: int,
-                 phys: np.ndarray | None = None) -> int:
+                 ring: tuple[int, int] | None = None, phys: np.ndarray | None = None) -> int:
     """The busiest chip's (member, other member) pairs across chips of a reduce-scatter of
-    ``group`` members (`group_cross`) on the core grid ``F`` (cores 0 .. prod(F) - 1, or
-    ``phys``). A rotating output's groups are 1 / T of the cores that share its block: the
-    pairs of those cores are scaled by (group - 1) / (cores sharing - 1), an estimate."""
+    ``group`` members (`group_cross`, groups as `group_cross_row`) on cores 0 .. prod(F) - 1,
+    or on ``phys``."""
     if group <= 1 or not reduction or not chip.is_pod:
         return 0
     if phys is None:
-        per = max(group_cross_row(chip, F, reduction))
-    else:
-        coords = np.stack(np.unravel_index(np.arange(len(phys)), F), axis=1)
-        keep = [j for j in range(len(F)) if j not in reduction]
-        key = (np.ravel_multi_index(tuple(coords[:, keep].T), tuple(F[j] for j in keep))
-               if keep else np.zeros(len(phys), dtype=np.int64))
-        per = int(group_cross(chip, phys, np.asarray(key, dtype=np.int64)).max())
-    full = int(np.prod([F[j] for j in reduction]))
-    return ceil_div(per * (group - 1), max(full - 1, 1))
+        return max(group_cross_row(chip, F, reduction, ring))
+    return int(group_cross(chip, phys, group_keys(F, reduction, ring)).max())
 
 
 def received_cross(chip: Chip, received: np.ndarray) -> int:

@@ -168,7 +168,8 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
 
     def crossing(movers: list[int]) -> np.ndarray:
         """Per row, the busiest chip's inter-chip bytes of one shift of ``movers``."""
-        per_chip = sum(tile_bytes[i][:, None] * ring_of[i] for i in movers)
+        per_chip = sum(ceil_div(tile_bytes[i][:, None] * tpl.chain[i] * ring_of[i],
+                                tpl.T[rot_axis[i]]) for i in movers)  # type: ignore[index]
         return np.asarray(per_chip).max(axis=1)
 
     def step(movers: list[int]) -> np.ndarray:
@@ -253,8 +254,13 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     else:
         moving = _transfer(chip, (group - 1) * chunk * out_elem)
         if pod and red:
-            pairs = np.asarray([reduce_pairs(chip, f, tuple(red), int(g))
-                                for f, g in zip(grids, group)], dtype=np.int64)
+            drv = (None if out_axis is None else
+                   [next((k for k in lacks[out_index] if f[k] % tpl.T[out_axis] == 0), -1)
+                    for f in grids])
+            pairs = np.asarray([reduce_pairs(chip, f, tuple(red), int(g),
+                                             None if drv is None or out_axis is None
+                                             else (drv[r], tpl.T[out_axis]))
+                                for r, (f, g) in enumerate(zip(grids, group))], dtype=np.int64)
             moving = np.maximum(moving, _pod(chip, np.where(group > 1, pairs * chunk * out_elem,
                                                             0)))
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
