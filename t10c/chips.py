@@ -741,7 +741,8 @@ def describe(chip: Chip) -> list[tuple[str, str]]:
 
 def _describe_pod(chip: Chip) -> str:
     rate = chip.pod_bytes_per_cycle * chip.clock_hz / 1e9
-    return (f"{chip.chips} chips of {chip.cores_per_chip} cores, {chip.chip_links} links per "
+    links = f"{chip.chip_links} link{'s' if chip.chip_links != 1 else ''}"
+    return (f"{chip.chips} chips of {chip.cores_per_chip} cores, {links} per "
             f"chip of {chip.chip_link_bytes_per_cycle} B/cycle each way ({rate:.0f} GB/s per "
             f"chip and direction), latency {chip.chip_link_latency_cycles} cycles")
 
