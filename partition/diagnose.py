@@ -121,7 +121,7 @@ def diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], least_cold: l
 
 
 def _advice(need: int, resident: int, working: int, cap: int, opts: SolverOptions,
-            dtype: str, chip: Chip) -> list[str]:
+            dtype: str, chip: Chip | None = None) -> list[str]:
     """Only advice that changes something: ``need > cap`` here, so every factor is >= 2."""
     assert need > cap
     helps = []
@@ -133,7 +133,8 @@ def _advice(need: int, resident: int, working: int, cap: int, opts: SolverOption
     if resident and working < cap:
         k = max(2, ceil_div(resident, cap - working))
         helps.append(f"splitting the layers over {k} chips")
-    if chip.has_dram:  # the weights may stream already: what stays is activations and outputs
+    # on a DRAM chip the weights may stream already: what stays is activations and outputs
+    if chip is not None and chip.has_dram:
         helps.append("a smaller --batch or --seq-len (graph outputs, such as a decode step's "
                      "new KV cache, stay in SRAM to the end: they are not written back to DRAM)")
     else:
