@@ -111,13 +111,18 @@ class TimingMachine:
         self.timeline = Timeline(chip.clock_hz)
         self.now = 0
         self.pending = np.zeros(chip.cores, dtype=np.int64)  # bytes received this exchange
+        #: a pod: bytes each chip receives from, and sends to, other chips this exchange
+        self.pod_in = np.zeros(chip.chips, dtype=np.int64)
+        self.pod_out = np.zeros(chip.chips, dtype=np.int64)
         self.pending_op = ""
         self.pending_phase = ""
         self.transfers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # mesh: src, dst, B
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
         self.routes: dict[tuple[int, ...], Routed] = {}  # routes by a digest of their transfers
-        #: (src, dst, elements) of the transfers of every distinct exchange pattern
-        self.counted: dict[tuple[bytes, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        #: an exchange pattern's (sources, destinations, counts, crossing pairs on a pod)
+        self.counted: dict[tuple[bytes, ...], tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                    tuple[np.ndarray, np.ndarray, np.ndarray]
+                                                    | None]] = {}
         self.host: dict[str, np.ndarray] = {}
         self.executed = 0  # instructions stepped so far: the index of the next one
         #: bound methods, so that a subclass's handlers are the ones called
@@ -197,6 +202,14 @@ class TimingMachine:
         else:  # only what each core receives matters
             np.add.at(self.pending, dst, np.where(src != dst, nbytes, 0))
 
+    def cross(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> None:
+        """On a pod, count the bytes of transfers (``nbytes[k]`` from core ``src[k]`` to
+        ``dst[k]``, queued by `receive`) that cross from one chip to another."""
+        a, b = self.chip.chip_of(src), self.chip.chip_of(dst)
+        far = a != b
+        np.add.at(self.pod_out, a[far], nbytes[far])
+        np.add.at(self.pod_in, b[far], nbytes[far])
+
     def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
               ) -> tuple[int, int, int]:
         """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads.
@@ -223,8 +236,11 @@ class TimingMachine:
             self.transfers = []
         else:
             most, hops = int(self.pending.max()), 1
-            cycles = self.chip.transfer_cycles(most)
+            cross = int(max(self.pod_in.max(), self.pod_out.max()))
+            cycles = self.chip.exchange_cycles(most, cross)
             self.pending[:] = 0
+            self.pod_in[:] = 0
+            self.pod_out[:] = 0
         if self.pending_phase == "shift" and self.chip.overlap:
             cycles = max(cycles - self.credit, 0)
         self.credit = 0
@@ -358,6 +374,8 @@ class TimingMachine:
             else:
                 remote = np.count_nonzero((table >= 0) & (table != here[:, None]), axis=1)
             self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
+            if self.chip.is_pod:
+                self.cross(*_pairs(src_core, here, size))
 
     def exchange_pattern(self, ins: Exchange) -> None:
         """An exchange given as a copy pattern: the same checks and bytes as its table,
@@ -379,11 +397,19 @@ class TimingMachine:
             if self.chip.is_mesh:
                 src, dst, count = pair_counts(p, here)
                 keep = src != dst
-                counted = self.counted[key] = (src[keep], dst[keep], count[keep])
+                counted = (src[keep], dst[keep], count[keep], None)
             else:
-                counted = self.counted[key] = (np.full(n, -1), here, received(p, here))
-        src, dst, count = counted
+                crossing: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+                if self.chip.is_pod:  # the pairs too: which bytes cross between chips
+                    src, dst, count = pair_counts(p, here)
+                    keep = src >= 0
+                    crossing = (src[keep], dst[keep], count[keep])
+                counted = (np.full(n, -1), here, received(p, here), crossing)
+            self.counted[key] = counted
+        src, dst, count, crossing = counted
         self.receive(ins.op, ins.phase, src, dst, count * size)
+        if crossing is not None:
+            self.cross(crossing[0], crossing[1], crossing[2] * size)
 
     def shift(self, ins: Shift) -> None:
         n = len(ins.src_core)
@@ -394,6 +420,8 @@ class TimingMachine:
         self.written[ins.dst][rows] = True
         size = np.full(n, self.prog.buffers[ins.dst].nbytes, dtype=np.int64)
         self.receive(ins.op, "shift", ins.src_core.astype(np.int64), here, size)
+        if self.chip.is_pod:
+            self.cross(ins.src_core.astype(np.int64), here, size)
 
     def reduce(self, ins: Reduce) -> None:
         self.flush()
@@ -417,7 +445,16 @@ class TimingMachine:
             self.record(ins.op, "reduce", cycles + add, most, hops)
         else:
             remote = (group - 1) * nbytes
-            self.record(ins.op, "reduce", self.chip.transfer_cycles(remote) + add, remote)
+            cross = 0
+            if self.chip.is_pod:  # each member gathers its chunk from every other member
+                members = np.broadcast_to(here[:, None], ins.group.shape).ravel()
+                self.cross(ins.group.ravel().astype(np.int64), members,
+                           np.full(members.size, nbytes, dtype=np.int64))
+                cross = int(max(self.pod_in.max(), self.pod_out.max()))
+                self.pod_in[:] = 0
+                self.pod_out[:] = 0
+            self.record(ins.op, "reduce", self.chip.exchange_cycles(remote, cross) + add,
+                        remote)
         self.credit = 0
 
     def compute(self, ins: Compute) -> None:
@@ -450,9 +487,12 @@ class TimingMachine:
                                 "which already has one in flight")
         self.flush()  # the clock stands where the cores are
         nbytes = self.prog.buffers[ins.buf].nbytes
-        cycles = self.chip.dram_cycles(nbytes * ins.ncores, nbytes)
+        rows = _rows(ins, ins.ncores)
+        cores = ins.ncores if isinstance(rows, slice) else rows
+        cycles = self.chip.dram_cycles(nbytes * ins.ncores, nbytes,
+                                       nbytes * self.chip.busiest_chip_cores(cores))
         self.dma_free = max(self.now, self.dma_free) + cycles
-        self.dma_ready[ins.buf] = (self.dma_free, _rows(ins, ins.ncores))
+        self.dma_ready[ins.buf] = (self.dma_free, rows)
         self.timeline.dram_bytes += nbytes * ins.ncores
 
     def dma_wait(self, ins: DmaWait) -> None:

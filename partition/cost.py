@@ -39,6 +39,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from t10c.chips import DTYPES, Chip
 from t10c.costs import INDEX_BYTES, compute_cycles
 from t10c.dtypes import ceil_div
@@ -48,6 +50,7 @@ from t10c.ir import TensorExpr
 from .collectives import reduce_estimate
 from .place import exchange_estimate, shift_cycles
 from .plan import Cycles, Geometry
+from .pod import reduce_pairs, ring_cross, spread_cross
 
 
 def element_bytes(op: TensorExpr, index: int, dtype: str, int_tensors: frozenset[str]) -> int:
@@ -142,6 +145,13 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         if geo.embed is not None:
             cycles = shift_cycles(chip, [(tile_bytes[i], geo.driver_of(i),
                                           geo.T[rot_axis[i]]) for i in movers])  # type: ignore
+        elif chip.is_pod:  # the busiest chip's bytes over its links (`pod.ring_cross`);
+            # an operand rotating slower than its axis moves on chain / T of its cores a step
+            per_chip = sum(ceil_div(tile_bytes[i] * geo.chain[i]
+                                    * ring_cross(chip, geo.phys, geo.ring_source(i)),
+                                    geo.T[rot_axis[i]])  # type: ignore[index]
+                           for i in movers)
+            cycles = chip.exchange_cycles(moved, int(np.asarray(per_chip).max()))
         else:
             cycles = chip.transfer_cycles(moved)
         return max(cycles - per_step, 0) if chip.overlap else cycles
@@ -173,7 +183,7 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
                        if o.tensor in const_tensors)
     if fetched:
         shift += (exchange_estimate(chip, fetched) if geo.embed is not None
-                  else chip.transfer_cycles(fetched))
+                  else chip.exchange_cycles(fetched, spread_cross(chip, geo.ncores, fetched)))
         sync += chip.sync_cycles
 
     reduce = 0
@@ -192,7 +202,12 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
             first = first_elems * element_bytes(op, out, dtype, int_tensors)
             reduce = chip.sync_cycles + moving
         else:
-            moving = chip.transfer_cycles((group - 1) * chunk_bytes)
+            red = tuple(j for j, a in enumerate(geo.axes) if a not in op.output.axes)
+            j = geo.rotation_axis(out)
+            ring = None if j is None else (geo.axes.index(geo.driver_of(out)), geo.T[j])
+            pairs = reduce_pairs(chip, geo.F, red, group, ring,
+                                 geo.phys if geo.cores is not None else None)
+            moving = chip.exchange_cycles((group - 1) * chunk_bytes, pairs * chunk_bytes)
             reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
         if sum(tile_bytes[i] for i in homing) and not weights_home:
             reduce -= chip.sync_cycles  # codegen: the reduce shares the restore's superstep

@@ -116,12 +116,12 @@ def diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], least_cold: l
     lines.append("largest weight tensors:")
     lines += [f"  {name}: {n * dtype_bytes(dtype) / 1e6:.1f} MB" for n, name in weights[:5]]
     lines.append("What would help: " + "; ".join(_advice(need, resident, working, cap, opts,
-                                                          dtype)) + ".")
+                                                          dtype, chip)) + ".")
     return "\n".join(lines)
 
 
 def _advice(need: int, resident: int, working: int, cap: int, opts: SolverOptions,
-            dtype: str) -> list[str]:
+            dtype: str, chip: Chip | None = None) -> list[str]:
     """Only advice that changes something: ``need > cap`` here, so every factor is >= 2."""
     assert need > cap
     helps = []
@@ -133,7 +133,13 @@ def _advice(need: int, resident: int, working: int, cap: int, opts: SolverOption
     if resident and working < cap:
         k = max(2, ceil_div(resident, cap - working))
         helps.append(f"splitting the layers over {k} chips")
-    helps.append("a chip with off-chip memory for the weights (not supported yet)")
+    # on a DRAM chip the weights may stream already: what stays is activations and outputs
+    if chip is not None and chip.has_dram:
+        helps.append("a smaller --batch or --seq-len (graph outputs, such as a decode step's "
+                     "new KV cache, stay in SRAM to the end: they are not written back to DRAM)")
+    else:
+        helps.append("a chip with off-chip memory for the weights (`t10c chips`: "
+                     "wormhole-n150, blackhole-p150, elk-pod4, ipu-pod4)")
     return helps
 
 

@@ -67,7 +67,8 @@ def dram_figures(graph: Graph, op: TensorExpr, p: OpPlan, chip: Chip, dtype: str
     for i in dram_operands(graph, op, weights):
         nbytes = element_bytes(op, i, dtype, ints) * math.prod(geo.tile_shape(i))
         per_core += nbytes
-        cycles += chip.dram_cycles(nbytes * geo.ncores, nbytes)
+        cycles += chip.dram_cycles(nbytes * geo.ncores, nbytes,
+                                   nbytes * chip.busiest_chip_cores(geo.phys))
         if graph.root(op.inputs[i].tensor) in graph.constants:
             weight += nbytes
     return per_core, cycles, weight

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ from .collectives import scatter_of
 from .cost import element_bytes, idle_cores
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
+from .pod import received_cross, spread_cross
 
 
 @dataclass(frozen=True)
@@ -281,9 +283,12 @@ def fetches(graph: Graph, i: int, plan: OpPlan, chip: Chip) -> bool:
     return plan.home and any(graph.root(o.tensor) in graph.constants for o in op.inputs)
 
 
-def _transfer(chip: Chip, nbytes: int) -> int:
-    """The all-to-all exchange's bandwidth term (its latency is in `barrier_cycles`)."""
-    return chip.transfer_cycles(nbytes) - chip.hop_latency_cycles if nbytes > 0 else 0
+def _transfer(chip: Chip, nbytes: int, cross: int = 0) -> int:
+    """The all-to-all exchange's bandwidth term (its latency is in `barrier_cycles`); on a
+    pod, at least the busiest chip's ``cross`` bytes over its links (`Chip.exchange_cycles`)."""
+    if nbytes <= 0:
+        return 0
+    return chip.exchange_cycles(nbytes, cross) - chip.hop_latency_cycles
 
 
 def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
@@ -331,9 +336,9 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     rows = []
     for p, at in zip(producer, have_index):
         row: list[int | None] = []
-        for col, copies, q_aligned, q_shared in zip(cols, fanout,
-                                                    (q.aligned == slot for q in consumer),
-                                                    shared):
+        for col, copies, q_aligned, q_shared, ncores in zip(
+                cols, fanout, (q.aligned == slot for q in consumer), shared,
+                (math.prod(q.F) for q in consumer)):
             remote = int(col[at])
             cyc: int | None
             if q_aligned and remote:
@@ -341,14 +346,16 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
             elif not remote:
                 cyc = 0
             elif q_shared:  # the barrier is the warm-up's
-                cyc = chip.transfer_cycles(remote * nbytes)
+                cyc = chip.exchange_cycles(remote * nbytes,
+                                           spread_cross(chip, ncores, remote * nbytes))
             elif aware:
                 sent = p.out_bytes_per_core * copies
                 cyc = barrier + exchange_estimate(chip, remote * nbytes, sent)
             elif chip.is_mesh:
                 cyc = barrier + chip.transfer_cycles(remote * nbytes)
             else:
-                cyc = barrier + _transfer(chip, remote * nbytes)
+                cyc = barrier + _transfer(chip, remote * nbytes,
+                                          spread_cross(chip, ncores, remote * nbytes))
             row.append(cyc)
         rows.append(tuple(row))
     return tuple(rows)
@@ -385,12 +392,13 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
             else:
                 np.add.at(received, want.phys, remote * nbytes)
         most = int(received.max(initial=0))
+        cross = received_cross(chip, received)
         if chip.is_mesh:
             out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
         elif fetches(graph, i, plans[i], chip):
-            out.append(chip.transfer_cycles(most))
+            out.append(chip.exchange_cycles(most, cross))
         else:
-            out.append(chip.sync_cycles + chip.transfer_cycles(most) if most else 0)
+            out.append(chip.sync_cycles + chip.exchange_cycles(most, cross) if most else 0)
     return out
 
 

@@ -21,6 +21,7 @@ from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 from .collectives import reduce_estimate
 from .cost import element_bytes, epilogue_cost, home_bytes
 from .place import embed_rows, exchange_estimate, hops_of_ring
+from .pod import reduce_pairs, ring_cross_row, spread_cross
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,12 @@ class CostArrays:
 def _transfer(chip: Chip, nbytes: np.ndarray) -> np.ndarray:
     cycles = chip.hop_latency_cycles + ceil_div(nbytes, chip.link_bytes_per_cycle)
     return np.where(nbytes > 0, cycles, 0)
+
+
+def _pod(chip: Chip, cross: np.ndarray) -> np.ndarray:
+    """`Chip.pod_cycles` of every row's busiest chip's inter-chip bytes."""
+    cycles = chip.chip_link_latency_cycles + ceil_div(cross, max(chip.pod_bytes_per_cycle, 1))
+    return np.where(cross > 0, cycles, 0)
 
 
 def mesh_rings(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip
@@ -150,6 +157,21 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
     else:
         placeable, driver, col_ring, row_ring = np.ones(n, dtype=bool), {}, ones, ones
 
+    pod = chip.is_pod and not mesh
+    if pod:  # per row, each rotating operand's ring crossings (`search._ring_driver`)
+        lacks = [[k for k, a in enumerate(axes) if a not in o.axis_set] for o in op.operands]
+        grids = [tuple(int(x) for x in f) for f in F]
+        ring_of = {i: np.asarray([ring_cross_row(chip, f, next(
+            (k for k in lacks[i] if f[k] % tpl.T[j] == 0), -1), tpl.T[j]) for f in grids],
+            dtype=np.int64).reshape(n, chip.chips)
+                   for i, j in enumerate(rot_axis) if j is not None}
+
+    def crossing(movers: list[int]) -> np.ndarray:
+        """Per row, the busiest chip's inter-chip bytes of one shift of ``movers``."""
+        per_chip = sum(ceil_div(tile_bytes[i][:, None] * tpl.chain[i] * ring_of[i],
+                                tpl.T[rot_axis[i]]) for i in movers)  # type: ignore[index]
+        return np.asarray(per_chip).max(axis=1)
+
     def step(movers: list[int]) -> np.ndarray:
         moved = sum((tile_bytes[i] for i in movers), np.zeros(n, dtype=np.int64))
         if mesh:  # operands on the same driver share its links (`place.shift_cycles`)
@@ -162,6 +184,8 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
                               + ceil_div(busiest, chip.link_bytes_per_cycle), 0)
         else:
             cycles = _transfer(chip, moved)
+            if pod:
+                cycles = np.maximum(cycles, _pod(chip, crossing(movers)))
         if chip.overlap:
             cycles = np.maximum(cycles - per_step, 0)
         return cycles
@@ -200,7 +224,12 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         if mesh:
             shift = shift + np.asarray([exchange_estimate(chip, int(x)) for x in fetched])
         else:
-            shift = shift + _transfer(chip, fetched)
+            fetch = _transfer(chip, fetched)
+            if pod:
+                ncores = np.prod(F, axis=1)
+                fetch = np.maximum(fetch, _pod(chip, np.asarray(
+                    [spread_cross(chip, int(c), int(x)) for c, x in zip(ncores, fetched)])))
+            shift = shift + fetch
         sync = sync + np.where(fetched > 0, chip.sync_cycles, 0)
 
     out_elem = element_bytes(op, out_index, dtype, int_tensors)
@@ -224,6 +253,16 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
         vec = np.zeros(n, dtype=np.int64)
     else:
         moving = _transfer(chip, (group - 1) * chunk * out_elem)
+        if pod and red:
+            drv = (None if out_axis is None else
+                   [next((k for k in lacks[out_index] if f[k] % tpl.T[out_axis] == 0), -1)
+                    for f in grids])
+            pairs = np.asarray([reduce_pairs(chip, f, tuple(red), int(g),
+                                             None if drv is None or out_axis is None
+                                             else (drv[r], tpl.T[out_axis]))
+                                for r, (f, g) in enumerate(zip(grids, group))], dtype=np.int64)
+            moving = np.maximum(moving, _pod(chip, np.where(group > 1, pairs * chunk * out_elem,
+                                                            0)))
     reduce = np.where(group > 1, chip.sync_cycles + moving + vec, 0)
     if homing:  # codegen: a reduce-scatter shares the restore shift's superstep (one barrier)
         reduce = reduce - np.where((group > 1) & (home > 0), chip.sync_cycles, 0)

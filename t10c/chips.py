@@ -84,6 +84,16 @@ class Chip:
     #: how the DRAM attaches: "edge" (GDDR/HBM channels at the chip's edge, reached over the
     #: on-chip network) or "stacked" (a 3D-stacked bank under every core)
     dram_attach: str = ""
+    #: a pod: ``chips`` chips of ``cores // chips`` cores each (chip k holds cores
+    #: [k * cores_per_chip, (k + 1) * cores_per_chip)), planned as one machine; 1 for one chip
+    chips: int = 1
+    #: inter-chip links of each chip (IPU-Links), and each link's bytes per cycle in one
+    #: direction: bytes an exchange moves between chips go at ``chip_links *
+    #: chip_link_bytes_per_cycle`` per chip and direction (`pod_cycles`)
+    chip_links: int = 0
+    chip_link_bytes_per_cycle: int = 0
+    #: cycles from a core to the first bytes on another chip (link, serdes, routing)
+    chip_link_latency_cycles: int = 0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -114,6 +124,37 @@ class Chip:
         return dy + dx
 
     @property
+    def is_pod(self) -> bool:
+        """Several chips joined by inter-chip links, planned as one machine."""
+        return self.chips > 1
+
+    @property
+    def cores_per_chip(self) -> int:
+        return self.cores // self.chips
+
+    @property
+    def pod_bytes_per_cycle(self) -> int:
+        """Bytes per cycle one chip sends (and, separately, receives) over all its links."""
+        return self.chip_links * self.chip_link_bytes_per_cycle
+
+    def chip_of(self, cores: Any) -> Any:
+        """The chip each core (an array of core numbers) belongs to."""
+        return cores // self.cores_per_chip
+
+    def pod_cycles(self, cross_bytes: int) -> int:
+        """Cycles for the busiest chip of a pod to send or receive ``cross_bytes`` over its
+        inter-chip links (bytes in and bytes out travel apart: the larger counts)."""
+        if cross_bytes <= 0 or not self.is_pod:
+            return 0
+        return self.chip_link_latency_cycles + ceil_div(cross_bytes, self.pod_bytes_per_cycle)
+
+    def exchange_cycles(self, bytes_per_core: int, cross_bytes: int = 0, hops: int = 1) -> int:
+        """One exchange phase on an all-to-all chip or pod: the larger of the per-core bound
+        (`transfer_cycles`) and, on a pod, the busiest chip's bytes over its inter-chip links
+        (`pod_cycles`). The planner and the emulator both price an exchange so."""
+        return max(self.transfer_cycles(bytes_per_core, hops), self.pod_cycles(cross_bytes))
+
+    @property
     def has_dram(self) -> bool:
         """Whether tensors that do not fit SRAM can live off chip."""
         return self.dram_bytes > 0
@@ -136,19 +177,39 @@ class Chip:
             return self.dram_bytes_per_cycle * self.cores
         return self.dram_bytes_per_cycle
 
-    def dram_cycles(self, total_bytes: int, max_core_bytes: int) -> int:
+    def dram_cycles(self, total_bytes: int, max_core_bytes: int,
+                    chip_bytes: int | None = None) -> int:
         """Cycles of one DMA load of ``total_bytes`` in all, at most ``max_core_bytes`` into
         one core. Edge: the latency, the hops to the farthest core, and the larger of the
         channels' time for everything and the core's one link for its share. Stacked: the
-        latency and each bank's time for its own core's share (banks work in parallel)."""
+        latency and each bank's time for its own core's share (banks work in parallel).
+
+        On a pod each chip's cores load from that chip's own DRAM, ``1 / chips`` of the
+        pod's bandwidth: the channels' time is that of the busiest chip's ``chip_bytes``
+        (all of ``total_bytes`` when not given)."""
         if total_bytes <= 0:
             return 0
         if self.dram_attach == "stacked":
             return self.dram_latency_cycles + ceil_div(max_core_bytes,
                                                        self.dram_bytes_per_cycle)
+        channels = ceil_div(total_bytes, self.dram_bytes_per_cycle)
+        if self.is_pod:
+            channels = ceil_div(total_bytes if chip_bytes is None else chip_bytes,
+                                self.dram_bytes_per_cycle // self.chips)
         return (self.dram_latency_cycles + self.hop_latency_cycles * self.dram_edge_hops
-                + max(ceil_div(total_bytes, self.dram_bytes_per_cycle),
-                      ceil_div(max_core_bytes, self.link_bytes_per_cycle)))
+                + max(channels, ceil_div(max_core_bytes, self.link_bytes_per_cycle)))
+
+    def busiest_chip_cores(self, cores: Any) -> int:
+        """How many of ``cores`` (an array of core numbers, or a count n for cores 0 .. n-1)
+        the pod's busiest chip holds: its share of a load into those cores."""
+        import numpy as np
+
+        if isinstance(cores, (int, np.integer)):
+            return min(int(cores), self.cores_per_chip)
+        cores = np.asarray(cores, dtype=np.int64)
+        if not cores.size:
+            return 0
+        return int(np.bincount(self.chip_of(cores), minlength=self.chips).max())
 
     @property
     def total_sram_bytes(self) -> int:
@@ -366,9 +427,79 @@ PRESETS["test64-dram"] = dataclasses.replace(
     sources={"*": "t10c test chip: test16's rates; 16 MiB of SRAM in all, so that "
                   "llama-tiny's 16.4 MiB of fp16 weights cannot all be resident; the DRAM "
                   "figures are chosen for tests"})
+# Pods: MK2s joined by IPU-Links, planned as one all-to-all machine of 4 x 1472 tiles whose
+# inter-chip bytes go at the links' rate (`Chip.exchange_cycles`)
+_ELK_SRC = ("ELK, 'Exploring the Efficiency of Inter-core Connected AI Chips with Deep Learning "
+            "Compiler Techniques' (MICRO 2025, arXiv 2507.11506) and its artifact "
+            "(github.com/platformxlab/elk, benchmark_scripts/generate_data_from_sim.py: "
+            "num_cores 5888, core_mem_kb 624, hbm_bw 16000 GB/s, bw_per_core 4000/1472)")
+_LINK_SRC = ("Colossus MK2 GC200: 10 IPU-Links, 320 GB/s chip to chip (Graphcore GC200 "
+             "datasheet, as quoted by thecharlieblake.co.uk/ipus)")
+_M2000_SRC = ("Graphcore IPU-M2000 datasheet (docs.graphcore.ai): four GC200 IPUs, up to 448 GB "
+              "of Streaming Memory behind the IPU-Gateway; the gateway's 2.8 Tbps "
+              "(convergedigest.com, 2020-07-19, Graphcore's M2000 launch)")
+_POD_LINKS = {
+    "chips": "four MK2 IPUs (" + _M2000_SRC + ")",
+    "chip_links": "10 IPU-Links per IPU (" + _LINK_SRC + ")",
+    "chip_link_bytes_per_cycle": "320 GB/s over 10 links is 32 GB/s per link, 24.2 B/cycle at "
+                                 "1.325 GHz, rounded down (" + _LINK_SRC + ")",
+    "chip_link_latency_cycles": "about 150 ns across an IPU-Link; " + _ASSUMED,
+}
+PRESETS["elk-pod4"] = dataclasses.replace(
+    PRESETS["ipu-mk2"], name="elk-pod4",
+    description="ELK's evaluated system: 4 x 1472 IPU cores (624 KiB each) over IPU-Links, "
+                "16 TB/s of HBM in all (4 TB/s per chip)",
+    cores=4 * 1472, grid=(1, 4 * 1472), chips=4, chip_links=10, chip_link_bytes_per_cycle=24,
+    chip_link_latency_cycles=200,
+    dram_bytes=4 * 80 * 1024 ** 3, dram_bytes_per_cycle=12072, dram_latency_cycles=200,
+    dram_attach="edge",
+    sources={
+        **PRESETS["ipu-mk2"].sources, **_POD_LINKS,
+        "cores": "4 x 1472 = 5888 cores (" + _ELK_SRC + ")",
+        "sram_bytes_per_core": "624 KB per core (" + _ELK_SRC + ")",
+        "chips": "an IPU-POD4's four MK2s (" + _ELK_SRC + ": 'an emulator based on a real ICCA "
+                 "chip IPU-POD4'); ELK's artifact plans the 5888 cores as one exchange without "
+                 "slower inter-chip links, t10c prices the IPU-Links",
+        "dram_bytes_per_cycle": "16 TB/s of HBM in all, 4 TB/s per 1472-core chip ("
+                                + _ELK_SRC + "), 12,075 B/cycle at 1.325 GHz, rounded down "
+                                "to a multiple of the 4 chips",
+        "dram_attach": "HBM beside each chip, reached by that chip's own cores over its "
+                       "exchange (" + _ELK_SRC + "; how it attaches is t10c's assumption)",
+        "dram_bytes": "80 GiB of HBM per chip: ELK gives the bandwidth, not the capacity; "
+                      + _ASSUMED,
+        "dram_latency_cycles": "about 150 ns of HBM access; " + _ASSUMED,
+    })
+PRESETS["ipu-pod4"] = dataclasses.replace(
+    PRESETS["ipu-mk2"], name="ipu-pod4",
+    description="Graphcore IPU-POD4: four MK2s (4 x 1472 tiles) over IPU-Links, with the "
+                "M2000's Streaming Memory",
+    cores=4 * 1472, grid=(1, 4 * 1472), chips=4, chip_links=10, chip_link_bytes_per_cycle=24,
+    chip_link_latency_cycles=200,
+    dram_bytes=448 * 1000 ** 3, dram_bytes_per_cycle=264, dram_latency_cycles=1000,
+    dram_attach="edge",
+    sources={
+        **PRESETS["ipu-mk2"].sources, **_POD_LINKS,
+        "cores": "4 x 1472 tiles (" + _M2000_SRC + ")",
+        "dram_bytes": "up to 448 GB of Streaming Memory (" + _M2000_SRC + ")",
+        "dram_bytes_per_cycle": "the IPU-Gateway's 2.8 Tbps, 350 GB/s, is 264 B/cycle at "
+                                "1.325 GHz (" + _M2000_SRC + "); the DIMMs' own rate is not "
+                                "published, so this is an upper bound",
+        "dram_attach": "DDR4 DIMMs behind the IPU-Gateway, reached over the gateway links ("
+                       + _M2000_SRC + "); t10c splits it evenly over the four IPUs",
+        "dram_latency_cycles": "about 750 ns through the gateway; " + _ASSUMED,
+    })
+PRESETS["test-pod2"] = dataclasses.replace(
+    PRESETS["test16"], name="test-pod2",
+    description="A 2-chip test pod: two 8-core all-to-all chips, 640 KiB per core, one 2 "
+                "B/cycle link between them",
+    cores=16, grid=(1, 16), chips=2, chip_links=1, chip_link_bytes_per_cycle=2,
+    chip_link_latency_cycles=50,
+    sources={"*": "t10c test pod: test16's rates; a link slower than a core's exchange so "
+                  "that crossing chips shows in every figure"})
 PRESETS = {name: PRESETS[name] for name in ("ipu-mk2", "test16", "wse2", "wse3",
                                             "wormhole-n150", "blackhole-p150", "voxel-3d",
-                                            "test64-dram")}
+                                            "test64-dram", "elk-pod4", "ipu-pod4",
+                                            "test-pod2")}
 
 _FIELD_TYPES: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Chip)}  # type: ignore
 _OPTIONAL = {f.name for f in dataclasses.fields(Chip) if f.default is not dataclasses.MISSING
@@ -381,7 +512,9 @@ MAX_CHIP_FILE_BYTES = 1 << 20
 #: integer fields and their least legal value (0 where zero means "none" or "free")
 _INT_FIELDS = {"cores": 1, "sram_bytes_per_core": 1, "link_bytes_per_cycle": 1,
                "compute_overhead_cycles": 0, "hop_latency_cycles": 0, "sync_cycles": 0,
-               "routes_per_core": 0, "dram_bytes_per_cycle": 0, "dram_latency_cycles": 0}
+               "routes_per_core": 0, "dram_bytes_per_cycle": 0, "dram_latency_cycles": 0,
+               "chips": 1, "chip_links": 0, "chip_link_bytes_per_cycle": 0,
+               "chip_link_latency_cycles": 0}
 #: the largest integer any field takes: far beyond every real chip, and small enough that
 #: products such as cores x SRAM stay inside the int64 arithmetic of the planner and emulator
 _INT_MAX = 2**31 - 1
@@ -520,6 +653,7 @@ def _check_values(v: dict[str, Any]) -> list[str]:
             and math.prod(grid) != cores):
         errors.append(f"grid: {list(grid)} has {math.prod(grid)} cores but cores = {cores}")
     errors.extend(_check_dram(v))
+    errors.extend(_check_pod(v))
     if not isinstance(v.get("overlap", False), bool):
         errors.append(f"overlap: expected true or false, got {v['overlap']!r}")
     return errors
@@ -550,6 +684,39 @@ def _check_dram(v: dict[str, Any]) -> list[str]:
     return errors
 
 
+POD_LINK_FIELDS = ("chip_links", "chip_link_bytes_per_cycle", "chip_link_latency_cycles")
+
+
+def _check_pod(v: dict[str, Any]) -> list[str]:
+    """The pod fields: one chip and no links, or chips that divide the cores on an
+    all-to-all exchange, with links of at least one byte per cycle."""
+    chips = v.get("chips", 1)
+    if not _is_int(chips) or chips < 1:
+        return []  # reported with the integer fields
+    if chips == 1:
+        given = [k for k in POD_LINK_FIELDS if v.get(k) not in (None, 0)]
+        return [f"{', '.join(given)}: set for a single chip; give chips (how many chips the "
+                "pod joins) too, or remove them"] if given else []
+    errors = []
+    cores = v.get("cores")
+    if _is_int(cores) and cores % chips:
+        errors.append(f"chips: {chips} chips do not divide cores = {cores} (cores is the "
+                      "whole pod's: chips x the cores of one chip)")
+    if v.get("topology", "all-to-all") != "all-to-all":
+        errors.append(f"chips: a pod of {v['topology']} chips is not modelled; pods join "
+                      "all-to-all chips")
+    for key in ("chip_links", "chip_link_bytes_per_cycle"):
+        if _is_int(v.get(key, 0)) and v.get(key, 0) < 1:
+            errors.append(f"{key}: a pod of {chips} chips needs at least 1 (the inter-chip "
+                          "links of each chip and their bytes per cycle)")
+    rate = v.get("dram_bytes_per_cycle", 0)
+    if (v.get("dram_attach") == "edge" and _is_int(rate) and rate >= 1
+            and rate % chips):
+        errors.append(f"dram_bytes_per_cycle: {rate} is the pod's whole DRAM bandwidth, "
+                      f"shared evenly by its {chips} chips: give a multiple of {chips}")
+    return errors
+
+
 def describe(chip: Chip) -> list[tuple[str, str]]:
     """Rows of (figure, value) for `t10c chips`."""
     return [
@@ -568,7 +735,16 @@ def describe(chip: Chip) -> list[tuple[str, str]]:
                   f"sync {chip.sync_cycles} cycles"),
         ("compute/transfer overlap", "yes" if chip.overlap else "no"),
         ("off-chip memory", _describe_dram(chip)),
+        *([("pod", _describe_pod(chip))] if chip.is_pod else []),
     ]
+
+
+def _describe_pod(chip: Chip) -> str:
+    rate = chip.pod_bytes_per_cycle * chip.clock_hz / 1e9
+    links = f"{chip.chip_links} link{'s' if chip.chip_links != 1 else ''}"
+    return (f"{chip.chips} chips of {chip.cores_per_chip} cores, {links} per "
+            f"chip of {chip.chip_link_bytes_per_cycle} B/cycle each way ({rate:.0f} GB/s per "
+            f"chip and direction), latency {chip.chip_link_latency_cycles} cycles")
 
 
 def _describe_dram(chip: Chip) -> str:
@@ -581,5 +757,7 @@ def _describe_dram(chip: Chip) -> str:
              f"{chip.dram_peak_bytes_per_cycle * chip.clock_hz / 1e12:.1f} TB/s in all")
     size = (f"{chip.dram_bytes / 1024 ** 3:.1f} GiB" if chip.dram_bytes >= 1024 ** 3
             else f"{chip.dram_bytes / 1024 ** 2:.0f} MiB")
+    each = (f"; each of the {chip.chips} chips reaches its own 1/{chip.chips}"
+            if chip.is_pod and chip.dram_attach == "edge" else "")
     return (f"{size}, {where}, latency "
-            f"{chip.dram_latency_cycles} cycles")
+            f"{chip.dram_latency_cycles} cycles{each}")

@@ -1,0 +1,132 @@
+"""What an exchange's bytes cost on a pod: the bytes that cross from one chip to another.
+
+A pod (`Chip.chips` > 1) is planned as one all-to-all machine; chip k holds cores
+``[k * cores_per_chip, (k + 1) * cores_per_chip)``. An exchange phase costs the larger of the
+per-core bound and the busiest chip's bytes over its inter-chip links, in or out
+(`Chip.exchange_cycles`); the emulator counts those bytes from the program's transfers, the
+planner from the plan's geometry with the functions here:
+
+- a ring shift (`ring_cross`): exact, from each core's ring source;
+- a reduce-scatter (`group_cross`): exact for groups of cores that share the output block
+  (every member gathers its chunk from every other member);
+- an exchange whose sources the plan does not fix (a re-layout from the producer's layout, a
+  weight fetched from its idle layout): `spread_cross`, the estimate that the sources are
+  spread evenly over the pod, so that ``(chips - 1) / chips`` of each core's bytes cross.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.dtypes import ceil_div
+
+
+def ring_cross(chip: Chip, phys: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """(chips,): per chip, how many of its cores receive from a core on another chip when
+    logical core c (on physical core ``phys[c]``) receives from logical core ``src[c]``; on a
+    ring each such chip is left by as many, so this is its bytes in and out per byte moved."""
+    dst_chip = chip.chip_of(phys)
+    far = chip.chip_of(phys[src]) != dst_chip
+    return np.bincount(dst_chip[far], minlength=chip.chips).astype(np.int64)
+
+
+def ring_cross_row(chip: Chip, F: tuple[int, ...], k: int, t: int) -> tuple[int, ...]:
+    """`ring_cross` of a plan on cores 0 .. prod(F) - 1 whose ring of ``t`` cores runs along
+    axis ``k`` of the core grid ``F`` (`Geometry.ring_source`'s rule), as a tuple."""
+    return _ring_row(chip.chips, chip.cores_per_chip, F, k, t)
+
+
+@lru_cache(maxsize=8192)
+def _ring_row(chips: int, per_chip: int, F: tuple[int, ...], k: int, t: int
+              ) -> tuple[int, ...]:
+    ncores = int(np.prod(F))
+    if k < 0 or t <= 1:  # no ring
+        return (0,) * chips
+    c = np.arange(ncores, dtype=np.int64)
+    stride = int(np.prod(F[k + 1:]))
+    coord = (c // stride) % F[k]
+    pos = coord % t
+    src = c + ((pos + 1) % t - pos) * stride
+    far = src // per_chip != c // per_chip
+    return tuple(int(x) for x in np.bincount(c[far] // per_chip, minlength=chips))
+
+
+def group_cross(chip: Chip, phys: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """(chips,): per chip, how many (member, other member) pairs of a reduce-scatter have the
+    other member on another chip, where logical cores with equal ``key`` form a group and
+    every member gathers one chunk from every other member."""
+    return _group_far(chip.chip_of(phys), key, chip.chips)
+
+
+def _group_far(on: np.ndarray, key: np.ndarray, chips: int) -> np.ndarray:
+    """(chips,): the pairs of `group_cross`, cores on chips ``on`` in groups ``key``."""
+    groups = int(key.max(initial=-1)) + 1
+    size = np.bincount(key, minlength=groups)
+    same = np.bincount(key * chips + on, minlength=groups * chips)
+    far = size[key] - same[key * chips + on]
+    return np.bincount(on, weights=far, minlength=chips).astype(np.int64)
+
+
+def group_cross_row(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...],
+                    ring: tuple[int, int] | None = None) -> tuple[int, ...]:
+    """`group_cross` of a plan on cores 0 .. prod(F) - 1 whose groups are the cores that
+    differ only along the ``reduction`` axes of the core grid ``F`` and, for an output that
+    rotates on a ring of ``t`` cores along axis ``k`` (``ring`` = (k, t)), hold the same
+    partition of it after the last step (the same coordinate ``k`` modulo ``t``)."""
+    return _group_row(chip.chips, chip.cores_per_chip, F, reduction, ring)
+
+
+def group_keys(F: tuple[int, ...], reduction: tuple[int, ...],
+               ring: tuple[int, int] | None = None) -> np.ndarray:
+    """(prod(F),): the reduce-scatter group of every logical core (`group_cross_row`)."""
+    ncores = int(np.prod(F))
+    coords = np.stack(np.unravel_index(np.arange(ncores), F), axis=1)
+    keep = [j for j in range(len(F)) if j not in reduction]
+    key = (np.ravel_multi_index(tuple(coords[:, keep].T), tuple(F[j] for j in keep))
+           if keep else np.zeros(ncores, dtype=np.int64)).astype(np.int64)
+    if ring is not None:
+        k, t = ring
+        key = key * t + coords[:, k] % t
+    return key
+
+
+@lru_cache(maxsize=8192)
+def _group_row(chips: int, per_chip: int, F: tuple[int, ...], reduction: tuple[int, ...],
+               ring: tuple[int, int] | None) -> tuple[int, ...]:
+    c = np.arange(int(np.prod(F)), dtype=np.int64)
+    return tuple(int(x) for x in _group_far(c // per_chip, group_keys(F, reduction, ring),
+                                            chips))
+
+
+def spread_cross(chip: Chip, ncores: int, bytes_per_core: int) -> int:
+    """The busiest chip's inter-chip bytes when each of cores 0 .. ncores - 1 receives
+    ``bytes_per_core`` from sources spread evenly over the pod (an estimate)."""
+    if not chip.is_pod or bytes_per_core <= 0:
+        return 0
+    return ceil_div(chip.busiest_chip_cores(ncores) * bytes_per_core * (chip.chips - 1),
+                    chip.chips)
+
+
+def reduce_pairs(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...], group: int,
+                 ring: tuple[int, int] | None = None, phys: np.ndarray | None = None) -> int:
+    """The busiest chip's (member, other member) pairs across chips of a reduce-scatter of
+    ``group`` members (`group_cross`, groups as `group_cross_row`) on cores 0 .. prod(F) - 1,
+    or on ``phys``."""
+    if group <= 1 or not reduction or not chip.is_pod:
+        return 0
+    if phys is None:
+        return max(group_cross_row(chip, F, reduction, ring))
+    return int(group_cross(chip, phys, group_keys(F, reduction, ring)).max())
+
+
+def received_cross(chip: Chip, received: np.ndarray) -> int:
+    """The busiest chip's inter-chip bytes when core c receives ``received[c]`` bytes from
+    sources spread evenly over the pod (an estimate, as `spread_cross`)."""
+    if not chip.is_pod or not received.any():
+        return 0
+    per_chip = np.bincount(chip.chip_of(np.arange(len(received))), weights=received,
+                           minlength=chip.chips)
+    return ceil_div(int(per_chip.max()) * (chip.chips - 1), chip.chips)
