@@ -13,8 +13,8 @@ from ophelpers import G, make_model
 from t10c import frontend
 from t10c.chips import PRESETS
 from t10c.codegen import generate
-from t10c.codegen.program import Sync
-from t10c.driver import make_inputs, max_rel_err, reference
+from t10c.codegen.program import Exchange, Sync
+from t10c.driver import make_inputs, max_rel_err, reference, time_only
 from t10c.emulator import emulate
 from t10c.ir import Graph
 from t10c.partition import SearchOptions, geometry, plan_cost, plan_graph, search_op, verify_plan
@@ -28,6 +28,7 @@ from t10c.partition.transitions import (
     remote_counts,
     result_boxes,
     result_owner,
+    shared_inputs,
 )
 
 CHIP = PRESETS["test16"]
@@ -298,3 +299,72 @@ def test_aligned_plans_read_back_from_plan_json(tmp_path) -> None:
     loaded = load_plan(tmp_path / "plan.json")
     assert [(p.cores, p.aligned) for p in loaded.ops] == \
         [(p.cores, p.aligned) for p in c.plan.ops]
+
+
+def _shared_model(g: G, x: list[str]) -> str:
+    """Two layers of: a MatMul, then two MatMuls that read its result (q and k), added: the
+    second reader can take the first one's re-laid copy when both want the same layout."""
+    h = x[0]
+    for _ in range(2):
+        y = g.node("MatMul", h, g.weight(256, 64))
+        q = g.node("MatMul", y, g.weight(64, 256))
+        k = g.node("MatMul", y, g.weight(64, 256))
+        h = g.node("Add", q, k)
+    return h
+
+
+def test_consecutive_readers_share_one_copy() -> None:
+    """Where two consecutive ops want an activation in the same layout, the second reads the
+    first one's copy (`transitions.shared_inputs`): priced so, emulated so (the streamed
+    timing run, whose repeated layers replay, too), and the outputs are onnxruntime's."""
+    model = make_model("shared", _shared_model, ((16, 256),))
+    graph = frontend.to_graph(model, name="shared", epilogues=False)
+    base = plan_graph(graph, CHIP, "fp32")
+    inputs = make_inputs(graph, 0)
+    want, _ = reference(model, inputs)
+    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    views = Views(graph)
+    names = [op.name for op in graph.ops]
+    readers = [i for i, op in enumerate(graph.ops) if i and op.inputs[0].tensor
+               == graph.ops[i - 1].inputs[0].tensor]
+    assert readers, names  # the k MatMuls follow the q MatMuls reading the same tensor
+    rng = np.random.default_rng(3)
+    plans = [search_op(graph, op, CHIP, "fp32", SearchOptions()) for op in graph.ops]
+    shared_seen = 0
+    choices = [base.ops]
+    for _ in range(6):  # random plans, the second reader made to want the first's layout
+        chosen = [ps[int(rng.integers(len(ps)))] for ps in plans]
+        for i in readers:
+            chosen[i] = dataclasses.replace(chosen[i - 1], op=chosen[i].op)
+        for i in range(4, len(chosen)):  # the second layer as the first (it replays)
+            chosen[i] = dataclasses.replace(chosen[i - 4], op=chosen[i].op)
+        choices.append(tuple(chosen))
+    for chosen in choices:
+        shared = shared_inputs(graph, chosen, CHIP, "fp32", ints)
+        relayout = relayout_cycles(graph, chosen, CHIP, "fp32", ints, views)
+        plan = dataclasses.replace(base, ops=tuple(chosen), relayout_cycles=tuple(relayout))
+        verify_plan(graph, plan, CHIP)
+        program = generate(graph, plan, CHIP)
+        outputs, timeline, _ = emulate(program, CHIP, inputs, graph.constants)
+        assert max_rel_err(outputs, want) < 1e-4
+        emulated = _emulated_relayout(program, timeline, CHIP, _warm_ops(graph, chosen))
+        for op, r in zip(graph.ops, relayout):
+            assert r == emulated.get(op.name, 0), (op.name, chosen)
+        for i, slot in shared:  # the copy was not sent again
+            assert not any(isinstance(ins, Exchange) and ins.op == names[i]
+                           and program.buffers[ins.dst].name == f"{names[i]}.in{slot}"
+                           for ins in program.instrs)
+        _, streamed = time_only(graph, plan, CHIP)
+        assert streamed.cycles == timeline.cycles
+        # without the shared copy the second reader would have received its own
+        for i, slot in shared:
+            j = graph.ops.index(next(o for o in graph.ops
+                                     if o.output.tensor == graph.root(graph.ops[i]
+                                                                      .inputs[slot].tensor)))
+            have = producer_have(graph, j, chosen[j], graph.ops[i].inputs[slot].tensor,
+                                 CHIP.cores, None)
+            w = consumer_want(graph, i, slot, chosen[i])
+            shape = graph.tensors[graph.ops[i].inputs[slot].tensor].shape
+            shared_seen += int(remote_counts([have], w, np.asarray(shape),
+                                             views.coords(shape))[0].any())
+    assert shared_seen > 0
