@@ -17,7 +17,15 @@ from t10c.codegen.program import Exchange, Sync
 from t10c.driver import make_inputs, max_rel_err, reference, time_only
 from t10c.emulator import emulate
 from t10c.ir import Graph
-from t10c.partition import SearchOptions, geometry, plan_cost, plan_graph, search_op, verify_plan
+from t10c.partition import (
+    SearchOptions,
+    SolverOptions,
+    geometry,
+    plan_cost,
+    plan_graph,
+    search_op,
+    verify_plan,
+)
 from t10c.partition.align import aligned_plan
 from t10c.partition.transitions import (
     Views,
@@ -368,3 +376,36 @@ def test_consecutive_readers_share_one_copy() -> None:
             shared_seen += int(remote_counts([have], w, np.asarray(shape),
                                              views.coords(shape))[0].any())
     assert shared_seen > 0
+
+
+def test_alike_neighbours_take_each_others_plan_to_share() -> None:
+    """After the solve, a reader whose plan differs from its alike neighbour's takes that plan
+    where sharing the copy makes the whole cheaper (`partition._share_copies`)."""
+    from t10c.partition import _share_copies
+    from t10c.partition.space import op_keys
+
+    model = make_model("shared", _shared_model, ((16, 256),))
+    graph = frontend.to_graph(model, name="shared", epilogues=False)
+    base = plan_graph(graph, CHIP, "fp32")
+    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    views = Views(graph)
+    keys = op_keys(graph)
+    k = next(i for i, op in enumerate(graph.ops) if i and op.inputs[0].tensor
+             == graph.ops[i - 1].inputs[0].tensor)
+    improved = 0
+    for p in search_op(graph, graph.ops[k], CHIP, "fp32", SearchOptions())[:40]:
+        chosen = list(base.ops)
+        chosen[k] = dataclasses.replace(p, op=graph.ops[k].name)
+        relayout = relayout_cycles(graph, chosen, CHIP, "fp32", ints, views)
+        before = sum(q.cycles.total for q in chosen) + sum(relayout)
+        after, again = _share_copies(graph, keys, tuple(chosen), relayout, CHIP, "fp32", ints,
+                                     SolverOptions(), views)
+        assert again == relayout_cycles(graph, after, CHIP, "fp32", ints, views)
+        total = sum(q.cycles.total for q in after) + sum(again)
+        assert total <= before
+        if total < before:
+            improved += 1
+            same = [dataclasses.replace(q, op="") for q in after[k - 1:k + 1]]
+            assert same[0] == same[1]
+            assert shared_inputs(graph, after, CHIP, "fp32", ints)
+    assert improved > 0
