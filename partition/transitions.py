@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import ceil_div
 from t10c.ir import Graph, map_to_root
 
 from .collectives import scatter_of
-from .cost import element_bytes, idle_cores, kept_bytes
+from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
 from .solve import SolverOptions, _Arrays, liveness, memory_use
@@ -370,8 +372,14 @@ def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
     chips without DRAM only (mesh exchanges are estimates, and DRAM preloads are placed
     beside the op buffers). Codegen follows this map (`codegen.lower`), and
     `relayout_cycles` prices it."""
+    return _sharing(graph, plans, chip, dtype, int_tensors)[0]
+
+
+def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
+             int_tensors: frozenset[str]) -> tuple[dict[tuple[int, int], int], list[int]]:
+    """`shared_inputs`, and the SRAM per op the chosen plans and the kept copies leave."""
     if chip.is_mesh or chip.has_dram:
-        return {}
+        return {}, [0] * len(plans)
     const_tensors = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     cap = int(chip.sram_bytes_per_core * (1 - SolverOptions().reserve_fraction))
@@ -400,7 +408,59 @@ def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
                     out[i, slot] = s
                     taken.add(s)
                     break
-    return out
+    return out, slack
+
+
+def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+                    dtype: str, int_tensors: frozenset[str], views: Views | None = None
+                    ) -> frozenset[int]:
+    """Ops whose epilogue weights (a bias) are fetched in the previous op's reduce-scatter
+    superstep instead of after a barrier of their own.
+
+    A fetch reads a weight's idle copy, which nothing writes, so it can move in any earlier
+    exchange phase. Where an op would open an exchange phase only for that fetch (its inputs
+    are in place or read the previous op's copy, `shared_inputs`: bert-base's k and v), and
+    the previous op ends with a reduce-scatter, the fetch joins that superstep and the op's
+    barrier goes. The fetched buffers then live through the previous op's epilogue: only
+    where the SRAM the chosen plans leave there holds them. `relayout_cycles` prices the
+    barrier saved, codegen follows the same set."""
+    shared, slack = _sharing(graph, plans, chip, dtype, int_tensors)
+    if chip.is_mesh or chip.has_dram:
+        return frozenset()
+    views = views or Views(graph)
+    const_tensors = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    out = set()
+    for i in range(1, len(graph.ops)):
+        op, p = graph.ops[i], plans[i]
+        if p.home or op.epilogue is None or not fetches(graph, i, p, chip) or \
+                any(graph.root(o.tensor) not in graph.constants for o in op.extra):
+            continue
+        if geometry(graph, graph.ops[i - 1], plans[i - 1]).reduce_group <= 1:
+            continue
+        moving = False
+        for slot, operand in enumerate(op.inputs):
+            j = producer.get(graph.root(operand.tensor))
+            if j is None or (i, slot) in shared:
+                continue
+            shape = graph.tensors[operand.tensor].shape
+            have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
+                                 views.to_root(operand.tensor), views)
+            want = consumer_want(graph, i, slot, p)
+            coords = views.coords(shape) if have.owner is not None else None
+            if remote_counts([have], want, np.asarray(shape), coords).any():
+                moving = True
+                break
+        if moving:
+            continue
+        geo = geometry(graph, op, p)
+        share = ceil_div(math.prod(geo.tile_shape(len(op.inputs))), geo.reduce_group)
+        fetched = epilogue_cost(op, share, chip, dtype, int_tensors, const_tensors,
+                                geo.shapes).fetched
+        if fetched <= slack[i - 1]:
+            slack[i - 1] -= fetched
+            out.add(i)
+    return frozenset(out)
 
 
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
@@ -412,6 +472,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     views = views or Views(graph)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     shared = shared_inputs(graph, plans, chip, dtype, int_tensors)
+    hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views)
     out = []
     for i, op in enumerate(graph.ops):
         received = np.zeros(chip.cores, dtype=np.int64)
@@ -438,8 +499,9 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
         most = int(received.max(initial=0))
         if chip.is_mesh:
             out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
-        elif fetches(graph, i, plans[i], chip):
-            out.append(chip.transfer_cycles(most))
+        elif fetches(graph, i, plans[i], chip):  # the barrier is the plan's (its fetch's),
+            # unless the fetch rides in the previous op's reduce-scatter superstep
+            out.append(chip.transfer_cycles(most) - (chip.sync_cycles if i in hoisted else 0))
         else:
             out.append(chip.sync_cycles + chip.transfer_cycles(most) if most else 0)
     return out
