@@ -156,6 +156,19 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
         chosen, relayout = _share_copies(graph, keys, chosen, relayout, chip, dtype, ints,
                                          solver, views, fixed)
+        # the solver priced no shared copies: a baseline's choice, finished as its own
+        # compile finishes it, may gain more from them; t10 then takes it (never slower)
+        for start in starts:
+            other = tuple(front[k] for front, k in zip(fronts, start))
+            again = relayout_cycles(graph, other, chip, dtype, ints, views)
+            if search.align:
+                other, again = _realign(graph, keys, other, again, chip, dtype, ints, consts,
+                                        search, solver, views, fixed)
+            other, again = _share_copies(graph, keys, other, again, chip, dtype, ints, solver,
+                                         views, fixed)
+            if sum(p.cycles.total for p in other) + sum(again) < \
+                    sum(p.cycles.total for p in chosen) + sum(relayout):
+                chosen, relayout = other, again
     gap = result.objective_cycles - result.bound_cycles
     dram = (_dram_schedule(graph, chosen, relayout, chip, solver, search.dram_schedule)
             if any(p.dram_cycles for p in chosen) else None)
