@@ -158,8 +158,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                          solver, views, fixed)
         # the solver priced no shared copies: a baseline's choice, finished as its own
         # compile finishes it, may gain more from them; t10 then takes it (never slower)
-        for start in starts:
-            other = tuple(front[k] for front, k in zip(fronts, start))
+        for given in starts:
+            other = tuple(front[k] for front, k in zip(fronts, given))
             again = relayout_cycles(graph, other, chip, dtype, ints, views)
             if search.align:
                 other, again = _realign(graph, keys, other, again, chip, dtype, ints, consts,
