@@ -39,6 +39,8 @@ from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, scatter_of
 from t10c.partition.cost import idle_cores
 from t10c.partition.dram import dram_operands
+from t10c.partition.space import tensor_sets
+from t10c.partition.transitions import hoisted_fetches, shared_inputs
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import ALIGN, Layout, Rect, aligned, layout
@@ -155,6 +157,18 @@ class _Builder:
         #: whose loads are issued at its start (`Plan.dram_issue`)
         self.dma: dict[tuple[int, int], int] = {}
         self.issued_at: dict[int, list[int]] = {}
+        #: inputs that read the previous op's re-laid copy (`transitions.shared_inputs`): per
+        #: (op, slot) of the keeping op, the (next op, slot) that takes it over; and the
+        #: copies kept for the next op, by (op, slot) of their reader
+        ints = tensor_sets(graph)[0]
+        shared = shared_inputs(graph, plan.ops, chip, plan.dtype, ints)
+        self.shared = frozenset(shared)
+        self.keeps = {(i - 1, s): (i, slot) for (i, slot), s in shared.items()}
+        self.kept: dict[tuple[int, int], int] = {}
+        #: ops whose epilogue weights are fetched in the previous op's reduce-scatter
+        #: superstep (`transitions.hoisted_fetches`), and those buffers by (op, extra)
+        self.hoisted = hoisted_fetches(graph, plan.ops, chip, plan.dtype, ints)
+        self.prefetched: dict[tuple[int, int], tuple[int, bool]] = {}
         for k, j in enumerate(plan.dram_issue):
             if j >= 0:
                 self.issued_at.setdefault(j, []).append(k)
@@ -347,7 +361,11 @@ class _Builder:
                 sources.append(("input", self.graph.tensors[root].shape, view))
             else:
                 sources.append(("act", self.keys.get(root), view))
-        return (op.signature(), plan, tuple(sources))
+        nin = len(op.inputs)
+        return (op.signature(), plan, tuple(sources),
+                tuple((n, i) in self.shared for i in range(nin)),
+                tuple((n, i) in self.keeps for i in range(nin)), n in self.hoisted,
+                n + 1 in self.hoisted)
 
     def replay(self, n: int, op: TensorExpr, cached: _Cached) -> None:
         """Op n's timing is that of an earlier op with the same key: take its records and
@@ -356,6 +374,7 @@ class _Builder:
         self.drain()
         self.sink.replay(op.name, cached)  # type: ignore[union-attr]
         self.sink.written(out, cached.cores)  # type: ignore[union-attr]
+        self.replay_kept(n, op)
         self.free_dram(n)
         for operand in op.reads:
             root = self.graph.root(operand.tensor)
@@ -364,6 +383,44 @@ class _Builder:
                 if self.pending[root] == 0:
                     self.free(self.placement[root].buf, op.name)
         self.placement[op.output.tensor] = Placement(out, cached.core, cached.off)
+
+    def replay_kept(self, n: int, op: TensorExpr) -> None:
+        """A replayed op's share of the kept copies (`transitions.shared_inputs`): the copy it
+        took from the previous op is freed or passed on, and a copy it keeps for the next op
+        is allocated, as written, where the op's own instructions would have left it."""
+        for k in range(len(op.extra)):  # epilogue weights the previous op fetched
+            if (n, k) in self.prefetched:
+                bid, own = self.prefetched.pop((n, k))
+                if own:
+                    self.free(bid, op.name)
+        if n + 1 in self.hoisted:  # this op fetches the next op's, as written
+            m = n + 1
+            after = self.graph.ops[m]
+            geo_m = geometry(self.graph, after, self.plan.ops[m])
+            elems = self.final_elements(after, geo_m)[0].shape[1]
+            for k, extra in enumerate(after.extra):
+                if (m, k) in self.extra_weights:
+                    continue
+                bid = self.new_buffer(f"{after.name}.x{k}", elems, self.storage(extra.tensor),
+                                      after.name, "fetch")
+                self.drain()
+                self.sink.written(bid, geo_m.phys)  # type: ignore[union-attr]
+                self.prefetched[m, k] = (bid, True)
+        geo = None
+        for i, operand in enumerate(op.inputs):
+            took = self.kept.pop((n, i), None)
+            nxt = self.keeps.get((n, i))
+            if nxt is None:
+                if took is not None:
+                    self.free(took, op.name)
+                continue
+            if took is None:
+                geo = geo or geometry(self.graph, op, self.plan.ops[n])
+                took = self.new_buffer(f"{op.name}.in{i}", math.prod(geo.tile_shape(i)),
+                                       self.storage(operand.tensor), op.name, "relayout")
+                self.drain()
+                self.sink.written(took, geo.phys)  # type: ignore[union-attr]
+            self.kept[nxt] = took
 
     # -- off-chip memory ----------------------------------------------------------------------
     def issue_dram(self, j: int) -> None:
@@ -440,6 +497,8 @@ class _Builder:
                 bid, own = self.weights[n, i], False
             elif (n, i) in self.dma:  # loaded from DRAM: freed after the op (`free_dram`)
                 bid, own = self.dma[n, i], False
+            elif (n, i) in self.kept:  # the previous op's copy, in this layout already
+                bid, own = self.kept.pop((n, i)), True
             else:
                 bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home)
             cur.append(bid)
@@ -450,6 +509,8 @@ class _Builder:
             for k in range(len(op.extra)):
                 if (n, k) in self.extra_weights:
                     extra.append((self.extra_weights[n, k], False))
+                elif (n, k) in self.prefetched:  # fetched in the previous op's superstep
+                    extra.append(self.prefetched.pop((n, k)))
                 else:
                     extra.append(self.bring_extra(op, geo, k, flat, valid, moves))
         # one barrier before the exchange phase, unless every copy stays on its core
@@ -520,7 +581,9 @@ class _Builder:
             for i in recv:
                 self.free(recv[i], op.name)
         for i in range(nin):
-            if owned[i]:
+            if owned[i] and (n, i) in self.keeps:  # the next op reads this copy
+                self.kept[self.keeps[n, i]] = cur[i]
+            elif owned[i]:
                 self.free(cur[i], op.name)
         self.free_dram(n, cur)
         for operand in op.inputs:  # a producer buffer used in place dies with this op
@@ -532,12 +595,27 @@ class _Builder:
         if shared:
             for i in recv:
                 self.free(recv[i], op.name)
+        if n + 1 in self.hoisted:
+            self.prefetch(n + 1, op.name)
         self.placement[op.output.tensor] = place
         if op.epilogue is not None:
             self.emit_epilogue(n, geo, place.buf, [xb for xb, _ in extra])
         for xb, own in extra:
             if own:
                 self.free(xb, op.name)
+
+    def prefetch(self, m: int, by: str) -> None:
+        """Fetch op m's epilogue weights now, in the reduce-scatter superstep op ``by`` just
+        opened (`transitions.hoisted_fetches`): the exchanges are op ``by``'s, so that
+        repeated layers replay them with it."""
+        op = self.graph.ops[m]
+        geo = geometry(self.graph, op, self.plan.ops[m])
+        flat, valid = self.final_elements(op, geo)[:2]
+        moves: list[Exchange] = []
+        for k in range(len(op.extra)):
+            if (m, k) not in self.extra_weights:
+                self.prefetched[m, k] = self.bring_extra(op, geo, k, flat, valid, moves)
+        self.instrs.extend(dataclasses.replace(mv, op=by) for mv in moves)
 
     def emit_epilogue(self, n: int, geo: Geometry, out: int, extra: list[int]) -> None:
         """Op n's epilogue on every element of its finished result, in place (one Compute of

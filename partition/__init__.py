@@ -152,6 +152,23 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
         chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
                                     search, solver, views, fixed, spent)
+    if solver.planner != "greedy" and not chip.is_mesh and not chip.has_dram:
+        fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
+        chosen, relayout = _share_copies(graph, keys, chosen, relayout, chip, dtype, ints,
+                                         solver, views, fixed)
+        # the solver priced no shared copies: a baseline's choice, finished as its own
+        # compile finishes it, may gain more from them; t10 then takes it (never slower)
+        for given in starts:
+            other = tuple(front[k] for front, k in zip(fronts, given))
+            again = relayout_cycles(graph, other, chip, dtype, ints, views)
+            if search.align:
+                other, again = _realign(graph, keys, other, again, chip, dtype, ints, consts,
+                                        search, solver, views, fixed)
+            other, again = _share_copies(graph, keys, other, again, chip, dtype, ints, solver,
+                                         views, fixed)
+            if sum(p.cycles.total for p in other) + sum(again) < \
+                    sum(p.cycles.total for p in chosen) + sum(relayout):
+                chosen, relayout = other, again
     gap = result.objective_cycles - result.bound_cycles
     dram = (_dram_schedule(graph, chosen, relayout, chip, solver, search.dram_schedule)
             if any(p.dram_cycles for p in chosen) else None)
@@ -268,6 +285,57 @@ def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayo
     if sum(p.cycles.total for p in picked) + sum(again) < before:
         return picked, again
     return chosen, relayout
+
+
+def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
+                  relayout: list[int], chip: Chip, dtype: str, ints: frozenset[str],
+                  solver: SolverOptions, views: Views, fixed: frozenset[int] = frozenset()
+                  ) -> tuple[tuple[OpPlan, ...], list[int]]:
+    """After the solve: two consecutive ops alike (same expression, same activations read, the
+    weights aside; bert-base's q, k and v) that chose different plans try each other's, so
+    that the second can read the first one's re-laid copy (`transitions.shared_inputs`),
+    which the solver's per-edge prices cannot see. A swap is kept when the plans' cycles and
+    the exact re-layouts together drop and every op's memory stays within the solver's
+    limit; ops named by `--plan` constraints keep theirs."""
+    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    terms = liveness(graph)
+    best = list(chosen)
+    cost = sum(p.cycles.total for p in best) + sum(relayout)
+    for i in range(1, len(graph.ops)):
+        a, b = graph.ops[i - 1], graph.ops[i]
+        if keys[i] != keys[i - 1] or not _alike_reads(graph, a, b) or \
+                dataclasses.replace(best[i], op="") == dataclasses.replace(best[i - 1], op=""):
+            continue
+        for k, src in ((i, i - 1), (i - 1, i)):
+            if k in fixed:
+                continue
+            trial = list(best)
+            trial[k] = _rename(best[src], graph.ops[k].name)
+            arrays = _Arrays([[p] for p in trial], [[0] for _ in trial])
+            if int(memory_use(terms, arrays, [0] * len(trial)).max(initial=0)) > cap:
+                continue
+            again = relayout_cycles(graph, trial, chip, dtype, ints, views)
+            total = sum(p.cycles.total for p in trial) + sum(again)
+            if total < cost:
+                best, relayout, cost = trial, again, total
+                break
+    return tuple(best), relayout
+
+
+def _alike_reads(graph: Graph, a: TensorExpr, b: TensorExpr) -> bool:
+    """Whether ``a`` and ``b`` read the same activations in the same places (weights may
+    differ), at least one of them."""
+    if len(a.reads) != len(b.reads):
+        return False
+    same = False
+    for x, y in zip(a.reads, b.reads):
+        weights = (graph.root(x.tensor) in graph.constants, graph.root(y.tensor) in graph.constants)
+        if weights == (True, True):
+            continue
+        if x.tensor != y.tensor:
+            return False
+        same = True
+    return same
 
 
 def _front_ids(fronts: list[list[OpPlan]]) -> list[int]:

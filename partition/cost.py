@@ -229,6 +229,29 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
     return Cycles(compute, shift, sync, reduce), hot, cold, out_bytes
 
 
+def kept_bytes(geo: Geometry, slot: int, hot_bytes: int, chip: Chip, dtype: str,
+               int_tensors: frozenset[str], const_tensors: frozenset[str]) -> int:
+    """Bytes per core beyond the plan's ``hot_bytes`` when input ``slot``'s buffer stays
+    allocated after the steps, through the reduce-scatter and the epilogue (`plan_cost`:
+    during the steps every input's tile is counted; during the reduce-scatter only the
+    weights, the partial sums and the chunk), so that the next op reads that copy instead of
+    receiving its own (`transitions.shared_inputs`)."""
+    if geo.reduce_group <= 1:
+        return 0  # no reduce phase: the tile is counted through the whole op
+    op = geo.op
+    out = len(op.inputs)
+
+    def tile(i: int) -> int:
+        return element_bytes(op, i, dtype, int_tensors) * math.prod(geo.tile_shape(i))
+
+    cold = sum(tile(i) for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
+    chunk = ceil_div(math.prod(geo.tile_shape(out)), geo.reduce_group) * element_bytes(
+        op, out, dtype, int_tensors)
+    epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
+                        geo.shapes)
+    return max(cold + tile(out) + chunk + tile(slot) + epi.hot - hot_bytes, 0)
+
+
 def _final_share(geo: Geometry) -> int:
     """Elements of the finished result per core: its chunk after a reduce-scatter."""
     elems = math.prod(geo.tile_shape(len(geo.op.inputs)))

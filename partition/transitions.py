@@ -38,13 +38,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import ceil_div
 from t10c.ir import Graph, map_to_root
 
 from .collectives import scatter_of
-from .cost import element_bytes, idle_cores
+from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
 from .pod import received_cross, spread_cross
+from .solve import SolverOptions, _Arrays, liveness, memory_use
 
 
 @dataclass(frozen=True)
@@ -361,20 +363,129 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     return tuple(rows)
 
 
+def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+                  dtype: str, int_tensors: frozenset[str]) -> dict[tuple[int, int], int]:
+    """Inputs that read the previous op's re-laid copy instead of receiving their own:
+    ``{(op, slot): slot of op - 1}``.
+
+    When two consecutive ops read the same activation (the same tensor, through the same
+    view) in the same layout (equal boxes on the same cores), and neither rotates it, the
+    first op's received buffer stays allocated and the second reads it: its re-layout moves
+    nothing for that input (bert-base's q, k and v read the LayerNorm's result alike). The
+    buffer then lives through the first op's reduce-scatter and epilogue: where the first
+    plan's hot bytes do not cover it there (`cost.kept_bytes`), only if the SRAM the chosen
+    plans leave at that op (the solver's (C2) with its default reserve) does. All-to-all
+    chips without DRAM only (mesh exchanges are estimates, and DRAM preloads are placed
+    beside the op buffers). Codegen follows this map (`codegen.lower`), and
+    `relayout_cycles` prices it."""
+    return _sharing(graph, plans, chip, dtype, int_tensors)[0]
+
+
+def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
+             int_tensors: frozenset[str]) -> tuple[dict[tuple[int, int], int], list[int]]:
+    """`shared_inputs`, and the SRAM per op the chosen plans and the kept copies leave."""
+    if chip.is_mesh or chip.has_dram:
+        return {}, [0] * len(plans)
+    const_tensors = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    cap = int(chip.sram_bytes_per_core * (1 - SolverOptions().reserve_fraction))
+    used = memory_use(liveness(graph), _Arrays([[p] for p in plans], [[0] for _ in plans]),
+                      [0] * len(plans))
+    slack = [cap - int(u) for u in used]
+    out: dict[tuple[int, int], int] = {}
+    for i in range(1, len(graph.ops)):
+        op, prev = graph.ops[i], graph.ops[i - 1]
+        taken: set[int] = set()
+        for slot, operand in enumerate(op.inputs):
+            if producer.get(graph.root(operand.tensor)) is None or plans[i].rot[slot]:
+                continue
+            want = None
+            for s, o in enumerate(prev.inputs):
+                if o.tensor != operand.tensor or plans[i - 1].rot[s] or s in taken:
+                    continue
+                want = want or consumer_want(graph, i, slot, plans[i]).digest()
+                if consumer_want(graph, i - 1, s, plans[i - 1]).digest() != want:
+                    continue
+                geo = geometry(graph, prev, plans[i - 1])
+                more = kept_bytes(geo, s, plans[i - 1].hot_bytes_per_core, chip, dtype,
+                                  int_tensors, const_tensors)
+                if more <= slack[i - 1]:
+                    slack[i - 1] -= more
+                    out[i, slot] = s
+                    taken.add(s)
+                    break
+    return out, slack
+
+
+def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+                    dtype: str, int_tensors: frozenset[str], views: Views | None = None
+                    ) -> frozenset[int]:
+    """Ops whose epilogue weights (a bias) are fetched in the previous op's reduce-scatter
+    superstep instead of after a barrier of their own.
+
+    A fetch reads a weight's idle copy, which nothing writes, so it can move in any earlier
+    exchange phase. Where an op would open an exchange phase only for that fetch (its inputs
+    are in place or read the previous op's copy, `shared_inputs`: bert-base's k and v), and
+    the previous op ends with a reduce-scatter, the fetch joins that superstep and the op's
+    barrier goes. The fetched buffers then live through the previous op's epilogue: only
+    where the SRAM the chosen plans leave there holds them. `relayout_cycles` prices the
+    barrier saved, codegen follows the same set."""
+    shared, slack = _sharing(graph, plans, chip, dtype, int_tensors)
+    if chip.is_mesh or chip.has_dram:
+        return frozenset()
+    views = views or Views(graph)
+    const_tensors = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    out = set()
+    for i in range(1, len(graph.ops)):
+        op, p = graph.ops[i], plans[i]
+        if p.home or op.epilogue is None or not fetches(graph, i, p, chip) or \
+                any(graph.root(o.tensor) not in graph.constants for o in op.extra):
+            continue
+        if geometry(graph, graph.ops[i - 1], plans[i - 1]).reduce_group <= 1:
+            continue
+        moving = False
+        for slot, operand in enumerate(op.inputs):
+            j = producer.get(graph.root(operand.tensor))
+            if j is None or (i, slot) in shared:
+                continue
+            shape = graph.tensors[operand.tensor].shape
+            have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
+                                 views.to_root(operand.tensor), views)
+            want = consumer_want(graph, i, slot, p)
+            coords = views.coords(shape) if have.owner is not None else None
+            if remote_counts([have], want, np.asarray(shape), coords).any():
+                moving = True
+                break
+        if moving:
+            continue
+        geo = geometry(graph, op, p)
+        share = ceil_div(math.prod(geo.tile_shape(len(op.inputs))), geo.reduce_group)
+        fetched = epilogue_cost(op, share, chip, dtype, int_tensors, const_tensors,
+                                geo.shapes).fetched
+        if fetched <= slack[i - 1]:
+            slack[i - 1] -= fetched
+            out.add(i)
+    return frozenset(out)
+
+
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
                     dtype: str, int_tensors: frozenset[str], views: Views | None = None
                     ) -> list[int]:
     """The re-layout cycles before every op for one choice of plans, all inputs of an op in
-    one phase (exactly what the emulator measures on an all-to-all chip)."""
+    one phase (exactly what the emulator measures on an all-to-all chip); an input that reads
+    the previous op's copy (`shared_inputs`) moves nothing."""
     views = views or Views(graph)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    shared = shared_inputs(graph, plans, chip, dtype, int_tensors)
+    hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views)
     out = []
     for i, op in enumerate(graph.ops):
         received = np.zeros(chip.cores, dtype=np.int64)
         mesh_cycles = 0
         for slot, operand in enumerate(op.inputs):
             j = producer.get(graph.root(operand.tensor))
-            if j is None:
+            if j is None or (i, slot) in shared:
                 continue
             shape = graph.tensors[operand.tensor].shape
             have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
@@ -395,8 +506,10 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
         cross = received_cross(chip, received)
         if chip.is_mesh:
             out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
-        elif fetches(graph, i, plans[i], chip):
-            out.append(chip.exchange_cycles(most, cross))
+        elif fetches(graph, i, plans[i], chip):  # the barrier is the plan's (its fetch's),
+            # unless the fetch rides in the previous op's reduce-scatter superstep
+            out.append(chip.exchange_cycles(most, cross)
+                       - (chip.sync_cycles if i in hoisted else 0))
         else:
             out.append(chip.sync_cycles + chip.exchange_cycles(most, cross) if most else 0)
     return out

@@ -26,10 +26,16 @@ CHIP = PRESETS["test16"]
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> Path:
-    """mlp (batch 2) on test16: every instruction kind, Shift and Reduce included."""
-    out = tmp_path_factory.mktemp("mlp") / "mlp"
+    """mlp (batch 2) on test16: every instruction kind, Shift and Reduce included (fc1 is
+    made to rotate its input: t10 now takes the no-rotation choice here, faster once the
+    plans' shared copies and hoisted fetches are counted)."""
+    base = tmp_path_factory.mktemp("mlp")
+    out = base / "mlp"
+    rotate = base / "rotate.toml"
+    rotate.write_text('[[op]]\nname = "fc1/MatMul"\nF_op = { k = 2, n = 8 }\n'
+                      'f_t = { in0 = { k = 8 } }\n')
     assert main(["compile", "mlp", "--batch", "2", "--chip", "test16", "-o", str(out),
-                 "--no-table"]) == 0
+                 "--plan", str(rotate), "--no-table"]) == 0
     kinds = {i["kind"] for i in json.loads((out / "program.json").read_text())["instrs"]}
     assert kinds >= {"Alloc", "Free", "Load", "Fill", "Exchange", "Compute", "Shift", "Reduce",
                      "Sync", "Store"}
