@@ -539,21 +539,19 @@ class _Builder:
                 b = self.buffers[cur[i]]
                 recv[i] = self.new_buffer(f"{op.name}.rx{i}", b.elems, b.dtype, op.name, "shift")
 
+        tiles = tuple(geo.tile_shape(i) for i in range(nin + 1))
         for s in range(geo.steps):
+            offsets, origin, movers, sources = self.step_tables(key, geo, nin, s, tuple(recv))
             self.instrs.append(Compute(
-                op.name, "compute", n, cur[nin], tuple(cur[:nin]), geo.u,
-                tuple(geo.tile_shape(i) for i in range(nin + 1)),
-                tuple(geo.slice_offsets(i, s).astype(np.int32) for i in range(nin + 1)),
-                geo.origin(s).astype(np.int64), op.combine is not None, _cores(geo)))
+                op.name, "compute", n, cur[nin], tuple(cur[:nin]), geo.u, tiles, offsets,
+                origin, op.combine is not None, self.cores_of(key, geo)))
             if s == geo.steps - 1:
                 break
-            changed = geo.changes(s)
-            movers = [i for i in recv if geo.rotation_axis(i) in changed]
             if movers:
                 self.instrs.append(Sync(op.name, "sync"))
-            for i in movers:
-                source = geo.phys[geo.shift_source(i, s)].astype(np.int32)
-                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], source, _cores(geo)))
+            for i, source in zip(movers, sources):
+                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], source,
+                                         self.cores_of(key, geo)))
                 cur[i], recv[i] = recv[i], cur[i]
 
         # resident weights that rotated go back to where they started, into their own buffer,
@@ -602,6 +600,35 @@ class _Builder:
         for xb, own in extra:
             if own:
                 self.free(xb, op.name)
+
+    def step_tables(self, key: tuple, geo: Geometry, nin: int, s: int, rotating: tuple[int, ...]
+                    ) -> tuple[tuple[np.ndarray, ...], np.ndarray, list[int],
+                               list[np.ndarray]]:
+        """Step ``s``'s Compute tables (every operand's slice offsets, the origin) and, after
+        it, the operands that shift and each one's ring source: once per geometry (repeated
+        layers share the arrays, read-only)."""
+        memo = ("step", key, s, rotating)
+        if memo not in self.memo:
+            offsets = tuple(_frozen(geo.slice_offsets(i, s).astype(np.int32))
+                            for i in range(nin + 1))
+            origin = _frozen(geo.origin(s).astype(np.int64))
+            movers: list[int] = []
+            sources: list[np.ndarray] = []
+            if s < geo.steps - 1:
+                changed = geo.changes(s)
+                movers = [i for i in rotating if geo.rotation_axis(i) in changed]
+                sources = [_frozen(geo.phys[geo.shift_source(i, s)].astype(np.int32))
+                           for i in movers]
+            self.memo[memo] = (offsets, origin, movers, sources)
+        return self.memo[memo]  # type: ignore[return-value]
+
+    def cores_of(self, key: tuple, geo: Geometry) -> np.ndarray | None:
+        """`_cores`, once per geometry."""
+        memo = ("cores", key)
+        if memo not in self.memo:
+            cores = _cores(geo)
+            self.memo[memo] = None if cores is None else _frozen(cores)
+        return self.memo[memo]  # type: ignore[return-value]
 
     def emit_epilogue(self, n: int, geo: Geometry, out: int, extra: list[int]) -> None:
         """Op n's epilogue on every element of its finished result, in place (one Compute of
@@ -767,6 +794,12 @@ def _placed(op: TensorExpr, geo: Geometry, flat: np.ndarray, valid: np.ndarray, 
     core.flags.writeable = False
     off.flags.writeable = False
     return core, off
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """``arr``, read-only: instructions of repeated layers share it."""
+    arr.flags.writeable = False
+    return arr
 
 
 def _cores(geo: Geometry) -> np.ndarray | None:
