@@ -44,7 +44,7 @@ from t10c.partition.transitions import hoisted_fetches, shared_inputs
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import ALIGN, Layout, Rect, aligned, layout
-from .pattern import encode, from_table, received, unique_origins
+from .pattern import Pattern, encode, from_table, received, unique_origins
 from .program import (
     Alloc,
     Buffer,
@@ -169,6 +169,11 @@ class _Builder:
         #: superstep (`transitions.hoisted_fetches`), and those buffers by (op, extra)
         self.hoisted = hoisted_fetches(graph, plan.ops, chip, plan.dtype, ints)
         self.prefetched: dict[tuple[int, int], tuple[int, bool]] = {}
+        #: repeated layers: what an op's instructions are computed from (its geometry, the
+        #: placement and layout of what it reads) gives the same tables, computed once
+        self.memo: dict[tuple, object] = {}
+        self.digests: dict[int, tuple[np.ndarray, bytes]] = {}
+        self.geo_keys: dict[int, tuple] = {}
         for k, j in enumerate(plan.dram_issue):
             if j >= 0:
                 self.issued_at.setdefault(j, []).append(k)
@@ -197,14 +202,40 @@ class _Builder:
             self.view_tables[tensor] = map_to_root(self.graph, tensor, np.arange(numel))[1]
         return self.view_tables[tensor]
 
+    def geo_key(self, n: int, op: TensorExpr) -> tuple:
+        """What op n's geometry is a function of (its expression, plan and tensor shapes):
+        equal for repeated layers."""
+        if n not in self.geo_keys:
+            plan = dataclasses.replace(self.plan.ops[n], op="")
+            shapes = tuple(self.graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra))
+            self.geo_keys[n] = (op.signature(), plan, shapes)
+        return self.geo_keys[n]
+
+    def digest(self, arr: np.ndarray) -> bytes:
+        """A digest of ``arr``'s contents, once per array object (kept alive beside it, so
+        that its id is not reused)."""
+        hit = self.digests.get(id(arr))
+        if hit is None:
+            d = hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).digest()
+            hit = self.digests[id(arr)] = (arr, arr.dtype.str.encode() + d)
+        return hit[1]
+
+    def source_key(self, place: Placement, tensor: str) -> tuple:
+        """Where the elements of ``tensor`` (read through its views) come from, by content."""
+        view = self.digest(self.to_root(tensor)) if self.graph.root(tensor) != tensor else b""
+        src = self.buffers[place.buf]
+        return (self.digest(place.core), self.digest(place.off), src.elems, src.dtype, view)
+
     def element_map(self, geo: Geometry, index: int, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(flat element of the operand's tensor per buffer element, validity), per core."""
         shape = self.graph.tensors[geo.op.operands[index].tensor].shape
         return tile_elements(geo.tile_origin(index, step), geo.tile_shape(index), shape)
 
     def bring_input(self, op: TensorExpr, geo: Geometry, index: int, moves: list[Exchange],
-                    warm_up: bool = False) -> tuple[int, bool]:
-        """Emit what puts input ``index`` in place; returns (buffer, owned by this op)."""
+                    warm_up: bool = False, key: tuple | None = None) -> tuple[int, bool]:
+        """Emit what puts input ``index`` in place; returns (buffer, owned by this op).
+        ``key`` (`geo_key`) lets an activation's tables be those of an earlier op with the
+        same geometry reading the same placement (repeated layers)."""
         operand = op.inputs[index]
         dtype = self.storage(operand.tensor)
         name = f"{op.name}.in{index}"
@@ -227,19 +258,40 @@ class _Builder:
                 self.instrs.append(indexed_load(op.name, phase, bid, root, shape, elems, table,
                                                 inverse, _cores(geo)))
             return bid, root not in self.graph.constants
-        # each distinct tile's elements once: replicas of a tile receive the same elements
-        uniq, inverse = unique_origins(geo.tile_origin(index, 0))
-        flat, valid = tile_elements(uniq, geo.tile_shape(index),
-                                    self.graph.tensors[operand.tensor].shape)
-        if root != operand.tensor:
-            flat = self.to_root(operand.tensor)[flat]
-        elems = flat.shape[1]
         if home:
             place = self.home[root]
         elif root not in self.placement:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
         else:
             place = self.placement[root]
+        memo: tuple | None = None if key is None else \
+            ("in", key, index, home, dtype, self.source_key(place, operand.tensor))
+        hit = self.memo.get(memo) if memo is not None else None
+        if hit is None:
+            hit = self.moved_elements(op, geo, index, place, dtype, home)
+            if memo is not None:
+                self.memo[memo] = hit
+        moved: tuple[int, Pattern | None] = hit  # type: ignore[assignment]
+        elems, pattern = moved
+        if pattern is None:
+            return place.buf, False
+        phase = "fetch" if home else "relayout"
+        bid = self.new_buffer(name, elems, dtype, op.name, phase)
+        moves.append(exchange(op.name, phase, bid, place.buf, pattern, elems, _cores(geo)))
+        return bid, True
+
+    def moved_elements(self, op: TensorExpr, geo: Geometry, index: int, place: Placement,
+                       dtype: str, home: bool) -> tuple[int, Pattern | None]:
+        """(elements per core, the copy pattern) that bring activation input ``index`` from
+        ``place`` into the plan's layout; no pattern when it already lies there."""
+        operand = op.inputs[index]
+        # each distinct tile's elements once: replicas of a tile receive the same elements
+        uniq, inverse = unique_origins(geo.tile_origin(index, 0))
+        flat, valid = tile_elements(uniq, geo.tile_shape(index),
+                                    self.graph.tensors[operand.tensor].shape)
+        if self.graph.root(operand.tensor) != operand.tensor:
+            flat = self.to_root(operand.tensor)[flat]
+        elems = flat.shape[1]
         src_core = np.where(valid, place.core[flat], -1).astype(np.int32, copy=False)
         src_off = np.where(valid, place.off[flat], -1).astype(np.int32, copy=False)
         src = self.buffers[place.buf]
@@ -249,12 +301,8 @@ class _Builder:
                     and (src_core[inverse] == geo.phys[:, None]).all()
                     and (src_off == np.arange(elems)[None, :]).all())
         if in_place and not home:
-            return place.buf, False
-        phase = "fetch" if home else "relayout"
-        bid = self.new_buffer(name, elems, dtype, op.name, phase)
-        moves.append(exchange(op.name, phase, bid, place.buf,
-                              encode(src_core, src_off, inverse), elems, _cores(geo)))
-        return bid, True
+            return elems, None
+        return elems, encode(src_core, src_off, inverse)
 
     # -- one op ---------------------------------------------------------------------------
     def load_weights(self, n: int, op: TensorExpr) -> None:
@@ -285,17 +333,25 @@ class _Builder:
                 self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
 
     def bring_extra(self, op: TensorExpr, geo: Geometry, k: int, flat: np.ndarray,
-                    valid: np.ndarray, moves: list[Exchange]) -> tuple[int, bool]:
+                    valid: np.ndarray, moves: list[Exchange], key: tuple | None = None
+                    ) -> tuple[int, bool]:
         """Put epilogue operand ``extra[k]`` element for element beside the op's finished
         result (``flat``, ``valid``: `final_elements`); returns (buffer, owned by this op).
         Weights are fetched from their compact idle layout (`partition.cost.epilogue_cost`
         says why; loaded once before the run on a one-core chip), graph inputs loaded from
         the host, activations exchanged; all with the op's other inputs (one barrier)."""
         operand = op.extra[k]
-        idx = extra_elements(self.graph, op, k, flat, valid)
         root = self.graph.root(operand.tensor)
-        if root != operand.tensor:
-            idx = np.where(idx >= 0, self.to_root(operand.tensor)[np.maximum(idx, 0)], -1)
+        view = self.digest(self.to_root(operand.tensor)) if root != operand.tensor else b""
+        memo: tuple | None = None if key is None else ("extra", key, k, view)
+        idx = self.memo.get(memo) if memo is not None else None
+        if idx is None:
+            idx = extra_elements(self.graph, op, k, flat, valid)
+            if root != operand.tensor:
+                idx = np.where(idx >= 0, self.to_root(operand.tensor)[np.maximum(idx, 0)], -1)
+            if memo is not None:
+                self.memo[memo] = idx
+        assert isinstance(idx, np.ndarray)
         elems = flat.shape[1]
         bid = -1
         home = root in self.idle
@@ -313,14 +369,21 @@ class _Builder:
             raise CodegenError(f"{op.name}: input {operand.tensor} has not been computed")
         else:
             place = self.placement[root]
-        hit = np.maximum(idx, 0)
-        src_core = np.where(idx >= 0, place.core[hit], -1).astype(np.int32)
-        src_off = np.where(idx >= 0, place.off[hit], -1).astype(np.int32)
+        memo = None if key is None else \
+            ("extra-from", key, k, self.source_key(place, operand.tensor))
+        pattern = self.memo.get(memo) if memo is not None else None
+        if pattern is None:
+            hit = np.maximum(idx, 0)
+            src_core = np.where(idx >= 0, place.core[hit], -1).astype(np.int32)
+            src_off = np.where(idx >= 0, place.off[hit], -1).astype(np.int32)
+            pattern = from_table(src_core, src_off)
+            if memo is not None:
+                self.memo[memo] = pattern
+        assert isinstance(pattern, Pattern)
         phase = "fetch" if home else "relayout"
         bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor), op.name,
                               phase)
-        moves.append(exchange(op.name, phase, bid, place.buf, from_table(src_core, src_off),
-                              elems, _cores(geo)))
+        moves.append(exchange(op.name, phase, bid, place.buf, pattern, elems, _cores(geo)))
         return bid, True
 
     def load_home(self, tensor: str, op: str, over: range | None = None) -> Placement:
@@ -484,6 +547,7 @@ class _Builder:
 
     def generate_op(self, n: int, op: TensorExpr) -> None:
         geo = geometry(self.graph, op, self.plan.ops[n])
+        key = self.geo_key(n, op)
         nin = len(op.inputs)
         # the result first: it outlives the inputs, so it goes below them
         out_dtype = "fp32" if op.combine else self.storage(op.output.tensor)
@@ -500,19 +564,19 @@ class _Builder:
             elif (n, i) in self.kept:  # the previous op's copy, in this layout already
                 bid, own = self.kept.pop((n, i)), True
             else:
-                bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home)
+                bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home, key)
             cur.append(bid)
             owned.append(own)
         extra: list[tuple[int, bool]] = []  # the epilogue's operands, beside the final result
         if op.extra:
-            flat, valid = self.final_elements(op, geo)[:2]
+            flat, valid = self.final_elements(op, geo, key)[:2]
             for k in range(len(op.extra)):
                 if (n, k) in self.extra_weights:
                     extra.append((self.extra_weights[n, k], False))
                 elif (n, k) in self.prefetched:  # fetched in the previous op's superstep
                     extra.append(self.prefetched.pop((n, k)))
                 else:
-                    extra.append(self.bring_extra(op, geo, k, flat, valid, moves))
+                    extra.append(self.bring_extra(op, geo, k, flat, valid, moves, key))
         # one barrier before the exchange phase, unless every copy stays on its core
         if any(received(m.pattern(), geo.phys).any() for m in moves):
             self.instrs.append(Sync(op.name, "relayout"))
@@ -536,21 +600,19 @@ class _Builder:
                 b = self.buffers[cur[i]]
                 recv[i] = self.new_buffer(f"{op.name}.rx{i}", b.elems, b.dtype, op.name, "shift")
 
+        tiles = tuple(geo.tile_shape(i) for i in range(nin + 1))
         for s in range(geo.steps):
+            offsets, origin, movers, sources = self.step_tables(key, geo, nin, s, tuple(recv))
             self.instrs.append(Compute(
-                op.name, "compute", n, cur[nin], tuple(cur[:nin]), geo.u,
-                tuple(geo.tile_shape(i) for i in range(nin + 1)),
-                tuple(geo.slice_offsets(i, s).astype(np.int32) for i in range(nin + 1)),
-                geo.origin(s).astype(np.int64), op.combine is not None, _cores(geo)))
+                op.name, "compute", n, cur[nin], tuple(cur[:nin]), geo.u, tiles, offsets,
+                origin, op.combine is not None, self.cores_of(key, geo)))
             if s == geo.steps - 1:
                 break
-            changed = geo.changes(s)
-            movers = [i for i in recv if geo.rotation_axis(i) in changed]
             if movers:
                 self.instrs.append(Sync(op.name, "sync"))
-            for i in movers:
-                source = geo.phys[geo.shift_source(i, s)].astype(np.int32)
-                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], source, _cores(geo)))
+            for i, source in zip(movers, sources):
+                self.instrs.append(Shift(op.name, "shift", recv[i], cur[i], source,
+                                         self.cores_of(key, geo)))
                 cur[i], recv[i] = recv[i], cur[i]
 
         # resident weights that rotated go back to where they started, into their own buffer,
@@ -591,7 +653,7 @@ class _Builder:
             if self.pending.get(root) == 0 and self.placement[root].buf in cur[:nin]:
                 if self.placement[root].buf in self.alloc.live:
                     self.free(self.placement[root].buf, op.name)
-        place = self.finish_output(op, geo, cur[nin], barrier=not shared)
+        place = self.finish_output(op, geo, cur[nin], barrier=not shared, key=key)
         if shared:
             for i in recv:
                 self.free(recv[i], op.name)
@@ -617,6 +679,35 @@ class _Builder:
                 self.prefetched[m, k] = self.bring_extra(op, geo, k, flat, valid, moves)
         self.instrs.extend(dataclasses.replace(mv, op=by) for mv in moves)
 
+    def step_tables(self, key: tuple, geo: Geometry, nin: int, s: int, rotating: tuple[int, ...]
+                    ) -> tuple[tuple[np.ndarray, ...], np.ndarray, list[int],
+                               list[np.ndarray]]:
+        """Step ``s``'s Compute tables (every operand's slice offsets, the origin) and, after
+        it, the operands that shift and each one's ring source: once per geometry (repeated
+        layers share the arrays, read-only)."""
+        memo = ("step", key, s, rotating)
+        if memo not in self.memo:
+            offsets = tuple(_frozen(geo.slice_offsets(i, s).astype(np.int32))
+                            for i in range(nin + 1))
+            origin = _frozen(geo.origin(s).astype(np.int64))
+            movers: list[int] = []
+            sources: list[np.ndarray] = []
+            if s < geo.steps - 1:
+                changed = geo.changes(s)
+                movers = [i for i in rotating if geo.rotation_axis(i) in changed]
+                sources = [_frozen(geo.phys[geo.shift_source(i, s)].astype(np.int32))
+                           for i in movers]
+            self.memo[memo] = (offsets, origin, movers, sources)
+        return self.memo[memo]  # type: ignore[return-value]
+
+    def cores_of(self, key: tuple, geo: Geometry) -> np.ndarray | None:
+        """`_cores`, once per geometry."""
+        memo = ("cores", key)
+        if memo not in self.memo:
+            cores = _cores(geo)
+            self.memo[memo] = None if cores is None else _frozen(cores)
+        return self.memo[memo]  # type: ignore[return-value]
+
     def emit_epilogue(self, n: int, geo: Geometry, out: int, extra: list[int]) -> None:
         """Op n's epilogue on every element of its finished result, in place (one Compute of
         the derived flat expression, `codegen.epilogue`)."""
@@ -628,11 +719,20 @@ class _Builder:
             (out, *extra), (elems,), ((elems,),) * ops, (zeros,) * ops,
             np.zeros((geo.ncores, 1), dtype=np.int64), False, _cores(geo)))
 
-    def final_elements(self, op: TensorExpr, geo: Geometry
+    def final_elements(self, op: TensorExpr, geo: Geometry, key: tuple | None = None
                        ) -> tuple[np.ndarray, np.ndarray, Scatter | None]:
         """Where the result lies once the op is complete: (flat output element, validity) per
         core and element of the final buffer, and the reduce-scatter that puts it there
-        (`partition.collectives`; None without one)."""
+        (`partition.collectives`; None without one). Once per ``key`` (`geo_key`)."""
+        if key is None:
+            return self._final_elements(op, geo)
+        memo = ("final", key)
+        if memo not in self.memo:
+            self.memo[memo] = self._final_elements(op, geo)
+        return self.memo[memo]  # type: ignore[return-value]
+
+    def _final_elements(self, op: TensorExpr, geo: Geometry
+                        ) -> tuple[np.ndarray, np.ndarray, Scatter | None]:
         flat, valid = self.element_map(geo, len(op.inputs), geo.steps - 1)
         if geo.reduce_group == 1:
             return flat, valid, None
@@ -646,14 +746,14 @@ class _Builder:
         rows = np.arange(geo.ncores)[:, None]
         return flat[rows, local], valid[rows, local] & inside, scatter
 
-    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int, barrier: bool = True
-                      ) -> Placement:
+    def finish_output(self, op: TensorExpr, geo: Geometry, buf: int, barrier: bool = True,
+                      key: tuple | None = None) -> Placement:
         """Reduce-scatter the result where cores hold partial sums (after a barrier, unless
         ``barrier`` is False: the restore shift's superstep is still open), and record where
         every element lies."""
         tensor = op.output.tensor
         numel = self.graph.tensors[tensor].numel
-        flat, valid, scatter = self.final_elements(op, geo)
+        flat, valid, scatter = self.final_elements(op, geo, key)
         if scatter is not None:
             # one barrier, then one Reduce per level (a K-tree on a mesh): level k's chunk
             # of the previous level's chunk, from the cores differing in digit k
@@ -669,17 +769,14 @@ class _Builder:
                                           level.sizes.astype(np.int32)))
                 self.free(buf, op.name)
                 buf = dst
-        elems = flat.shape[1]
-        core = np.full(numel, -1, dtype=np.int32)
-        off = np.full(numel, -1, dtype=np.int32)
-        cores = np.broadcast_to(geo.phys[:, None], flat.shape)
-        offs = np.broadcast_to(np.arange(elems)[None, :], flat.shape)
-        core[flat[valid]] = cores[valid]
-        off[flat[valid]] = offs[valid]
-        if (core < 0).any():
-            raise CodegenError(f"{op.name}: {(core < 0).sum()} output elements are never "
-                               "computed")
-        return Placement(buf, core, off)
+        memo = ("placed", key)
+        placed = self.memo.get(memo) if key is not None else None
+        if placed is None:
+            placed = _placed(op, geo, flat, valid, numel)
+            if key is not None:
+                self.memo[memo] = placed
+        assert isinstance(placed, tuple)
+        return Placement(buf, placed[0], placed[1])
 
     def drain(self) -> None:
         if self.sink is not None:
@@ -757,6 +854,30 @@ class _Builder:
         buffers = tuple(dataclasses.replace(b, offset=o) for b, o in zip(self.buffers,
                                                                          sram.offsets))
         return buffers, sram
+
+
+def _placed(op: TensorExpr, geo: Geometry, flat: np.ndarray, valid: np.ndarray, numel: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(core, offset) of every element of the result, from where each core's final buffer
+    puts it (read-only: repeated layers share them)."""
+    elems = flat.shape[1]
+    core = np.full(numel, -1, dtype=np.int32)
+    off = np.full(numel, -1, dtype=np.int32)
+    cores = np.broadcast_to(geo.phys[:, None], flat.shape)
+    offs = np.broadcast_to(np.arange(elems)[None, :], flat.shape)
+    core[flat[valid]] = cores[valid]
+    off[flat[valid]] = offs[valid]
+    if (core < 0).any():
+        raise CodegenError(f"{op.name}: {(core < 0).sum()} output elements are never computed")
+    core.flags.writeable = False
+    off.flags.writeable = False
+    return core, off
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """``arr``, read-only: instructions of repeated layers share it."""
+    arr.flags.writeable = False
+    return arr
 
 
 def _cores(geo: Geometry) -> np.ndarray | None:

@@ -19,6 +19,7 @@ Enumeration (see `plan.py` for what a plan means):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -319,7 +320,7 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     """The Pareto front in (hot bytes, cycles) of ``op``'s plans, computed on arrays: only the
     plans on it are materialised."""
     start = time.perf_counter()
-    parts = list(_search(op, chip, dtype, shapes, int_tensors, const_tensors, opts))
+    parts = _parts(op, chip, dtype, shapes, int_tensors, const_tensors, opts)
     if not parts:
         return SearchResult([], None, 0, 0, time.perf_counter() - start)
     total = np.concatenate([c.total for *_, c, _ in parts])
@@ -346,6 +347,31 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     least_cold = int(min(int(c.cold.min()) for *_, c, _ in parts))
     return SearchResult([make(int(n)) for n in on_front], smallest, least_cold, len(total),
                         time.perf_counter() - start)
+
+
+#: every template's legal rows and costs, by everything `_search` reads: not the chip's SRAM
+#: size, which only decides which plans fit (`search_front`), so the compiles of a sweep over
+#: SRAM sizes (`t10c sweep`) enumerate and cost each op once; least recently used first out
+_PARTS: collections.OrderedDict[tuple, list] = collections.OrderedDict()
+_PARTS_LIMIT = 256
+
+
+def _parts(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
+           int_tensors: frozenset[str], const_tensors: frozenset[str], opts: SearchOptions
+           ) -> list:
+    """`_search`'s templates, remembered in this process (read-only: the front is cut from
+    them without changing them)."""
+    key = (repr(dataclasses.replace(chip, sram_bytes_per_core=1)), dtype, op.signature(),
+           tuple((o.tensor in int_tensors, o.tensor in const_tensors, shapes[o.tensor])
+                 for o in (*op.operands, *op.extra)), opts)
+    if key in _PARTS:
+        _PARTS.move_to_end(key)
+        return _PARTS[key]
+    parts = list(_search(op, chip, dtype, shapes, int_tensors, const_tensors, opts))
+    _PARTS[key] = parts
+    if len(_PARTS) > _PARTS_LIMIT:
+        _PARTS.popitem(last=False)
+    return parts
 
 
 def _front_of(order: np.ndarray, key: np.ndarray, limit: int | None,

@@ -219,6 +219,31 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
     return out
 
 
+#: the most elements any consumer core must receive, by (producer layout, consumer layout,
+#: tensor shape) digests: a function of those alone (no chip rate, no SRAM size), and the
+#: same pairs recur in the second solve's edges, in repeated layers' edges that differ
+#: elsewhere and in every compile of a sweep's worker
+_MOST: dict[tuple[bytes, bytes, tuple[int, ...]], int] = {}
+_MOST_LIMIT = 1 << 18
+
+
+def _most_remote(haves: list[Have], have_keys: list[bytes], want: Want, want_key: bytes,
+                 shape: tuple[int, ...], views: Views) -> np.ndarray:
+    """Per producer layout, the most elements one consumer core of ``want`` must receive
+    (`remote_counts`' maximum over the consumer cores), each computed once per process."""
+    keys = [(h, want_key, tuple(shape)) for h in have_keys]
+    missing = [k for k, key in enumerate(keys) if key not in _MOST]
+    if missing:
+        todo = [haves[k] for k in missing]
+        coords = views.coords(shape) if any(h.owner is not None for h in todo) else None
+        counts = remote_counts(todo, want, np.asarray(shape), coords).max(axis=1, initial=0)
+        if len(_MOST) + len(missing) > _MOST_LIMIT:
+            _MOST.clear()
+        for k, c in zip(missing, counts):
+            _MOST[keys[k]] = int(c)
+    return np.array([_MOST[key] for key in keys], dtype=np.int64)
+
+
 class Views:
     """Per view tensor, the flat root index of each element, and per tensor the multi-index
     of each element (computed once per compile)."""
@@ -304,7 +329,6 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     op = graph.ops[i]
     operand = op.inputs[slot]
     shape = graph.tensors[operand.tensor].shape
-    extent = np.asarray(shape)
     nbytes = element_bytes(op, slot, dtype, int_tensors)
     to_root = views.to_root(operand.tensor)
     haves: list[Have] = []
@@ -317,7 +341,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
             seen[key] = len(haves)
             haves.append(h)
         have_index.append(seen[key])
-    coords = views.coords(shape) if any(h.owner is not None for h in haves) else None
+    have_keys = list(seen)  # in the order of ``haves``
     # on a mesh, mesh-aware plans price the exchange by its routes (an estimate); plans made
     # under the all-to-all assumption price it as that assumption says
     aware = chip.is_mesh and any(q.embed is not None for q in consumer)
@@ -327,7 +351,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
         want = consumer_want(graph, i, slot, q)
         key = want.digest()
         if key not in columns:
-            columns[key] = remote_counts(haves, want, extent, coords).max(axis=1, initial=0)
+            columns[key] = _most_remote(haves, have_keys, want, key, shape, views)
         cols.append(columns[key])
     # on a mesh a producer core that feeds many consumer cores is a hot spot too: it sends its
     # tile once per consumer core that reads each element (the operand's replication)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 
 from t10c.codegen.program import Load, Program, ProgramError
 from t10c.codegen.verify import load_program
@@ -83,11 +84,79 @@ def save_run_files(directory: Path, program: Program, graph: Graph,
                       for s in input_specs(graph)]}
     (directory / "inputs.json").write_text(json.dumps(doc, indent=1) + "\n")
     if model is not None:
-        if model.ByteSize() < 2 ** 31 - 2 ** 20:
-            onnx.save_model(model, directory / "model.onnx")
-        else:  # past protobuf's 2 GB: the weights go to a file next to it
+        if not write_model(model, directory / "model.onnx"):
+            # past protobuf's 2 GB: the weights go to a file next to it
             onnx.save_model(model, directory / "model.onnx", save_as_external_data=True,
                             location="model.onnx.data")
+
+
+#: the largest model.onnx `write_model` writes in one file (protobuf reads no more)
+MAX_MODEL_FILE = 2 ** 31 - 2 ** 20
+
+
+def write_model(model: onnx.ModelProto, path: Path, limit: int = MAX_MODEL_FILE) -> bool:
+    """Write ``model`` to ``path`` as ``onnx.save_model`` does, byte for byte, one initializer
+    at a time: the whole model is never serialised at once (for bert-large that was another
+    1.3 GB, and ``ByteSize`` a serialisation more). False, writing nothing, if the file would
+    be ``limit`` bytes or more.
+
+    A message's encoding is its fields' in field-number order, and a repeated field's is its
+    elements' one after the other; so the model is the fields before its graph, the graph
+    (its fields before the initializers, each initializer, the fields after), then the rest.
+    """
+    graph = model.graph
+    head, tail = _split(model, _MODEL_GRAPH)
+    g_head, g_tail = _split(graph, _GRAPH_INITIALIZER)
+    sizes = [t.ByteSize() for t in graph.initializer]
+    inits = sum(_tag_len(_GRAPH_INITIALIZER, n) + n for n in sizes)
+    g_size = len(g_head) + inits + len(g_tail)
+    total = len(head) + _tag_len(_MODEL_GRAPH, g_size) + g_size + len(tail)
+    if total >= limit:
+        return False
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.write(_tag(_MODEL_GRAPH, g_size))
+        fh.write(g_head)
+        for t, n in zip(graph.initializer, sizes):
+            fh.write(_tag(_GRAPH_INITIALIZER, n))
+            fh.write(t.SerializeToString())
+        fh.write(g_tail)
+        fh.write(tail)
+    return True
+
+
+_MODEL_GRAPH = 7  # ModelProto.graph
+_GRAPH_INITIALIZER = 5  # GraphProto.initializer
+
+
+def _split(message: Message, number: int) -> tuple[bytes, bytes]:
+    """The encodings of ``message``'s fields numbered below and above ``number``."""
+    below, above = type(message)(), type(message)()
+    for fd, value in message.ListFields():
+        if fd.number == number:
+            continue
+        into = below if fd.number < number else above
+        repeated = (fd.is_repeated if hasattr(fd, "is_repeated")  # protobuf >= 6.31
+                    else fd.label == fd.LABEL_REPEATED)
+        if fd.message_type is not None or repeated:
+            getattr(into, fd.name).MergeFrom(value)
+        else:
+            setattr(into, fd.name, value)
+    return below.SerializeToString(), above.SerializeToString()
+
+
+def _tag(number: int, length: int) -> bytes:
+    """A length-delimited field's key and length."""
+    out = bytearray([number << 3 | 2])
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        out.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(out)
+
+
+def _tag_len(number: int, length: int) -> int:
+    return len(_tag(number, length))
 
 
 @dataclass(frozen=True)

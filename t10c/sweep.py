@@ -275,7 +275,7 @@ def run_sweep(spec: Spec, out: Path, workers: int = 1, ray: str | None = None,
     store = out / "points.jsonl"
     done = read_done(store)
     keys = [point_key(_canonical(p)) for p in spec.points]
-    todo = [p for p, k in zip(spec.points, keys) if k not in done]
+    todo = sorted((p for p, k in zip(spec.points, keys) if k not in done), key=_reuse_order)
     total = len(spec.points)
     log(f"{total} points, {total - len(todo)} already done, {len(todo)} to run "
         f"({'Ray at ' + ray if ray else f'{workers} local worker(s)'})")
@@ -300,6 +300,19 @@ def run_sweep(spec: Spec, out: Path, workers: int = 1, ray: str | None = None,
     rows = [_row(p, done[k]["figures"]) for p, k in zip(spec.points, keys)]
     write_results(spec, rows, out)
     return rows
+
+
+#: chip fields that only decide which plans fit: points that differ in them alone share each
+#: op's enumeration and costing in a worker (`partition.search`) and most re-layout counts
+#: (`partition.transitions`); every other field (link rate, cores, clock, ...) changes costs
+FITS_ONLY = frozenset({"sram_bytes_per_core"})
+
+
+def _reuse_order(p: Point) -> tuple:
+    """Points that can reuse each other's work run one after the other: by model, strategy
+    and every swept field but those in `FITS_ONLY`, then in grid order."""
+    rest = tuple((k, repr(v)) for k, v in p.changes if k not in FITS_ONLY)
+    return (p.model, p.strategy, rest, p.index)
 
 
 def _name(p: Point) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 
 from t10c.cli import main
@@ -68,3 +69,31 @@ def test_a_timing_only_compile_draws_no_weights(tmp_path) -> None:
     assert main(["compile", "bert-tiny", "--chip", "test16", "--seq-len", "16", "-o", str(out),
                  "--no-table", "--timing-only"]) == 0
     assert not (out / "weights.npz").exists() and not (out / "program.json").exists()
+
+
+def test_model_file_is_written_one_initializer_at_a_time_as_onnx_saves_it(tmp_path) -> None:
+    from t10c.rundir import write_model
+
+    model = build("bert-tiny", seq_len=16)
+    model.metadata_props.add(key="k", value="v")  # a field after the graph's
+    assert write_model(model, tmp_path / "streamed.onnx")
+    onnx.save_model(model, tmp_path / "saved.onnx")
+    assert (tmp_path / "streamed.onnx").read_bytes() == (tmp_path / "saved.onnx").read_bytes()
+    # past the limit nothing is written and the caller falls back to external data
+    assert not write_model(model, tmp_path / "big.onnx", limit=1000)
+    assert not (tmp_path / "big.onnx").exists()
+
+
+def test_zoo_models_are_checked_without_their_weights() -> None:
+    import pytest
+
+    from t10c.models._builder import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.graph_input("x", onnx.TensorProto.FLOAT, [2, 4096])
+    w = b.initializer("w", np.ones((4096, 3), np.float32))
+    b.node("MatMul", [x, w], "mm", output="y")
+    b.graph_output("y", onnx.TensorProto.FLOAT, [2, 3])
+    b.node("Relu", ["nowhere"], "bad", output="z")  # reads a tensor nothing makes
+    with pytest.raises(onnx.checker.ValidationError):
+        b.finish("broken")

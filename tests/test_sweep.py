@@ -104,3 +104,56 @@ def test_sweep_on_a_local_ray_cluster(tmp_path, capsys, monkeypatch) -> None:
     assert main(["sweep", str(spec), "--workers", "1", "-o", str(tmp_path / "local")]) == 0
     for name in ("results.json", "results.csv"):  # Ray computes what local workers compute
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+
+
+def _fresh() -> None:
+    """Forget every process-wide memo of the planner (a new worker process)."""
+    from t10c.partition import search, solve, space, transitions
+
+    for memo in (search._PARTS, space._FOUND, solve._SOLVED, transitions._MOST):
+        memo.clear()
+
+
+def test_a_worker_reusing_other_points_work_plans_as_a_fresh_compile() -> None:
+    """A sweep's worker keeps each op's enumeration across SRAM sizes and re-layout counts
+    across every field; what it then plans is what a fresh process plans."""
+    import dataclasses
+
+    from t10c.chips import PRESETS
+    from t10c.driver import CompileOptions, compile_model
+    from t10c.partition import search, transitions
+
+    base = PRESETS["test16"]
+    options = CompileOptions(seq_len=16, timing_only=True, weights=False)
+
+    def plan(chip):
+        p = compile_model("bert-tiny", chip, options).plan
+        return p.ops, p.relayout_cycles, p.solver.objective_cycles, p.total_cycles
+
+    chips = [dataclasses.replace(base, sram_bytes_per_core=s, link_bytes_per_cycle=b)
+             for s, b in [(560 * 1024, 4), (640 * 1024, 4), (640 * 1024, 8)]]
+    fresh = []
+    for chip in chips:
+        _fresh()
+        fresh.append(plan(chip))
+    _fresh()
+    reused = []
+    for chip in chips:  # the memos of the points before are kept (only the whole-choice
+        # and whole-search memos go, which would answer an identical point outright)
+        from t10c.partition import solve, space
+
+        space._FOUND.clear()
+        solve._SOLVED.clear()
+        reused.append(plan(chip))
+    assert reused == fresh
+    assert len(search._PARTS) and len(transitions._MOST)
+    assert fresh[0] != fresh[1] != fresh[2]  # the swept fields change the plans
+
+
+def test_points_that_can_share_work_run_together(tmp_path) -> None:
+    from t10c.sweep import _reuse_order
+
+    spec = load_spec(_spec(tmp_path, SPEC.replace('["t10", "vgm"]', '["t10"]')))
+    ordered = sorted(spec.points, key=_reuse_order)
+    # SRAM sizes innermost: the points of one link rate follow each other
+    assert [dict(p.changes)["link_bytes_per_cycle"] for p in ordered] == [4, 4, 8, 8]
