@@ -36,11 +36,11 @@ from t10c.dtypes import ceil_div, dtype_bytes
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
-from t10c.partition.collectives import Scatter, scatter_of
+from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import idle_cores
 from t10c.partition.dram import dram_operands
 from t10c.partition.space import tensor_sets
-from t10c.partition.transitions import hoisted_fetches, shared_inputs
+from t10c.partition.transitions import Views, hoisted_fetches, shared_inputs
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import ALIGN, Layout, Rect, aligned, layout
@@ -90,7 +90,7 @@ class _Cached:
     off: np.ndarray
     cores: np.ndarray  # the cores holding the result
     records: list = dataclasses.field(default_factory=list)  # the op's timeline records
-    link_bytes: np.ndarray | None = None  # the link loads the op added
+    link_bytes: object = None  # the link loads the op added (the emulator's, sparse)
 
 
 class _Allocator:
@@ -150,7 +150,10 @@ class _Builder:
         self.pending: dict[str, int] = {}  # consumer reads left of each activation
         self.weights: dict[tuple[int, int], int] = {}  # (op, input) -> resident buffer
         self.extra_weights: dict[tuple[int, int], int] = {}  # (op, extra) -> resident buffer
-        self.view_tables: dict[str, np.ndarray] = {}
+        #: view tables by their chain of views, so that repeated layers share one (a KV
+        #: cache's views are millions of elements; per tensor, they grew by the layer)
+        self.views = Views(graph)
+        self.view_digests: dict[tuple, bytes] = {}
         self.home: dict[str, Placement] = {}  # vgm: where each weight lives
         self.idle: dict[str, Placement] = {}  # where each epilogue weight waits
         #: chips with DRAM: (op, input) -> the buffer its DMA load fills, and per op the ops
@@ -196,11 +199,19 @@ class _Builder:
 
     # -- element tables -------------------------------------------------------------------
     def to_root(self, tensor: str) -> np.ndarray:
-        """For a view, the flat index in its root of each of its elements (cached)."""
-        if tensor not in self.view_tables:
-            numel = self.graph.tensors[tensor].numel
-            self.view_tables[tensor] = map_to_root(self.graph, tensor, np.arange(numel))[1]
-        return self.view_tables[tensor]
+        """For a view, the flat index in its root of each of its elements (cached, shared by
+        views of the same chain: `partition.transitions.Views`)."""
+        table = self.views.to_root(tensor)
+        assert table is not None, f"{tensor} is not a view"
+        return table
+
+    def view_digest(self, tensor: str) -> bytes:
+        """A digest of a view's table (once per chain of views)."""
+        key = self.views.chain(tensor)
+        if key not in self.view_digests:
+            self.view_digests[key] = hashlib.blake2b(self.to_root(tensor).tobytes(),
+                                                     digest_size=16).digest()
+        return self.view_digests[key]
 
     def geo_key(self, n: int, op: TensorExpr) -> tuple:
         """What op n's geometry is a function of (its expression, plan and tensor shapes):
@@ -416,8 +427,7 @@ class _Builder:
             root = self.graph.root(operand.tensor)
             view = b""
             if root != operand.tensor:
-                view = hashlib.blake2b(self.to_root(operand.tensor).tobytes(),
-                                       digest_size=16).digest()
+                view = self.view_digest(operand.tensor)
             if root in self.graph.constants:
                 sources.append(("weight", view))
             elif root in self.graph.inputs:
@@ -733,18 +743,16 @@ class _Builder:
 
     def _final_elements(self, op: TensorExpr, geo: Geometry
                         ) -> tuple[np.ndarray, np.ndarray, Scatter | None]:
-        flat, valid = self.element_map(geo, len(op.inputs), geo.steps - 1)
         if geo.reduce_group == 1:
+            flat, valid = self.element_map(geo, len(op.inputs), geo.steps - 1)
             return flat, valid, None
-        elems = flat.shape[1]
         scatter = scatter_of(geo)
-        chunk = scatter.chunk
+        out = len(op.inputs)
         # element e of core c's chunk is element pos*chunk + e of its block buffer
-        local = scatter.pos[:, None] * chunk + np.arange(chunk)[None, :]
-        inside = local < elems
-        local = np.minimum(local, elems - 1)
-        rows = np.arange(geo.ncores)[:, None]
-        return flat[rows, local], valid[rows, local] & inside, scatter
+        flat, valid = chunk_elements(geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out),
+                                     self.graph.tensors[op.output.tensor].shape, scatter.pos,
+                                     scatter.chunk)
+        return flat, valid, scatter
 
     def finish_output(self, op: TensorExpr, geo: Geometry, buf: int, barrier: bool = True,
                       key: tuple | None = None) -> Placement:
@@ -760,11 +768,12 @@ class _Builder:
             if barrier:
                 self.instrs.append(Sync(op.name, "reduce"))
             dtype = self.buffers[buf].dtype
+            phys = geo.phys.astype(np.int32)  # (an int32 table at once: ncores x members)
             for k, level in enumerate(scatter.levels):
                 name = f"{op.name}.red" if k == len(scatter.levels) - 1 else f"{op.name}.red{k}"
                 dst = self.new_buffer(name, level.chunk, dtype, op.name, "reduce")
                 self.instrs.append(Reduce(op.name, "reduce", dst, buf, op.combine or "sum",
-                                          geo.phys[level.table].astype(np.int32),
+                                          phys[level.table],
                                           level.offset.astype(np.int32), _cores(geo),
                                           level.sizes.astype(np.int32)))
                 self.free(buf, op.name)

@@ -70,27 +70,45 @@ def _line_loads(line: np.ndarray, start: np.ndarray, delta: np.ndarray, nbytes: 
     return out[0], out[1]
 
 
+#: transfers routed at once: a phase's arrays are routed in slices of this many, so that a
+#: wafer-wide reduce (750,000 cores times a level's members) needs no array of every transfer
+_SLICE = 1 << 21
+
+
 def route(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> Routed:
-    """Route every transfer (arrays of equal length) of one phase on ``chip``'s mesh."""
-    src = np.asarray(src, dtype=np.int64).ravel()
-    dst = np.asarray(dst, dtype=np.int64).ravel()
-    nbytes = np.broadcast_to(np.asarray(nbytes, dtype=np.int64), src.shape).ravel()
-    keep = (src != dst) & (nbytes > 0)
-    src, dst, nbytes = src[keep], dst[keep], nbytes[keep]
-    if not len(src):
-        return Routed(0, 0, 0, None)
+    """Route every transfer of one phase on ``chip``'s mesh. ``src``, ``dst`` and ``nbytes``
+    broadcast to one shape; a transfer per element (2-D ones: per row, a few at a time, so
+    that broadcast views are never expanded whole). Link loads are sums, so the slices add
+    up to exactly the loads of the whole phase."""
+    src, dst, nbytes = np.broadcast_arrays(np.asarray(src), np.asarray(dst), np.asarray(nbytes))
+    if src.ndim != 2:
+        src, dst, nbytes = (a.reshape(-1, 1) for a in (src, dst, nbytes))
     rows, cols = chip.grid
     torus = chip.topology == "torus2d"
-    sr, sc = np.divmod(src, cols)
-    dr, dc = np.divmod(dst, cols)
-    dx, hx = _leg(sc, dc, cols, torus)
-    dy, hy = _leg(sr, dr, rows, torus)
-    weights = nbytes.astype(np.float64)
-    east, west = _line_loads(sr, sc, dx, weights, rows, cols)
-    south_t, north_t = _line_loads(dc, sr, dy, weights, cols, rows)
-    loads = np.stack([east, west, south_t.T, north_t.T])
+    loads = np.zeros((4, rows, cols), dtype=np.int64)
+    hops = 0
+    moved = False
+    step = max(1, _SLICE // max(src.shape[1], 1))
+    for lo in range(0, len(src), step):
+        s, d, b = (np.asarray(a[lo:lo + step], dtype=np.int64).ravel()
+                   for a in (src, dst, nbytes))
+        keep = (s != d) & (b > 0)
+        if not keep.any():
+            continue
+        moved = True
+        s, d, b = s[keep], d[keep], b[keep]
+        sr, sc = np.divmod(s, cols)
+        dr, dc = np.divmod(d, cols)
+        dx, hx = _leg(sc, dc, cols, torus)
+        dy, hy = _leg(sr, dr, rows, torus)
+        weights = b.astype(np.float64)
+        east, west = _line_loads(sr, sc, dx, weights, rows, cols)
+        south_t, north_t = _line_loads(dc, sr, dy, weights, cols, rows)
+        loads += np.stack([east, west, south_t.T, north_t.T])
+        hops = max(hops, int((hx + hy).max()))
+    if not moved:
+        return Routed(0, 0, 0, None)
     busiest = int(loads.max())
-    hops = int((hx + hy).max())
     cycles = chip.hop_latency_cycles * hops + ceil_div(busiest, chip.link_bytes_per_cycle)
     return Routed(cycles, busiest, hops, loads)
 

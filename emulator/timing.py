@@ -118,7 +118,7 @@ class TimingMachine:
         self.pending_phase = ""
         self.transfers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # mesh: src, dst, B
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
-        self.routes: dict[tuple[int, ...], Routed] = {}  # routes by a digest of their transfers
+        self.routes: dict[tuple, Routed] = {}  # routes by a digest of their transfers
         #: an exchange pattern's (sources, destinations, counts, crossing pairs on a pod)
         self.counted: dict[tuple[bytes, ...], tuple[np.ndarray, np.ndarray, np.ndarray,
                                                     tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -210,17 +210,21 @@ class TimingMachine:
         np.add.at(self.pod_out, a[far], nbytes[far])
         np.add.at(self.pod_in, b[far], nbytes[far])
 
-    def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
-              ) -> tuple[int, int, int]:
-        """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads.
+    def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
+              key: tuple | None = None) -> tuple[int, int, int]:
+        """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads
+        (``src``, ``dst``, ``nbytes`` broadcast together, `route`).
 
         Steps of a rotation and repeated layers route the same transfers again and again:
-        routes are remembered by a digest of the transfers."""
-        key = _digest(src, dst, nbytes)
-        routed = self.routes.get(key)
+        routes are remembered by a digest of the transfers (or ``key``, one of the arrays
+        they are made from). Only the last few: each holds the loads of every link."""
+        key = _digest(src, dst, nbytes) if key is None else key
+        routed = self.routes.pop(key, None)
         if routed is None:
             routed = route(self.chip, src, dst, nbytes)
-            self.routes[key] = routed
+        self.routes[key] = routed  # the most recent last
+        while len(self.routes) > _ROUTES_KEPT:
+            del self.routes[next(iter(self.routes))]
         if routed.loads is not None:
             if self.timeline.link_bytes is None:
                 self.timeline.link_bytes = np.zeros_like(routed.loads)
@@ -261,7 +265,8 @@ class TimingMachine:
         cached.records = [(r.phase, r.cycles, r.bytes_per_core, r.hops)
                           for r in self.timeline.records[start:]]
         if self.timeline.link_bytes is not None:
-            cached.link_bytes = self.timeline.link_bytes - (0 if links is None else links)
+            cached.link_bytes = _LinkDelta.of(
+                self.timeline.link_bytes - (0 if links is None else links))
         return cached
 
     def replay(self, op: str, cached: Any) -> None:
@@ -271,8 +276,8 @@ class TimingMachine:
             self.record(op, phase, cycles, nbytes, hops)
         if cached.link_bytes is not None:
             if self.timeline.link_bytes is None:
-                self.timeline.link_bytes = np.zeros_like(cached.link_bytes)
-            self.timeline.link_bytes += cached.link_bytes
+                self.timeline.link_bytes = np.zeros(cached.link_bytes.shape, dtype=np.int64)
+            cached.link_bytes.add_to(self.timeline.link_bytes)
         self.credit = 0
 
     def mark_written(self, buf: int, cores: np.ndarray) -> None:
@@ -405,7 +410,8 @@ class TimingMachine:
                     keep = src >= 0
                     crossing = (src[keep], dst[keep], count[keep])
                 counted = (np.full(n, -1), here, received(p, here), crossing)
-            self.counted[key] = counted
+            if not self.chip.is_mesh:  # a wafer's pairs are too many to keep for every pattern
+                self.counted[key] = counted
         src, dst, count, crossing = counted
         self.receive(ins.op, ins.phase, src, dst, count * size)
         if crossing is not None:
@@ -439,9 +445,11 @@ class TimingMachine:
             # (only the chunk's real elements: padding past the block is never sent)
             real = (np.full(n, chunk, dtype=np.int64) if ins.sizes is None
                     else np.minimum(ins.sizes.astype(np.int64), chunk))
+            # (broadcast views: `route` takes them a few rows at a time)
             members = np.broadcast_to(here[:, None], ins.group.shape)
             sent = np.broadcast_to((real * self.itemsize(ins.dst))[:, None], ins.group.shape)
-            cycles, most, hops = self.timed(ins.group.ravel(), members.ravel(), sent.ravel())
+            key = ("reduce", *_digest(ins.group, here, real))
+            cycles, most, hops = self.timed(ins.group, members, sent, key)
             self.record(ins.op, "reduce", cycles + add, most, hops)
         else:
             remote = (group - 1) * nbytes
@@ -507,6 +515,30 @@ class TimingMachine:
         self.written[ins.buf][rows] = True
 
 
+@dataclass(frozen=True)
+class _LinkDelta:
+    """The link loads one op adds, kept for its replays: sparse (the links it used and
+    their bytes) unless it used most links. A dense copy is 24 MB on a wafer, per op."""
+
+    shape: tuple[int, ...]
+    index: np.ndarray | None  # flat link indices (None: ``values`` is dense)
+    values: np.ndarray
+
+    @staticmethod
+    def of(delta: np.ndarray) -> _LinkDelta:
+        used = np.flatnonzero(delta)
+        if 3 * len(used) < delta.size:
+            return _LinkDelta(delta.shape, used.astype(np.int32), delta.ravel()[used])
+        return _LinkDelta(delta.shape, None, delta)
+
+    def add_to(self, loads: np.ndarray) -> None:
+        """Add these loads to ``loads`` (of ``shape``) in place."""
+        if self.index is None:
+            loads += self.values
+        else:
+            loads.reshape(-1)[self.index] += self.values
+
+
 def _rows(ins: Instr, n: int) -> np.ndarray | slice:
     """The cores an instruction's table rows stand for, as an index into core arrays."""
     cores = getattr(ins, "cores", None)
@@ -519,24 +551,37 @@ def _phys(ins: Instr, n: int) -> np.ndarray:
 
 
 _MIX = np.random.default_rng(0x7104).integers(1, 2 ** 63, size=(2, 1 << 18), dtype=np.uint64)
+_DIGEST_SLICE = 1 << 22  # a multiple of the weights' length
+#: routes remembered (`TimingMachine.timed`): a rotation's steps repeat the last one or two
+_ROUTES_KEPT = 8
 
 
 def _digest(*arrays: np.ndarray) -> tuple[int, ...]:
     """A 128-bit fingerprint of integer arrays: two random-weighted sums modulo 2^64 per
-    array (cheaper than hashing the bytes of the large tables of wafer-sized chips)."""
+    array (cheaper than hashing the bytes of the large tables of wafer-sized chips). Element
+    i weighs ``w[i % L] * (i // L + 1) * C`` past the first L; the sums are taken a slice at
+    a time, so a wafer-wide table is never copied whole."""
     key: list[int] = []
+    length = _MIX.shape[1]
     for a in arrays:
-        flat = np.ascontiguousarray(a, dtype=np.int64).ravel().view(np.uint64)
+        flat = a.reshape(-1)  # a view where it can be one
         n = len(flat)
-        reps = ceil_div(n, _MIX.shape[1])
+        sums = [0, 0]
         with np.errstate(over="ignore"):
-            for w in _MIX:
-                if reps > 1:  # each repetition of the weights gets its own multiplier
-                    block = np.repeat(np.arange(1, reps + 1, dtype=np.uint64), len(w))[:n]
-                    weights = np.tile(w, reps)[:n] * (block * np.uint64(0x9E3779B97F4A7C15))
-                else:
-                    weights = w[:n]
-                key.append(int((flat * weights).sum(dtype=np.uint64)))
+            for lo in range(0, n, _DIGEST_SLICE):
+                part = np.ascontiguousarray(flat[lo:lo + _DIGEST_SLICE], dtype=np.int64)
+                part = part.view(np.uint64)
+                m = len(part)
+                for k, w in enumerate(_MIX):
+                    if n > length:  # each repetition of the weights gets its own multiplier
+                        block = (np.arange(lo, lo + m, dtype=np.uint64) // np.uint64(length)
+                                 + np.uint64(1))
+                        weights = np.tile(w, ceil_div(m, length))[:m] * (
+                            block * np.uint64(0x9E3779B97F4A7C15))
+                    else:
+                        weights = w[:m]
+                    sums[k] = (sums[k] + int((part * weights).sum(dtype=np.uint64))) % 2 ** 64
+        key.extend(sums)
         key.append(n)
     return tuple(key)
 

@@ -252,13 +252,28 @@ def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring
     return cycles, first
 
 
+def _row_keys(rows: np.ndarray) -> np.ndarray:
+    """One int64 per row, ordered as the rows are lexicographically (equal rows, equal keys):
+    a mixed-radix number over the columns' ranges. ``np.unique(axis=0)`` finds the same order
+    but sorts structured rows, seconds per plan on a wafer's 750,000 cores."""
+    if rows.shape[1] == 0:
+        return np.zeros(len(rows), dtype=np.int64)
+    lo = rows.min(axis=0)
+    span = rows.max(axis=0) - lo + 1
+    if math.prod(int(s) for s in span) >= 2 ** 62:  # too wide for one int64: rank the rows
+        return np.unique(rows, axis=0, return_inverse=True)[1].ravel().astype(np.int64)
+    key = np.zeros(len(rows), dtype=np.int64)
+    for d in range(rows.shape[1]):
+        key = key * int(span[d]) + (rows[:, d] - lo[d])
+    return key
+
+
 def _members(geo: Geometry) -> tuple[np.ndarray, np.ndarray]:
     """(members (blocks, G) logical cores by core id, position of each core among them)."""
     out = len(geo.op.inputs)
     group = geo.reduce_group
     origin = geo.tile_origin(out, geo.steps - 1)
-    key = np.unique(origin, axis=0, return_inverse=True)[1].ravel()
-    order = np.lexsort((np.arange(geo.ncores), key))
+    order = np.argsort(_row_keys(origin), kind="stable")  # by block, then by core id
     members = order.reshape(-1, group)
     pos = np.empty(geo.ncores, dtype=np.int64)
     pos[members] = np.arange(group)[None, :]
@@ -294,6 +309,29 @@ def _rectangle(geo: Geometry, members: np.ndarray
     row_stride = int(dr.flat[0]) if dr.size else 1
     ordered = np.take_along_axis(members, idx, axis=1).reshape(-1, height, width)
     return ordered, height, width, row_stride, col_stride
+
+
+def chunk_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...],
+                   pos: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(flat index, valid), (ncores, chunk): the elements of a tensor of ``shape`` that core
+    c keeps of its ``tile`` at ``origin[c]`` after a reduce-scatter, elements ``[pos[c] x
+    chunk, (pos[c] + 1) x chunk)`` of the tile in row-major order. Padding past the tile's
+    end or the tensor's is not valid (its index is clamped). The same as the whole tile's
+    table at those columns, without building it: a wafer's cores times a tile is 100
+    million entries where the chunks are a few."""
+    elems = math.prod(tile)
+    local = pos.astype(np.int64)[:, None] * chunk + np.arange(chunk, dtype=np.int64)[None, :]
+    valid = local < elems
+    local = np.minimum(local, elems - 1)
+    flat = np.zeros(local.shape, dtype=np.int64)
+    stride = 1
+    for d in reversed(range(len(tile))):
+        coord = origin[:, d].astype(np.int64)[:, None] + local % tile[d]
+        local = local // tile[d]
+        valid &= (coord >= 0) & (coord < shape[d])
+        flat += np.clip(coord, 0, shape[d] - 1) * stride
+        stride *= shape[d]
+    return flat, valid
 
 
 def scatter_of(geo: Geometry, tables: bool = True) -> Scatter:
@@ -348,5 +386,5 @@ def scatter_of(geo: Geometry, tables: bool = True) -> Scatter:
     return Scatter(members, final, unit, tuple(levels))
 
 
-__all__ = ["Digit", "Level", "Scatter", "choose_levels", "group_shape", "levels_cost",
-           "reduce_estimate", "routed_levels", "scatter_of"]
+__all__ = ["Digit", "Level", "Scatter", "choose_levels", "chunk_elements", "group_shape",
+           "levels_cost", "reduce_estimate", "routed_levels", "scatter_of"]

@@ -41,7 +41,7 @@ from t10c.chips import Chip
 from t10c.dtypes import ceil_div
 from t10c.ir import Graph, map_to_root
 
-from .collectives import scatter_of
+from .collectives import chunk_elements, scatter_of
 from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
@@ -121,15 +121,12 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     geo = geometry(graph, op, plan)
     out = len(op.inputs)
     shape = graph.tensors[op.output.tensor].shape
-    flat, valid = _tile_flat(geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out), shape)
-    if geo.reduce_group > 1:
+    origin, tile = geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out)
+    if geo.reduce_group > 1:  # each core's chunk of its tile alone
         _, pos, chunk = scatter_members(geo)
-        elems = flat.shape[1]
-        local = pos[:, None] * chunk + np.arange(chunk)[None, :]
-        inside = local < elems
-        local = np.minimum(local, elems - 1)
-        rows = np.arange(geo.ncores)[:, None]
-        flat, valid = flat[rows, local], valid[rows, local] & inside
+        flat, valid = chunk_elements(origin, tile, shape, pos, chunk)
+    else:
+        flat, valid = _tile_flat(origin, tile, shape)
     owner = np.full(int(np.prod(shape, dtype=np.int64)), -1, dtype=np.int32)
     cores = np.broadcast_to(geo.phys[:, None], flat.shape)
     owner[flat[valid]] = cores[valid]

@@ -120,3 +120,71 @@ def test_mesh_front_keeps_the_plans_fed_least() -> None:
     assert all(any(all(f <= e for f, e in zip(k, q)) for k in front) for q in every)
     fastest = min(front, key=lambda k: k[2])
     assert min(k[1] for k in front) < fastest[1]
+
+
+def test_routes_in_slices_equal_the_whole_phase(monkeypatch) -> None:
+    # a wafer-wide reduce is routed a few rows at a time: the link loads, busiest link and
+    # longest route must be those of routing every transfer at once
+    import t10c.emulator.routing as routing
+
+    rng = np.random.default_rng(3)
+    group = rng.integers(0, RECT.cores, size=(200, 7))
+    here = rng.integers(0, RECT.cores, size=200)
+    sent = rng.integers(0, 50, size=200)
+    dst = np.broadcast_to(here[:, None], group.shape)
+    nbytes = np.broadcast_to(sent[:, None], group.shape)
+    whole = route(RECT, group.ravel(), dst.ravel(), nbytes.ravel())
+    monkeypatch.setattr(routing, "_SLICE", 10)  # 1 row of 7 transfers per slice
+    sliced = routing.route(RECT, group, dst, nbytes)
+    assert (sliced.cycles, sliced.max_link_bytes, sliced.max_hops) == \
+        (whole.cycles, whole.max_link_bytes, whole.max_hops)
+    assert whole.loads is not None and sliced.loads is not None
+    assert (sliced.loads == whole.loads).all()
+
+
+def test_chunks_are_the_whole_tile_table_at_their_columns() -> None:
+    from t10c.codegen.program import tile_elements
+    from t10c.partition.collectives import chunk_elements
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        nd = int(rng.integers(1, 4))
+        shape = tuple(int(x) for x in rng.integers(1, 9, size=nd))
+        tile = tuple(int(x) for x in rng.integers(1, 6, size=nd))
+        origin = rng.integers(-3, 9, size=(int(rng.integers(1, 20)), nd))
+        elems = math.prod(tile)
+        group = int(rng.integers(1, 8))
+        chunk = -(-elems // group)
+        pos = rng.integers(0, group, size=len(origin))
+        flat, valid = tile_elements(origin, tile, shape)
+        local = pos[:, None] * chunk + np.arange(chunk)[None, :]
+        rows = np.arange(len(origin))[:, None]
+        want_valid = valid[rows, np.minimum(local, elems - 1)] & (local < elems)
+        got_flat, got_valid = chunk_elements(origin, tile, shape, pos, chunk)
+        assert (got_valid == want_valid).all()
+        assert (got_flat == flat[rows, np.minimum(local, elems - 1)]).all()
+
+
+def test_block_keys_order_rows_as_unique_does() -> None:
+    from t10c.partition.collectives import _row_keys
+
+    rng = np.random.default_rng(1)
+    rows = rng.integers(-4, 40, size=(500, 3)) * 8
+    rank = np.unique(rows, axis=0, return_inverse=True)[1].ravel()
+    order = np.lexsort((np.arange(len(rows)), rank))
+    assert (np.argsort(_row_keys(rows), kind="stable") == order).all()
+
+
+def test_replayed_link_loads_sparse_and_dense() -> None:
+    from t10c.emulator.timing import _LinkDelta
+
+    delta = np.zeros((4, 3, 5), dtype=np.int64)
+    delta[1, 2, 3], delta[0, 0, 0] = 7, 2
+    sparse = _LinkDelta.of(delta)
+    assert sparse.index is not None and len(sparse.index) == 2
+    dense = _LinkDelta.of(delta + 1)
+    assert dense.index is None
+    loads = np.ones_like(delta)
+    sparse.add_to(loads)
+    dense.add_to(loads)
+    assert (loads == 2 * delta + 2).all()
