@@ -110,12 +110,13 @@ class _Allocator:
         self.peak = max(self.peak, offset + size)
         return offset
 
-    def alloc_top(self, buf_id: int, nbytes: int) -> int:
-        """The highest free gap that holds ``nbytes`` (first-fit from the bottom when none
-        does): DRAM preloads live across several ops, and placing them at the top keeps them
-        out of the way of the buffers that come and go below."""
+    def alloc_top(self, buf_id: int, nbytes: int, ceiling: int | None = None) -> int:
+        """The highest free gap below ``ceiling`` (default: the top of SRAM) that holds
+        ``nbytes`` (first-fit from the bottom when none does): DRAM preloads live across
+        several ops, and placing them high keeps them out of the way of the buffers that come
+        and go below."""
         size = aligned(nbytes)
-        top = self.sram // ALIGN * ALIGN
+        top = (self.sram if ceiling is None else ceiling) // ALIGN * ALIGN
         for start, end in sorted(self.live.values(), key=lambda r: -r[1]):
             if end <= top - size:
                 break
@@ -126,6 +127,21 @@ class _Allocator:
         self.live[buf_id] = (offset, top)
         self.peak = max(self.peak, top)
         return offset
+
+    def alloc_high(self, buf_id: int, nbytes: int) -> int:
+        """The highest free gap below the layout's peak so far (not raising it, so that the
+        footprint stays what the buffers need), else `alloc_top`: for a buffer that lives
+        across two ops (a hoisted fetch)."""
+        size = aligned(nbytes)
+        top = self.peak // ALIGN * ALIGN
+        for start, end in sorted(self.live.values(), key=lambda r: -r[1]):
+            if end <= top - size:
+                break
+            top = min(top, start // ALIGN * ALIGN)
+        if top - size < 0:
+            return self.alloc_top(buf_id, nbytes)
+        self.live[buf_id] = (top - size, top)
+        return top - size
 
     def free(self, buf_id: int) -> None:
         del self.live[buf_id]
@@ -172,6 +188,7 @@ class _Builder:
         #: superstep (`transitions.hoisted_fetches`), and those buffers by (op, extra)
         self.hoisted = hoisted_fetches(graph, plan.ops, chip, plan.dtype, ints)
         self.prefetched: dict[tuple[int, int], tuple[int, bool]] = {}
+        self.hoisting = False  # allocating the buffers of a hoisted fetch (`prefetch`)
         #: repeated layers: what an op's instructions are computed from (its geometry, the
         #: placement and layout of what it reads) gives the same tables, computed once
         self.memo: dict[tuple, object] = {}
@@ -184,7 +201,11 @@ class _Builder:
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
         bid = len(self.buffers)
-        place = self.alloc.alloc_top if phase == "dram" else self.alloc.alloc
+        # DRAM preloads and hoisted fetches live across ops: high, out of the way of the
+        # buffers that come and go below (the online first-fit is a streamed run's layout;
+        # bert-large at batch 4 overflowed when a hoisted fetch took the lowest gap)
+        place = (self.alloc.alloc_top if phase == "dram" else
+                 self.alloc.alloc_high if self.hoisting else self.alloc.alloc)
         offset = place(bid, elems * dtype_bytes(dtype))
         self.buffers.append(Buffer(bid, name, elems, dtype, offset))
         self.instrs.append(Alloc(op, phase, bid))
@@ -474,8 +495,10 @@ class _Builder:
             for k, extra in enumerate(after.extra):
                 if (m, k) in self.extra_weights:
                     continue
+                self.hoisting = True  # where `prefetch` put it
                 bid = self.new_buffer(f"{after.name}.x{k}", elems, self.storage(extra.tensor),
                                       after.name, "fetch")
+                self.hoisting = False
                 self.drain()
                 self.sink.written(bid, geo_m.phys)  # type: ignore[union-attr]
                 self.prefetched[m, k] = (bid, True)
@@ -684,9 +707,11 @@ class _Builder:
         geo = geometry(self.graph, op, self.plan.ops[m])
         flat, valid = self.final_elements(op, geo)[:2]
         moves: list[Exchange] = []
+        self.hoisting = True
         for k in range(len(op.extra)):
             if (m, k) not in self.extra_weights:
                 self.prefetched[m, k] = self.bring_extra(op, geo, k, flat, valid, moves)
+        self.hoisting = False
         self.instrs.extend(dataclasses.replace(mv, op=by) for mv in moves)
 
     def step_tables(self, key: tuple, geo: Geometry, nin: int, s: int, rotating: tuple[int, ...]

@@ -500,3 +500,22 @@ def test_a_lone_fetch_rides_in_the_previous_reduce_superstep(monkeypatch) -> Non
                        and program.buffers[ins.dst].name == f"{names[i]}.x0"
                        for ins in program.instrs)
     assert seen > 0
+
+
+def test_a_hoisted_fetch_is_placed_high_without_raising_the_footprint() -> None:
+    """A buffer that lives across two ops (a hoisted fetch) takes the highest gap below the
+    streamed layout's peak, out of the way of the buffers that come and go below it (at the
+    lowest gap, bert-large at batch 4 overflowed its streamed layout), and the top of SRAM only
+    where no gap below the peak holds it."""
+    from t10c.codegen.lower import ALIGN, _Allocator
+
+    alloc = _Allocator(64 * ALIGN)
+    low = alloc.alloc(0, 2 * ALIGN)
+    alloc.alloc(1, 4 * ALIGN)
+    high = alloc.alloc(2, 2 * ALIGN)
+    alloc.free(1)  # a 4-block gap between the two, below the peak of 8 blocks
+    assert (low, high, alloc.peak) == (0, 6 * ALIGN, 8 * ALIGN)
+    assert alloc.alloc_high(3, ALIGN) == 5 * ALIGN  # the gap's top, not its bottom
+    assert alloc.peak == 8 * ALIGN
+    assert alloc.alloc(4, ALIGN) == 2 * ALIGN  # the short-lived buffers still fill from below
+    assert alloc.alloc_high(5, 3 * ALIGN) == 61 * ALIGN  # no gap below the peak holds it
