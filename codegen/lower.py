@@ -106,42 +106,38 @@ class _Allocator:
             if start - offset >= size:
                 break
             offset = max(offset, end)
-        self.live[buf_id] = (offset, offset + size)
-        self.peak = max(self.peak, offset + size)
-        return offset
+        return self._take(buf_id, offset, size)
 
-    def alloc_top(self, buf_id: int, nbytes: int, ceiling: int | None = None) -> int:
-        """The highest free gap below ``ceiling`` (default: the top of SRAM) that holds
-        ``nbytes`` (first-fit from the bottom when none does): DRAM preloads live across
-        several ops, and placing them high keeps them out of the way of the buffers that come
-        and go below."""
-        size = aligned(nbytes)
-        top = (self.sram if ceiling is None else ceiling) // ALIGN * ALIGN
+    def _highest_gap(self, size: int, top: int) -> int | None:
+        """The offset of the highest free gap of ``size`` bytes ending at most at ``top``."""
+        top = top // ALIGN * ALIGN
         for start, end in sorted(self.live.values(), key=lambda r: -r[1]):
             if end <= top - size:
                 break
             top = min(top, start // ALIGN * ALIGN)
-        if top - size < 0:
-            return self.alloc(buf_id, nbytes)
-        offset = top - size
-        self.live[buf_id] = (offset, top)
-        self.peak = max(self.peak, top)
+        return top - size if top >= size else None
+
+    def _take(self, buf_id: int, offset: int, size: int) -> int:
+        self.live[buf_id] = (offset, offset + size)
+        self.peak = max(self.peak, offset + size)
         return offset
+
+    def alloc_top(self, buf_id: int, nbytes: int) -> int:
+        """The highest free gap that holds ``nbytes`` (first-fit from the bottom when none
+        does): DRAM preloads live across several ops, and placing them at the top keeps them
+        out of the way of the buffers that come and go below."""
+        size = aligned(nbytes)
+        offset = self._highest_gap(size, self.sram)
+        return self.alloc(buf_id, nbytes) if offset is None else self._take(buf_id, offset, size)
 
     def alloc_high(self, buf_id: int, nbytes: int) -> int:
         """The highest free gap below the layout's peak so far (not raising it, so that the
         footprint stays what the buffers need), else `alloc_top`: for a buffer that lives
         across two ops (a hoisted fetch)."""
         size = aligned(nbytes)
-        top = self.peak // ALIGN * ALIGN
-        for start, end in sorted(self.live.values(), key=lambda r: -r[1]):
-            if end <= top - size:
-                break
-            top = min(top, start // ALIGN * ALIGN)
-        if top - size < 0:
-            return self.alloc_top(buf_id, nbytes)
-        self.live[buf_id] = (top - size, top)
-        return top - size
+        offset = self._highest_gap(size, self.peak)
+        return self.alloc_top(buf_id, nbytes) if offset is None else self._take(
+            buf_id, offset, size)
 
     def free(self, buf_id: int) -> None:
         del self.live[buf_id]
