@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -465,20 +466,8 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
             continue
         if geometry(graph, graph.ops[i - 1], plans[i - 1]).reduce_group <= 1:
             continue
-        moving = False
-        for slot, operand in enumerate(op.inputs):
-            j = producer.get(graph.root(operand.tensor))
-            if j is None or (i, slot) in shared:
-                continue
-            shape = graph.tensors[operand.tensor].shape
-            have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
-                                 views.to_root(operand.tensor), views)
-            want = consumer_want(graph, i, slot, p)
-            coords = views.coords(shape) if have.owner is not None else None
-            if remote_counts([have], want, np.asarray(shape), coords).any():
-                moving = True
-                break
-        if moving:
+        if any(remote.any() for *_, remote in _moves(graph, i, plans, chip, views, producer,
+                                                     shared)):
             continue
         geo = geometry(graph, op, p)
         share = ceil_div(math.prod(geo.tile_shape(len(op.inputs))), geo.reduce_group)
@@ -488,6 +477,23 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
             slack[i - 1] -= fetched
             out.add(i)
     return frozenset(out)
+
+
+def _moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+           views: Views, producer: dict[str, int], shared: dict[tuple[int, int], int]
+           ) -> Iterator[tuple[int, int, Want, np.ndarray]]:
+    """Op i's inputs that an op produced and that do not read the previous op's copy, each
+    as (slot, producer, the consumer's layout, elements each consumer core receives)."""
+    for slot, operand in enumerate(graph.ops[i].inputs):
+        j = producer.get(graph.root(operand.tensor))
+        if j is None or (i, slot) in shared:
+            continue
+        shape = graph.tensors[operand.tensor].shape
+        have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
+                             views.to_root(operand.tensor), views)
+        want = consumer_want(graph, i, slot, plans[i])
+        coords = views.coords(shape) if have.owner is not None else None
+        yield slot, j, want, remote_counts([have], want, np.asarray(shape), coords)[0]
 
 
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
@@ -504,16 +510,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     for i, op in enumerate(graph.ops):
         received = np.zeros(chip.cores, dtype=np.int64)
         mesh_cycles = 0
-        for slot, operand in enumerate(op.inputs):
-            j = producer.get(graph.root(operand.tensor))
-            if j is None or (i, slot) in shared:
-                continue
-            shape = graph.tensors[operand.tensor].shape
-            have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
-                                 views.to_root(operand.tensor), views)
-            want = consumer_want(graph, i, slot, plans[i])
-            coords = views.coords(shape) if have.owner is not None else None
-            remote = remote_counts([have], want, np.asarray(shape), coords)[0]
+        for slot, j, want, remote in _moves(graph, i, plans, chip, views, producer, shared):
             nbytes = element_bytes(op, slot, dtype, int_tensors)
             if chip.is_mesh:  # an estimate: each input's exchange on its own
                 if remote.max(initial=0):
