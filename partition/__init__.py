@@ -148,12 +148,11 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
     # (the second solve re-derives plans with their weights resident: not on DRAM chips)
+    fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
     if search.align and not chip.is_mesh and solver.planner != "greedy" and not chip.has_dram:
-        fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
         chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
                                     search, solver, views, fixed, spent)
     if solver.planner != "greedy" and not chip.is_mesh and not chip.has_dram:
-        fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
         chosen, relayout = _share_copies(graph, keys, chosen, relayout, chip, dtype, ints,
                                          solver, views, fixed)
         # the solver priced no shared copies: a baseline's choice, finished as its own
@@ -166,8 +165,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                         search, solver, views, fixed)
             other, again = _share_copies(graph, keys, other, again, chip, dtype, ints, solver,
                                          views, fixed)
-            if sum(p.cycles.total for p in other) + sum(again) < \
-                    sum(p.cycles.total for p in chosen) + sum(relayout):
+            if _total(other, again) < _total(chosen, relayout):
                 chosen, relayout = other, again
     gap = result.objective_cycles - result.bound_cycles
     dram = (_dram_schedule(graph, chosen, relayout, chip, solver, search.dram_schedule)
@@ -281,10 +279,14 @@ def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayo
         spent.append(result.deterministic_s)
     picked = tuple(f[k] for f, k in zip(fronts, result.choice))
     again = relayout_cycles(graph, picked, chip, dtype, ints, views)
-    before = sum(p.cycles.total for p in chosen) + sum(relayout)
-    if sum(p.cycles.total for p in picked) + sum(again) < before:
+    if _total(picked, again) < _total(chosen, relayout):
         return picked, again
     return chosen, relayout
+
+
+def _total(plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int]) -> int:
+    """A choice's exact cycles: its plans' own and the re-layouts before them."""
+    return sum(p.cycles.total for p in plans) + sum(relayout)
 
 
 def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
@@ -300,7 +302,7 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
     cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
     terms = liveness(graph)
     best = list(chosen)
-    cost = sum(p.cycles.total for p in best) + sum(relayout)
+    cost = _total(best, relayout)
     for i in range(1, len(graph.ops)):
         a, b = graph.ops[i - 1], graph.ops[i]
         if keys[i] != keys[i - 1] or not _alike_reads(graph, a, b) or \
@@ -315,7 +317,7 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
             if int(memory_use(terms, arrays, [0] * len(trial)).max(initial=0)) > cap:
                 continue
             again = relayout_cycles(graph, trial, chip, dtype, ints, views)
-            total = sum(p.cycles.total for p in trial) + sum(again)
+            total = _total(trial, again)
             if total < cost:
                 best, relayout, cost = trial, again, total
                 break

@@ -111,6 +111,25 @@ def _warm(graph: Graph, op, p):
                                cold_bytes_per_core=cold, out_bytes_per_core=out, home=True)
 
 
+def _priced_run(graph: Graph, base, chosen, inputs, want, ints, views):
+    """``chosen`` priced (`relayout_cycles`), verified, generated and emulated, its outputs
+    onnxruntime's: (re-layout cycles per op, plan, program, timeline)."""
+    relayout = relayout_cycles(graph, chosen, CHIP, "fp32", ints, views)
+    plan = dataclasses.replace(base, ops=tuple(chosen), relayout_cycles=tuple(relayout))
+    verify_plan(graph, plan, CHIP)
+    program = generate(graph, plan, CHIP)
+    outputs, timeline, _ = emulate(program, CHIP, inputs, graph.constants)
+    assert max_rel_err(outputs, want) < 1e-4
+    return relayout, plan, program, timeline
+
+
+def _check_relayout_emulated(graph: Graph, chosen, relayout, program, timeline) -> None:
+    """Every op's priced re-layout is what the emulator measured."""
+    emulated = _emulated_relayout(program, timeline, CHIP, _warm_ops(graph, chosen))
+    for op, r in zip(graph.ops, relayout):
+        assert r == emulated.get(op.name, 0), (op.name, chosen)
+
+
 def _choices(graph: Graph, count: int, seed: int) -> list[tuple]:
     """Random plans per op; for ops with weights, sometimes warmed up."""
     plans = [search_op(graph, op, CHIP, "fp32", SearchOptions()) for op in graph.ops]
@@ -139,15 +158,9 @@ def test_predicted_relayout_equals_emulated_op_by_op(name: str) -> None:
     partial = 0  # pairs where some but not all wanted elements were already local
     scattered = 0  # moving inputs whose producer's result ended reduce-scattered
     for chosen in [base.ops, *_choices(graph, 12, seed=len(name))]:
-        relayout = relayout_cycles(graph, chosen, CHIP, "fp32", ints, views)
-        plan = dataclasses.replace(base, ops=tuple(chosen), relayout_cycles=tuple(relayout))
-        verify_plan(graph, plan, CHIP)
-        program = generate(graph, plan, CHIP)
-        outputs, timeline, _ = emulate(program, CHIP, inputs, graph.constants)
-        assert max_rel_err(outputs, want) < 1e-4
-        emulated = _emulated_relayout(program, timeline, CHIP, _warm_ops(graph, chosen))
-        for op, r in zip(graph.ops, relayout):
-            assert r == emulated.get(op.name, 0), (op.name, chosen)
+        relayout, plan, program, timeline = _priced_run(graph, base, chosen, inputs, want,
+                                                        ints, views)
+        _check_relayout_emulated(graph, chosen, relayout, program, timeline)
         producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
         for i, op in enumerate(graph.ops):
             for slot, operand in enumerate(op.inputs):
@@ -363,15 +376,9 @@ def test_consecutive_readers_share_one_copy() -> None:
         choices.append(tuple(chosen))
     for chosen in choices:
         shared = shared_inputs(graph, chosen, CHIP, "fp32", ints)
-        relayout = relayout_cycles(graph, chosen, CHIP, "fp32", ints, views)
-        plan = dataclasses.replace(base, ops=tuple(chosen), relayout_cycles=tuple(relayout))
-        verify_plan(graph, plan, CHIP)
-        program = generate(graph, plan, CHIP)
-        outputs, timeline, _ = emulate(program, CHIP, inputs, graph.constants)
-        assert max_rel_err(outputs, want) < 1e-4
-        emulated = _emulated_relayout(program, timeline, CHIP, _warm_ops(graph, chosen))
-        for op, r in zip(graph.ops, relayout):
-            assert r == emulated.get(op.name, 0), (op.name, chosen)
+        relayout, plan, program, timeline = _priced_run(graph, base, chosen, inputs, want,
+                                                        ints, views)
+        _check_relayout_emulated(graph, chosen, relayout, program, timeline)
         for i, slot in shared:  # the copy was not sent again
             assert not any(isinstance(ins, Exchange) and ins.op == names[i]
                            and program.buffers[ins.dst].name == f"{names[i]}.in{slot}"
@@ -448,12 +455,8 @@ def test_a_lone_fetch_rides_in_the_previous_reduce_superstep(monkeypatch) -> Non
     from t10c.partition.transitions import hoisted_fetches
 
     def run(chosen):
-        relayout = relayout_cycles(graph, chosen, CHIP, "fp32", ints, views)
-        plan = dataclasses.replace(base, ops=tuple(chosen), relayout_cycles=tuple(relayout))
-        verify_plan(graph, plan, CHIP)
-        program = generate(graph, plan, CHIP)
-        outputs, timeline, _ = emulate(program, CHIP, inputs, graph.constants)
-        assert max_rel_err(outputs, want) < 1e-4
+        relayout, plan, program, timeline = _priced_run(graph, base, chosen, inputs, want,
+                                                        ints, views)
         _, streamed = time_only(graph, plan, CHIP)
         assert streamed.cycles == timeline.cycles
         return relayout, plan.total_cycles, program, timeline.cycles
