@@ -111,6 +111,26 @@ def _warm(graph: Graph, op, p):
                                cold_bytes_per_core=cold, out_bytes_per_core=out, home=True)
 
 
+def _planned(name: str, build, epilogues: bool = True):
+    """A (16, 256)-input model built by ``build``, planned on CHIP in fp32: (graph, plan,
+    inputs, onnxruntime's outputs, integer tensors, views)."""
+    model = make_model(name, build, ((16, 256),))
+    graph = frontend.to_graph(model, name=name, epilogues=epilogues)
+    inputs = make_inputs(graph, 0)
+    want, _ = reference(model, inputs)
+    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    return graph, plan_graph(graph, CHIP, "fp32"), inputs, want, ints, Views(graph)
+
+
+def _readers(graph: Graph) -> tuple[list[str], list[int]]:
+    """The op names, and the ops reading the same first input as the op before them."""
+    names = [op.name for op in graph.ops]
+    readers = [i for i, op in enumerate(graph.ops) if i and op.inputs[0].tensor
+               == graph.ops[i - 1].inputs[0].tensor]
+    assert readers, names
+    return names, readers
+
+
 def _priced_run(graph: Graph, base, chosen, inputs, want, ints, views):
     """``chosen`` priced (`relayout_cycles`), verified, generated and emulated, its outputs
     onnxruntime's: (re-layout cycles per op, plan, program, timeline)."""
@@ -352,17 +372,8 @@ def test_consecutive_readers_share_one_copy() -> None:
     """Where two consecutive ops want an activation in the same layout, the second reads the
     first one's copy (`transitions.shared_inputs`): priced so, emulated so (the streamed
     timing run, whose repeated layers replay, too), and the outputs are onnxruntime's."""
-    model = make_model("shared", _shared_model, ((16, 256),))
-    graph = frontend.to_graph(model, name="shared", epilogues=False)
-    base = plan_graph(graph, CHIP, "fp32")
-    inputs = make_inputs(graph, 0)
-    want, _ = reference(model, inputs)
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
-    views = Views(graph)
-    names = [op.name for op in graph.ops]
-    readers = [i for i, op in enumerate(graph.ops) if i and op.inputs[0].tensor
-               == graph.ops[i - 1].inputs[0].tensor]
-    assert readers, names  # the k MatMuls follow the q MatMuls reading the same tensor
+    graph, base, inputs, want, ints, views = _planned("shared", _shared_model, epilogues=False)
+    names, readers = _readers(graph)  # the k MatMuls follow the q MatMuls reading alike
     rng = np.random.default_rng(3)
     plans = [search_op(graph, op, CHIP, "fp32", SearchOptions()) for op in graph.ops]
     shared_seen = 0
@@ -461,17 +472,8 @@ def test_a_lone_fetch_rides_in_the_previous_reduce_superstep(monkeypatch) -> Non
         assert streamed.cycles == timeline.cycles
         return relayout, plan.total_cycles, program, timeline.cycles
 
-    model = make_model("biased", _biased_model, ((16, 256),))
-    graph = frontend.to_graph(model, name="biased")
-    base = plan_graph(graph, CHIP, "fp32")
-    inputs = make_inputs(graph, 0)
-    want, _ = reference(model, inputs)
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
-    views = Views(graph)
-    names = [op.name for op in graph.ops]
-    readers = [i for i, op in enumerate(graph.ops) if i and op.inputs[0].tensor
-               == graph.ops[i - 1].inputs[0].tensor]
-    assert readers, names
+    graph, base, inputs, want, ints, views = _planned("biased", _biased_model)
+    names, readers = _readers(graph)
     rng = np.random.default_rng(5)
     plans = [[p for p in search_op(graph, op, CHIP, "fp32", SearchOptions())]
              for op in graph.ops]
