@@ -47,7 +47,7 @@ from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
 from .pod import received_cross, spread_cross
-from .solve import SolverOptions, _Arrays, liveness, memory_use
+from .solve import MemoryTerms, SolverOptions, _Arrays, liveness, memory_use
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,47 @@ class Views:
         self._roots: dict[tuple, np.ndarray] = {}
         self._coords: dict[tuple[int, ...], np.ndarray] = {}
         self._owners: dict[tuple, np.ndarray] = {}
+        # the exact re-layout pricing asks again and again about the same (op, input, plans):
+        # 18 `relayout_cycles` of bert-base's greedy, solves, realignment, shared copies and
+        # baselines differ in a few ops each
+        self._moved: dict[tuple, tuple[Want, np.ndarray]] = {}
+        self._wants: dict[tuple, bytes] = {}
+        self._terms: MemoryTerms | None = None
+
+    def terms(self) -> MemoryTerms:
+        """`solve.liveness` of the graph, once per compile."""
+        if self._terms is None:
+            self._terms = liveness(self.graph)
+        return self._terms
+
+    def want_digest(self, i: int, slot: int, plan: OpPlan) -> bytes:
+        """`consumer_want(...).digest()`, once per (op, input, plan)."""
+        key = (i, slot, plan)
+        if key not in self._wants:
+            self._wants[key] = consumer_want(self.graph, i, slot, plan).digest()
+        return self._wants[key]
+
+    def moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
+              chip: Chip) -> tuple[Want, np.ndarray]:
+        """Input ``slot`` of op ``i`` under plan ``consumer``, fed by op ``j`` under plan
+        ``producer``: the consumer's layout and the elements each of its cores receives
+        (kept per compile off meshes; a wafer's per-core arrays are too large to keep)."""
+        key = (i, slot, j, consumer, producer, chip.cores) if not chip.is_mesh else None
+        got = self._moved.get(key) if key else None
+        if got is None:
+            graph = self.graph
+            operand = graph.ops[i].inputs[slot]
+            shape = graph.tensors[operand.tensor].shape
+            have = producer_have(graph, j, producer, operand.tensor, chip.cores,
+                                 self.to_root(operand.tensor), self)
+            want = consumer_want(graph, i, slot, consumer)
+            coords = self.coords(shape) if have.owner is not None else None
+            remote = remote_counts([have], want, np.asarray(shape), coords)[0]
+            remote.flags.writeable = False
+            got = (want, remote)
+            if key:
+                self._moved[key] = got
+        return got
 
     def owner(self, j: int, plan: OpPlan) -> np.ndarray:
         """`result_owner`, once per op expression and plan (repeated layers share it)."""
@@ -386,7 +427,8 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
 
 
 def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-                  dtype: str, int_tensors: frozenset[str]) -> dict[tuple[int, int], int]:
+                  dtype: str, int_tensors: frozenset[str], views: Views | None = None
+                  ) -> dict[tuple[int, int], int]:
     """Inputs that read the previous op's re-laid copy instead of receiving their own:
     ``{(op, slot): slot of op - 1}``.
 
@@ -400,18 +442,19 @@ def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
     chips without DRAM only (mesh exchanges are estimates, and DRAM preloads are placed
     beside the op buffers). Codegen follows this map (`codegen.lower`), and
     `relayout_cycles` prices it."""
-    return _sharing(graph, plans, chip, dtype, int_tensors)[0]
+    return _sharing(graph, plans, chip, dtype, int_tensors, views or Views(graph))[0]
 
 
 def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
-             int_tensors: frozenset[str]) -> tuple[dict[tuple[int, int], int], list[int]]:
+             int_tensors: frozenset[str], views: Views
+             ) -> tuple[dict[tuple[int, int], int], list[int]]:
     """`shared_inputs`, and the SRAM per op the chosen plans and the kept copies leave."""
     if chip.is_mesh or chip.has_dram:
         return {}, [0] * len(plans)
     const_tensors = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     cap = int(chip.sram_bytes_per_core * (1 - SolverOptions().reserve_fraction))
-    used = memory_use(liveness(graph), _Arrays([[p] for p in plans], [[0] for _ in plans]),
+    used = memory_use(views.terms(), _Arrays([[p] for p in plans], [[0] for _ in plans]),
                       [0] * len(plans))
     slack = [cap - int(u) for u in used]
     out: dict[tuple[int, int], int] = {}
@@ -425,8 +468,8 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
             for s, o in enumerate(prev.inputs):
                 if o.tensor != operand.tensor or plans[i - 1].rot[s] or s in taken:
                     continue
-                want = want or consumer_want(graph, i, slot, plans[i]).digest()
-                if consumer_want(graph, i - 1, s, plans[i - 1]).digest() != want:
+                want = want or views.want_digest(i, slot, plans[i])
+                if views.want_digest(i - 1, s, plans[i - 1]) != want:
                     continue
                 geo = geometry(graph, prev, plans[i - 1])
                 more = kept_bytes(geo, s, plans[i - 1].hot_bytes_per_core, chip, dtype,
@@ -452,10 +495,10 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     barrier goes. The fetched buffers then live through the previous op's epilogue: only
     where the SRAM the chosen plans leave there holds them. `relayout_cycles` prices the
     barrier saved, codegen follows the same set."""
-    shared, slack = _sharing(graph, plans, chip, dtype, int_tensors)
+    views = views or Views(graph)
+    shared, slack = _sharing(graph, plans, chip, dtype, int_tensors, views)
     if chip.is_mesh or chip.has_dram:
         return frozenset()
-    views = views or Views(graph)
     const_tensors = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     out = set()
@@ -488,12 +531,7 @@ def _moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip:
         j = producer.get(graph.root(operand.tensor))
         if j is None or (i, slot) in shared:
             continue
-        shape = graph.tensors[operand.tensor].shape
-        have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
-                             views.to_root(operand.tensor), views)
-        want = consumer_want(graph, i, slot, plans[i])
-        coords = views.coords(shape) if have.owner is not None else None
-        yield slot, j, want, remote_counts([have], want, np.asarray(shape), coords)[0]
+        yield (slot, j, *views.moved(i, slot, j, plans[i], plans[j], chip))
 
 
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
@@ -504,7 +542,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     the previous op's copy (`shared_inputs`) moves nothing."""
     views = views or Views(graph)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    shared = shared_inputs(graph, plans, chip, dtype, int_tensors)
+    shared = shared_inputs(graph, plans, chip, dtype, int_tensors, views)
     hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views)
     out = []
     for i, op in enumerate(graph.ops):
