@@ -191,30 +191,54 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
     only for element-wise layouts)."""
     wanted = np.prod(_clip(want.origin, want.origin + want.shape, extent), axis=1)
     out = np.empty((len(haves), len(want.origin)), dtype=np.int64)
+    owned = []
     for k, have in enumerate(haves):
-        if have.owner is None:
-            assert have.origin is not None and have.holds is not None
-            h_origin = have.origin[want.phys]
-            lo = np.maximum(h_origin, want.origin)
-            hi = np.minimum(h_origin + have.shape, want.origin + want.shape)
-            local = np.prod(_clip(lo, np.maximum(hi, lo), extent), axis=1)
-            out[k] = wanted - np.where(have.holds[want.phys], local, 0)
+        if have.owner is not None:
+            owned.append(k)
             continue
+        assert have.origin is not None and have.holds is not None
+        h_origin = have.origin[want.phys]
+        lo = np.maximum(h_origin, want.origin)
+        hi = np.minimum(h_origin + have.shape, want.origin + want.shape)
+        local = np.prod(_clip(lo, np.maximum(hi, lo), extent), axis=1)
+        out[k] = wanted - np.where(have.holds[want.phys], local, 0)
+    if owned:
         assert coords is not None
-        # each element can be local only to the consumer core running on its owner
-        inverse = np.full(max(int(have.owner.max(initial=0)), int(want.phys.max())) + 2, -1,
-                          dtype=np.int32)
-        inverse[want.phys] = np.arange(len(want.phys), dtype=np.int32)
-        c = inverse[have.owner]
-        ok = c >= 0
-        cc = np.maximum(c, 0)
-        origin = want.origin.astype(np.int32)
-        for d in range(len(extent)):
-            # unsigned: a negative offset wraps around past any tile size
-            rel = (coords[d] - origin[:, d][cc]).view(np.uint32)
-            ok &= rel < np.uint32(want.shape[d])
-        out[k] = wanted - np.bincount(cc[ok], minlength=len(want.phys))
+        owners = [haves[k].owner for k in owned]
+        for k, local in zip(owned, _local_counts(owners, want, coords)):  # type: ignore[arg-type]
+            out[k] = wanted - local
     return out
+
+
+def _local_counts(owners: list[np.ndarray], want: Want, coords: np.ndarray
+                  ) -> Iterator[np.ndarray]:
+    """Per element-wise layout (each element's owning physical core, -1 for none), the
+    elements each consumer core already holds of its box: an element can be local only to
+    the consumer core running on its owner. Lookups are by physical core + 1 (so that -1 is
+    slot 0): one gather per dimension and element."""
+    size = max(max(int(o.max(initial=0)) for o in owners), int(want.phys.max())) + 2
+    logical = np.full(size, -1, dtype=np.int32)  # the consumer core on each physical core
+    logical[want.phys + 1] = np.arange(len(want.phys), dtype=np.int32)
+    on = np.flatnonzero(logical >= 0)
+    # per dimension, the box origin of the consumer core on each physical core; where none
+    # runs, an origin no element reaches (unsigned: a negative offset wraps around past any
+    # tile size)
+    tables = []
+    for d in range(len(coords)):
+        table = np.full(size, -(1 << 30), dtype=np.int32)
+        table[want.phys + 1] = want.origin[:, d]
+        tables.append(table)
+    for owner in owners:
+        slot = owner + 1
+        ok = logical[slot] >= 0 if not tables else None  # a 0-d tensor: no box to be in
+        for d, table in enumerate(tables):
+            inside = (coords[d] - table[slot]).view(np.uint32) < np.uint32(want.shape[d])
+            ok = inside if ok is None else (ok & inside)
+        assert ok is not None
+        per_core = np.bincount(slot[ok], minlength=size)
+        local = np.zeros(len(want.phys), dtype=np.int64)
+        local[logical[on]] = per_core[on]
+        yield local
 
 
 #: the most elements any consumer core must receive, by (producer layout, consumer layout,
@@ -242,6 +266,25 @@ def _most_remote(haves: list[Have], have_keys: list[bytes], want: Want, want_key
     return np.array([_MOST[key] for key in keys], dtype=np.int64)
 
 
+#: the exact re-layout pricing (`relayout_cycles`) asks again and again about the same input
+#: under the same pair of layouts: bert-base's 18 calls (the greedy's, the solves', the
+#: realignment's, the shared copies' trials, the baselines') differ in a few ops each, its 12
+#: layers repeat one another, and a sweep's points share layouts. Per (consumer op, input,
+#: producer op, view chain, layouts, cores): the consumer cores' physical cores and the
+#: elements each receives; off meshes only (a wafer's per-core arrays are too large to keep)
+_MOVED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_MOVED_LIMIT = 1 << 13
+#: `consumer_want(...).digest()` by (op, input, layout)
+_WANTS: dict[tuple, bytes] = {}
+_WANTS_LIMIT = 1 << 16
+
+
+def layout_key(plan: OpPlan) -> tuple:
+    """The fields of a plan that place its tiles (`plan.geometry`): not its name, its costs
+    or whether it warms its weights up."""
+    return (plan.F, plan.T, plan.rot, plan.drivers, plan.chain, plan.embed, plan.cores)
+
+
 class Views:
     """Per view tensor, the flat root index of each element, and per tensor the multi-index
     of each element (computed once per compile)."""
@@ -251,11 +294,7 @@ class Views:
         self._roots: dict[tuple, np.ndarray] = {}
         self._coords: dict[tuple[int, ...], np.ndarray] = {}
         self._owners: dict[tuple, np.ndarray] = {}
-        # the exact re-layout pricing asks again and again about the same (op, input, plans):
-        # 18 `relayout_cycles` of bert-base's greedy, solves, realignment, shared copies and
-        # baselines differ in a few ops each
-        self._moved: dict[tuple, tuple[Want, np.ndarray]] = {}
-        self._wants: dict[tuple, bytes] = {}
+        self._op_keys: dict[int, tuple] = {}
         self._terms: MemoryTerms | None = None
 
     def terms(self) -> MemoryTerms:
@@ -264,33 +303,50 @@ class Views:
             self._terms = liveness(self.graph)
         return self._terms
 
+    def op_key(self, i: int) -> tuple:
+        """What op ``i``'s geometry reads besides a plan: its expression and tensor shapes
+        (equal for repeated layers)."""
+        if i not in self._op_keys:
+            op = self.graph.ops[i]
+            self._op_keys[i] = (op.signature(), tuple(
+                self.graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra)))
+        return self._op_keys[i]
+
     def want_digest(self, i: int, slot: int, plan: OpPlan) -> bytes:
-        """`consumer_want(...).digest()`, once per (op, input, plan)."""
-        key = (i, slot, plan)
-        if key not in self._wants:
-            self._wants[key] = consumer_want(self.graph, i, slot, plan).digest()
-        return self._wants[key]
+        """`consumer_want(...).digest()`, once per (op, input, layout) in this process."""
+        key = (self.op_key(i), slot, layout_key(plan))
+        if key not in _WANTS:
+            if len(_WANTS) >= _WANTS_LIMIT:
+                _WANTS.clear()
+            _WANTS[key] = consumer_want(self.graph, i, slot, plan).digest()
+        return _WANTS[key]
 
     def moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
-              chip: Chip) -> tuple[Want, np.ndarray]:
+              chip: Chip) -> tuple[np.ndarray, np.ndarray]:
         """Input ``slot`` of op ``i`` under plan ``consumer``, fed by op ``j`` under plan
-        ``producer``: the consumer's layout and the elements each of its cores receives
-        (kept per compile off meshes; a wafer's per-core arrays are too large to keep)."""
-        key = (i, slot, j, consumer, producer, chip.cores) if not chip.is_mesh else None
-        got = self._moved.get(key) if key else None
+        ``producer``: the consumer's logical cores' physical cores, and the elements each
+        receives (remembered in `_MOVED` off meshes)."""
+        graph = self.graph
+        operand = graph.ops[i].inputs[slot]
+        key = None if chip.is_mesh else (
+            self.op_key(i), slot, self.op_key(j), self.chain(operand.tensor),
+            layout_key(consumer), layout_key(producer), chip.cores)
+        got = _MOVED.get(key) if key else None
         if got is None:
-            graph = self.graph
-            operand = graph.ops[i].inputs[slot]
             shape = graph.tensors[operand.tensor].shape
             have = producer_have(graph, j, producer, operand.tensor, chip.cores,
                                  self.to_root(operand.tensor), self)
             want = consumer_want(graph, i, slot, consumer)
             coords = self.coords(shape) if have.owner is not None else None
             remote = remote_counts([have], want, np.asarray(shape), coords)[0]
-            remote.flags.writeable = False
-            got = (want, remote)
+            phys = np.array(want.phys)
+            for a in (phys, remote):
+                a.flags.writeable = False
+            got = (phys, remote)
             if key:
-                self._moved[key] = got
+                if len(_MOVED) >= _MOVED_LIMIT:
+                    _MOVED.clear()
+                _MOVED[key] = got
         return got
 
     def owner(self, j: int, plan: OpPlan) -> np.ndarray:
@@ -524,9 +580,9 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
 
 def _moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
            views: Views, producer: dict[str, int], shared: dict[tuple[int, int], int]
-           ) -> Iterator[tuple[int, int, Want, np.ndarray]]:
+           ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """Op i's inputs that an op produced and that do not read the previous op's copy, each
-    as (slot, producer, the consumer's layout, elements each consumer core receives)."""
+    as (slot, producer, the consumer cores' physical cores, elements each one receives)."""
     for slot, operand in enumerate(graph.ops[i].inputs):
         j = producer.get(graph.root(operand.tensor))
         if j is None or (i, slot) in shared:
@@ -548,7 +604,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     for i, op in enumerate(graph.ops):
         received = np.zeros(chip.cores, dtype=np.int64)
         mesh_cycles = 0
-        for slot, j, want, remote in _moves(graph, i, plans, chip, views, producer, shared):
+        for slot, j, phys, remote in _moves(graph, i, plans, chip, views, producer, shared):
             nbytes = element_bytes(op, slot, dtype, int_tensors)
             if chip.is_mesh:  # an estimate: each input's exchange on its own
                 if remote.max(initial=0):
@@ -557,7 +613,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
                                     if plans[i].embed is not None else
                                     chip.transfer_cycles(int(remote.max()) * nbytes))
             else:
-                np.add.at(received, want.phys, remote * nbytes)
+                np.add.at(received, phys, remote * nbytes)
         most = int(received.max(initial=0))
         cross = received_cross(chip, received)
         if chip.is_mesh:

@@ -1,0 +1,56 @@
+"""The planner's fast paths against their plain definitions: the element-wise re-layout counts
+(`transitions.remote_counts`) against counting each core's box by hand, and the per-compile
+memo of re-layout prices (`transitions.Views`) against pricing afresh."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from t10c.partition.transitions import Have, Want, remote_counts
+
+
+def _by_hand(owner: np.ndarray, want: Want, shape: tuple[int, ...]) -> np.ndarray:
+    """Per consumer core: the elements of its box inside the tensor not already on its
+    physical core (the last logical core listed on a physical core is the one there)."""
+    there = {int(p): c for c, p in enumerate(want.phys)}
+    out = np.zeros(len(want.phys), dtype=np.int64)
+    grid = np.indices(shape).reshape(len(shape), -1) if shape else np.zeros((0, 1), int)
+    for c in range(len(want.phys)):
+        lo, hi = want.origin[c], want.origin[c] + want.shape
+        inside = np.all((grid >= lo[:, None]) & (grid < hi[:, None]), axis=0)
+        local = inside & (owner >= 0)
+        local &= np.array([there.get(int(o)) == c for o in owner], dtype=bool)
+        out[c] = int(inside.sum()) - int(local.sum())
+    return out
+
+
+@st.composite
+def _layouts(draw):
+    ndim = draw(st.integers(0, 3))
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim)))
+    numel = int(np.prod(shape, dtype=np.int64))
+    physical = draw(st.integers(1, 6))
+    ncores = draw(st.integers(1, 6))
+    phys = np.array(draw(st.lists(st.integers(0, physical - 1), min_size=ncores,
+                                  max_size=ncores)), dtype=np.int64)
+    box = np.array([draw(st.integers(1, s + 1)) for s in shape], dtype=np.int64)
+    origin = np.array([[draw(st.integers(-2, s)) for s in shape] for _ in range(ncores)],
+                      dtype=np.int64).reshape(ncores, ndim)
+    owners = [np.array(draw(st.lists(st.integers(-1, physical + 1), min_size=numel,
+                                     max_size=numel)), dtype=np.int32)
+              for _ in range(draw(st.integers(1, 3)))]
+    return shape, Want(origin, box, phys), owners
+
+
+@settings(max_examples=150, deadline=None)
+@given(_layouts())
+def test_element_wise_counts_are_each_box_counted_by_hand(layout) -> None:
+    shape, want, owners = layout
+    coords = (np.stack(np.unravel_index(np.arange(int(np.prod(shape))), shape)).astype(np.int32)
+              if shape else np.zeros((0, 1), dtype=np.int32))
+    got = remote_counts([Have(owner=o) for o in owners], want, np.asarray(shape, dtype=np.int64),
+                        coords)
+    for row, owner in zip(got, owners):
+        assert (row == _by_hand(owner, want, shape)).all()
