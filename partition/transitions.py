@@ -249,14 +249,21 @@ _MOST: dict[tuple[bytes, bytes, tuple[int, ...]], int] = {}
 _MOST_LIMIT = 1 << 18
 
 
-def _most_remote(haves: list[Have], have_keys: list[bytes], want: Want, want_key: bytes,
-                 shape: tuple[int, ...], views: Views) -> np.ndarray:
-    """Per producer layout, the most elements one consumer core of ``want`` must receive
-    (`remote_counts`' maximum over the consumer cores), each computed once per process."""
+def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPlan],
+                 have_keys: list[bytes], consumer: OpPlan, want_key: bytes, cores: int,
+                 views: Views) -> np.ndarray:
+    """Per producer layout (``have_plans``, digests ``have_keys``), the most elements one
+    consumer core of plan ``consumer`` must receive (`remote_counts`' maximum over the
+    consumer cores), each computed once per process: the layouts are built only then."""
+    tensor = graph.ops[i].inputs[slot].tensor
+    shape = graph.tensors[tensor].shape
     keys = [(h, want_key, tuple(shape)) for h in have_keys]
     missing = [k for k, key in enumerate(keys) if key not in _MOST]
     if missing:
-        todo = [haves[k] for k in missing]
+        to_root = views.to_root(tensor)
+        todo = [producer_have(graph, j, have_plans[k], tensor, cores, to_root, views)
+                for k in missing]
+        want = consumer_want(graph, i, slot, consumer)
         coords = views.coords(shape) if any(h.owner is not None for h in todo) else None
         counts = remote_counts(todo, want, np.asarray(shape), coords).max(axis=1, initial=0)
         if len(_MOST) + len(missing) > _MOST_LIMIT:
@@ -274,9 +281,12 @@ def _most_remote(haves: list[Have], have_keys: list[bytes], want: Want, want_key
 #: elements each receives; off meshes only (a wafer's per-core arrays are too large to keep)
 _MOVED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 _MOVED_LIMIT = 1 << 13
-#: `consumer_want(...).digest()` by (op, input, layout)
+#: `consumer_want(...).digest()` by (op, input, layout), and `producer_have(...).digest()` by
+#: (op, view chain, layout, cores): an edge's prices look its layouts up by these digests
+#: (`_MOST`), and build the layouts only for the pairs not yet counted
 _WANTS: dict[tuple, bytes] = {}
-_WANTS_LIMIT = 1 << 16
+_HAVES: dict[tuple, bytes] = {}
+_DIGESTS_LIMIT = 1 << 16
 
 
 def layout_key(plan: OpPlan) -> tuple:
@@ -316,10 +326,21 @@ class Views:
         """`consumer_want(...).digest()`, once per (op, input, layout) in this process."""
         key = (self.op_key(i), slot, layout_key(plan))
         if key not in _WANTS:
-            if len(_WANTS) >= _WANTS_LIMIT:
+            if len(_WANTS) >= _DIGESTS_LIMIT:
                 _WANTS.clear()
             _WANTS[key] = consumer_want(self.graph, i, slot, plan).digest()
         return _WANTS[key]
+
+    def have_digest(self, j: int, plan: OpPlan, tensor: str, cores: int) -> bytes:
+        """`producer_have(...).digest()` of op ``j``'s result read as ``tensor``, once per
+        (op, view chain, layout, cores) in this process."""
+        key = (self.op_key(j), self.chain(tensor), layout_key(plan), cores)
+        if key not in _HAVES:
+            if len(_HAVES) >= _DIGESTS_LIMIT:
+                _HAVES.clear()
+            _HAVES[key] = producer_have(self.graph, j, plan, tensor, cores,
+                                        self.to_root(tensor), self).digest()
+        return _HAVES[key]
 
     def moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
               chip: Chip) -> tuple[np.ndarray, np.ndarray]:
@@ -423,30 +444,27 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     views = views or Views(graph)
     op = graph.ops[i]
     operand = op.inputs[slot]
-    shape = graph.tensors[operand.tensor].shape
     nbytes = element_bytes(op, slot, dtype, int_tensors)
-    to_root = views.to_root(operand.tensor)
-    haves: list[Have] = []
+    have_plans: list[OpPlan] = []  # a producer plan per distinct layout it leaves
     have_index: list[int] = []
     seen: dict[bytes, int] = {}
     for p in producer:
-        h = producer_have(graph, j, p, operand.tensor, chip.cores, to_root, views)
-        key = h.digest()
+        key = views.have_digest(j, p, operand.tensor, chip.cores)
         if key not in seen:
-            seen[key] = len(haves)
-            haves.append(h)
+            seen[key] = len(have_plans)
+            have_plans.append(p)
         have_index.append(seen[key])
-    have_keys = list(seen)  # in the order of ``haves``
+    have_keys = list(seen)  # in the order of ``have_plans``
     # on a mesh, mesh-aware plans price the exchange by its routes (an estimate); plans made
     # under the all-to-all assumption price it as that assumption says
     aware = chip.is_mesh and any(q.embed is not None for q in consumer)
     columns: dict[bytes, np.ndarray] = {}
     cols = []
     for q in consumer:
-        want = consumer_want(graph, i, slot, q)
-        key = want.digest()
+        key = views.want_digest(i, slot, q)
         if key not in columns:
-            columns[key] = _most_remote(haves, have_keys, want, key, shape, views)
+            columns[key] = _most_remote(graph, j, i, slot, have_plans, have_keys, q, key,
+                                        chip.cores, views)
         cols.append(columns[key])
     # on a mesh a producer core that feeds many consumer cores is a hot spot too: it sends its
     # tile once per consumer core that reads each element (the operand's replication)

@@ -110,7 +110,8 @@ def _fresh() -> None:
     """Forget every process-wide memo of the planner (a new worker process)."""
     from t10c.partition import search, solve, space, transitions
 
-    for memo in (search._PARTS, space._FOUND, solve._SOLVED, transitions._MOST):
+    for memo in (search._PARTS, space._FOUND, solve._SOLVED, transitions._MOST,
+                 transitions._MOVED, transitions._WANTS, transitions._HAVES):
         memo.clear()
 
 
