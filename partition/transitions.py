@@ -280,7 +280,8 @@ def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPla
 #: producer op, view chain, layouts, cores): the consumer cores' physical cores and the
 #: elements each receives; off meshes only (a wafer's per-core arrays are too large to keep)
 _MOVED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-_MOVED_LIMIT = 1 << 13
+#: at most this many per-core figures kept (8 bytes each: 128 MiB)
+_MOVED_LIMIT = 1 << 24
 #: `consumer_want(...).digest()` by (op, input, layout), and `producer_have(...).digest()` by
 #: (op, view chain, layout, cores): an edge's prices look its layouts up by these digests
 #: (`_MOST`), and build the layouts only for the pairs not yet counted
@@ -365,7 +366,7 @@ class Views:
                 a.flags.writeable = False
             got = (phys, remote)
             if key:
-                if len(_MOVED) >= _MOVED_LIMIT:
+                if (len(_MOVED) + 1) * 2 * chip.cores > _MOVED_LIMIT:
                     _MOVED.clear()
                 _MOVED[key] = got
         return got
