@@ -307,6 +307,14 @@ class Views:
         self._owners: dict[tuple, np.ndarray] = {}
         self._op_keys: dict[int, tuple] = {}
         self._terms: MemoryTerms | None = None
+        self._consts: frozenset[str] | None = None
+
+    def const_tensors(self) -> frozenset[str]:
+        """The tensors that are weights or views of weights."""
+        if self._consts is None:
+            self._consts = frozenset(n for n in self.graph.tensors
+                                     if self.graph.root(n) in self.graph.constants)
+        return self._consts
 
     def terms(self) -> MemoryTerms:
         """`solve.liveness` of the graph, once per compile."""
@@ -526,7 +534,7 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
     """`shared_inputs`, and the SRAM per op the chosen plans and the kept copies leave."""
     if chip.is_mesh or chip.has_dram:
         return {}, [0] * len(plans)
-    const_tensors = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
+    const_tensors = views.const_tensors()
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     cap = int(chip.sram_bytes_per_core * (1 - SolverOptions().reserve_fraction))
     used = memory_use(views.terms(), _Arrays([[p] for p in plans], [[0] for _ in plans]),
@@ -558,7 +566,8 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
 
 
 def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-                    dtype: str, int_tensors: frozenset[str], views: Views | None = None
+                    dtype: str, int_tensors: frozenset[str], views: Views | None = None,
+                    sharing: tuple[dict[tuple[int, int], int], list[int]] | None = None
                     ) -> frozenset[int]:
     """Ops whose epilogue weights (a bias) are fetched in the previous op's reduce-scatter
     superstep instead of after a barrier of their own.
@@ -569,12 +578,14 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     the previous op ends with a reduce-scatter, the fetch joins that superstep and the op's
     barrier goes. The fetched buffers then live through the previous op's epilogue: only
     where the SRAM the chosen plans leave there holds them. `relayout_cycles` prices the
-    barrier saved, codegen follows the same set."""
+    barrier saved, codegen follows the same set. (``sharing``: `_sharing` of the same plans,
+    when the caller has it.)"""
     views = views or Views(graph)
-    shared, slack = _sharing(graph, plans, chip, dtype, int_tensors, views)
+    shared, slack = sharing or _sharing(graph, plans, chip, dtype, int_tensors, views)
+    slack = list(slack)
     if chip.is_mesh or chip.has_dram:
         return frozenset()
-    const_tensors = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
+    const_tensors = views.const_tensors()
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     out = set()
     for i in range(1, len(graph.ops)):
@@ -617,8 +628,9 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     the previous op's copy (`shared_inputs`) moves nothing."""
     views = views or Views(graph)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    shared = shared_inputs(graph, plans, chip, dtype, int_tensors, views)
-    hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views)
+    sharing = _sharing(graph, plans, chip, dtype, int_tensors, views)
+    shared = sharing[0]
+    hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views, sharing)
     out = []
     for i, op in enumerate(graph.ops):
         received = np.zeros(chip.cores, dtype=np.int64)
