@@ -316,6 +316,8 @@ def _no_sharing(monkeypatch) -> None:
     for module in (transitions, lower):
         monkeypatch.setattr(module, "shared_inputs", lambda *a, **k: {})
         monkeypatch.setattr(module, "hoisted_fetches", lambda *a, **k: frozenset())
+    # `relayout_cycles` finds the shared copies once for itself and its hoisted fetches
+    monkeypatch.setattr(transitions, "_sharing", lambda g, plans, *a, **k: ({}, [0] * len(plans)))
 
 
 def test_solver_chooses_aligned_plans(monkeypatch) -> None:
