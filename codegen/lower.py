@@ -38,7 +38,7 @@ from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import idle_cores
-from t10c.partition.dram import dram_operands
+from t10c.partition.dram import dram_operands, store_waits
 from t10c.partition.space import tensor_sets
 from t10c.partition.transitions import Views, hoisted_fetches, shared_inputs
 
@@ -50,6 +50,7 @@ from .program import (
     Buffer,
     Compute,
     DmaLoad,
+    DmaStore,
     DmaWait,
     Exchange,
     Fill,
@@ -193,6 +194,13 @@ class _Builder:
         for k, j in enumerate(plan.dram_issue):
             if j >= 0:
                 self.issued_at.setdefault(j, []).append(k)
+        #: chips with DRAM write every graph output back (`partition.dram.store_waits`): the
+        #: producers whose stores each op waits for before it starts (len(ops): the end)
+        self.store_wait: dict[int, list[int]] = {}
+        if chip.has_dram:
+            for k, w in store_waits(graph, plan.dram_schedule == "basic").items():
+                self.store_wait.setdefault(w, []).append(k)
+        self.written_back = frozenset(k for ks in self.store_wait.values() for k in ks)
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
@@ -556,7 +564,35 @@ class _Builder:
                 self.free(buf, self.graph.ops[n].name)
             del self.dma[k, i]
 
+    def store_dram(self, n: int) -> None:
+        """After op n: write its graph outputs back to DRAM (`DmaStore`), on the DMA queue."""
+        if n not in self.written_back:
+            return
+        op = self.graph.ops[n]
+        phys = geometry(self.graph, op, self.plan.ops[n]).phys.astype(np.int32)
+        for t in self.graph.outputs:
+            root, rflat = map_to_root(self.graph, t, np.arange(self.graph.tensors[t].numel))
+            if root != op.output.tensor:
+                continue
+            place = self.placement[root]
+            self.instrs.append(DmaStore(op.name, "dram", t, self.graph.tensors[t].shape,
+                                        place.buf, place.core[rflat], place.off[rflat],
+                                        self.storage(t), phys))
+
+    def wait_stores(self, n: int) -> None:
+        """Before op n (or at the end, n = len(ops)): wait for the write-backs due here, and
+        free the results no op reads any more."""
+        name = self.graph.ops[min(n, len(self.graph.ops) - 1)].name
+        for k in self.store_wait.get(n, ()):
+            root = self.graph.ops[k].output.tensor
+            buf = self.placement[root].buf
+            self.instrs.append(DmaWait(name, "dram", buf))
+            self.pending[root] -= 1
+            if self.pending[root] == 0 and n < len(self.graph.ops):
+                self.free(buf, name)
+
     def emit_op(self, n: int, op: TensorExpr) -> None:
+        self.wait_stores(n)
         self.issue_dram(n)
         self.wait_dram(n)
         if not hasattr(self.sink, "replay"):
@@ -839,11 +875,15 @@ class _Builder:
                 raise CodegenError(f"while generating op {op.name} ({op.source}): {exc}") from exc
             if op.output.tensor not in self.pending:  # nobody reads it
                 self.free(self.placement[op.output.tensor].buf, op.name)
+            self.store_dram(n)
             self.drain()
             if self.progress:
                 self.progress("codegen", n + 1, len(graph.ops))
+        self.wait_stores(len(graph.ops))
         for t in graph.outputs:
             root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
+            if root in {graph.ops[k].output.tensor for k in self.written_back}:
+                continue  # in DRAM already
             if root not in self.placement:
                 raise CodegenError(f"graph output {t} is not computed on chip")
             place = self.placement[root]

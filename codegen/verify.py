@@ -31,9 +31,11 @@ from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 from .pattern import Pattern, check
 from .program import (
+    DTYPE_BYTES,
     Alloc,
     Compute,
     DmaLoad,
+    DmaStore,
     DmaWait,
     Exchange,
     Fill,
@@ -334,6 +336,14 @@ def _store(p: Program, ins: Store) -> None:
     _within("src_off", off, 0, src.elems, f"buffer %{src.name}")
 
 
+def _dma_store(p: Program, ins: DmaStore) -> None:
+    _store(p, ins)
+    if ins.dtype not in DTYPE_BYTES:
+        raise _Bad(f"its dtype {ins.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    if ins.cores is not None:
+        _sources(p, "cores", _table("cores", ins.cores, (None,)))
+
+
 def _dma_wait(p: Program, ins: DmaWait) -> None:
     _buf(p, "its", ins.buf)
 
@@ -341,6 +351,7 @@ def _dma_wait(p: Program, ins: DmaWait) -> None:
 _CHECKS: dict[type[Instr], Callable[[Program, Any], None]] = {
     Alloc: _alloc, Free: _alloc, Load: _load, Fill: _fill, Exchange: _exchange, Shift: _shift,
     Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store, DmaLoad: _load,
+    DmaStore: _dma_store,
     DmaWait: _dma_wait}
 
 

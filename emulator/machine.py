@@ -45,6 +45,7 @@ from t10c.codegen.program import (
     Alloc,
     Compute,
     DmaLoad,
+    DmaStore,
     Exchange,
     Fill,
     Free,
@@ -325,8 +326,18 @@ class Machine(TimingMachine):
         values = self.mem[buf]
         return gather_slices(values if rows is None else values[rows], tile, offsets, sizes)[0]
 
+    def dma_store(self, ins: DmaStore) -> None:
+        # the values are taken as the store is issued: nothing writes the buffer before its
+        # DmaWait (the timing handler enforces it); the DRAM copy is the output
+        super().dma_store(ins)
+        self.store_values(ins)
+
     def store(self, ins: Store) -> None:
         super().store(ins)
+        self.store_values(ins)
+
+    def store_values(self, ins: Store) -> None:
+        """The output tensor ``ins`` stores, gathered from the cores that hold it."""
         src = self.mem[ins.src]
         self.outputs[ins.tensor] = src[ins.src_core, ins.src_off].astype(
             np.float32).reshape(ins.shape)

@@ -121,6 +121,9 @@ class Reference:
     def dma_wait(self, ins: Instr) -> None:
         pass
 
+    def dma_store(self, ins: Store) -> None:
+        self.store(ins)  # the DRAM copy is the output; when it is written is the timing's
+
     def fill(self, ins: Fill) -> None:
         for c in range(ins.ncores):
             buf = self.mem[c][ins.buf]

@@ -21,6 +21,7 @@ from t10c.codegen.program import (
     Alloc,
     Compute,
     DmaLoad,
+    DmaStore,
     DmaWait,
     Exchange,
     Fill,
@@ -67,6 +68,7 @@ class Timeline:
     peak_sram_bytes_per_core: int = 0
     host_bytes: int = 0
     dram_bytes: int = 0  # bytes loaded from off-chip DRAM during the run (all cores)
+    dram_store_bytes: int = 0  # bytes written back to DRAM during the run
     #: mesh chips: bytes carried by every directed link over the run, (4, rows, cols) as in
     #: `routing.Routed.loads`
     link_bytes: np.ndarray | None = None
@@ -92,7 +94,7 @@ class Timeline:
 HANDLERS: dict[type[Instr], str] = {
     Alloc: "alloc", Free: "free", Load: "load", Fill: "fill", Sync: "sync",
     Exchange: "exchange", Shift: "shift", Reduce: "reduce", Compute: "compute", Store: "store",
-    DmaLoad: "dma_load", DmaWait: "dma_wait",
+    DmaLoad: "dma_load", DmaStore: "dma_store", DmaWait: "dma_wait",
 }
 
 
@@ -133,6 +135,8 @@ class TimingMachine:
         #: load lands (with the cores it fills)
         self.dma_free = 0
         self.dma_ready: dict[int, tuple[int, np.ndarray | slice]] = {}
+        #: buffers being written back to DRAM: when their last store is done
+        self.dma_stores: dict[int, int] = {}
 
     # -- driving --------------------------------------------------------------------------
     def execute(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
@@ -333,9 +337,10 @@ class TimingMachine:
         if ins.buf not in self.live:
             raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name}, which is not "
                                 "allocated")
-        if ins.buf in self.dma_ready:
+        if ins.buf in self.dma_ready or ins.buf in self.dma_stores:
+            kind = "load" if ins.buf in self.dma_ready else "store"
             raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name} while its "
-                                "DMA load is in flight")
+                                f"DMA {kind} is in flight")
         start, end = self.live.pop(ins.buf)
         self.written.pop(ins.buf)
         self.in_use -= end - start
@@ -353,6 +358,9 @@ class TimingMachine:
         if buf not in self.written:
             raise EmulatorError(f"writes buffer %{self.prog.buffers[buf].name}, which is not "
                                 "allocated")
+        if buf in self.dma_stores:
+            raise EmulatorError(f"writes buffer %{self.prog.buffers[buf].name} while its DMA "
+                                "store is in flight")
 
     def sync(self, ins: Sync) -> None:
         self.flush()
@@ -503,8 +511,31 @@ class TimingMachine:
         self.dma_ready[ins.buf] = (self.dma_free, rows)
         self.timeline.dram_bytes += nbytes * ins.ncores
 
+    def dma_store(self, ins: DmaStore) -> None:
+        """Start a write-back: the engine takes it when its queue is free (after every load
+        and store issued before it) and reads the buffer beside the cores, which may not
+        write or free it before its `DmaWait`."""
+        if not self.chip.has_dram:
+            raise EmulatorError(f"DMA store to DRAM on {self.chip.name}, which has none")
+        self.store(ins)  # the same checks: the sources exist and wrote what is stored
+        if ins.src in self.dma_ready:
+            raise EmulatorError(f"DMA store from buffer %{self.prog.buffers[ins.src].name}, "
+                                "which has a DMA load in flight")
+        self.flush()  # the clock stands where the cores are
+        held = self.prog.buffers[ins.src].elems * DTYPE_BYTES[ins.dtype]
+        cores = self.chip.cores if ins.cores is None else ins.cores
+        cycles = self.chip.dram_store_cycles(ins.nbytes, held, cores)
+        self.dma_free = max(self.now, self.dma_free) + cycles
+        self.dma_stores[ins.src] = self.dma_free  # (stores queue in order: the last is last)
+        self.timeline.dram_store_bytes += ins.nbytes
+
     def dma_wait(self, ins: DmaWait) -> None:
-        """The cores stall until the buffer's DMA load has landed (phase "dram")."""
+        """The cores stall until the buffer's DMA load has landed, or its stores are done
+        (phase "dram")."""
+        if ins.buf in self.dma_stores:
+            self.flush()
+            self.record(ins.op, "dram", max(self.dma_stores.pop(ins.buf) - self.now, 0))
+            return
         if ins.buf not in self.dma_ready:
             raise EmulatorError(f"waits for buffer %{self.prog.buffers[ins.buf].name}, which "
                                 "has no DMA load in flight")

@@ -9,10 +9,20 @@ import numpy as np
 import pytest
 
 from t10c.chips import PRESETS, ChipError, chip_from_dict, describe
-from t10c.codegen.program import Alloc, Buffer, DmaLoad, DmaWait, Free, Program, Store
+from t10c.codegen.program import (
+    Alloc,
+    Buffer,
+    DmaLoad,
+    DmaStore,
+    DmaWait,
+    Fill,
+    Free,
+    Program,
+    Store,
+)
 from t10c.emulator.machine import Machine
 from t10c.emulator.timing import EmulatorError, TimingMachine
-from t10c.partition.dram import schedule
+from t10c.partition.dram import schedule, store_waits
 from t10c.partition.plan import Cycles, OpPlan
 
 DRAM_FIELDS = ("dram_bytes", "dram_bytes_per_cycle", "dram_latency_cycles", "dram_attach")
@@ -113,6 +123,105 @@ def test_emulator_refuses_bad_dma() -> None:
         TimingMachine(prog, plain).execute({}, {"w": np.zeros(1024, np.float32)})
 
 
+def _store_program(elems: int, cores: int) -> Program:
+    """Buffer 0 holds ``elems`` fp16 values on each of test64-dram's first ``cores`` cores;
+    tensor "kv" (cores x elems) is written back from them, waited for, and the buffer freed."""
+    chip = PRESETS["test64-dram"]
+    core = np.repeat(np.arange(cores, dtype=np.int32), elems)
+    off = np.tile(np.arange(elems, dtype=np.int32), cores)
+    instrs = (Alloc("op", "compute", 0), Fill("op", "compute", 0, 1.5, chip.cores),
+              DmaStore("op", "dram", "kv", (cores, elems), 0, core, off, "fp16",
+                       np.arange(cores, dtype=np.int32)),
+              DmaWait("next", "dram", 0), Free("next", "free", 0))
+    return Program("wb", "test64-dram", "fp16", chip.cores,
+                   (Buffer(0, "kv", elems, "fp16", 0),), (), instrs, {}, ("kv",), 2 * elems)
+
+
+def test_dma_store_timing_by_hand() -> None:
+    """A write-back of 1,024 fp16 values from each of 64 cores (131,072 B): 100 cycles of
+    latency, 16 for the hop, and the larger of 131,072 B / 64 B/cycle (2,048) and a core's
+    2,048 B over its 4 B/cycle link (512): 2,164 cycles, waited for at the next op; the DRAM
+    copy is the output. From 16 cores (32,768 B): 100 + 16 + 512 = 628. A replicated result
+    (each value held by 4 cores) is written once: its bytes, not its copies, are timed."""
+    chip = PRESETS["test64-dram"]
+    assert chip.dram_store_cycles(131072, 2048, np.arange(64)) == 100 + 16 + 2048
+    assert chip.dram_store_cycles(32768, 2048, 16) == 100 + 16 + 512
+    assert chip.dram_store_cycles(32768, 8192, 64) == 100 + 16 + 2048  # its link: 8192 / 4
+    outputs, timeline = Machine(_store_program(1024, 64), chip).run({}, {})
+    assert [(r.op, r.phase, r.cycles) for r in timeline.records] == [("next", "dram", 2164)]
+    assert timeline.dram_store_bytes == 131072
+    np.testing.assert_array_equal(outputs["kv"], np.full((64, 1024), 1.5, np.float32))
+    _, timeline = Machine(_store_program(1024, 16), chip).run({}, {})
+    assert timeline.cycles == 628
+    # on a 2-chip pod each chip writes its own cores' share into its DRAM, over half the
+    # channels: cores 0-7 on chip 0, 8-11 on chip 1: the busier chip's 2/3 of the bytes
+    pod = chip_from_dict({"name": "p", "base": "test-pod2", "dram_bytes": 1 << 30,
+                          "dram_bytes_per_cycle": 16, "dram_attach": "edge"})
+    assert pod.dram_store_cycles(12 * 2048, 2048, np.arange(12)) == (
+        pod.dram_latency_cycles + pod.hop_latency_cycles * pod.dram_edge_hops
+        + max(8 * 2048 // 8, 2048 // pod.link_bytes_per_cycle))
+
+
+def test_emulator_refuses_bad_dma_stores() -> None:
+    chip = PRESETS["test64-dram"]
+    prog = _store_program(1024, 64)
+    alloc, fill, store, wait, free = prog.instrs
+    machine = TimingMachine(prog, chip)
+    for ins in (alloc, fill, store):
+        machine.step(ins, {})
+    with pytest.raises(EmulatorError, match="while its DMA store is in flight"):
+        machine.step(free)
+    with pytest.raises(EmulatorError, match="writes buffer %kv while its DMA store"):
+        machine.step(fill)
+    machine.step(wait)
+    machine.step(free)
+    # a store of what was never written, and a store on a chip without DRAM
+    machine = TimingMachine(prog, chip)
+    machine.step(alloc, {})
+    with pytest.raises(EmulatorError, match="never wrote"):
+        machine.step(store)
+    plain = dataclasses.replace(chip, name="plain", dram_bytes=0, dram_attach="")
+    with pytest.raises(EmulatorError, match="DMA store to DRAM on plain, which has none"):
+        TimingMachine(prog, plain).execute({}, {})
+
+
+def test_schedule_with_stores_by_hand() -> None:
+    """Three ops of 100 cycles; op 0 loads 100 bytes in 80 cycles, op 0's result is stored
+    in 150 cycles and waited for at op 2. elk issues the load at op 0 (stall 80); the store
+    goes on the queue as op 0 ends (at 180) and is done at 330: op 1 runs 180-280, op 2
+    waits 50. basic waits at op 1 for all 150. A store still in flight at the end (op 2's,
+    due at op 3 = the end) is the last op's stall."""
+    plans = [_plan(100, 80, 100), _plan(100, 0, 0), _plan(100, 0, 0)]
+    on_chip = [100, 100, 100]
+    elk = schedule(plans, on_chip, [100, 100, 100], 1000, "elk", [(0, 2, 150)])
+    assert elk.stall == (80, 0, 50)
+    basic = schedule(plans, on_chip, [100, 100, 100], 1000, "basic", [(0, 1, 150)])
+    assert basic.stall == (80, 150, 0)
+    end = schedule(plans, on_chip, [100, 100, 100], 1000, "elk", [(2, 3, 40)])
+    assert end.stall == (80, 0, 40)
+
+
+def test_store_waits_follow_the_last_reader() -> None:
+    """A result is held through its last reader and one op more (over which its store runs),
+    and waited for at the op after; at the end of the step if there is none; under basic at
+    the next op. In llama-tiny-decode the KV caches' Concat (op 15) is read by op 17."""
+    from t10c.driver import load_source
+    from t10c.frontend import to_graph
+    from t10c.partition.solve import liveness
+
+    graph = to_graph(load_source("llama-tiny-decode", weights=False), name="llama-tiny-decode")
+    n = len(graph.ops)
+    waits = store_waits(graph)
+    present = {graph.root(t) for t in graph.outputs if t.startswith("present")}
+    kv = sorted(i for i, op in enumerate(graph.ops) if op.output.tensor in present)
+    assert waits[kv[0]] == 19 and waits[n - 1] == n
+    assert store_waits(graph, basic=True)[kv[0]] == kv[0] + 1
+    # held to the end without write-back, until op 19 with it
+    assert kv[0] in liveness(graph).live_after[n - 1]
+    back = liveness(graph, write_back=True)
+    assert kv[0] in back.live_after[18] and kv[0] not in back.live_after[19]
+
+
 def _plan(cycles: int, dram: int, nbytes: int) -> OpPlan:
     return OpPlan("op", (1,), (1,), ((),), (("a",),), (1,), Cycles(cycles, 0, 0, 0), nbytes,
                   0, 0, dram_bytes_per_core=nbytes, dram_cycles=dram)
@@ -158,14 +267,31 @@ def test_llama_with_weights_in_dram_runs(tiny_runs: dict) -> None:
     assert r.ok, r.max_rel_err
     assert sum(p.dram_weights for p in c.plan.ops) >= 1
     assert c.plan.dram_schedule == "elk"
-    assert r.timeline.cycles == c.plan.total_cycles
+    # within 0.1% (`test_schedules_rank` says why)
+    assert abs(r.timeline.cycles - c.plan.total_cycles) <= 1e-3 * c.plan.total_cycles
     assert any(rec.phase == "dram" for rec in r.timeline.records)
     assert r.timeline.dram_bytes > 8 * 2 ** 20  # at least the 8 MiB embedding
 
 
+def test_llama_writes_its_outputs_back(tiny_runs: dict) -> None:
+    """Every graph output (the logits and the four KV caches) is written back to DRAM by a
+    DMA store after its producer, not held in SRAM to the end: the program stores to the
+    host nothing, the emulator's outputs are the DRAM copies (they match onnxruntime), and
+    the bytes written are the outputs' bytes in fp16."""
+    for strategy, (c, r) in tiny_runs.items():
+        assert r.ok, (strategy, r.max_rel_err)
+        kinds = [type(i) for i in c.program.instrs]
+        assert Store not in kinds
+        stores = [i for i in c.program.instrs if isinstance(i, DmaStore)]
+        assert sorted(i.tensor for i in stores) == sorted(c.graph.outputs)
+        assert r.timeline.dram_store_bytes == 2 * sum(c.graph.tensors[t].numel
+                                                      for t in c.graph.outputs)
+        assert set(r.outputs) == set(c.graph.outputs)
+
+
 def test_schedules_rank(tiny_runs: dict) -> None:
-    """The same plans under three schedules: elk's preload beats one fixed depth, which
-    beats load-then-execute; every one is measured as predicted (to 0.1%)."""
+    """The same plans under three schedules: elk's preload is at least as fast as one fixed
+    depth, which beats load-then-execute; every one is measured as predicted (to 0.1%)."""
     cycles = {}
     for strategy, (c, r) in tiny_runs.items():
         assert r.ok
@@ -173,7 +299,9 @@ def test_schedules_rank(tiny_runs: dict) -> None:
         # rotate-half) is priced from its box, a few elements short of what moves
         assert abs(r.timeline.cycles - c.plan.total_cycles) <= 1e-3 * c.plan.total_cycles
         cycles[strategy] = r.timeline.cycles
-    assert cycles["t10"] < cycles["static"] < cycles["basic"]
+    # (elk's earliest issue is kept only where no uniform depth waits less: an early load
+    # on the one queue can hold up a write-back)
+    assert cycles["t10"] <= cycles["static"] < cycles["basic"]
     ops = {s: [dataclasses.replace(p, op="") for p in c.plan.ops]
            for s, (c, _) in tiny_runs.items()}
     assert ops["t10"] == ops["basic"] == ops["static"]
@@ -201,7 +329,9 @@ def test_timing_only_run_times_the_dram_schedule(tiny_runs: dict) -> None:
     c = compile_model("llama-tiny-decode", PRESETS["test64-dram"],
                       CompileOptions(timing_only=True, weights=False))
     assert c.timeline is not None
-    assert c.timeline.cycles == c.plan.total_cycles == tiny_runs["t10"][1].timeline.cycles
+    assert c.timeline.cycles == tiny_runs["t10"][1].timeline.cycles
+    assert c.plan.total_cycles == tiny_runs["t10"][0].plan.total_cycles
+    assert c.timeline.dram_store_bytes == tiny_runs["t10"][1].timeline.dram_store_bytes
 
 
 def test_a_model_larger_than_the_dram_is_refused_before_the_search() -> None:
