@@ -158,18 +158,30 @@ def result_boxes(geo: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
-                  to_root: np.ndarray | None, views: Views | None = None) -> Have:
+                  to_root: np.ndarray | None, views: Views | None = None,
+                  dims: tuple[int, ...] | None = None) -> Have:
     """Where plan ``plan`` of op ``j`` leaves the elements of ``tensor`` (its result, or a
-    view of it whose flat root index per element is ``to_root``)."""
+    view of it whose flat root index per element is ``to_root``; a view that maps boxes to
+    boxes (`Views.box_dims` ``dims``) keeps the producer's boxes, without ``to_root``)."""
     op = graph.ops[j]
     geo = geometry(graph, op, plan)
-    box = result_boxes(geo) if to_root is None else None
+    box = result_boxes(geo) if to_root is None or dims is not None else None
     if box is not None:
-        origin = np.zeros((cores, len(op.output.axes)), dtype=np.int64)
+        b_origin, b_shape = box
+        if dims is not None:  # each view dimension is a root dimension, or a unit one
+            cols = np.zeros((len(b_origin), len(dims)), dtype=b_origin.dtype)
+            for k, d in enumerate(dims):
+                if d >= 0:
+                    cols[:, k] = b_origin[:, d]
+            b_origin = cols
+            b_shape = np.array([b_shape[d] if d >= 0 else 1 for d in dims], dtype=np.int64)
+        origin = np.zeros((cores, b_origin.shape[1]), dtype=np.int64)
         holds = np.zeros(cores, dtype=bool)
-        origin[geo.phys] = box[0]
+        origin[geo.phys] = b_origin
         holds[geo.phys] = True
-        return Have(origin=origin, holds=holds, shape=box[1])
+        return Have(origin=origin, holds=holds, shape=b_shape)
+    if to_root is None and dims is not None and views is not None:
+        to_root = views.to_root(tensor)
     owner = views.owner(j, plan) if views is not None else result_owner(graph, j, plan)
     return Have(owner=owner if to_root is None else owner[to_root])
 
@@ -271,6 +283,31 @@ class Views:
             tensor = view.source
         return (tuple(links), self.graph.tensors[tensor].shape) if links else ()
 
+    def box_dims(self, tensor: str) -> tuple[int, ...] | None:
+        """For a view that maps every box of its root to a box (transposes, and reshapes
+        that only add or drop dimensions of size 1: a KV cache's), the root dimension of
+        each of its dimensions (-1: a unit dimension of its own); None otherwise (the
+        re-layout is then priced element by element, `to_root`)."""
+        if tensor not in self.graph.views:
+            return None
+        links = []
+        while tensor in self.graph.views:
+            links.append(self.graph.views[tensor])
+            tensor = self.graph.views[tensor].source
+        shape = self.graph.tensors[tensor].shape
+        dims = tuple(range(len(shape)))
+        for view in reversed(links):  # from the root up
+            if view.perm is not None:
+                dims = tuple(dims[p] for p in view.perm)
+            else:
+                real = [d for d, n in zip(dims, shape) if n != 1]
+                if [n for n in shape if n != 1] != [n for n in view.shape if n != 1]:
+                    return None
+                it = iter(real)
+                dims = tuple(next(it) if n != 1 else -1 for n in view.shape)
+            shape = view.shape
+        return dims
+
     def to_root(self, tensor: str) -> np.ndarray | None:
         """For a view, the flat root index of each of its elements (None for a root)."""
         key = self.chain(tensor)
@@ -328,12 +365,15 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     operand = op.inputs[slot]
     shape = graph.tensors[operand.tensor].shape
     nbytes = element_bytes(op, slot, dtype, int_tensors)
-    to_root = views.to_root(operand.tensor)
+    # a view that maps boxes to boxes is priced box against box (a KV cache's is hundreds
+    # of millions of elements); others element by element
+    dims = views.box_dims(operand.tensor)
+    to_root = views.to_root(operand.tensor) if dims is None else None
     haves: list[Have] = []
     have_index: list[int] = []
     seen: dict[bytes, int] = {}
     for p in producer:
-        h = producer_have(graph, j, p, operand.tensor, chip.cores, to_root, views)
+        h = producer_have(graph, j, p, operand.tensor, chip.cores, to_root, views, dims)
         key = h.digest()
         if key not in seen:
             seen[key] = len(haves)
@@ -489,8 +529,10 @@ def _moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip:
         if j is None or (i, slot) in shared:
             continue
         shape = graph.tensors[operand.tensor].shape
+        dims = views.box_dims(operand.tensor)
         have = producer_have(graph, j, plans[j], operand.tensor, chip.cores,
-                             views.to_root(operand.tensor), views)
+                             views.to_root(operand.tensor) if dims is None else None, views,
+                             dims)
         want = consumer_want(graph, i, slot, plans[i])
         coords = views.coords(shape) if have.owner is not None else None
         yield slot, j, want, remote_counts([have], want, np.asarray(shape), coords)[0]
