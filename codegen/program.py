@@ -59,6 +59,7 @@ from t10c.ir import TensorExpr, expr_from_json, expr_to_json
 from .pattern import Pattern, compact, encode, expand, from_table, width
 
 # the emulator's view of patterns (it may import codegen's program types only)
+from .pattern import chip_pair_counts as chip_pair_counts
 from .pattern import pair_counts as pair_counts
 from .pattern import received as received
 from .pattern import unique_expand as unique_expand

@@ -33,6 +33,7 @@ from t10c.codegen.program import (
     Shift,
     Store,
     Sync,
+    chip_pair_counts,
     pair_counts,
     received,
 )
@@ -214,6 +215,15 @@ class TimingMachine:
         np.add.at(self.pod_out, a[far], nbytes[far])
         np.add.at(self.pod_in, b[far], nbytes[far])
 
+    def cross_chips(self, src: np.ndarray, dst_chip: np.ndarray, count: np.ndarray,
+                    size: int) -> None:
+        """On a pod, count ``count[k]`` elements of ``size`` bytes sent from core ``src[k]``
+        to chip ``dst_chip[k]`` (another chip) once, whatever the cores there that read
+        them (the chip fans them out over its own exchange)."""
+        nbytes = count.astype(np.int64) * size
+        np.add.at(self.pod_out, self.chip.chip_of(src), nbytes)
+        np.add.at(self.pod_in, dst_chip, nbytes)
+
     def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
               key: tuple | None = None) -> tuple[int, int, int]:
         """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads
@@ -387,8 +397,10 @@ class TimingMachine:
             else:
                 remote = np.count_nonzero((table >= 0) & (table != here[:, None]), axis=1)
             self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
-            if self.chip.is_pod:
-                self.cross(*_pairs(src_core, here, size))
+            if self.chip.is_pod:  # each element once per destination chip (fanned out)
+                assert ins.src_off is not None
+                self.cross_chips(*_chip_pairs(src_core, ins.src_off, here,
+                                              self.chip.cores_per_chip), size)
 
     def exchange_pattern(self, ins: Exchange) -> None:
         """An exchange given as a copy pattern: the same checks and bytes as its table,
@@ -413,17 +425,17 @@ class TimingMachine:
                 counted = (src[keep], dst[keep], count[keep], None)
             else:
                 crossing: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-                if self.chip.is_pod:  # the pairs too: which bytes cross between chips
-                    src, dst, count = pair_counts(p, here)
-                    keep = src >= 0
-                    crossing = (src[keep], dst[keep], count[keep])
+                if self.chip.is_pod:  # which bytes cross between chips: each element
+                    # once per destination chip, which fans it out to its cores
+                    crossing = chip_pair_counts(p, here, self.chip.cores_per_chip,
+                                                self.chip.chips)
                 counted = (np.full(n, -1), here, received(p, here), crossing)
             if not self.chip.is_mesh:  # a wafer's pairs are too many to keep for every pattern
                 self.counted[key] = counted
         src, dst, count, crossing = counted
         self.receive(ins.op, ins.phase, src, dst, count * size)
         if crossing is not None:
-            self.cross(crossing[0], crossing[1], crossing[2] * size)
+            self.cross_chips(crossing[0], crossing[1], crossing[2], size)
 
     def shift(self, ins: Shift) -> None:
         n = len(ins.src_core)
@@ -615,6 +627,22 @@ def _digest(*arrays: np.ndarray) -> tuple[int, ...]:
         key.extend(sums)
         key.append(n)
     return tuple(key)
+
+
+def _chip_pairs(src_core: np.ndarray, src_off: np.ndarray, here: np.ndarray, per_chip: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src core, destination chip, distinct elements) of an element table whose row r
+    lands on core ``here[r]``: what crosses from another chip, each element once per chip
+    (`codegen.pattern.chip_pair_counts` for a table)."""
+    chip = np.broadcast_to((np.asarray(here, dtype=np.int64) // per_chip)[:, None],
+                           src_core.shape)
+    src = src_core.astype(np.int64)
+    far = (src >= 0) & (src // per_chip != chip)
+    key = np.unique((chip[far] * (int(src.max(initial=0)) + 1) + src[far]) * (1 << 32)
+                    + src_off[far].astype(np.int64))
+    pair, count = np.unique(key >> 32, return_counts=True)
+    base = int(src.max(initial=0)) + 1
+    return pair % base, pair // base, count.astype(np.int64)
 
 
 def _pairs(src_core: np.ndarray, here: np.ndarray, itemsize: int

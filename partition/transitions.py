@@ -46,7 +46,7 @@ from .collectives import chunk_elements, scatter_of
 from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
-from .pod import received_cross, spread_cross
+from .pod import chip_wanted, received_cross, spread_cross
 from .solve import SolverOptions, _Arrays, liveness, memory_use
 
 
@@ -384,13 +384,19 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     # under the all-to-all assumption price it as that assumption says
     aware = chip.is_mesh and any(q.embed is not None for q in consumer)
     columns: dict[bytes, np.ndarray] = {}
+    wanted: dict[bytes, int | None] = {}  # a pod: the most distinct bytes a chip wants
     cols = []
+    wants = []
     for q in consumer:
         want = consumer_want(graph, i, slot, q)
         key = want.digest()
         if key not in columns:
             columns[key] = _most_remote(haves, have_keys, want, key, shape, views)
+            wanted[key] = int(chip_wanted(chip, want.origin, want.shape, want.phys,
+                                          np.asarray(shape)).max()) * nbytes \
+                if chip.is_pod else None
         cols.append(columns[key])
+        wants.append(wanted[key])
     # on a mesh a producer core that feeds many consumer cores is a hot spot too: it sends its
     # tile once per consumer core that reads each element (the operand's replication)
     fanout = [replication(op, slot, q) for q in consumer]
@@ -400,9 +406,9 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     rows = []
     for p, at in zip(producer, have_index):
         row: list[int | None] = []
-        for col, copies, q_aligned, q_shared, ncores in zip(
+        for col, copies, q_aligned, q_shared, ncores, chip_want in zip(
                 cols, fanout, (q.aligned == slot for q in consumer), shared,
-                (math.prod(q.F) for q in consumer)):
+                (math.prod(q.F) for q in consumer), wants):
             remote = int(col[at])
             cyc: int | None
             if q_aligned and remote:
@@ -411,7 +417,8 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                 cyc = 0
             elif q_shared:  # the barrier is the warm-up's
                 cyc = chip.exchange_cycles(remote * nbytes,
-                                           spread_cross(chip, ncores, remote * nbytes))
+                                           spread_cross(chip, ncores, remote * nbytes,
+                                                        chip_want))
             elif aware:
                 sent = p.out_bytes_per_core * copies
                 cyc = barrier + exchange_estimate(chip, remote * nbytes, sent)
@@ -419,7 +426,8 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                 cyc = barrier + chip.transfer_cycles(remote * nbytes)
             else:
                 cyc = barrier + _transfer(chip, remote * nbytes,
-                                          spread_cross(chip, ncores, remote * nbytes))
+                                          spread_cross(chip, ncores, remote * nbytes,
+                                                       chip_want))
             row.append(cyc)
         rows.append(tuple(row))
     return tuple(rows)
@@ -551,9 +559,13 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     out = []
     for i, op in enumerate(graph.ops):
         received = np.zeros(chip.cores, dtype=np.int64)
+        wanted = np.zeros(max(chip.chips, 1), dtype=np.int64)  # a pod: distinct bytes
         mesh_cycles = 0
         for slot, j, want, remote in _moves(graph, i, plans, chip, views, producer, shared):
             nbytes = element_bytes(op, slot, dtype, int_tensors)
+            if chip.is_pod and remote.any():
+                wanted += chip_wanted(chip, want.origin, want.shape, want.phys, np.asarray(
+                    graph.tensors[op.inputs[slot].tensor].shape)) * nbytes
             if chip.is_mesh:  # an estimate: each input's exchange on its own
                 if remote.max(initial=0):
                     sent = plans[j].out_bytes_per_core * replication(op, slot, plans[i])
@@ -563,7 +575,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
             else:
                 np.add.at(received, want.phys, remote * nbytes)
         most = int(received.max(initial=0))
-        cross = received_cross(chip, received)
+        cross = received_cross(chip, received, wanted if chip.is_pod else None)
         if chip.is_mesh:
             out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
         elif fetches(graph, i, plans[i], chip):  # the barrier is the plan's (its fetch's),
