@@ -198,7 +198,10 @@ class _Builder:
         #: producers whose stores each op waits for before it starts (len(ops): the end)
         self.store_wait: dict[int, list[int]] = {}
         if chip.has_dram:
-            for k, w in store_waits(graph, plan.dram_schedule == "basic").items():
+            waits = store_waits(graph, plan.dram_schedule == "basic")
+            if plan.dram_store_wait:  # where the schedule put them
+                waits = {k: w for k, w in enumerate(plan.dram_store_wait) if w >= 0}
+            for k, w in sorted(waits.items()):
                 self.store_wait.setdefault(w, []).append(k)
         self.written_back = frozenset(k for ks in self.store_wait.values() for k in ks)
 

@@ -189,6 +189,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         dram_schedule=dram.mode if dram else "",
         dram_issue=dram.issue if dram else (),
         dram_stall_cycles=dram.stall if dram else (),
+        dram_store_wait=dram.store_wait if dram else (),
     )
 
 

@@ -169,6 +169,9 @@ class Schedule:
     issue: tuple[int, ...]  # per op: the op at whose start its loads are issued (-1: none)
     stall: tuple[int, ...]  # per op: cycles it waits for its loads before it runs
     depth: int = -1  # static: the uniform preload depth used
+    #: per op: the op at whose start the cores wait for its write-backs (len(ops): the end
+    #: of the step; -1: it writes nothing back)
+    store_wait: tuple[int, ...] = ()
 
 
 def schedule(plans: Sequence[OpPlan], on_chip: Sequence[int], memory: Sequence[int],
@@ -176,7 +179,9 @@ def schedule(plans: Sequence[OpPlan], on_chip: Sequence[int], memory: Sequence[i
     """Issue points and stalls of ``plans`` (``on_chip[i]``: op i's cycles on chip with its
     re-layout; ``memory[i]``: the bytes per core in use at op i, its own loaded tiles and
     the results held for their stores included) within ``cap`` bytes per core; ``stores``:
-    (op, the op its stores are waited at, their cycles) of every write-back (`store_waits`).
+    (op, the earliest op its stores may be waited at, their cycles) of every write-back
+    (`store_waits`). Under ``elk`` a result waits for its store as late as the SRAM left
+    over allows (the store then hides behind more ops); the others wait at the earliest.
     The last op's stall includes the wait for the stores still in flight at the end."""
     if mode not in SCHEDULES:
         raise ValueError(f"unknown DRAM schedule {mode!r}: use {', '.join(SCHEDULES)}")
@@ -184,29 +189,62 @@ def schedule(plans: Sequence[OpPlan], on_chip: Sequence[int], memory: Sequence[i
     need = [p.dram_bytes_per_core for p in plans]
     loads = [i for i in range(n) if plans[i].dram_cycles]
     at_own_op = [i if i in set(loads) else -1 for i in range(n)]
+
+    def made(issue: list[int], late: bool, depth: int = -1) -> Schedule:
+        waits = _store_waits(plans, issue, need, memory, cap, stores, late)
+        timed = [(p, w, c) for (p, _, c), w in zip(stores, waits)]
+        store_wait = [-1] * n
+        for (p, _, _), w in zip(stores, waits):
+            store_wait[p] = w
+        return Schedule(mode, tuple(issue), _stalls(plans, on_chip, issue, timed), depth,
+                        tuple(store_wait) if stores else ())
+
     if mode == "basic":
-        return Schedule(mode, tuple(at_own_op), _stalls(plans, on_chip, at_own_op, stores))
+        return made(at_own_op, False)
     if mode == "static":
         for depth in range(MAX_STATIC_DEPTH, 0, -1):
             fixed = _issue(loads, n, need, memory, cap, depth)
             if fixed is not None:
-                return Schedule(mode, tuple(fixed), _stalls(plans, on_chip, fixed, stores),
-                                depth)
-        return Schedule(mode, tuple(at_own_op), _stalls(plans, on_chip, at_own_op, stores), 0)
+                return made(fixed, False, depth)
+        return made(at_own_op, False, 0)
     early = _issue(loads, n, need, memory, cap, None)
     assert early is not None  # depth 0 (issue at the op itself) always fits
     # on the one FIFO queue an early load can hold up a write-back behind it: the earliest
     # issue is not always the fastest, so ELK's schedule is the best of it, every uniform
     # depth that fits and load-then-execute (the first of equals: the earliest)
-    best = Schedule(mode, tuple(early), _stalls(plans, on_chip, early, stores))
+    best = made(early, True)
     if stores:
         for depth in range(MAX_STATIC_DEPTH, -1, -1):
             fixed = _issue(loads, n, need, memory, cap, depth) if depth else at_own_op
             if fixed is not None:
-                other = Schedule(mode, tuple(fixed), _stalls(plans, on_chip, fixed, stores))
+                other = made(fixed, True)
                 if sum(other.stall) < sum(best.stall):
                     best = other
     return best
+
+
+def _store_waits(plans: Sequence[OpPlan], issue: Sequence[int], need: Sequence[int],
+                 memory: Sequence[int], cap: int, stores: Sequence[tuple[int, int, int]],
+                 late: bool) -> list[int]:
+    """Where each store of ``stores`` is waited for: at its earliest op, or (``late``) as
+    much later as the SRAM beside the preloads of ``issue`` allows, each result held one
+    op more at a time (its bytes: the producer plan's result, `OpPlan.out_bytes_per_core`)."""
+    if not late:
+        return [w for _, w, _ in stores]
+    n = len(plans)
+    extra = [0] * n  # preloaded and held bytes at each op beyond ``memory``
+    for k, j in enumerate(issue):
+        if j >= 0:
+            for m in range(j, k):
+                extra[m] += need[k]
+    waits = []
+    for p, w, _ in stores:
+        held = plans[p].out_bytes_per_core
+        while w < n and memory[w] + extra[w] + held <= cap:
+            extra[w] += held
+            w += 1
+        waits.append(w)
+    return waits
 
 
 def _issue(loads: list[int], n: int, need: list[int], memory: Sequence[int], cap: int,

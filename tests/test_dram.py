@@ -186,15 +186,22 @@ def test_emulator_refuses_bad_dma_stores() -> None:
 
 
 def test_schedule_with_stores_by_hand() -> None:
-    """Three ops of 100 cycles; op 0 loads 100 bytes in 80 cycles, op 0's result is stored
-    in 150 cycles and waited for at op 2. elk issues the load at op 0 (stall 80); the store
-    goes on the queue as op 0 ends (at 180) and is done at 330: op 1 runs 180-280, op 2
-    waits 50. basic waits at op 1 for all 150. A store still in flight at the end (op 2's,
-    due at op 3 = the end) is the last op's stall."""
-    plans = [_plan(100, 80, 100), _plan(100, 0, 0), _plan(100, 0, 0)]
+    """Three ops of 100 cycles; op 0 loads 100 bytes in 80 cycles, and its 50-byte result
+    is stored in 150 cycles, to be waited for at op 2 at the earliest. The load is issued
+    at op 0 (stall 80); the store goes on the queue as op 0 ends (at 180) and is done at
+    330. Where op 2 has no room for the result (cap 140), the cores wait there: op 1 runs
+    180-280, op 2 waits 50. With room, elk holds it to the end of the step (380): no wait.
+    basic waits at op 1 for all 150. A store still in flight at the end (op 2's, due at
+    op 3 = the end) is the last op's stall."""
+    plans = [dataclasses.replace(_plan(100, 80, 100), out_bytes_per_core=50),
+             _plan(100, 0, 0), _plan(100, 0, 0)]
     on_chip = [100, 100, 100]
-    elk = schedule(plans, on_chip, [100, 100, 100], 1000, "elk", [(0, 2, 150)])
-    assert elk.stall == (80, 0, 50)
+    tight = schedule(plans, on_chip, [100, 100, 100], 140, "elk", [(0, 2, 150)])
+    assert tight.stall == (80, 0, 50) and tight.store_wait == (2, -1, -1)
+    roomy = schedule(plans, on_chip, [100, 100, 100], 1000, "elk", [(0, 2, 150)])
+    assert roomy.stall == (80, 0, 0) and roomy.store_wait == (3, -1, -1)
+    static = schedule(plans, on_chip, [100, 100, 100], 1000, "static", [(0, 2, 150)])
+    assert static.stall == (80, 0, 50) and static.store_wait == (2, -1, -1)
     basic = schedule(plans, on_chip, [100, 100, 100], 1000, "basic", [(0, 1, 150)])
     assert basic.stall == (80, 150, 0)
     end = schedule(plans, on_chip, [100, 100, 100], 1000, "elk", [(2, 3, 40)])
@@ -290,8 +297,8 @@ def test_llama_writes_its_outputs_back(tiny_runs: dict) -> None:
 
 
 def test_schedules_rank(tiny_runs: dict) -> None:
-    """The same plans under three schedules: elk's preload is at least as fast as one fixed
-    depth, which beats load-then-execute; every one is measured as predicted (to 0.1%)."""
+    """The same plans under three schedules: elk's preload beats one fixed depth, which
+    beats load-then-execute; every one is measured as predicted (to 0.1%)."""
     cycles = {}
     for strategy, (c, r) in tiny_runs.items():
         assert r.ok
@@ -317,8 +324,10 @@ def test_plan_file_keeps_the_dram_schedule(tiny_runs: dict, tmp_path) -> None:
     path.write_text(json.dumps(plan_document(c)))
     back = load_plan(path)
     assert back.ops == c.plan.ops
-    assert (back.dram_schedule, back.dram_issue, back.dram_stall_cycles) == (
-        c.plan.dram_schedule, c.plan.dram_issue, c.plan.dram_stall_cycles)
+    assert (back.dram_schedule, back.dram_issue, back.dram_stall_cycles,
+            back.dram_store_wait) == (c.plan.dram_schedule, c.plan.dram_issue,
+                                      c.plan.dram_stall_cycles, c.plan.dram_store_wait)
+    assert back.dram_store_wait and max(back.dram_store_wait) == len(c.graph.ops)
     assert back.total_cycles == c.plan.total_cycles
 
 

@@ -213,13 +213,10 @@ def pod_run() -> tuple:
 
 def test_llama_on_a_pod_with_dram_runs(pod_run: tuple) -> None:
     """llama-tiny-decode on two 32-core chips with their DRAM: the outputs match
-    onnxruntime's, and the emulator measures the planner's DMA waits to 1%. The on-chip
-    time is the pod's estimate (a re-layout's sources spread evenly over the pod), which is
-    pessimistic here: the emulator is never slower than the prediction. (Before outputs
-    were written back, the waits hid that error: the lm_head's load was issued at op 1.)"""
+    onnxruntime's, and the emulator measures the planner's prediction to 1%: the DMA queue
+    binds (the on-chip time is the pod's estimate, a re-layout's sources spread evenly over
+    the pod, pessimistic here: the cores then wait longer for the queue)."""
     c, r = pod_run
     assert r.ok, r.max_rel_err
     assert any(p.dram_cycles for p in c.plan.ops)
-    waits = sum(rec.cycles for rec in r.timeline.records if rec.phase == "dram")
-    assert abs(waits - sum(c.plan.dram_stall_cycles)) <= 0.01 * sum(c.plan.dram_stall_cycles)
-    assert r.timeline.cycles <= c.plan.total_cycles
+    assert abs(r.timeline.cycles - c.plan.total_cycles) <= 0.01 * c.plan.total_cycles
