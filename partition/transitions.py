@@ -168,7 +168,12 @@ def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
     box = result_boxes(geo) if to_root is None or dims is not None else None
     if box is not None:
         b_origin, b_shape = box
+        holding = np.ones(len(b_origin), dtype=bool)
         if dims is not None:  # each view dimension is a root dimension, or a unit one
+            # a core whose box lies past a dropped unit dimension holds only padding
+            dropped = [d for d in range(b_origin.shape[1]) if d not in dims]
+            if dropped:
+                holding = ~(b_origin[:, dropped] != 0).any(axis=1)
             cols = np.zeros((len(b_origin), len(dims)), dtype=b_origin.dtype)
             for k, d in enumerate(dims):
                 if d >= 0:
@@ -178,7 +183,7 @@ def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
         origin = np.zeros((cores, b_origin.shape[1]), dtype=np.int64)
         holds = np.zeros(cores, dtype=bool)
         origin[geo.phys] = b_origin
-        holds[geo.phys] = True
+        holds[geo.phys] = holding
         return Have(origin=origin, holds=holds, shape=b_shape)
     if to_root is None and dims is not None and views is not None:
         to_root = views.to_root(tensor)
