@@ -38,7 +38,7 @@ from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import idle_cores
-from t10c.partition.dram import dram_operands, store_waits
+from t10c.partition.dram import appended, dram_operands, store_waits
 from t10c.partition.space import tensor_sets
 from t10c.partition.transitions import Views, hoisted_fetches, shared_inputs
 
@@ -574,13 +574,22 @@ class _Builder:
         op = self.graph.ops[n]
         phys = geometry(self.graph, op, self.plan.ops[n]).phys.astype(np.int32)
         for t in self.graph.outputs:
-            root, rflat = map_to_root(self.graph, t, np.arange(self.graph.tensors[t].numel))
-            if root != op.output.tensor:
+            if self.graph.root(t) != op.output.tensor:
                 continue
+            shape = self.graph.tensors[t].shape
+            grown = appended(self.graph, t)  # a KV cache: only the new rows are written
+            index = None
+            if grown is not None:
+                _, axis, length = grown
+                index = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)[
+                    (slice(None),) * axis + (slice(length, None),)].reshape(-1)
+            root, rflat = map_to_root(self.graph, t, np.arange(math.prod(shape))
+                                      if index is None else index)
             place = self.placement[root]
-            self.instrs.append(DmaStore(op.name, "dram", t, self.graph.tensors[t].shape,
-                                        place.buf, place.core[rflat], place.off[rflat],
-                                        self.storage(t), phys))
+            self.instrs.append(DmaStore(
+                op.name, "dram", t, shape, place.buf, place.core[rflat], place.off[rflat],
+                self.storage(t), phys, None if index is None else index.astype(np.int32),
+                grown[0] if grown is not None else ""))
 
     def wait_stores(self, n: int) -> None:
         """Before op n (or at the end, n = len(ops)): wait for the write-backs due here, and
@@ -883,10 +892,11 @@ class _Builder:
             if self.progress:
                 self.progress("codegen", n + 1, len(graph.ops))
         self.wait_stores(len(graph.ops))
+        stored = {graph.ops[k].output.tensor for k in self.written_back}
         for t in graph.outputs:
-            root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
-            if root in {graph.ops[k].output.tensor for k in self.written_back}:
+            if graph.root(t) in stored:
                 continue  # in DRAM already
+            root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
             if root not in self.placement:
                 raise CodegenError(f"graph output {t} is not computed on chip")
             place = self.placement[root]

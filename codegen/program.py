@@ -293,11 +293,29 @@ class DmaStore(Store):
 
     dtype: str = "fp16"
     cores: np.ndarray | None = None
+    #: the flat elements of ``tensor`` stored, in table order (None: all of them); the
+    #: others are graph input ``base``'s DRAM copy, which begins the tensor (a KV cache
+    #: grown in place by the new token's rows)
+    index: np.ndarray | None = None
+    base: str = ""
 
     @property
     def nbytes(self) -> int:
-        """The bytes written to DRAM: every element of the tensor once."""
-        return int(np.prod(self.shape, dtype=np.int64)) * DTYPE_BYTES[self.dtype]
+        """The bytes written to DRAM: every stored element of the tensor once."""
+        count = len(self.index) if self.index is not None else int(np.prod(self.shape,
+                                                                          dtype=np.int64))
+        return count * DTYPE_BYTES[self.dtype]
+
+    def in_dram(self, values: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
+        """The whole tensor in DRAM once the stored ``values`` (in table order) landed."""
+        if self.index is None:
+            return values.reshape(self.shape)
+        out = np.zeros(self.shape, dtype=np.float32)
+        if self.base:
+            kept = np.asarray(host[self.base], dtype=np.float32)
+            out[tuple(slice(0, n) for n in kept.shape)] = kept
+        out.reshape(-1)[self.index] = values
+        return out
 
 
 @dataclass(frozen=True)

@@ -337,7 +337,19 @@ def _store(p: Program, ins: Store) -> None:
 
 
 def _dma_store(p: Program, ins: DmaStore) -> None:
-    _store(p, ins)
+    if ins.index is None:
+        _store(p, ins)
+    else:  # the stored elements only: their places in the tensor, and where they are held
+        src = p.buffers[_buf(p, "source", ins.src)]
+        shape = _shape("tensor shape", ins.shape)
+        index = _table("index", ins.index, (None,))
+        _within("index", index, 0, math.prod(shape), f"the {math.prod(shape)}-element tensor")
+        core = _table("src_core", ins.src_core, index.shape)
+        _within("src_off", _table("src_off", ins.src_off, index.shape), 0, src.elems,
+                f"buffer %{src.name}")
+        _sources(p, "src_core", core)
+    if ins.base and ins.base not in p.inputs:
+        raise _Bad(f"its base {ins.base!r} is not an input of the program")
     if ins.dtype not in DTYPE_BYTES:
         raise _Bad(f"its dtype {ins.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     if ins.cores is not None:

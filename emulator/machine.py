@@ -330,17 +330,15 @@ class Machine(TimingMachine):
         # the values are taken as the store is issued: nothing writes the buffer before its
         # DmaWait (the timing handler enforces it); the DRAM copy is the output
         super().dma_store(ins)
-        self.store_values(ins)
+        self.outputs[ins.tensor] = ins.in_dram(self.store_values(ins), self.host)
 
     def store(self, ins: Store) -> None:
         super().store(ins)
-        self.store_values(ins)
+        self.outputs[ins.tensor] = self.store_values(ins).reshape(ins.shape)
 
-    def store_values(self, ins: Store) -> None:
-        """The output tensor ``ins`` stores, gathered from the cores that hold it."""
-        src = self.mem[ins.src]
-        self.outputs[ins.tensor] = src[ins.src_core, ins.src_off].astype(
-            np.float32).reshape(ins.shape)
+    def store_values(self, ins: Store) -> np.ndarray:
+        """The elements ``ins`` stores (in its table's order), gathered from the cores."""
+        return self.mem[ins.src][ins.src_core, ins.src_off].astype(np.float32)
 
 
 def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],

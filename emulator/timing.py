@@ -529,7 +529,7 @@ class TimingMachine:
         write or free it before its `DmaWait`."""
         if not self.chip.has_dram:
             raise EmulatorError(f"DMA store to DRAM on {self.chip.name}, which has none")
-        self.store(ins)  # the same checks: the sources exist and wrote what is stored
+        TimingMachine.store(self, ins)  # its checks: the sources exist and wrote it
         if ins.src in self.dma_ready:
             raise EmulatorError(f"DMA store from buffer %{self.prog.buffers[ins.src].name}, "
                                 "which has a DMA load in flight")

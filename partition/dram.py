@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from t10c.chips import Chip
 from t10c.dtypes import DTYPES
-from t10c.ir import Graph, TensorExpr
+from t10c.ir import Graph, TensorExpr, Window
 
 from .cost import element_bytes
 from .plan import OpPlan, geometry
@@ -135,6 +135,45 @@ def store_waits(graph: Graph, basic: bool = False) -> dict[int, int]:
     return waits
 
 
+def appended(graph: Graph, tensor: str) -> tuple[str, int, int] | None:
+    """For a graph output that a graph input's DRAM copy already begins (a decode step's
+    ``present`` KV cache: the ``past`` one, with the new token's rows concatenated along one
+    axis): (that input, the axis, its length there); None for any other output. Only the
+    rows past that length are written back, into the input's DRAM copy grown in place.
+
+    The producer must be the lowered Concat: the sum of the input read at offset 0 and the
+    new rows read ``length`` past it (out-of-range reads are zero), so that the first rows
+    of the result are the input's exactly."""
+    op = next((o for o in graph.ops if o.output.tensor == graph.root(tensor)), None)
+    if op is None or op.body != ("add", ("in", 0), ("in", 1)) or len(op.inputs) != 2 \
+            or op.combine is not None or op.epilogue is not None:
+        return None
+    base = graph.root(op.inputs[0].tensor)
+    shape, have = graph.tensors[tensor].shape, graph.tensors[base].shape
+    if base not in graph.inputs or len(shape) != len(have):
+        return None
+    axes = [d for d, (a, b) in enumerate(zip(shape, have)) if a != b]
+    if len(axes) != 1 or have[axes[0]] >= shape[axes[0]]:
+        return None
+    length = have[axes[0]]
+    windows = [[dim for dim in o.axes if isinstance(dim, Window)] for o in op.inputs]
+    if [len(w) for w in windows] != [1, 1] or [w[0].offset for w in windows] != [
+            0, -length] or windows[0][0].terms != windows[1][0].terms:
+        return None
+    return base, axes[0], length
+
+
+def stored_elements(graph: Graph, tensor: str) -> int:
+    """How many elements of graph output ``tensor`` a write-back stores (`appended`)."""
+    grown = appended(graph, tensor)
+    numel = graph.tensors[tensor].numel
+    if grown is None:
+        return numel
+    _, axis, length = grown
+    extent = graph.tensors[tensor].shape[axis]
+    return numel // extent * (extent - length)
+
+
 def store_cycles(graph: Graph, n: int, p: OpPlan, chip: Chip, dtype: str,
                  ints: frozenset[str]) -> int:
     """Cycles of the DMA stores that write op n's graph outputs back under plan ``p``
@@ -145,7 +184,7 @@ def store_cycles(graph: Graph, n: int, p: OpPlan, chip: Chip, dtype: str,
         DTYPES[dtype].bytes
     held = p.out_bytes_per_core // element_bytes(op, len(op.inputs), dtype, ints) * size
     phys = geometry(graph, op, p).phys
-    return sum(chip.dram_store_cycles(graph.tensors[t].numel * size, held, phys)
+    return sum(chip.dram_store_cycles(stored_elements(graph, t) * size, held, phys)
                for t in graph.outputs if graph.root(t) == op.output.tensor)
 
 

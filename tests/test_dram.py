@@ -162,6 +162,24 @@ def test_dma_store_timing_by_hand() -> None:
         + max(8 * 2048 // 8, 2048 // pod.link_bytes_per_cycle))
 
 
+def test_a_grown_tensor_stores_its_new_rows_only() -> None:
+    """A (2, 1024) result whose first row is graph input "past"'s DRAM copy: core 0 stores
+    the second row alone (index 1,024 .. 2,047): 2,048 B from one core, 100 + 16 + 2,048 / 4
+    = 628 cycles; the DRAM tensor is the past row, then the stored one."""
+    chip = PRESETS["test64-dram"]
+    store = DmaStore("op", "dram", "kv", (2, 1024), 0, np.zeros(1024, dtype=np.int32),
+                     np.arange(1024, dtype=np.int32), "fp16", np.zeros(1, dtype=np.int32),
+                     np.arange(1024, 2048, dtype=np.int32), "past")
+    instrs = (Alloc("op", "compute", 0), Fill("op", "compute", 0, 2.5, chip.cores), store,
+              DmaWait("op", "dram", 0))
+    prog = Program("grow", "test64-dram", "fp16", chip.cores, (Buffer(0, "kv", 1024, "fp16", 0),),
+                   (), instrs, {"past": ((1, 1024), "float32")}, ("kv",), 2048)
+    past = np.arange(1024, dtype=np.float32)[None, :]
+    outputs, timeline = Machine(prog, chip).run({"past": past}, {})
+    assert timeline.cycles == 628 and timeline.dram_store_bytes == 2048
+    np.testing.assert_array_equal(outputs["kv"], np.concatenate([past, np.full((1, 1024), 2.5)]))
+
+
 def test_emulator_refuses_bad_dma_stores() -> None:
     chip = PRESETS["test64-dram"]
     prog = _store_program(1024, 64)
@@ -281,18 +299,27 @@ def test_llama_with_weights_in_dram_runs(tiny_runs: dict) -> None:
 
 
 def test_llama_writes_its_outputs_back(tiny_runs: dict) -> None:
-    """Every graph output (the logits and the four KV caches) is written back to DRAM by a
-    DMA store after its producer, not held in SRAM to the end: the program stores to the
-    host nothing, the emulator's outputs are the DRAM copies (they match onnxruntime), and
-    the bytes written are the outputs' bytes in fp16."""
+    """Every graph output is written back to DRAM by a DMA store after its producer, not
+    held in SRAM to the end: the program stores to the host nothing, and the emulator's
+    outputs are the DRAM copies (they match onnxruntime). A KV cache (2 heads x 129 tokens
+    x 32) grows its past's DRAM copy (2 x 128 x 32) in place: only the new token's 64
+    values are stored; the logits' 32,000 whole: 2 x (32,000 + 4 x 64) bytes in fp16."""
+    from t10c.partition.dram import appended
+
     for strategy, (c, r) in tiny_runs.items():
         assert r.ok, (strategy, r.max_rel_err)
         kinds = [type(i) for i in c.program.instrs]
         assert Store not in kinds
-        stores = [i for i in c.program.instrs if isinstance(i, DmaStore)]
-        assert sorted(i.tensor for i in stores) == sorted(c.graph.outputs)
-        assert r.timeline.dram_store_bytes == 2 * sum(c.graph.tensors[t].numel
-                                                      for t in c.graph.outputs)
+        stores = {i.tensor: i for i in c.program.instrs if isinstance(i, DmaStore)}
+        assert sorted(stores) == sorted(c.graph.outputs)
+        for t, ins in stores.items():
+            if t.startswith("present"):
+                assert appended(c.graph, t) == (t.replace("present", "past_key_values"), 2, 128)
+                assert ins.base == t.replace("present", "past_key_values")
+                assert ins.index is not None and len(ins.index) == 64
+            else:
+                assert appended(c.graph, t) is None and ins.index is None and not ins.base
+        assert r.timeline.dram_store_bytes == 2 * (32000 + 4 * 64)
         assert set(r.outputs) == set(c.graph.outputs)
 
 
