@@ -27,11 +27,13 @@ op order; an op waits for its own loads to land (its stall). Three schedules:
   nothing overlaps them.
 
 Every graph output is written back to DRAM (`store_waits`: a decode step's new KV cache, read
-by the next step from there): a DMA store of the whole tensor, issued on the same queue as the
-op that computes it ends. The result stays in SRAM, its bytes counted in the footprint of every
-op it spans, through its last reader and one op more, over which the store runs; the cores wait
-for the store at the start of the op after that (at the end of the step if there is none) and
-free it. Under ``basic`` nothing overlaps: the cores wait for the store at the next op.
+by the next step from there): a DMA store of the tensor (of a KV cache only the new token's
+rows, `appended`: the past rows are in DRAM already), issued on the same queue as the op
+that computes it ends. The result stays in SRAM, its bytes counted in the footprint of every
+op it spans, through its last reader and one op more, over which the store runs; the cores
+wait for the store at the start of the op after that (at the end of the step if there is
+none) and free it. ``elk`` waits as much later as the SRAM left over allows; under
+``basic`` nothing overlaps: the cores wait for the store at the next op.
 
 The emulator executes the same schedule (`DmaLoad` at the issue op, `DmaStore` as the producer
 ends, `DmaWait` before the op) with the same clock, so the predicted stalls are what it
