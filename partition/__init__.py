@@ -48,7 +48,7 @@ __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "S
            "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
            "WEIGHTS", "Replay", "replay_plan", "check_constraints",
-           "search_op_constrained", "match_ops"]
+           "search_op_constrained", "match_ops", "with_preload_margin"]
 
 
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
@@ -199,21 +199,31 @@ def check_dram_capacity(graph: Graph, chip: Chip, dtype: str) -> None:
             "DRAM (see `t10c chips`) or a smaller model")
 
 
-#: the preload schedule keeps this many times the solver's SRAM reserve free (a preload at the
-#: reserve's edge overflowed llama2-13b-decode's streamed layout on elk-pod4 by 384 bytes)
-PRELOAD_RESERVE = 3
-
-
 def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-                   solver: SolverOptions, mode: str) -> Schedule:
-    """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave."""
+                   solver: SolverOptions, mode: str, margin: int = 1) -> Schedule:
+    """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave and
+    ``margin`` times the solve's SRAM reserve."""
     arrays = _Arrays([[p] for p in chosen], [[0] for _ in chosen])
     memory = memory_use(liveness(graph), arrays, [0] * len(chosen))
     on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
-    # preloads held across ops fragment the streamed first-fit layout (codegen places them at
-    # the top, the op's own buffers below): they get what is left below a wider margin
-    cap = int(chip.sram_bytes_per_core * (1 - PRELOAD_RESERVE * solver.reserve_fraction))
+    cap = int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
     return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode)
+
+
+def with_preload_margin(graph: Graph, plan: Plan, chip: Chip, solver: SolverOptions,
+                        margin: int) -> Plan | None:
+    """``plan`` with its DRAM preloads scheduled again to leave ``margin`` times the solve's
+    SRAM reserve free, or None if it preloads nothing.
+
+    Preloads are held across ops and placed high; the ops' own buffers come and go below. A
+    streamed (timing-only) run lays them out online, first-fit, and at the reserve's edge that
+    layout can fragment past the SRAM (llama2-13b-decode on elk-pod4, by 384 bytes): the
+    driver then asks for a wider margin, which preloads less far ahead."""
+    if not any(0 <= j < k for k, j in enumerate(plan.dram_issue)):
+        return None
+    dram = _dram_schedule(graph, plan.ops, list(plan.relayout_cycles), chip, solver,
+                          plan.dram_schedule, margin)
+    return dataclasses.replace(plan, dram_issue=dram.issue, dram_stall_cycles=dram.stall)
 
 
 def _rename(plan: OpPlan, name: str) -> OpPlan:
