@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -258,14 +259,20 @@ def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = 
         return (plan, *_time_streamed(graph, plan, chip, progress, None))
     except StreamedOverflow:
         pass
+    tried = plan
     for margin in range(2, PRELOAD_MARGINS + 1):
-        wider = with_preload_margin(graph, plan, chip, solver, margin)
+        wider = with_preload_margin(graph, tried, chip, solver, margin)
         if wider is None:
             break
+        if wider.dram_issue == tried.dram_issue:  # the same schedule overflows the same way
+            continue
+        tried = wider
         try:
-            return (wider, *_time_streamed(graph, wider, chip, progress, None))
+            program, timeline = _time_streamed(graph, wider, chip, progress, None)
         except StreamedOverflow:
             continue
+        said = f"{program.sram_layout}; preloads within {margin}x the solve's SRAM reserve"
+        return wider, dataclasses.replace(program, sram_layout=said), timeline
     fixed = streamed_layout(graph, plan, chip, progress)
     return (plan, *_time_streamed(graph, plan, chip, progress, fixed))
 

@@ -292,3 +292,31 @@ def test_a_wider_preload_margin_preloads_no_earlier(tiny_runs: dict) -> None:
     assert not any(0 <= j < k for k, j in enumerate(none_left.dram_issue))
     assert with_preload_margin(c.graph, none_left, chip, solver, 2) is None
     assert with_preload_margin(c.graph, tiny_runs["basic"][0].plan, chip, solver, 2) is None
+
+
+def test_timing_only_widens_the_preload_margin_first(tiny_runs: dict, monkeypatch) -> None:
+    """When the streamed first-fit overflows with the plan's own preload schedule,
+    `time_only` first tries the same plan with its preloads scheduled within a wider
+    margin, and says so in the layout's description."""
+    from t10c import driver
+    from t10c.codegen import StreamedOverflow
+
+    c, _ = tiny_runs["t10"]
+    real = driver._time_streamed
+
+    def overflow_at_first(graph, plan, chip, progress, fixed):
+        if plan.dram_issue == c.plan.dram_issue:
+            raise StreamedOverflow("forced")
+        return real(graph, plan, chip, progress, fixed)
+
+    from t10c.partition import SolverOptions, with_preload_margin
+
+    chip = PRESETS["test64-dram"]
+    margin = next(m for m in range(2, 21) if with_preload_margin(
+        c.graph, c.plan, chip, SolverOptions(), m).dram_issue != c.plan.dram_issue)
+    monkeypatch.setattr(driver, "_time_streamed", overflow_at_first)
+    monkeypatch.setattr(driver, "PRELOAD_MARGINS", margin)
+    plan, program, timeline = driver.time_only(c.graph, c.plan, chip)
+    assert plan.ops == c.plan.ops and plan.dram_issue != c.plan.dram_issue
+    assert f"preloads within {margin}x the solve's SRAM reserve" in program.sram_layout
+    assert abs(timeline.cycles - plan.total_cycles) <= 1e-3 * plan.total_cycles  # as ranked
