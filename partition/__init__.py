@@ -50,7 +50,7 @@ __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "S
            "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
            "WEIGHTS", "Replay", "replay_plan", "check_constraints",
-           "search_op_constrained", "match_ops"]
+           "search_op_constrained", "match_ops", "with_preload_margin"]
 
 
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
@@ -203,25 +203,38 @@ def check_dram_capacity(graph: Graph, chip: Chip, dtype: str) -> None:
             "DRAM (see `t10c chips`) or a smaller model")
 
 
-#: the preload schedule keeps this many times the solver's SRAM reserve free (a preload at the
-#: reserve's edge overflowed llama2-13b-decode's streamed layout on elk-pod4 by 384 bytes)
-PRELOAD_RESERVE = 3
-
-
 def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-                   dtype: str, ints: frozenset[str], solver: SolverOptions, mode: str
-                   ) -> Schedule:
-    """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave, and
-    what the graph outputs' write-backs make the cores wait."""
+                   dtype: str, ints: frozenset[str], solver: SolverOptions, mode: str,
+                   margin: int = 1) -> Schedule:
+    """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave and
+    ``margin`` times the solve's SRAM reserve, and what the graph outputs' write-backs make
+    the cores wait."""
     arrays = _Arrays([[p] for p in chosen], [[0] for _ in chosen])
     memory = memory_use(liveness(graph, write_back=True), arrays, [0] * len(chosen))
     stores = [(n, w, store_cycles(graph, n, chosen[n], chip, dtype, ints))
               for n, w in sorted(store_waits(graph, mode == "basic").items())]
     on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
-    # preloads held across ops fragment the streamed first-fit layout (codegen places them at
-    # the top, the op's own buffers below): they get what is left below a wider margin
-    cap = int(chip.sram_bytes_per_core * (1 - PRELOAD_RESERVE * solver.reserve_fraction))
+    cap = int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
     return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode, stores)
+
+
+def with_preload_margin(graph: Graph, plan: Plan, chip: Chip, solver: SolverOptions,
+                        margin: int) -> Plan | None:
+    """``plan`` with its DRAM loads and write-backs scheduled again to leave ``margin`` times
+    the solve's SRAM reserve free (the same schedule where nothing is held across ops), or
+    None if it has no DRAM schedule.
+
+    Preloads and results waiting for their write-back are held across ops and placed high;
+    the ops' own buffers come and go below. A streamed (timing-only) run lays them out online,
+    first-fit, and at the reserve's edge that layout can fragment past the SRAM
+    (llama2-13b-decode on elk-pod4, by 384 bytes): the driver then asks for a wider margin,
+    which holds less ahead."""
+    if not plan.dram_schedule:
+        return None
+    dram = _dram_schedule(graph, plan.ops, list(plan.relayout_cycles), chip, plan.dtype,
+                          tensor_sets(graph)[0], solver, plan.dram_schedule, margin)
+    return dataclasses.replace(plan, dram_issue=dram.issue, dram_stall_cycles=dram.stall,
+                               dram_store_wait=dram.store_wait)
 
 
 def _rename(plan: OpPlan, name: str) -> OpPlan:

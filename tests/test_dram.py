@@ -379,3 +379,110 @@ def test_a_model_larger_than_the_dram_is_refused_before_the_search() -> None:
     small = dataclasses.replace(PRESETS["test64-dram"], dram_bytes=1 << 20)
     with pytest.raises(DoesNotFitError, match=r"needs 0\.02 GB of DRAM .* has 0\.00 GB"):
         plan_graph(graph, small)
+
+
+def test_timing_only_lays_out_offline_when_first_fit_overflows(tiny_runs: dict,
+                                                               monkeypatch) -> None:
+    """A streamed run whose online first-fit puts a buffer past the SRAM (here forced: every
+    preload placed at the SRAM's end) is laid out offline as a functional compile is
+    (`codegen.streamed_layout`), every op generated, and times the same."""
+    from t10c.codegen import lower
+    from t10c.driver import CompileOptions, compile_model
+
+    def past_the_end(self, buf_id: int, nbytes: int) -> int:
+        if self.fixed is not None:
+            return self.alloc(buf_id, nbytes)
+        return self._take(buf_id, self.sram, lower.aligned(nbytes))
+
+    monkeypatch.setattr(lower._Allocator, "alloc_top", past_the_end)
+    c = compile_model("llama-tiny-decode", PRESETS["test64-dram"],
+                      CompileOptions(timing_only=True, weights=False))
+    assert c.timeline is not None
+    assert c.timeline.cycles == c.plan.total_cycles == tiny_runs["t10"][1].timeline.cycles
+    assert c.program.sram_layout.startswith("best-fit")
+    assert c.program.sram_layout.endswith("(streamed)")
+    assert c.program.peak_sram_bytes_per_core <= PRESETS["test64-dram"].sram_bytes_per_core
+    assert c.program.live_sram_bytes_per_core <= c.program.peak_sram_bytes_per_core
+
+
+def test_streamed_layout_keeps_live_buffers_apart() -> None:
+    """The offline layout of a streamed program: buffers alive at the same time never share
+    an address, and it is what `stream` then hands out, buffer by buffer."""
+    from t10c.codegen import stream, streamed_layout
+    from t10c.codegen.memory import aligned
+    from t10c.driver import load_source
+    from t10c.frontend import to_graph
+    from t10c.partition import plan_graph
+
+    chip = PRESETS["test64-dram"]
+    graph = to_graph(load_source("llama-tiny-decode", weights=False))
+    plan = plan_graph(graph, chip)
+    fixed = streamed_layout(graph, plan, chip)
+    events: list[tuple[int, bool]] = []
+    buffers: list[Buffer] = []
+
+    def record(ins) -> None:
+        if isinstance(ins, (Alloc, Free)):
+            events.append((ins.buf, isinstance(ins, Alloc)))
+
+    header = stream(graph, plan, chip, buffers, record, fixed=fixed)
+    assert [b.offset for b in header.buffers] == list(fixed.offsets)
+    live: dict[int, tuple[int, int]] = {}
+    for buf, allocated in events:
+        if not allocated:
+            del live[buf]
+            continue
+        b = buffers[buf]
+        lo, hi = b.offset, b.offset + aligned(b.nbytes)
+        assert all(hi <= s or e <= lo for s, e in live.values()), b.name
+        live[buf] = (lo, hi)
+    assert header.peak_sram_bytes_per_core == fixed.peak <= chip.sram_bytes_per_core
+
+
+def test_a_wider_preload_margin_preloads_no_earlier(tiny_runs: dict) -> None:
+    """`with_preload_margin` schedules the same plans' loads again within less SRAM: no load
+    is issued earlier than at the solve's reserve, a margin that leaves nothing preloads
+    nothing, and a schedule without preloads stays as it is."""
+    from t10c.partition import SolverOptions, with_preload_margin
+
+    c, _ = tiny_runs["t10"]
+    chip = PRESETS["test64-dram"]
+    assert any(0 <= j < k for k, j in enumerate(c.plan.dram_issue))
+    solver = SolverOptions()
+    wider = with_preload_margin(c.graph, c.plan, chip, solver, 3)
+    assert wider is not None and wider.ops == c.plan.ops
+    assert all(w >= j for w, j in zip(wider.dram_issue, c.plan.dram_issue))
+    assert wider.total_cycles >= c.plan.total_cycles
+    none_left = with_preload_margin(c.graph, c.plan, chip, solver, int(1 / solver.reserve_fraction))
+    assert none_left is not None
+    assert not any(0 <= j < k for k, j in enumerate(none_left.dram_issue))
+    basic = tiny_runs["basic"][0].plan
+    assert with_preload_margin(c.graph, basic, chip, solver, 2).dram_issue == basic.dram_issue
+
+
+def test_timing_only_widens_the_preload_margin_first(tiny_runs: dict, monkeypatch) -> None:
+    """When the streamed first-fit overflows with the plan's own preload schedule,
+    `time_only` first tries the same plan with its preloads scheduled within a wider
+    margin, and says so in the layout's description."""
+    from t10c import driver
+    from t10c.codegen import StreamedOverflow
+
+    c, _ = tiny_runs["t10"]
+    real = driver._time_streamed
+
+    def overflow_at_first(graph, plan, chip, progress, fixed):
+        if plan.dram_issue == c.plan.dram_issue:
+            raise StreamedOverflow("forced")
+        return real(graph, plan, chip, progress, fixed)
+
+    from t10c.partition import SolverOptions, with_preload_margin
+
+    chip = PRESETS["test64-dram"]
+    margin = next(m for m in range(2, 21) if with_preload_margin(
+        c.graph, c.plan, chip, SolverOptions(), m).dram_issue != c.plan.dram_issue)
+    monkeypatch.setattr(driver, "_time_streamed", overflow_at_first)
+    monkeypatch.setattr(driver, "PRELOAD_MARGINS", margin)
+    plan, program, timeline = driver.time_only(c.graph, c.plan, chip)
+    assert plan.ops == c.plan.ops and plan.dram_issue != c.plan.dram_issue
+    assert f"preloads within {margin}x the solve's SRAM reserve" in program.sram_layout
+    assert abs(timeline.cycles - plan.total_cycles) <= 1e-3 * plan.total_cycles  # as ranked

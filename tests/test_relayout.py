@@ -394,7 +394,7 @@ def test_consecutive_readers_share_one_copy() -> None:
             assert not any(isinstance(ins, Exchange) and ins.op == names[i]
                            and program.buffers[ins.dst].name == f"{names[i]}.in{slot}"
                            for ins in program.instrs)
-        _, streamed = time_only(graph, plan, CHIP)
+        _, _, streamed = time_only(graph, plan, CHIP)
         assert streamed.cycles == timeline.cycles
         # without the shared copy the second reader would have received its own
         for i, slot in shared:
@@ -468,7 +468,7 @@ def test_a_lone_fetch_rides_in_the_previous_reduce_superstep(monkeypatch) -> Non
     def run(chosen):
         relayout, plan, program, timeline = _priced_run(graph, base, chosen, inputs, want,
                                                         ints, views)
-        _, streamed = time_only(graph, plan, CHIP)
+        _, _, streamed = time_only(graph, plan, CHIP)
         assert streamed.cycles == timeline.cycles
         return relayout, plan.total_cycles, program, timeline.cycles
 
