@@ -38,7 +38,7 @@ from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import idle_cores
-from t10c.partition.dram import dram_operands
+from t10c.partition.dram import appended, dram_operands, store_waits
 from t10c.partition.space import tensor_sets
 from t10c.partition.transitions import Views, hoisted_fetches, shared_inputs
 
@@ -50,6 +50,7 @@ from .program import (
     Buffer,
     Compute,
     DmaLoad,
+    DmaStore,
     DmaWait,
     Exchange,
     Fill,
@@ -69,6 +70,11 @@ from .program import (
 
 class CodegenError(RuntimeError):
     """A plan that codegen cannot honour (a bug upstream, reported with the op's name)."""
+
+
+class StreamedOverflow(CodegenError):
+    """A streamed program's online first-fit placed a buffer past the SRAM: `streamed_layout`
+    lays the whole program out offline instead (best-fit, CP-SAT repair)."""
 
 
 @dataclass(frozen=True)
@@ -94,13 +100,19 @@ class _Cached:
 
 
 class _Allocator:
-    def __init__(self, sram: int) -> None:
+    """The online first-fit allocator, or, given ``fixed`` addresses (an offline layout of
+    the same program, by buffer id), one that hands those out."""
+
+    def __init__(self, sram: int, fixed: tuple[int, ...] | None = None) -> None:
         self.sram = sram
+        self.fixed = fixed
         self.live: dict[int, tuple[int, int]] = {}
         self.peak = 0
 
     def alloc(self, buf_id: int, nbytes: int) -> int:
         size = aligned(nbytes)
+        if self.fixed is not None:
+            return self._take(buf_id, self.fixed[buf_id], size)
         offset = 0
         for start, end in sorted(self.live.values()):
             if start - offset >= size:
@@ -127,7 +139,7 @@ class _Allocator:
         does): DRAM preloads live across several ops, and placing them at the top keeps them
         out of the way of the buffers that come and go below."""
         size = aligned(nbytes)
-        offset = self._highest_gap(size, self.sram)
+        offset = None if self.fixed is not None else self._highest_gap(size, self.sram)
         return self.alloc(buf_id, nbytes) if offset is None else self._take(buf_id, offset, size)
 
     def alloc_high(self, buf_id: int, nbytes: int) -> int:
@@ -135,7 +147,7 @@ class _Allocator:
         footprint stays what the buffers need), else `alloc_top`: for a buffer that lives
         across two ops (a hoisted fetch)."""
         size = aligned(nbytes)
-        offset = self._highest_gap(size, self.peak)
+        offset = None if self.fixed is not None else self._highest_gap(size, self.peak)
         return self.alloc_top(buf_id, nbytes) if offset is None else self._take(
             buf_id, offset, size)
 
@@ -146,18 +158,26 @@ class _Allocator:
 class _Builder:
     def __init__(self, graph: Graph, plan: Plan, chip: Chip,
                  sink: Callable[[Instr], None] | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> None:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 fixed: Layout | None = None) -> None:
         self.graph, self.plan, self.chip = graph, plan, chip
         self.progress = progress
         #: streaming: every instruction goes to ``sink`` as soon as its op is done and is not
         #: kept (timing-only runs of chips too large to hold the whole program)
         self.sink = sink
+        #: streaming with an offline layout of the whole program (`streamed_layout`): its
+        #: addresses by buffer id, so every op is generated (a replayed op would skip buffers)
+        self.fixed = fixed
+        self.replays = hasattr(sink, "replay") and fixed is None
+        #: a streamed run's online first-fit must fit as it goes (`StreamedOverflow`)
+        self.check_fit = sink is not None and fixed is None
         self.keys: dict[str, tuple] = {}  # streaming: the op key behind each activation
         self.cache: dict[tuple, _Cached] = {}
         self.dtype = plan.dtype
         self.buffers: list[Buffer] = []
         self.instrs: list[Instr] = []
-        self.alloc = _Allocator(chip.sram_bytes_per_core)
+        self.alloc = _Allocator(chip.sram_bytes_per_core,
+                                None if fixed is None else fixed.offsets)
         self.placement: dict[str, Placement] = {}
         self.pending: dict[str, int] = {}  # consumer reads left of each activation
         self.weights: dict[tuple[int, int], int] = {}  # (op, input) -> resident buffer
@@ -193,6 +213,16 @@ class _Builder:
         for k, j in enumerate(plan.dram_issue):
             if j >= 0:
                 self.issued_at.setdefault(j, []).append(k)
+        #: chips with DRAM write every graph output back (`partition.dram.store_waits`): the
+        #: producers whose stores each op waits for before it starts (len(ops): the end)
+        self.store_wait: dict[int, list[int]] = {}
+        if chip.has_dram:
+            waits = store_waits(graph, plan.dram_schedule == "basic")
+            if plan.dram_store_wait:  # where the schedule put them
+                waits = {k: w for k, w in enumerate(plan.dram_store_wait) if w >= 0}
+            for k, w in sorted(waits.items()):
+                self.store_wait.setdefault(w, []).append(k)
+        self.written_back = frozenset(k for ks in self.store_wait.values() for k in ks)
 
     # -- buffers --------------------------------------------------------------------------
     def new_buffer(self, name: str, elems: int, dtype: str, op: str, phase: str) -> int:
@@ -203,6 +233,10 @@ class _Builder:
         place = (self.alloc.alloc_top if phase == "dram" else
                  self.alloc.alloc_high if self.hoisting else self.alloc.alloc)
         offset = place(bid, elems * dtype_bytes(dtype))
+        if self.check_fit and offset + aligned(elems * dtype_bytes(dtype)) > self.alloc.sram:
+            raise StreamedOverflow(f"{op}: the online first-fit put buffer %{name} at "
+                                   f"[{offset}, {offset + elems * dtype_bytes(dtype)}), past "
+                                   f"the {self.alloc.sram}-byte SRAM")
         self.buffers.append(Buffer(bid, name, elems, dtype, offset))
         self.instrs.append(Alloc(op, phase, bid))
         return bid
@@ -556,10 +590,47 @@ class _Builder:
                 self.free(buf, self.graph.ops[n].name)
             del self.dma[k, i]
 
+    def store_dram(self, n: int) -> None:
+        """After op n: write its graph outputs back to DRAM (`DmaStore`), on the DMA queue."""
+        if n not in self.written_back:
+            return
+        op = self.graph.ops[n]
+        phys = geometry(self.graph, op, self.plan.ops[n]).phys.astype(np.int32)
+        for t in self.graph.outputs:
+            if self.graph.root(t) != op.output.tensor:
+                continue
+            shape = self.graph.tensors[t].shape
+            grown = appended(self.graph, t)  # a KV cache: only the new rows are written
+            index = None
+            if grown is not None:
+                _, axis, length = grown
+                index = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)[
+                    (slice(None),) * axis + (slice(length, None),)].reshape(-1)
+            root, rflat = map_to_root(self.graph, t, np.arange(math.prod(shape))
+                                      if index is None else index)
+            place = self.placement[root]
+            self.instrs.append(DmaStore(
+                op.name, "dram", t, shape, place.buf, place.core[rflat], place.off[rflat],
+                self.storage(t), phys, None if index is None else index.astype(np.int32),
+                grown[0] if grown is not None else ""))
+
+    def wait_stores(self, n: int) -> None:
+        """Before op n (or at the end, n = len(ops)): wait for the write-backs due here, and
+        free the results no op reads any more."""
+        name = self.graph.ops[min(n, len(self.graph.ops) - 1)].name
+        for k in self.store_wait.get(n, ()):
+            root = self.graph.ops[k].output.tensor
+            buf = self.placement[root].buf
+            self.instrs.append(DmaWait(name, "dram", buf))
+            self.pending[root] -= 1
+            if self.pending[root] == 0 and n < len(self.graph.ops):
+                self.free(buf, name)
+
     def emit_op(self, n: int, op: TensorExpr) -> None:
+        self.wait_stores(n)
         self.issue_dram(n)
         self.wait_dram(n)
-        if not hasattr(self.sink, "replay"):
+        if not self.replays:
             return self.generate_op(n, op)
         key = self.op_key(n, op)
         self.keys[op.output.tensor] = key[:2]
@@ -839,10 +910,15 @@ class _Builder:
                 raise CodegenError(f"while generating op {op.name} ({op.source}): {exc}") from exc
             if op.output.tensor not in self.pending:  # nobody reads it
                 self.free(self.placement[op.output.tensor].buf, op.name)
+            self.store_dram(n)
             self.drain()
             if self.progress:
                 self.progress("codegen", n + 1, len(graph.ops))
+        self.wait_stores(len(graph.ops))
+        stored = {graph.ops[k].output.tensor for k in self.written_back}
         for t in graph.outputs:
+            if graph.root(t) in stored:
+                continue  # in DRAM already
             root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
             if root not in self.placement:
                 raise CodegenError(f"graph output {t} is not computed on chip")
@@ -850,12 +926,14 @@ class _Builder:
             self.instrs.append(Store("", "host", t, graph.tensors[t].shape, place.buf,
                                      place.core[rflat], place.off[rflat]))
         self.drain()
-        if self.sink is not None:  # the online first-fit addresses are the layout
-            peak = self.alloc.peak
+        if self.sink is not None:  # the online first-fit or the fixed addresses are the layout
+            if self.fixed is None:
+                live, method = 0, "first-fit (streamed)"
+            else:
+                live, method = self.fixed.live, f"{self.fixed.method} (streamed)"
             return Program(graph.name, self.chip.name, self.dtype, self.chip.cores,
                            tuple(self.buffers), program_exprs(graph), (), {}, graph.outputs,
-                           peak, 0,
-                           "first-fit (streamed)")
+                           self.alloc.peak, live, method)
         buffers, sram = self.place_buffers()
         inputs = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs}
         peak = max((b.offset + b.nbytes for b in buffers), default=0)
@@ -875,15 +953,20 @@ class _Builder:
         online = tuple(b.offset for b in self.buffers)
         if self.alloc.peak <= sram.peak and (self.alloc.peak <= capacity or sram.peak > capacity):
             sram = Layout(online, self.alloc.peak, sram.live, "first-fit")
-        if sram.peak > capacity:
-            raise CodegenError(
-                f"the SRAM layout needs {sram.peak} bytes per core ({sram.method}), "
-                f"{self.chip.name} has {capacity}; at most {sram.live} bytes are alive at once, "
-                f"so {100 * sram.fragmentation:.1f}% is lost to fragmentation. Use a chip with "
-                "more SRAM, --dtype fp16, or compile with --front 4 for smaller plans")
+        _check_fits(sram, self.chip)
         buffers = tuple(dataclasses.replace(b, offset=o) for b, o in zip(self.buffers,
                                                                          sram.offsets))
         return buffers, sram
+
+
+def _check_fits(sram: Layout, chip: Chip) -> None:
+    capacity = chip.sram_bytes_per_core
+    if sram.peak > capacity:
+        raise CodegenError(
+            f"the SRAM layout needs {sram.peak} bytes per core ({sram.method}), "
+            f"{chip.name} has {capacity}; at most {sram.live} bytes are alive at once, "
+            f"so {100 * sram.fragmentation:.1f}% is lost to fragmentation. Use a chip with "
+            "more SRAM, --dtype fp16, or compile with --front 4 for smaller plans")
 
 
 def _placed(op: TensorExpr, geo: Geometry, flat: np.ndarray, valid: np.ndarray, numel: int
@@ -924,10 +1007,41 @@ def generate(graph: Graph, plan: Plan, chip: Chip,
 
 def stream(graph: Graph, plan: Plan, chip: Chip, buffers: list[Buffer],
            sink: Callable[[Instr], None],
-           progress: Callable[[str, int, int], None] | None = None) -> Program:
+           progress: Callable[[str, int, int], None] | None = None,
+           fixed: Layout | None = None) -> Program:
     """Emit the program one op at a time into ``sink`` without keeping it: ``buffers`` fills
     up as buffers are created (the sink looks them up there). Returns the program's header
-    (buffers and peak SRAM, no instructions)."""
-    builder = _Builder(graph, plan, chip, sink, progress)
+    (buffers and peak SRAM, no instructions).
+
+    Buffers take the online first-fit's addresses, and `StreamedOverflow` is raised as soon
+    as one lands past the SRAM; with ``fixed`` (`streamed_layout`'s), they take those."""
+    builder = _Builder(graph, plan, chip, sink, progress, fixed)
     builder.buffers = buffers
     return builder.build()
+
+
+def streamed_layout(graph: Graph, plan: Plan, chip: Chip,
+                    progress: Callable[[str, int, int], None] | None = None) -> Layout:
+    """An offline layout of the whole program, for `stream` when the online first-fit does
+    not fit: every op's instructions are generated once (none kept) to learn each buffer's
+    lifetime, and the buffers are laid out best-fit. CP-SAT's repair, which a functional
+    compile tries next, is not: on a whole streamed program (thousands of buffers) its
+    presolve alone ran for minutes. Raises `CodegenError` if best-fit does not fit."""
+    events: list[tuple[int, bool]] = []  # (buffer, allocated) in program order
+
+    def record(ins: Instr) -> None:
+        if isinstance(ins, (Alloc, Free)):
+            events.append((ins.buf, isinstance(ins, Alloc)))
+
+    builder = _Builder(graph, plan, chip, record, progress)
+    builder.check_fit = False
+    builder.build()
+    start: dict[int, int] = {}
+    end: dict[int, int] = {}
+    for n, (buf, allocated) in enumerate(events):
+        (start if allocated else end)[buf] = n
+    rects = [Rect(start[b.id], end.get(b.id, len(events)), aligned(b.nbytes))
+             for b in builder.buffers]
+    sram = layout(rects, chip.sram_bytes_per_core, repair_ok=False)
+    _check_fits(sram, chip)
+    return sram

@@ -113,14 +113,15 @@ def repair(rects: list[Rect], hint: tuple[int, ...], capacity: int,
     return tuple(int(solver.value(o)) for o in offs)
 
 
-def layout(rects: list[Rect], capacity: int, deterministic_limit: float = REPAIR_LIMIT
-           ) -> Layout:
-    """Addresses for ``rects`` within ``capacity`` bytes if best-fit or the repair finds them
-    (otherwise best-fit's, whose peak then says by how much they overflow)."""
+def layout(rects: list[Rect], capacity: int, deterministic_limit: float = REPAIR_LIMIT,
+           repair_ok: bool = True) -> Layout:
+    """Addresses for ``rects`` within ``capacity`` bytes if best-fit or the repair (unless
+    not ``repair_ok``) finds them (otherwise best-fit's, whose peak then says by how much
+    they overflow)."""
     live = max_live(rects)
     offsets = best_fit(rects)
     peak = max((o + r.size for o, r in zip(offsets, rects)), default=0)
-    if peak <= capacity or live > capacity:
+    if peak <= capacity or live > capacity or not repair_ok:
         return Layout(offsets, peak, live, "best-fit")
     repaired = repair(rects, offsets, capacity, deterministic_limit)
     if repaired is None:

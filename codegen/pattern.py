@@ -190,6 +190,54 @@ def pair_counts(p: Pattern, here: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return src, np.asarray(here, dtype=np.int64)[row], count
 
 
+def chip_pair_counts(p: Pattern, here: np.ndarray, per_chip: int, chips: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src core, destination chip, distinct elements) of what the rows on each chip of a
+    pod (core k on chip ``k // per_chip``) receive from cores on other chips, each source
+    element counted once per destination chip: it crosses once and is fanned out there.
+    Rows of one pattern on one chip read the same elements: each (pattern, chip) once."""
+    chip_row = np.asarray(here, dtype=np.int64) // per_chip
+    key = np.unique(p.pat.astype(np.int64) * chips + chip_row)
+    pat_u, chip_u = key // chips, key % chips
+    first = p.start[pat_u].astype(np.int64)
+    lens = p.start[pat_u + 1].astype(np.int64) - first
+    idx = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+    runs = p.runs[idx].astype(np.int64)
+    dst = np.repeat(chip_u, lens)
+    keep = (runs[:, 0] >= 0) & (runs[:, 0] // per_chip != dst)
+    runs, dst = runs[keep], dst[keep]
+    # intervals [lo, hi) of source offsets: a run of step 1 is one; a strided run one per
+    # element; a broadcast (step 0) its one element
+    block = (runs[:, 3] == 1) | (runs[:, 2] == 1)
+    spread = runs[~block]
+    n = np.where(spread[:, 3] == 0, 1, spread[:, 2])
+    at = np.repeat(spread[:, 1], n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+                                       ) * np.repeat(spread[:, 3], n)
+    lo = np.concatenate([runs[block, 1], at])
+    hi = np.concatenate([runs[block, 1] + runs[block, 2], at + 1])
+    group = np.concatenate([dst[block] * (1 << 31) + runs[block, 0],
+                            np.repeat(dst[~block] * (1 << 31) + spread[:, 0], n)])
+    if not len(lo):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    order = np.lexsort((lo, group))
+    lo, hi, group = lo[order], hi[order], group[order]
+    # merge overlapping intervals within each (chip, source core) group: offsets shifted
+    # apart by group so that one running maximum serves them all
+    shift = (np.unique(group, return_inverse=True)[1].astype(np.int64)
+             * (int(hi.max()) + 1))
+    lo_s, hi_s = lo + shift, hi + shift
+    reach = np.maximum.accumulate(hi_s)
+    new = np.ones(len(lo), dtype=bool)
+    new[1:] = lo_s[1:] >= reach[:-1]
+    starts = np.flatnonzero(new)
+    ends = np.maximum.reduceat(hi_s, starts)
+    seg = ends - lo_s[starts]
+    g_key, g_inv = np.unique(group[starts], return_inverse=True)
+    count = np.bincount(g_inv.reshape(-1), weights=seg, minlength=len(g_key)).astype(np.int64)
+    return g_key % (1 << 31), g_key // (1 << 31), count
+
+
 def received(p: Pattern, here: np.ndarray) -> np.ndarray:
     """Elements row r (on core ``here[r]``) receives from other cores: padding and local
     copies left out."""

@@ -35,7 +35,12 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
 - ``DmaLoad(...)``: as ``Load``, but from the chip's off-chip DRAM during the run: the DMA
   engine starts it when it is issued and works while the cores compute (chips with DRAM,
   `partition/dram.py`); the buffer may be read only after its ``DmaWait``.
-- ``DmaWait(buf)``: the cores wait until the DMA load into ``buf`` has landed.
+- ``DmaStore(tensor, src, src_core, src_off, dtype, cores)``: as ``Store``, but into the
+  chip's DRAM during the run (a decode step's KV cache, written back): the DMA engine takes it
+  when it is issued, on the same queue as the loads; ``src`` may be neither written nor freed
+  until its ``DmaWait``. ``dtype`` is the tensor's storage type in DRAM, ``cores`` the
+  physical cores that hold it (their chips' channels carry it).
+- ``DmaWait(buf)``: the cores wait until the DMA load into (or store from) ``buf`` is done.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from t10c.ir import TensorExpr, expr_from_json, expr_to_json
 from .pattern import Pattern, compact, encode, expand, from_table, width
 
 # the emulator's view of patterns (it may import codegen's program types only)
+from .pattern import chip_pair_counts as chip_pair_counts
 from .pattern import pair_counts as pair_counts
 from .pattern import received as received
 from .pattern import unique_expand as unique_expand
@@ -279,6 +285,37 @@ class Store(Instr):
 @dataclass(frozen=True)
 class DmaLoad(Load):
     """DRAM -> SRAM by the DMA engine, concurrent with compute (fields as `Load`)."""
+
+
+@dataclass(frozen=True)
+class DmaStore(Store):
+    """SRAM -> DRAM by the DMA engine, concurrent with compute (fields as `Store`)."""
+
+    dtype: str = "fp16"
+    cores: np.ndarray | None = None
+    #: the flat elements of ``tensor`` stored, in table order (None: all of them); the
+    #: others are graph input ``base``'s DRAM copy, which begins the tensor (a KV cache
+    #: grown in place by the new token's rows)
+    index: np.ndarray | None = None
+    base: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes written to DRAM: every stored element of the tensor once."""
+        count = len(self.index) if self.index is not None else int(np.prod(self.shape,
+                                                                          dtype=np.int64))
+        return count * DTYPE_BYTES[self.dtype]
+
+    def in_dram(self, values: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
+        """The whole tensor in DRAM once the stored ``values`` (in table order) landed."""
+        if self.index is None:
+            return values.reshape(self.shape)
+        out = np.zeros(self.shape, dtype=np.float32)
+        if self.base:
+            kept = np.asarray(host[self.base], dtype=np.float32)
+            out[tuple(slice(0, n) for n in kept.shape)] = kept
+        out.reshape(-1)[self.index] = values
+        return out
 
 
 @dataclass(frozen=True)
@@ -626,9 +663,11 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
         return f"sync{tag}"
     if isinstance(ins, Store):
         held = int((ins.src_core == core).sum())
-        return f"store  host:{ins.tensor} <- {b(ins.src)} ({held} elems){tag}" if held else None
+        where = "dram" if isinstance(ins, DmaStore) else "host"
+        return f"store  {where}:{ins.tensor} <- {b(ins.src)} ({held} elems){tag}" if held else None
     raise TypeError(f"unknown instruction {type(ins).__name__}")
 
 
 _KINDS.update({cls.__name__: cls for cls in (Alloc, Free, Load, Fill, Exchange, Compute, Shift,
-                                              Reduce, Sync, Store, DmaLoad, DmaWait)})
+                                              Reduce, Sync, Store, DmaLoad, DmaStore,
+                                              DmaWait)})

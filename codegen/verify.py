@@ -31,9 +31,11 @@ from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 from .pattern import Pattern, check
 from .program import (
+    DTYPE_BYTES,
     Alloc,
     Compute,
     DmaLoad,
+    DmaStore,
     DmaWait,
     Exchange,
     Fill,
@@ -334,6 +336,26 @@ def _store(p: Program, ins: Store) -> None:
     _within("src_off", off, 0, src.elems, f"buffer %{src.name}")
 
 
+def _dma_store(p: Program, ins: DmaStore) -> None:
+    if ins.index is None:
+        _store(p, ins)
+    else:  # the stored elements only: their places in the tensor, and where they are held
+        src = p.buffers[_buf(p, "source", ins.src)]
+        shape = _shape("tensor shape", ins.shape)
+        index = _table("index", ins.index, (None,))
+        _within("index", index, 0, math.prod(shape), f"the {math.prod(shape)}-element tensor")
+        core = _table("src_core", ins.src_core, index.shape)
+        _within("src_off", _table("src_off", ins.src_off, index.shape), 0, src.elems,
+                f"buffer %{src.name}")
+        _sources(p, "src_core", core)
+    if ins.base and ins.base not in p.inputs:
+        raise _Bad(f"its base {ins.base!r} is not an input of the program")
+    if ins.dtype not in DTYPE_BYTES:
+        raise _Bad(f"its dtype {ins.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    if ins.cores is not None:
+        _sources(p, "cores", _table("cores", ins.cores, (None,)))
+
+
 def _dma_wait(p: Program, ins: DmaWait) -> None:
     _buf(p, "its", ins.buf)
 
@@ -341,6 +363,7 @@ def _dma_wait(p: Program, ins: DmaWait) -> None:
 _CHECKS: dict[type[Instr], Callable[[Program, Any], None]] = {
     Alloc: _alloc, Free: _alloc, Load: _load, Fill: _fill, Exchange: _exchange, Shift: _shift,
     Reduce: _reduce, Compute: _compute, Sync: _sync, Store: _store, DmaLoad: _load,
+    DmaStore: _dma_store,
     DmaWait: _dma_wait}
 
 

@@ -45,6 +45,7 @@ from t10c.codegen.program import (
     Alloc,
     Compute,
     DmaLoad,
+    DmaStore,
     Exchange,
     Fill,
     Free,
@@ -325,11 +326,19 @@ class Machine(TimingMachine):
         values = self.mem[buf]
         return gather_slices(values if rows is None else values[rows], tile, offsets, sizes)[0]
 
+    def dma_store(self, ins: DmaStore) -> None:
+        # the values are taken as the store is issued: nothing writes the buffer before its
+        # DmaWait (the timing handler enforces it); the DRAM copy is the output
+        super().dma_store(ins)
+        self.outputs[ins.tensor] = ins.in_dram(self.store_values(ins), self.host)
+
     def store(self, ins: Store) -> None:
         super().store(ins)
-        src = self.mem[ins.src]
-        self.outputs[ins.tensor] = src[ins.src_core, ins.src_off].astype(
-            np.float32).reshape(ins.shape)
+        self.outputs[ins.tensor] = self.store_values(ins).reshape(ins.shape)
+
+    def store_values(self, ins: Store) -> np.ndarray:
+        """The elements ``ins`` stores (in its table's order), gathered from the cores."""
+        return self.mem[ins.src][ins.src_core, ins.src_off].astype(np.float32)
 
 
 def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],

@@ -20,6 +20,7 @@ from t10c.chips import Chip
 from t10c.codegen.program import (
     Alloc,
     Compute,
+    DmaStore,
     Exchange,
     Fill,
     Free,
@@ -121,6 +122,10 @@ class Reference:
     def dma_wait(self, ins: Instr) -> None:
         pass
 
+    def dma_store(self, ins: DmaStore) -> None:
+        # the DRAM copy is the output; when it is written is the timing's business
+        self.outputs[ins.tensor] = ins.in_dram(self.gathered(ins), self.host)
+
     def fill(self, ins: Fill) -> None:
         for c in range(ins.ncores):
             buf = self.mem[c][ins.buf]
@@ -195,9 +200,13 @@ class Reference:
             out[region] = to_storage(result, out.dtype)
 
     def store(self, ins: Store) -> None:
+        self.outputs[ins.tensor] = self.gathered(ins).reshape(ins.shape)
+
+    def gathered(self, ins: Store) -> np.ndarray:
+        """The elements ``ins`` stores, in its table's order, core by core."""
         core, off = ins.src_core.reshape(-1), ins.src_off.reshape(-1)
         out = np.full(core.size, np.nan, dtype=np.float32)  # NaN: stored by no core
         for c in self.cores:
             mine = core == c
             out[mine] = self.mem[c][ins.src][off[mine]]
-        self.outputs[ins.tensor] = out.reshape(ins.shape)
+        return out

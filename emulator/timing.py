@@ -21,6 +21,7 @@ from t10c.codegen.program import (
     Alloc,
     Compute,
     DmaLoad,
+    DmaStore,
     DmaWait,
     Exchange,
     Fill,
@@ -32,6 +33,7 @@ from t10c.codegen.program import (
     Shift,
     Store,
     Sync,
+    chip_pair_counts,
     pair_counts,
     received,
 )
@@ -67,6 +69,7 @@ class Timeline:
     peak_sram_bytes_per_core: int = 0
     host_bytes: int = 0
     dram_bytes: int = 0  # bytes loaded from off-chip DRAM during the run (all cores)
+    dram_store_bytes: int = 0  # bytes written back to DRAM during the run
     #: mesh chips: bytes carried by every directed link over the run, (4, rows, cols) as in
     #: `routing.Routed.loads`
     link_bytes: np.ndarray | None = None
@@ -92,7 +95,7 @@ class Timeline:
 HANDLERS: dict[type[Instr], str] = {
     Alloc: "alloc", Free: "free", Load: "load", Fill: "fill", Sync: "sync",
     Exchange: "exchange", Shift: "shift", Reduce: "reduce", Compute: "compute", Store: "store",
-    DmaLoad: "dma_load", DmaWait: "dma_wait",
+    DmaLoad: "dma_load", DmaStore: "dma_store", DmaWait: "dma_wait",
 }
 
 
@@ -133,6 +136,8 @@ class TimingMachine:
         #: load lands (with the cores it fills)
         self.dma_free = 0
         self.dma_ready: dict[int, tuple[int, np.ndarray | slice]] = {}
+        #: buffers being written back to DRAM: when their last store is done
+        self.dma_stores: dict[int, int] = {}
 
     # -- driving --------------------------------------------------------------------------
     def execute(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
@@ -209,6 +214,15 @@ class TimingMachine:
         far = a != b
         np.add.at(self.pod_out, a[far], nbytes[far])
         np.add.at(self.pod_in, b[far], nbytes[far])
+
+    def cross_chips(self, src: np.ndarray, dst_chip: np.ndarray, count: np.ndarray,
+                    size: int) -> None:
+        """On a pod, count ``count[k]`` elements of ``size`` bytes sent from core ``src[k]``
+        to chip ``dst_chip[k]`` (another chip) once, whatever the cores there that read
+        them (the chip fans them out over its own exchange)."""
+        nbytes = count.astype(np.int64) * size
+        np.add.at(self.pod_out, self.chip.chip_of(src), nbytes)
+        np.add.at(self.pod_in, dst_chip, nbytes)
 
     def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
               key: tuple | None = None) -> tuple[int, int, int]:
@@ -333,9 +347,10 @@ class TimingMachine:
         if ins.buf not in self.live:
             raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name}, which is not "
                                 "allocated")
-        if ins.buf in self.dma_ready:
+        if ins.buf in self.dma_ready or ins.buf in self.dma_stores:
+            kind = "load" if ins.buf in self.dma_ready else "store"
             raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name} while its "
-                                "DMA load is in flight")
+                                f"DMA {kind} is in flight")
         start, end = self.live.pop(ins.buf)
         self.written.pop(ins.buf)
         self.in_use -= end - start
@@ -353,6 +368,9 @@ class TimingMachine:
         if buf not in self.written:
             raise EmulatorError(f"writes buffer %{self.prog.buffers[buf].name}, which is not "
                                 "allocated")
+        if buf in self.dma_stores:
+            raise EmulatorError(f"writes buffer %{self.prog.buffers[buf].name} while its DMA "
+                                "store is in flight")
 
     def sync(self, ins: Sync) -> None:
         self.flush()
@@ -379,8 +397,10 @@ class TimingMachine:
             else:
                 remote = np.count_nonzero((table >= 0) & (table != here[:, None]), axis=1)
             self.receive(ins.op, ins.phase, np.full(n, -1), here, remote * size)
-            if self.chip.is_pod:
-                self.cross(*_pairs(src_core, here, size))
+            if self.chip.is_pod:  # each element once per destination chip (fanned out)
+                assert ins.src_off is not None
+                self.cross_chips(*_chip_pairs(src_core, ins.src_off, here,
+                                              self.chip.cores_per_chip), size)
 
     def exchange_pattern(self, ins: Exchange) -> None:
         """An exchange given as a copy pattern: the same checks and bytes as its table,
@@ -405,17 +425,17 @@ class TimingMachine:
                 counted = (src[keep], dst[keep], count[keep], None)
             else:
                 crossing: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-                if self.chip.is_pod:  # the pairs too: which bytes cross between chips
-                    src, dst, count = pair_counts(p, here)
-                    keep = src >= 0
-                    crossing = (src[keep], dst[keep], count[keep])
+                if self.chip.is_pod:  # which bytes cross between chips: each element
+                    # once per destination chip, which fans it out to its cores
+                    crossing = chip_pair_counts(p, here, self.chip.cores_per_chip,
+                                                self.chip.chips)
                 counted = (np.full(n, -1), here, received(p, here), crossing)
             if not self.chip.is_mesh:  # a wafer's pairs are too many to keep for every pattern
                 self.counted[key] = counted
         src, dst, count, crossing = counted
         self.receive(ins.op, ins.phase, src, dst, count * size)
         if crossing is not None:
-            self.cross(crossing[0], crossing[1], crossing[2] * size)
+            self.cross_chips(crossing[0], crossing[1], crossing[2], size)
 
     def shift(self, ins: Shift) -> None:
         n = len(ins.src_core)
@@ -503,8 +523,31 @@ class TimingMachine:
         self.dma_ready[ins.buf] = (self.dma_free, rows)
         self.timeline.dram_bytes += nbytes * ins.ncores
 
+    def dma_store(self, ins: DmaStore) -> None:
+        """Start a write-back: the engine takes it when its queue is free (after every load
+        and store issued before it) and reads the buffer beside the cores, which may not
+        write or free it before its `DmaWait`."""
+        if not self.chip.has_dram:
+            raise EmulatorError(f"DMA store to DRAM on {self.chip.name}, which has none")
+        TimingMachine.store(self, ins)  # its checks: the sources exist and wrote it
+        if ins.src in self.dma_ready:
+            raise EmulatorError(f"DMA store from buffer %{self.prog.buffers[ins.src].name}, "
+                                "which has a DMA load in flight")
+        self.flush()  # the clock stands where the cores are
+        held = self.prog.buffers[ins.src].elems * DTYPE_BYTES[ins.dtype]
+        cores = self.chip.cores if ins.cores is None else ins.cores
+        cycles = self.chip.dram_store_cycles(ins.nbytes, held, cores)
+        self.dma_free = max(self.now, self.dma_free) + cycles
+        self.dma_stores[ins.src] = self.dma_free  # (stores queue in order: the last is last)
+        self.timeline.dram_store_bytes += ins.nbytes
+
     def dma_wait(self, ins: DmaWait) -> None:
-        """The cores stall until the buffer's DMA load has landed (phase "dram")."""
+        """The cores stall until the buffer's DMA load has landed, or its stores are done
+        (phase "dram")."""
+        if ins.buf in self.dma_stores:
+            self.flush()
+            self.record(ins.op, "dram", max(self.dma_stores.pop(ins.buf) - self.now, 0))
+            return
         if ins.buf not in self.dma_ready:
             raise EmulatorError(f"waits for buffer %{self.prog.buffers[ins.buf].name}, which "
                                 "has no DMA load in flight")
@@ -584,6 +627,22 @@ def _digest(*arrays: np.ndarray) -> tuple[int, ...]:
         key.extend(sums)
         key.append(n)
     return tuple(key)
+
+
+def _chip_pairs(src_core: np.ndarray, src_off: np.ndarray, here: np.ndarray, per_chip: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src core, destination chip, distinct elements) of an element table whose row r
+    lands on core ``here[r]``: what crosses from another chip, each element once per chip
+    (`codegen.pattern.chip_pair_counts` for a table)."""
+    chip = np.broadcast_to((np.asarray(here, dtype=np.int64) // per_chip)[:, None],
+                           src_core.shape)
+    src = src_core.astype(np.int64)
+    far = (src >= 0) & (src // per_chip != chip)
+    key = np.unique((chip[far] * (int(src.max(initial=0)) + 1) + src[far]) * (1 << 32)
+                    + src_off[far].astype(np.int64))
+    pair, count = np.unique(key >> 32, return_counts=True)
+    base = int(src.max(initial=0)) + 1
+    return pair % base, pair // base, count.astype(np.int64)
 
 
 def _pairs(src_core: np.ndarray, here: np.ndarray, itemsize: int

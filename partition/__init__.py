@@ -34,6 +34,8 @@ from .dram import (
     dram_twins,
     extra_cycles,
     schedule,
+    store_cycles,
+    store_waits,
     with_dram_inputs,
 )
 from .epilogue import extra_edge_cost
@@ -48,7 +50,7 @@ __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "S
            "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
            "WEIGHTS", "Replay", "replay_plan", "check_constraints",
-           "search_op_constrained", "match_ops"]
+           "search_op_constrained", "match_ops", "with_preload_margin"]
 
 
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
@@ -140,7 +142,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     # DRAM loads add what they cannot hide to an op's cycles (none on chips without DRAM)
     extra = [extra_cycles(f, search.dram_schedule) for f in fronts]
     result, status = choose_plans(graph, fronts, extra, edges, chip.sram_bytes_per_core,
-                                  solver, _share(progress, solves - 1, solves), starts)
+                                  solver, _share(progress, solves - 1, solves), starts,
+                                  write_back=chip.has_dram)
     if result is None:
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
     spent.append(result.deterministic_s)
@@ -168,8 +171,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             if _total(other, again) < _total(chosen, relayout):
                 chosen, relayout = other, again
     gap = result.objective_cycles - result.bound_cycles
-    dram = (_dram_schedule(graph, chosen, relayout, chip, solver, search.dram_schedule)
-            if any(p.dram_cycles for p in chosen) else None)
+    dram = (_dram_schedule(graph, chosen, relayout, chip, dtype, ints, solver,
+                           search.dram_schedule) if chip.has_dram else None)
     return Plan(
         model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
         relayout_cycles=tuple(relayout),
@@ -186,6 +189,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         dram_schedule=dram.mode if dram else "",
         dram_issue=dram.issue if dram else (),
         dram_stall_cycles=dram.stall if dram else (),
+        dram_store_wait=dram.store_wait if dram else (),
     )
 
 
@@ -199,21 +203,38 @@ def check_dram_capacity(graph: Graph, chip: Chip, dtype: str) -> None:
             "DRAM (see `t10c chips`) or a smaller model")
 
 
-#: the preload schedule keeps this many times the solver's SRAM reserve free (a preload at the
-#: reserve's edge overflowed llama2-13b-decode's streamed layout on elk-pod4 by 384 bytes)
-PRELOAD_RESERVE = 3
-
-
 def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-                   solver: SolverOptions, mode: str) -> Schedule:
-    """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave."""
+                   dtype: str, ints: frozenset[str], solver: SolverOptions, mode: str,
+                   margin: int = 1) -> Schedule:
+    """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave and
+    ``margin`` times the solve's SRAM reserve, and what the graph outputs' write-backs make
+    the cores wait."""
     arrays = _Arrays([[p] for p in chosen], [[0] for _ in chosen])
-    memory = memory_use(liveness(graph), arrays, [0] * len(chosen))
+    memory = memory_use(liveness(graph, write_back=True), arrays, [0] * len(chosen))
+    stores = [(n, w, store_cycles(graph, n, chosen[n], chip, dtype, ints))
+              for n, w in sorted(store_waits(graph, mode == "basic").items())]
     on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
-    # preloads held across ops fragment the streamed first-fit layout (codegen places them at
-    # the top, the op's own buffers below): they get what is left below a wider margin
-    cap = int(chip.sram_bytes_per_core * (1 - PRELOAD_RESERVE * solver.reserve_fraction))
-    return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode)
+    cap = int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
+    return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode, stores)
+
+
+def with_preload_margin(graph: Graph, plan: Plan, chip: Chip, solver: SolverOptions,
+                        margin: int) -> Plan | None:
+    """``plan`` with its DRAM loads and write-backs scheduled again to leave ``margin`` times
+    the solve's SRAM reserve free (the same schedule where nothing is held across ops), or
+    None if it has no DRAM schedule.
+
+    Preloads and results waiting for their write-back are held across ops and placed high;
+    the ops' own buffers come and go below. A streamed (timing-only) run lays them out online,
+    first-fit, and at the reserve's edge that layout can fragment past the SRAM
+    (llama2-13b-decode on elk-pod4, by 384 bytes): the driver then asks for a wider margin,
+    which holds less ahead."""
+    if not plan.dram_schedule:
+        return None
+    dram = _dram_schedule(graph, plan.ops, list(plan.relayout_cycles), chip, plan.dtype,
+                          tensor_sets(graph)[0], solver, plan.dram_schedule, margin)
+    return dataclasses.replace(plan, dram_issue=dram.issue, dram_stall_cycles=dram.stall,
+                               dram_store_wait=dram.store_wait)
 
 
 def _rename(plan: OpPlan, name: str) -> OpPlan:
@@ -245,7 +266,8 @@ def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]
                 tuple(tuple(e.cost[p][q] for q in where[e.dst]) for p in where[e.src]))
            for e in edges]
     result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], sub,
-                             chip.sram_bytes_per_core, solver, progress)
+                             chip.sram_bytes_per_core, solver, progress,
+                             write_back=chip.has_dram)
     if result is None:
         return None
     spent.append(result.deterministic_s)

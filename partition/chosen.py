@@ -82,6 +82,9 @@ class Plan:
     dram_schedule: str = ""
     dram_issue: tuple[int, ...] = ()
     dram_stall_cycles: tuple[int, ...] = ()
+    #: per op, the op at whose start the cores wait for its write-backs to DRAM (len(ops):
+    #: the end of the step; -1: none); empty: each at the earliest (`dram.store_waits`)
+    dram_store_wait: tuple[int, ...] = ()
 
     @property
     def total_cycles(self) -> int:

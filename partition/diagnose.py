@@ -87,7 +87,7 @@ def diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], least_cold: l
                  f"{_exact(resident)} per core in their least replicated layouts, and "
                  f"{usable}."]
     else:
-        peak = least_peak(graph, fronts, opts)
+        peak = least_peak(graph, fronts, opts, write_back=chip.has_dram)
         if peak is None or peak.peak <= cap:  # pragma: no cover - the solver proved otherwise
             return (f"the model does not fit on {chip.name}: the solver proved that no choice "
                     f"of plans fits ({usable}), but found no smallest choice to show; raise "

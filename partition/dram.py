@@ -19,14 +19,25 @@ ops in between, within the SRAM those ops leave free. The DMA queue is first-in 
 op order; an op waits for its own loads to land (its stall). Three schedules:
 
 - ``elk``: every load is issued as early as the SRAM left over allows (ELK's preload, built
-  greedily in op order: an earlier issue never delays a later load on a FIFO queue);
+  greedily in op order: an earlier issue never delays a later load on a FIFO queue), unless
+  a uniform depth or load-then-execute waits less (an early load can delay a write-back);
 - ``static``: one fixed preload depth D for every op, the largest (up to `MAX_STATIC_DEPTH`)
   at which every op's preloads fit;
 - ``basic``: load, then execute: an op's loads start when the op before it has finished, and
   nothing overlaps them.
 
-The emulator executes the same schedule (`DmaLoad` at the issue op, `DmaWait` before the op)
-with the same clock, so the predicted stalls are what it measures.
+Every graph output is written back to DRAM (`store_waits`: a decode step's new KV cache, read
+by the next step from there): a DMA store of the tensor (of a KV cache only the new token's
+rows, `appended`: the past rows are in DRAM already), issued on the same queue as the op
+that computes it ends. The result stays in SRAM, its bytes counted in the footprint of every
+op it spans, through its last reader and one op more, over which the store runs; the cores
+wait for the store at the start of the op after that (at the end of the step if there is
+none) and free it. ``elk`` waits as much later as the SRAM left over allows; under
+``basic`` nothing overlaps: the cores wait for the store at the next op.
+
+The emulator executes the same schedule (`DmaLoad` at the issue op, `DmaStore` as the producer
+ends, `DmaWait` before the op) with the same clock, so the predicted stalls are what it
+measures.
 """
 
 from __future__ import annotations
@@ -37,7 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from t10c.chips import Chip
-from t10c.ir import Graph, TensorExpr
+from t10c.dtypes import DTYPES
+from t10c.ir import Graph, TensorExpr, Window
 
 from .cost import element_bytes
 from .plan import OpPlan, geometry
@@ -105,6 +117,79 @@ def dram_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip, dt
     return twins
 
 
+def store_waits(graph: Graph, basic: bool = False) -> dict[int, int]:
+    """Per op whose result is a graph output (written back to DRAM on a chip with DRAM):
+    the op at whose start the cores wait for its DMA stores, ``len(graph.ops)`` for the end
+    of the step. The store runs beside the op after the result's last reader (``basic``:
+    beside nothing, the cores wait at the next op)."""
+    producer = {op.output.tensor: i for i, op in enumerate(graph.ops)}
+    last: dict[int, int] = {}
+    for i, op in enumerate(graph.ops):
+        for o in op.reads:
+            if graph.root(o.tensor) in producer:
+                last[producer[graph.root(o.tensor)]] = i
+    n = len(graph.ops)
+    waits = {}
+    for t in graph.outputs:
+        p = producer.get(graph.root(t))
+        if p is not None:
+            waits[p] = min(n, p + 1 if basic else max(last.get(p, p), p) + 2)
+    return waits
+
+
+def appended(graph: Graph, tensor: str) -> tuple[str, int, int] | None:
+    """For a graph output that a graph input's DRAM copy already begins (a decode step's
+    ``present`` KV cache: the ``past`` one, with the new token's rows concatenated along one
+    axis): (that input, the axis, its length there); None for any other output. Only the
+    rows past that length are written back, into the input's DRAM copy grown in place.
+
+    The producer must be the lowered Concat: the sum of the input read at offset 0 and the
+    new rows read ``length`` past it (out-of-range reads are zero), so that the first rows
+    of the result are the input's exactly."""
+    op = next((o for o in graph.ops if o.output.tensor == graph.root(tensor)), None)
+    if op is None or op.body != ("add", ("in", 0), ("in", 1)) or len(op.inputs) != 2 \
+            or op.combine is not None or op.epilogue is not None:
+        return None
+    base = graph.root(op.inputs[0].tensor)
+    shape, have = graph.tensors[tensor].shape, graph.tensors[base].shape
+    if base not in graph.inputs or len(shape) != len(have):
+        return None
+    axes = [d for d, (a, b) in enumerate(zip(shape, have)) if a != b]
+    if len(axes) != 1 or have[axes[0]] >= shape[axes[0]]:
+        return None
+    length = have[axes[0]]
+    windows = [[dim for dim in o.axes if isinstance(dim, Window)] for o in op.inputs]
+    if [len(w) for w in windows] != [1, 1] or [w[0].offset for w in windows] != [
+            0, -length] or windows[0][0].terms != windows[1][0].terms:
+        return None
+    return base, axes[0], length
+
+
+def stored_elements(graph: Graph, tensor: str) -> int:
+    """How many elements of graph output ``tensor`` a write-back stores (`appended`)."""
+    grown = appended(graph, tensor)
+    numel = graph.tensors[tensor].numel
+    if grown is None:
+        return numel
+    _, axis, length = grown
+    extent = graph.tensors[tensor].shape[axis]
+    return numel // extent * (extent - length)
+
+
+def store_cycles(graph: Graph, n: int, p: OpPlan, chip: Chip, dtype: str,
+                 ints: frozenset[str]) -> int:
+    """Cycles of the DMA stores that write op n's graph outputs back under plan ``p``
+    (`Chip.dram_store_cycles`, one store per output tensor, back to back on the queue)."""
+    op = graph.ops[n]
+    # DRAM holds the tensor in its storage type (an accumulator's fp32 is stored rounded)
+    size = element_bytes(op, len(op.inputs), dtype, ints) if op.combine is None else \
+        DTYPES[dtype].bytes
+    held = p.out_bytes_per_core // element_bytes(op, len(op.inputs), dtype, ints) * size
+    phys = geometry(graph, op, p).phys
+    return sum(chip.dram_store_cycles(stored_elements(graph, t) * size, held, phys)
+               for t in graph.outputs if graph.root(t) == op.output.tensor)
+
+
 def extra_cycles(front: list[OpPlan], mode: str) -> list[int]:
     """What each plan's DRAM loads add to the op's cycles in the whole-graph choice: all of
     them, whatever the schedule (``mode``). How much of a load the ops before it hide is the
@@ -125,30 +210,82 @@ class Schedule:
     issue: tuple[int, ...]  # per op: the op at whose start its loads are issued (-1: none)
     stall: tuple[int, ...]  # per op: cycles it waits for its loads before it runs
     depth: int = -1  # static: the uniform preload depth used
+    #: per op: the op at whose start the cores wait for its write-backs (len(ops): the end
+    #: of the step; -1: it writes nothing back)
+    store_wait: tuple[int, ...] = ()
 
 
 def schedule(plans: Sequence[OpPlan], on_chip: Sequence[int], memory: Sequence[int],
-             cap: int, mode: str) -> Schedule:
+             cap: int, mode: str, stores: Sequence[tuple[int, int, int]] = ()) -> Schedule:
     """Issue points and stalls of ``plans`` (``on_chip[i]``: op i's cycles on chip with its
-    re-layout; ``memory[i]``: the bytes per core in use at op i, its own loaded tiles
-    included) within ``cap`` bytes per core."""
+    re-layout; ``memory[i]``: the bytes per core in use at op i, its own loaded tiles and
+    the results held for their stores included) within ``cap`` bytes per core; ``stores``:
+    (op, the earliest op its stores may be waited at, their cycles) of every write-back
+    (`store_waits`). Under ``elk`` a result waits for its store as late as the SRAM left
+    over allows (the store then hides behind more ops); the others wait at the earliest.
+    The last op's stall includes the wait for the stores still in flight at the end."""
     if mode not in SCHEDULES:
         raise ValueError(f"unknown DRAM schedule {mode!r}: use {', '.join(SCHEDULES)}")
     n = len(plans)
     need = [p.dram_bytes_per_core for p in plans]
     loads = [i for i in range(n) if plans[i].dram_cycles]
     at_own_op = [i if i in set(loads) else -1 for i in range(n)]
+
+    def made(issue: list[int], late: bool, depth: int = -1) -> Schedule:
+        waits = _store_waits(plans, issue, need, memory, cap, stores, late)
+        timed = [(p, w, c) for (p, _, c), w in zip(stores, waits)]
+        store_wait = [-1] * n
+        for (p, _, _), w in zip(stores, waits):
+            store_wait[p] = w
+        return Schedule(mode, tuple(issue), _stalls(plans, on_chip, issue, timed), depth,
+                        tuple(store_wait) if stores else ())
+
     if mode == "basic":
-        return Schedule(mode, tuple(at_own_op), _stalls(plans, on_chip, at_own_op))
+        return made(at_own_op, False)
     if mode == "static":
         for depth in range(MAX_STATIC_DEPTH, 0, -1):
             fixed = _issue(loads, n, need, memory, cap, depth)
             if fixed is not None:
-                return Schedule(mode, tuple(fixed), _stalls(plans, on_chip, fixed), depth)
-        return Schedule(mode, tuple(at_own_op), _stalls(plans, on_chip, at_own_op), 0)
+                return made(fixed, False, depth)
+        return made(at_own_op, False, 0)
     early = _issue(loads, n, need, memory, cap, None)
     assert early is not None  # depth 0 (issue at the op itself) always fits
-    return Schedule(mode, tuple(early), _stalls(plans, on_chip, early))
+    # on the one FIFO queue an early load can hold up a write-back behind it: the earliest
+    # issue is not always the fastest, so ELK's schedule is the best of it, every uniform
+    # depth that fits and load-then-execute (the first of equals: the earliest)
+    best = made(early, True)
+    if stores:
+        for depth in range(MAX_STATIC_DEPTH, -1, -1):
+            fixed = _issue(loads, n, need, memory, cap, depth) if depth else at_own_op
+            if fixed is not None:
+                other = made(fixed, True)
+                if sum(other.stall) < sum(best.stall):
+                    best = other
+    return best
+
+
+def _store_waits(plans: Sequence[OpPlan], issue: Sequence[int], need: Sequence[int],
+                 memory: Sequence[int], cap: int, stores: Sequence[tuple[int, int, int]],
+                 late: bool) -> list[int]:
+    """Where each store of ``stores`` is waited for: at its earliest op, or (``late``) as
+    much later as the SRAM beside the preloads of ``issue`` allows, each result held one
+    op more at a time (its bytes: the producer plan's result, `OpPlan.out_bytes_per_core`)."""
+    if not late:
+        return [w for _, w, _ in stores]
+    n = len(plans)
+    extra = [0] * n  # preloaded and held bytes at each op beyond ``memory``
+    for k, j in enumerate(issue):
+        if j >= 0:
+            for m in range(j, k):
+                extra[m] += need[k]
+    waits = []
+    for p, w, _ in stores:
+        held = plans[p].out_bytes_per_core
+        while w < n and memory[w] + extra[w] + held <= cap:
+            extra[w] += held
+            w += 1
+        waits.append(w)
+    return waits
 
 
 def _issue(loads: list[int], n: int, need: list[int], memory: Sequence[int], cap: int,
@@ -175,24 +312,39 @@ def _issue(loads: list[int], n: int, need: list[int], memory: Sequence[int], cap
     return issue
 
 
-def _stalls(plans: Sequence[OpPlan], on_chip: Sequence[int], issue: Sequence[int]
-            ) -> tuple[int, ...]:
-    """Each op's wait for its loads, on one FIFO DMA queue (the emulator's clock); a load
-    issued at its own op (basic) starts when the op before it has finished."""
+def _stalls(plans: Sequence[OpPlan], on_chip: Sequence[int], issue: Sequence[int],
+            stores: Sequence[tuple[int, int, int]] = ()) -> tuple[int, ...]:
+    """Each op's wait for its loads (and for the stores due at its start), on one FIFO DMA
+    queue (the emulator's clock); a load issued at its own op (basic) starts when the op
+    before it has finished, a store when its op has."""
     by_op: dict[int, list[int]] = {}
     for k, j in enumerate(issue):
         if j >= 0:
             by_op.setdefault(j, []).append(k)
+    stored: dict[int, list[tuple[int, int]]] = {}  # by the op at whose start they are issued
+    for p, w, c in stores:
+        stored.setdefault(p + 1, []).append((w, c))
     now = free = 0
     ready: dict[int, int] = {}
-    stall = []
-    for i in range(len(plans)):
+    done: dict[int, int] = {}  # by the op that waits for them
+    stall: list[int] = []
+    n = len(plans)
+    for i in range(n + 1):
+        for w, c in stored.get(i, ()):
+            free = max(now, free) + c
+            done[w] = max(done.get(w, 0), free)
+        wait = max(done.get(i, 0) - now, 0)
+        now += wait
+        if i == n:  # the stores still in flight at the end
+            if stall:
+                stall[-1] += wait
+            break
         for k in by_op.get(i, ()):
             free = max(now, free) + plans[k].dram_cycles
             ready[k] = free
-        wait = max(ready.get(i, 0) - now, 0)
-        stall.append(wait)
-        now += wait + on_chip[i]
+        load = max(ready.get(i, 0) - now, 0)
+        stall.append(wait + load)
+        now += load + on_chip[i]
     return tuple(stall)
 
 

@@ -11,7 +11,10 @@ planner from the plan's geometry with the functions here:
   (every member gathers its chunk from every other member);
 - an exchange whose sources the plan does not fix (a re-layout from the producer's layout, a
   weight fetched from its idle layout): `spread_cross`, the estimate that the sources are
-  spread evenly over the pod, so that ``(chips - 1) / chips`` of each core's bytes cross.
+  spread evenly over the pod, so that ``(chips - 1) / chips`` of each core's bytes cross;
+  for a re-layout, at most that share of the distinct elements a chip's cores want
+  (`chip_wanted`): an element crosses to a chip once and is fanned out there over the
+  chip's own exchange (the emulator counts the distinct elements each chip receives).
 """
 
 from __future__ import annotations
@@ -101,13 +104,32 @@ def _group_row(chips: int, per_chip: int, F: tuple[int, ...], reduction: tuple[i
                                             chips))
 
 
-def spread_cross(chip: Chip, ncores: int, bytes_per_core: int) -> int:
+def spread_cross(chip: Chip, ncores: int, bytes_per_core: int, wanted: int | None = None
+                 ) -> int:
     """The busiest chip's inter-chip bytes when each of cores 0 .. ncores - 1 receives
-    ``bytes_per_core`` from sources spread evenly over the pod (an estimate)."""
+    ``bytes_per_core`` from sources spread evenly over the pod (an estimate); at most
+    those of ``wanted`` bytes, the most distinct bytes a chip's cores want (`chip_wanted`):
+    an element crosses to a chip once and is fanned out there."""
     if not chip.is_pod or bytes_per_core <= 0:
         return 0
-    return ceil_div(chip.busiest_chip_cores(ncores) * bytes_per_core * (chip.chips - 1),
+    cores = chip.busiest_chip_cores(ncores) * bytes_per_core
+    return ceil_div(min(cores, cores if wanted is None else wanted) * (chip.chips - 1),
                     chip.chips)
+
+
+def chip_wanted(chip: Chip, origin: np.ndarray, shape: np.ndarray, phys: np.ndarray,
+                extent: np.ndarray) -> np.ndarray:
+    """(chips,): the elements of a tensor of ``extent`` that the cores of each chip want
+    when logical core c (on ``phys[c]``) wants the box of ``shape`` at ``origin[c]``, each
+    distinct box of a chip once (replicas on one chip share what crosses to it)."""
+    if not chip.is_pod or not len(origin):
+        return np.zeros(max(chip.chips, 1), dtype=np.int64)
+    boxes = np.unique(np.column_stack([chip.chip_of(np.asarray(phys, dtype=np.int64)),
+                                       np.asarray(origin, dtype=np.int64)]), axis=0)
+    lo = np.maximum(boxes[:, 1:], 0)
+    hi = np.minimum(boxes[:, 1:] + np.asarray(shape, dtype=np.int64), extent)
+    size = np.prod(np.maximum(hi - lo, 0), axis=1)
+    return np.bincount(boxes[:, 0], weights=size, minlength=chip.chips).astype(np.int64)
 
 
 def reduce_pairs(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...], group: int,
@@ -122,11 +144,15 @@ def reduce_pairs(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...], gro
     return int(group_cross(chip, phys, group_keys(F, reduction, ring)).max())
 
 
-def received_cross(chip: Chip, received: np.ndarray) -> int:
+def received_cross(chip: Chip, received: np.ndarray, wanted: np.ndarray | None = None
+                   ) -> int:
     """The busiest chip's inter-chip bytes when core c receives ``received[c]`` bytes from
-    sources spread evenly over the pod (an estimate, as `spread_cross`)."""
+    sources spread evenly over the pod (an estimate, as `spread_cross`), each chip at most
+    its ``wanted[k]`` distinct bytes (fanned out on the chip)."""
     if not chip.is_pod or not received.any():
         return 0
     per_chip = np.bincount(chip.chip_of(np.arange(len(received))), weights=received,
                            minlength=chip.chips)
+    if wanted is not None:
+        per_chip = np.minimum(per_chip, wanted)
     return ceil_div(int(per_chip.max()) * (chip.chips - 1), chip.chips)

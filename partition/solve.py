@@ -50,6 +50,7 @@ from t10c.ir import Graph
 
 from . import cpsat
 from .cpsat import Progress
+from .dram import store_waits
 from .plan import OpPlan
 from .tie import tie_classes
 
@@ -106,7 +107,10 @@ class Edge:
     cost: tuple[tuple[int | None, ...], ...]
 
 
-def liveness(graph: Graph) -> MemoryTerms:
+def liveness(graph: Graph, write_back: bool = False) -> MemoryTerms:
+    """Which results are in SRAM at each op: a result from its producer to its last reader,
+    a graph output to the end, or with ``write_back`` (chips with DRAM) until its DMA
+    store is waited for (`dram.store_waits`)."""
     producer = {op.output.tensor: i for i, op in enumerate(graph.ops)}
     last_use: dict[int, int] = {}
     inputs_of: list[tuple[int, ...]] = []
@@ -116,9 +120,12 @@ def liveness(graph: Graph) -> MemoryTerms:
         inputs_of.append(tuple(prods))
         for p in prods:
             last_use[p] = i
-    for t in graph.outputs:
-        if graph.root(t) in producer:
-            last_use[producer[graph.root(t)]] = len(graph.ops)
+    if write_back:
+        last_use.update(store_waits(graph))
+    else:
+        for t in graph.outputs:
+            if graph.root(t) in producer:
+                last_use[producer[graph.root(t)]] = len(graph.ops)
     live, dying = [], []
     for i in range(len(graph.ops)):
         live.append(tuple(p for p, last in sorted(last_use.items()) if p < i < last))
@@ -386,8 +393,10 @@ def _window(progress: Progress | None, offset: int, whole: int, last: bool
 def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
                  edges: list[Edge], sram_bytes: int, opts: SolverOptions,
                  progress: Progress | None = None,
-                 starts: Sequence[tuple[int, ...]] = ()) -> tuple[SolverResult | None, str]:
-    """Choose one plan per op; returns the result (None when nothing fits) and the status.
+                 starts: Sequence[tuple[int, ...]] = (), write_back: bool = False
+                 ) -> tuple[SolverResult | None, str]:
+    """Choose one plan per op; returns the result (None when nothing fits) and the status
+    (``write_back``: graph outputs leave SRAM when stored to DRAM, `liveness`).
 
     ``starts`` are known choices (the baselines' own, mapped into these fronts): the best of
     them and the greedy's is CP-SAT's hint, and the result is never worse than any of them.
@@ -395,7 +404,7 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     of the deterministic limit, and its choice joins the starts of the full model, which has
     the rest of the limit."""
     start = time.perf_counter()
-    terms = liveness(graph)
+    terms = liveness(graph, write_back)
     key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
            sram_bytes, opts, tuple(map(tuple, starts)))
     if key in _SOLVED:  # the same model again (a baseline's, solved inside t10's compile)
@@ -501,10 +510,10 @@ class Peak:
 
 
 def least_peak(graph: Graph, fronts: list[list[OpPlan]], opts: SolverOptions,
-               progress: Progress | None = None) -> Peak | None:
+               progress: Progress | None = None, write_back: bool = False) -> Peak | None:
     """Minimise the peak of (C2) over every choice of plans (None if the solve found no
-    choice at all within its deterministic limit)."""
-    terms = liveness(graph)
+    choice at all within its deterministic limit; ``write_back`` as `liveness`)."""
+    terms = liveness(graph, write_back)
     arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
     model = cp_model.CpModel()
     x = _Choice(model, fronts, range(len(fronts)))

@@ -46,7 +46,7 @@ from .collectives import chunk_elements, scatter_of
 from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
-from .pod import received_cross, spread_cross
+from .pod import chip_wanted, received_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, _Arrays, liveness, memory_use
 
 
@@ -158,18 +158,35 @@ def result_boxes(geo: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
-                  to_root: np.ndarray | None, views: Views | None = None) -> Have:
+                  to_root: np.ndarray | None, views: Views | None = None,
+                  dims: tuple[int, ...] | None = None) -> Have:
     """Where plan ``plan`` of op ``j`` leaves the elements of ``tensor`` (its result, or a
-    view of it whose flat root index per element is ``to_root``)."""
+    view of it whose flat root index per element is ``to_root``; a view that maps boxes to
+    boxes (`Views.box_dims` ``dims``) keeps the producer's boxes, without ``to_root``)."""
     op = graph.ops[j]
     geo = geometry(graph, op, plan)
-    box = result_boxes(geo) if to_root is None else None
+    box = result_boxes(geo) if to_root is None or dims is not None else None
     if box is not None:
-        origin = np.zeros((cores, len(op.output.axes)), dtype=np.int64)
+        b_origin, b_shape = box
+        holding = np.ones(len(b_origin), dtype=bool)
+        if dims is not None:  # each view dimension is a root dimension, or a unit one
+            # a core whose box lies past a dropped unit dimension holds only padding
+            dropped = [d for d in range(b_origin.shape[1]) if d not in dims]
+            if dropped:
+                holding = ~(b_origin[:, dropped] != 0).any(axis=1)
+            cols = np.zeros((len(b_origin), len(dims)), dtype=b_origin.dtype)
+            for k, d in enumerate(dims):
+                if d >= 0:
+                    cols[:, k] = b_origin[:, d]
+            b_origin = cols
+            b_shape = np.array([b_shape[d] if d >= 0 else 1 for d in dims], dtype=np.int64)
+        origin = np.zeros((cores, b_origin.shape[1]), dtype=np.int64)
         holds = np.zeros(cores, dtype=bool)
-        origin[geo.phys] = box[0]
-        holds[geo.phys] = True
-        return Have(origin=origin, holds=holds, shape=box[1])
+        origin[geo.phys] = b_origin
+        holds[geo.phys] = holding
+        return Have(origin=origin, holds=holds, shape=b_shape)
+    if to_root is None and dims is not None and views is not None:
+        to_root = views.to_root(tensor)
     owner = views.owner(j, plan) if views is not None else result_owner(graph, j, plan)
     return Have(owner=owner if to_root is None else owner[to_root])
 
@@ -260,9 +277,7 @@ def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPla
     keys = [(h, want_key, tuple(shape)) for h in have_keys]
     missing = [k for k, key in enumerate(keys) if key not in _MOST]
     if missing:
-        to_root = views.to_root(tensor)
-        todo = [producer_have(graph, j, have_plans[k], tensor, cores, to_root, views)
-                for k in missing]
+        todo = [views.have(j, have_plans[k], tensor, cores) for k in missing]
         want = consumer_want(graph, i, slot, consumer)
         coords = views.coords(shape) if any(h.owner is not None for h in todo) else None
         counts = remote_counts(todo, want, np.asarray(shape), coords).max(axis=1, initial=0)
@@ -347,8 +362,7 @@ class Views:
         if key not in _HAVES:
             if len(_HAVES) >= _DIGESTS_LIMIT:
                 _HAVES.clear()
-            _HAVES[key] = producer_have(self.graph, j, plan, tensor, cores,
-                                        self.to_root(tensor), self).digest()
+            _HAVES[key] = self.have(j, plan, tensor, cores).digest()
         return _HAVES[key]
 
     def moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
@@ -364,8 +378,7 @@ class Views:
         got = _MOVED.get(key) if key else None
         if got is None:
             shape = graph.tensors[operand.tensor].shape
-            have = producer_have(graph, j, producer, operand.tensor, chip.cores,
-                                 self.to_root(operand.tensor), self)
+            have = self.have(j, producer, operand.tensor, chip.cores)
             want = consumer_want(graph, i, slot, consumer)
             coords = self.coords(shape) if have.owner is not None else None
             remote = remote_counts([have], want, np.asarray(shape), coords)[0]
@@ -378,6 +391,38 @@ class Views:
                     _MOVED.clear()
                 _MOVED[key] = got
         return got
+
+    def box_dims(self, tensor: str) -> tuple[int, ...] | None:
+        """For a view that maps every box of its root to a box (transposes, and reshapes
+        that only add or drop dimensions of size 1: a KV cache's), the root dimension of
+        each of its dimensions (-1: a unit dimension of its own); None otherwise (the
+        re-layout is then priced element by element, `to_root`)."""
+        if tensor not in self.graph.views:
+            return None
+        links = []
+        while tensor in self.graph.views:
+            links.append(self.graph.views[tensor])
+            tensor = self.graph.views[tensor].source
+        shape = self.graph.tensors[tensor].shape
+        dims = tuple(range(len(shape)))
+        for view in reversed(links):  # from the root up
+            if view.perm is not None:
+                dims = tuple(dims[p] for p in view.perm)
+            else:
+                real = [d for d, n in zip(dims, shape) if n != 1]
+                if [n for n in shape if n != 1] != [n for n in view.shape if n != 1]:
+                    return None
+                it = iter(real)
+                dims = tuple(next(it) if n != 1 else -1 for n in view.shape)
+            shape = view.shape
+        return dims
+
+    def have(self, j: int, plan: OpPlan, tensor: str, cores: int) -> Have:
+        """`producer_have` of op ``j``'s result read as ``tensor``: box against box where the
+        view maps boxes to boxes (`box_dims`), element by element otherwise."""
+        dims = self.box_dims(tensor)
+        return producer_have(self.graph, j, plan, tensor, cores,
+                             self.to_root(tensor) if dims is None else None, self, dims)
 
     def owner(self, j: int, plan: OpPlan) -> np.ndarray:
         """`result_owner`, once per op expression and plan (repeated layers share it)."""
@@ -468,13 +513,18 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     # under the all-to-all assumption price it as that assumption says
     aware = chip.is_mesh and any(q.embed is not None for q in consumer)
     columns: dict[bytes, np.ndarray] = {}
+    wanted: dict[bytes, int | None] = {}  # a pod: the most distinct bytes a chip wants
     cols = []
+    wants = []
     for q in consumer:
         key = views.want_digest(i, slot, q)
         if key not in columns:
             columns[key] = _most_remote(graph, j, i, slot, have_plans, have_keys, q, key,
                                         chip.cores, views)
+            wanted[key] = (int(_chip_want(graph, i, slot, q, chip).max()) * nbytes
+                           if chip.is_pod else None)
         cols.append(columns[key])
+        wants.append(wanted[key])
     # on a mesh a producer core that feeds many consumer cores is a hot spot too: it sends its
     # tile once per consumer core that reads each element (the operand's replication)
     fanout = [replication(op, slot, q) for q in consumer]
@@ -484,9 +534,9 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     rows = []
     for p, at in zip(producer, have_index):
         row: list[int | None] = []
-        for col, copies, q_aligned, q_shared, ncores in zip(
+        for col, copies, q_aligned, q_shared, ncores, chip_want in zip(
                 cols, fanout, (q.aligned == slot for q in consumer), shared,
-                (math.prod(q.F) for q in consumer)):
+                (math.prod(q.F) for q in consumer), wants):
             remote = int(col[at])
             cyc: int | None
             if q_aligned and remote:
@@ -495,7 +545,8 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                 cyc = 0
             elif q_shared:  # the barrier is the warm-up's
                 cyc = chip.exchange_cycles(remote * nbytes,
-                                           spread_cross(chip, ncores, remote * nbytes))
+                                           spread_cross(chip, ncores, remote * nbytes,
+                                                        chip_want))
             elif aware:
                 sent = p.out_bytes_per_core * copies
                 cyc = barrier + exchange_estimate(chip, remote * nbytes, sent)
@@ -503,10 +554,19 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                 cyc = barrier + chip.transfer_cycles(remote * nbytes)
             else:
                 cyc = barrier + _transfer(chip, remote * nbytes,
-                                          spread_cross(chip, ncores, remote * nbytes))
+                                          spread_cross(chip, ncores, remote * nbytes,
+                                                       chip_want))
             row.append(cyc)
         rows.append(tuple(row))
     return tuple(rows)
+
+
+def _chip_want(graph: Graph, i: int, slot: int, plan: OpPlan, chip: Chip) -> np.ndarray:
+    """A pod: per chip, the distinct elements of input ``slot`` its cores want under
+    ``plan`` (`pod.chip_wanted`)."""
+    want = consumer_want(graph, i, slot, plan)
+    shape = graph.tensors[graph.ops[i].inputs[slot].tensor].shape
+    return chip_wanted(chip, want.origin, want.shape, want.phys, np.asarray(shape))
 
 
 def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
@@ -634,9 +694,12 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     out = []
     for i, op in enumerate(graph.ops):
         received = np.zeros(chip.cores, dtype=np.int64)
+        wanted = np.zeros(max(chip.chips, 1), dtype=np.int64)  # a pod: distinct bytes
         mesh_cycles = 0
         for slot, j, phys, remote in _moves(graph, i, plans, chip, views, producer, shared):
             nbytes = element_bytes(op, slot, dtype, int_tensors)
+            if chip.is_pod and remote.any():
+                wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
             if chip.is_mesh:  # an estimate: each input's exchange on its own
                 if remote.max(initial=0):
                     sent = plans[j].out_bytes_per_core * replication(op, slot, plans[i])
@@ -646,7 +709,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
             else:
                 np.add.at(received, phys, remote * nbytes)
         most = int(received.max(initial=0))
-        cross = received_cross(chip, received)
+        cross = received_cross(chip, received, wanted if chip.is_pod else None)
         if chip.is_mesh:
             out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
         elif fetches(graph, i, plans[i], chip):  # the barrier is the plan's (its fetch's),

@@ -135,7 +135,7 @@ def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:
             problems.append(f"{op.name}: needs {p.hot_bytes_per_core} bytes per core, "
                             f"SRAM is {chip.sram_bytes_per_core}")
     resident = sum(p.cold_bytes_per_core for p in plan.ops)
-    terms = liveness(graph)
+    terms = liveness(graph, chip.has_dram)
     for i, p in enumerate(plan.ops):
         live = sum(plan.ops[j].out_bytes_per_core
                    for j in (*terms.live_after[i], *terms.dying_inputs[i]))

@@ -199,6 +199,18 @@ class Chip:
         return (self.dram_latency_cycles + self.hop_latency_cycles * self.dram_edge_hops
                 + max(channels, ceil_div(max_core_bytes, self.link_bytes_per_cycle)))
 
+    def dram_store_cycles(self, total_bytes: int, core_bytes: int, cores: Any) -> int:
+        """Cycles of one DMA store of a tensor's ``total_bytes`` from ``cores`` (an array of
+        core numbers, or a count), each holding at most ``core_bytes`` of it (the planner
+        and the emulator both time a write-back so). A replicated result is written once,
+        its bytes taken evenly from its cores: on a pod each chip writes its cores' share
+        into its own DRAM."""
+        ncores = cores if isinstance(cores, int) else len(cores)
+        if total_bytes <= 0 or ncores <= 0:
+            return 0
+        chip_bytes = ceil_div(total_bytes * self.busiest_chip_cores(cores), ncores)
+        return self.dram_cycles(total_bytes, min(core_bytes, total_bytes), chip_bytes)
+
     def busiest_chip_cores(self, cores: Any) -> int:
         """How many of ``cores`` (an array of core numbers, or a count n for cores 0 .. n-1)
         the pod's busiest chip holds: its share of a load into those cores."""

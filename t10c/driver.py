@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -19,8 +20,9 @@ import onnx
 
 from t10c import frontend, models
 from t10c.chips import Chip
-from t10c.codegen import Buffer, Program, generate, stream
+from t10c.codegen import Buffer, Program, StreamedOverflow, generate, stream, streamed_layout
 from t10c.codegen.epilogue import program_exprs
+from t10c.codegen.memory import Layout
 from t10c.codegen.verify import verify_program
 from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.graphcheck import verify_graph
@@ -36,6 +38,7 @@ from t10c.partition import (
     plan_graph,
     replay_plan,
     verify_plan,
+    with_preload_margin,
 )
 from t10c.rundir import draw_inputs, input_specs
 
@@ -189,7 +192,7 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                         f"{problems[0].strip()}{more}") from exc
     timeline = None
     if options.timing_only:
-        program, timeline = time_only(graph, plan, chip, progress)
+        plan, program, timeline = time_only(graph, plan, chip, progress, options.solver)
     else:
         program = generate(graph, plan, chip, progress)
         if options.check:
@@ -242,17 +245,52 @@ def _solve_follows_search(progress: Progress) -> Progress:
     return report
 
 
-def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = None
-              ) -> tuple[Program, Timeline]:
+def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = None,
+              solver: SolverOptions = SolverOptions()) -> tuple[Plan, Program, Timeline]:
     """Generate the program op by op straight into a data-less emulator: the same instructions
-    and routes as a functional run, without values and without keeping the program."""
+    and routes as a functional run, without values and without keeping the program.
+
+    Buffers take the online first-fit's addresses. If one lands past the SRAM, the plan's
+    DRAM preloads are scheduled again with a wider margin (`with_preload_margin`, up to
+    `PRELOAD_MARGINS` times the solve's reserve; the plan returned says when they are
+    issued), and failing that the program is laid out offline (`codegen.streamed_layout`:
+    one more pass of codegen, and no replay of repeated layers)."""
+    try:
+        return (plan, *_time_streamed(graph, plan, chip, progress, None))
+    except StreamedOverflow:
+        pass
+    tried = plan
+    for margin in range(2, PRELOAD_MARGINS + 1):
+        wider = with_preload_margin(graph, tried, chip, solver, margin)
+        if wider is None:
+            break
+        if (wider.dram_issue, wider.dram_store_wait) == (tried.dram_issue,
+                                                          tried.dram_store_wait):
+            continue  # the same schedule overflows the same way
+        tried = wider
+        try:
+            program, timeline = _time_streamed(graph, wider, chip, progress, None)
+        except StreamedOverflow:
+            continue
+        said = f"{program.sram_layout}; preloads within {margin}x the solve's SRAM reserve"
+        return wider, dataclasses.replace(program, sram_layout=said), timeline
+    fixed = streamed_layout(graph, plan, chip, progress)
+    return (plan, *_time_streamed(graph, plan, chip, progress, fixed))
+
+
+def _time_streamed(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None,
+                   fixed: Layout | None) -> tuple[Program, Timeline]:
     buffers: list[Buffer] = []
     header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
                      program_exprs(graph), (), {}, graph.outputs, 0)
     machine = TimingMachine(header, chip)
-    program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress)
+    program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress, fixed)
     machine.flush()
     return program, machine.timeline
+
+
+#: the widest preload margin a streamed run tries, in solve reserves (`time_only`)
+PRELOAD_MARGINS = 3
 
 
 class _TimingSink:

@@ -123,7 +123,8 @@ def plan_document(c: Compiled) -> dict[str, Any]:
         # chips with DRAM: the preload schedule, per op the op its loads are issued at (-1:
         # none) and the cycles it waits for them
         **({"dram": {"schedule": plan.dram_schedule, "issue": list(plan.dram_issue),
-                     "stall_cycles": list(plan.dram_stall_cycles)}}
+                     "stall_cycles": list(plan.dram_stall_cycles),
+                     "store_wait": list(plan.dram_store_wait)}}
            if plan.dram_schedule else {}),
     }
 
@@ -160,7 +161,8 @@ def _dram(doc: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     return {"dram_schedule": str(doc["schedule"]),
             "dram_issue": tuple(int(i) for i in doc["issue"]),
-            "dram_stall_cycles": tuple(int(c) for c in doc["stall_cycles"])}
+            "dram_stall_cycles": tuple(int(c) for c in doc["stall_cycles"]),
+            "dram_store_wait": tuple(int(w) for w in doc.get("store_wait", ()))}
 
 
 def _bounds(doc: dict[str, Any] | None) -> Bounds | None:

@@ -396,7 +396,7 @@ def test_consecutive_readers_share_one_copy() -> None:
             assert not any(isinstance(ins, Exchange) and ins.op == names[i]
                            and program.buffers[ins.dst].name == f"{names[i]}.in{slot}"
                            for ins in program.instrs)
-        _, streamed = time_only(graph, plan, CHIP)
+        _, _, streamed = time_only(graph, plan, CHIP)
         assert streamed.cycles == timeline.cycles
         # without the shared copy the second reader would have received its own
         for i, slot in shared:
@@ -470,7 +470,7 @@ def test_a_lone_fetch_rides_in_the_previous_reduce_superstep(monkeypatch) -> Non
     def run(chosen):
         relayout, plan, program, timeline = _priced_run(graph, base, chosen, inputs, want,
                                                         ints, views)
-        _, streamed = time_only(graph, plan, CHIP)
+        _, _, streamed = time_only(graph, plan, CHIP)
         assert streamed.cycles == timeline.cycles
         return relayout, plan.total_cycles, program, timeline.cycles
 
@@ -526,3 +526,43 @@ def test_a_hoisted_fetch_is_placed_high_without_raising_the_footprint() -> None:
     assert alloc.peak == 8 * ALIGN
     assert alloc.alloc(4, ALIGN) == 2 * ALIGN  # the short-lived buffers still fill from below
     assert alloc.alloc_high(5, 3 * ALIGN) == 61 * ALIGN  # no gap below the peak holds it
+
+
+def test_views_that_map_boxes_are_priced_by_boxes() -> None:
+    """A view that maps every box to a box (the KV caches' transposes, reshapes that add or
+    drop unit dimensions) is priced box against box (`Views.box_dims`): on llama-tiny-decode
+    every such edge's remote counts equal the element-by-element ones, for the first plans
+    of each side's front; a reshape that merges dimensions is not box-mapped."""
+    from t10c.driver import load_source
+    from t10c.frontend import to_graph
+    from t10c.partition import search_op_front
+    from t10c.partition.transitions import Views, consumer_want, producer_have, remote_counts
+
+    chip = PRESETS["test64-dram"]
+    graph = to_graph(load_source("llama-tiny-decode", weights=False), name="llama-tiny-decode")
+    views = Views(graph)
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    checked = boxed = 0
+    for i, op in enumerate(graph.ops):
+        for slot, operand in enumerate(op.inputs):
+            dims = views.box_dims(operand.tensor)
+            j = producer.get(graph.root(operand.tensor))
+            if dims is None or j is None:
+                continue
+            shape = graph.tensors[operand.tensor].shape
+            coords = views.coords(shape)
+            for p in search_op_front(graph, graph.ops[j], chip, "fp16").front[:4]:
+                by_element = producer_have(graph, j, p, operand.tensor, chip.cores,
+                                           views.to_root(operand.tensor), views)
+                by_box = producer_have(graph, j, p, operand.tensor, chip.cores, None, views,
+                                       dims)
+                boxed += by_box.owner is None  # (None where the result is not in boxes)
+                for q in search_op_front(graph, op, chip, "fp16").front[:4]:
+                    want = consumer_want(graph, i, slot, q)
+                    assert (remote_counts([by_element], want, np.asarray(shape), coords)
+                            == remote_counts([by_box], want, np.asarray(shape), coords)).all()
+                    checked += 1
+    assert checked > 20 and boxed > 5
+    merged = [t for t, v in graph.views.items() if v.perm is None and sum(
+        n != 1 for n in v.shape) < sum(n != 1 for n in graph.tensors[v.source].shape)]
+    assert merged and all(views.box_dims(t) is None for t in merged)
