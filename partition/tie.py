@@ -49,3 +49,45 @@ def tie_classes(fronts: Sequence[Sequence[OpPlan]], cycles: Sequence[Sequence[in
         colour = [table.setdefault((colour[i], tuple(sorted(ins[i])), tuple(sorted(outs[i]))),
                                    len(table)) for i in range(len(colour))]
     return colour
+
+
+def copies(tie: Sequence[int]) -> list[int]:
+    """Per op, which copy of the repeated block it belongs to: the class with the most
+    members (the first such) anchors the copies, its k-th member starting copy k (ops before
+    the first member belong to copy 0). One copy per op when nothing repeats."""
+    members: dict[int, list[int]] = {}
+    for i, c in enumerate(tie):
+        members.setdefault(c, []).append(i)
+    anchor = max(members.values(), key=len)  # max keeps the first of equal lengths
+    copy, k = [], 0
+    for i in range(len(tie)):
+        while k + 1 < len(anchor) and anchor[k + 1] <= i:
+            k += 1
+        copy.append(k)
+    return copy
+
+
+def group_sizes(n: int) -> list[int]:
+    """Sizes 1, 2, 4, ... and the remainder, summing to ``n``: every count from 0 to ``n`` is
+    the sum of some of them (so groups of copies tied within can mix variants in any
+    proportion)."""
+    sizes: list[int] = []
+    size = 1
+    while sum(sizes) + size <= n:
+        sizes.append(size)
+        size *= 2
+    rest = n - sum(sizes)  # at most the next power of two: the counts stay contiguous
+    return sizes + ([rest] if rest else [])
+
+
+def grouped(tie: Sequence[int]) -> list[int]:
+    """The tie classes split by groups of consecutive copies (`copies`, `group_sizes`): ops
+    tie only within a group, so the tied model can give a few layers other plans than the
+    rest (where memory binds, which layers keep their weights resident is a knapsack, and
+    identical layers cannot solve it). Numbered in order of first appearance."""
+    copy = copies(tie)
+    group: list[int] = []
+    for g, size in enumerate(group_sizes(max(copy) + 1)):
+        group += [g] * size
+    table: dict[tuple[int, int], int] = {}
+    return [table.setdefault((c, group[k]), len(table)) for c, k in zip(tie, copy)]
