@@ -4,15 +4,14 @@ A transformer repeats one layer many times (bert-large: 24), so the whole-graph 
 the same sub-model many times over. Ops whose fronts hold the same plans (up to the op's
 name), whose cycles are the same, and whose neighbourhoods look the same (the same inputs
 from the same kinds of producers over the same re-layout costs, and the same consumers) for
-``rounds`` steps of colour refinement get one *tie class*. The solver (`solve.py`) first
-solves the tied model, in which an op chooses its class's plan, then gives that choice to the
-full model as its start.
+``rounds`` steps of colour refinement get one *tie class*. `grouped` splits the classes by
+groups of consecutive copies of the layer, so that a few layers can choose other plans than
+the rest; the solver (`solve.py`) solves that reduced model, in which an op chooses its
+grouped class's plan, then bounds and polishes its choice in the full model.
 
-A choice of the tied model is a choice of the full model (every op gets a plan of its own
-front, under every op's own memory constraint, with the same objective terms), so the tied
-solve can only supply a start, never exclude a plan: where memory forbids identical layers
-(the knapsack of which layers warm their weights up, say), the tied model may be infeasible
-or worse, and the full model, which unties every op, finds the mix.
+A choice of the reduced model is a choice of the full model (every op gets a plan of its own
+front, under every op's own memory constraint, with the same objective terms), so it can only
+supply a choice, never exclude a plan, and its bound is not the full model's.
 
 Refinement stops after a few rounds on purpose: refined to the end, the colours tell every
 layer from the next (by its distance to the embeddings), and nothing would be tied.
