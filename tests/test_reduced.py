@@ -4,12 +4,10 @@ is found by brute force, its detection, the full model's LP bound, and the greed
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from ortools.sat.python import cp_model
-from test_solver import EXACT, chain_graph, plan
+from test_solver import EXACT, brute_force, chain_graph, plan
 
 from t10c.partition import cpsat
 from t10c.partition import solve as solving
@@ -46,17 +44,6 @@ def blocks(n: int = BLOCKS, odd: int | None = None):
         if b + 1 < n:
             edges.append(Edge(2 * b + 1, 2 * b + 2, 0, ((0, 0),)))
     return graph, fronts, edges
-
-
-def brute_force(graph, fronts, edges, cap: int) -> int | None:
-    arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
-    terms = liveness(graph)
-    best = None
-    for choice in itertools.product(*(range(len(f)) for f in fronts)):
-        if (memory_use(terms, arrays, choice) <= cap).all():
-            value = objective(arrays, edges, choice)
-            best = value if best is None else min(best, value)
-    return best
 
 
 def _tie(fronts, edges):
