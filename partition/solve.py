@@ -428,9 +428,10 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
 
     ``starts`` are known choices (the baselines' own, mapped into these fronts): the best of
     them and the greedy's is CP-SAT's hint, and the result is never worse than any of them.
-    Where ops tie (repeated layers, `tie.py`), the tied model is solved first, within a share
-    of the deterministic limit, and its choice joins the starts of the full model, which has
-    the rest of the limit."""
+    Where ops tie (repeated layers, `tie.py`), the reduced model (`tie.grouped`) is solved
+    first, within a share of the deterministic limit; the full model's LP bounds its choice,
+    and the full model is searched, with the rest of the limit, only where that bound is not
+    close (`POLISH_ABOVE`)."""
     start = time.perf_counter()
     terms = liveness(graph)
     key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
@@ -495,8 +496,18 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     used = 0.0
     tie = tie_classes(fronts, [a.tolist() for a in arrays.cycles],
                       [(e.src, e.dst, e.slot, e.cost) for e in edges])
-    reduced = False  # the reduced model was solved to its optimum
-    if len(set(tie)) < len(tie):
+    repeats = len(set(tie)) < len(tie)
+    # the full model's LP bounds every choice (a reduced model's bound does not): a known
+    # choice it proves within the gap needs no solve at all (bert-base: a baseline's)
+    lp = cpsat.lp_bound(build_model(terms, fronts, arrays, edges, cap, None)[0]) \
+        if repeats else None
+
+    def close(times: float) -> bool:
+        return best_obj is not None and lp is not None \
+            and best_obj - lp <= times * opts.relative_gap * best_obj
+
+    method = "full model"
+    if repeats and not close(1):
         share = dataclasses.replace(opts, time_limit_s=opts.time_limit_s * TIED_SHARE,
                                     relative_gap=opts.relative_gap * REDUCED_GAP)
         model, x = build_model(terms, fronts, arrays, edges, cap, best, grouped(tie))
@@ -505,21 +516,18 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             known.append(x.decode(solver))  # fits: it is checked against every op's (C2)
             best, best_obj = best_known()
-            reduced = status == cp_model.OPTIMAL
-    model, x = build_model(terms, fronts, arrays, edges, cap, best)
-    lp = cpsat.lp_bound(model) if reduced else None
-    if best is not None and best_obj is not None and lp is not None \
-            and best_obj - lp <= POLISH_ABOVE * opts.relative_gap * best_obj:
-        # the full model's LP bounds the reduced optimum closely: proven within the gap, or
-        # close enough that the full search (which rarely closes such a gap: bert-large's
-        # stays at 0.20% after 30 s) is not worth its time
+        method = "grouped layers"
+    if best is not None and best_obj is not None and lp is not None and close(POLISH_ABOVE):
+        # the full model's LP bounds the choice closely: proven within the gap, or close
+        # enough that the full search (which rarely closes such a gap: bert-large's stays at
+        # 0.20% after 30 s) is not worth its time
         if progress:
             progress("solve", whole, whole)
-        proven = best_obj - lp <= opts.relative_gap * best_obj
-        name = "OPTIMAL" if proven else "FEASIBLE"
+        name = "OPTIMAL" if close(1) else "FEASIBLE"
+        how = "a known choice" if method == "full model" else method
         return SolverResult(best, name, best_obj, min(lp, best_obj), time.perf_counter() - start,
-                            warm_obj, used, "grouped layers, bounded by the full model's LP"
-                            ), name
+                            warm_obj, used, f"{how}, bounded by the full model's LP"), name
+    model, x = build_model(terms, fronts, arrays, edges, cap, best)
     # the path without a reduced model: the full model, hinted, with the rest of the limit
     rest_opts = dataclasses.replace(opts, time_limit_s=max(opts.time_limit_s - used, 0.001))
     solver, status = solve_model(model, rest_opts,
@@ -528,7 +536,7 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     name = solver.status_name(status)
     choice = x.decode(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     wall = time.perf_counter() - start
-    method = "full model" if len(set(tie)) == len(tie) else "grouped layers, then the full model"
+    method = "full model" if method == "full model" else f"{method}, then the full model"
     # CP-SAT's bound and the LP's are both bounds of the full model: the better one is kept
     bound = max(int(round(solver.best_objective_bound)), lp if lp is not None else 0)
     if choice is None:
