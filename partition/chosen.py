@@ -38,6 +38,8 @@ class SolverReport:
     #: CP-SAT's deterministic time over the compile's solves (the baselines' own, the tied
     #: and full models, the aligned second solve); kept out of plan.json beside ``wall_s``
     deterministic_s: float = 0.0
+    #: which models made the choice (`solve._choose`): "full model", "grouped layers, ..."
+    method: str = ""
 
     def document(self) -> dict[str, object]:
         """The fields plan.json stores (all but ``wall_s`` and ``deterministic_s``)."""
@@ -55,7 +57,7 @@ class SolverReport:
             greedy_objective_cycles=(None if doc["greedy_objective_cycles"] is None
                                      else int(doc["greedy_objective_cycles"])),
             wall_s=wall_s, workers=int(doc["workers"]), seed=int(doc["seed"]),
-            time_limit_s=float(doc["time_limit_s"]))
+            time_limit_s=float(doc["time_limit_s"]), method=str(doc.get("method", "")))
 
 
 #: the report of a plan put together by hand (tests, tools), not chosen by a solver

@@ -20,12 +20,19 @@ Shared by the whole-graph plan choice (`solve.py`) and codegen's SRAM layout rep
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
+from ortools.linear_solver import pywraplp  # type: ignore[import-untyped]
 from ortools.sat.python import cp_model
 
 Progress = Callable[[str, int, int], None]
+T = TypeVar("T")
+
+#: GLOP's answer is exact only to its tolerances: the bound is lowered by this share of it
+_LP_MARGIN = 1e-6
 
 #: how often the main thread wakes up to report progress (seconds of wall time). It only
 #: paces the display: the solve itself never reads the clock.
@@ -67,7 +74,28 @@ def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress |
     limit = float(solver.parameters.max_deterministic_time)
     total = max(int(limit * 1000), 1)
     watch = _Watch()
-    outcome: list[cp_model.CpSolverStatus] = []
+    if progress:
+        progress(stage, 0, total)
+    shown = [0]
+
+    def tick() -> None:
+        done = min(int(watch.det_time * 1000), total - 1)
+        if progress and done > shown[0]:
+            progress(stage, done, total)
+            shown[0] = done
+
+    status = _in_thread(lambda: solver.solve(model, watch), solver.stop_search, tick)
+    if progress:
+        progress(stage, total, total)
+    return status
+
+
+def _in_thread(solve: Callable[[], T], stop: Callable[[], object],
+               tick: Callable[[], None] | None = None) -> T:
+    """``solve()`` in a helper thread (native solvers release the GIL), the main thread
+    calling ``tick`` every ``_POLL_S``; on Ctrl-C, ``stop()`` ends the solve, which is waited
+    for, and ``KeyboardInterrupt`` is re-raised."""
+    outcome: list[T] = []
     failure: list[BaseException] = []
     # the worker signals its end through an Event: Thread.join interrupted by Ctrl-C can
     # report a thread finished while it still runs (CPython 3.11), and the native solver must
@@ -76,32 +104,25 @@ def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress |
 
     def work() -> None:
         try:
-            outcome.append(solver.solve(model, watch))
+            outcome.append(solve())
         except BaseException as exc:  # pragma: no cover - re-raised in the main thread
             failure.append(exc)
         finally:
             finished.set()
 
-    thread = threading.Thread(target=work, name="cp-sat", daemon=True)
-    if progress:
-        progress(stage, 0, total)
-    shown = 0
+    thread = threading.Thread(target=work, name="solver", daemon=True)
     try:
         thread.start()
         while not finished.wait(_POLL_S):
-            done = min(int(watch.det_time * 1000), total - 1)
-            if progress and done > shown:
-                progress(stage, done, total)
-                shown = done
+            if tick:
+                tick()
     except KeyboardInterrupt:
-        solver.stop_search()
+        stop()
         _wait_out(finished)
         raise
     thread.join()
     if failure:
         raise failure[0]
-    if progress:
-        progress(stage, total, total)
     return outcome[0]
 
 
@@ -114,3 +135,51 @@ def _wait_out(finished: threading.Event) -> None:
                 return
         except KeyboardInterrupt:
             continue
+
+
+def _ends(domain: list[int]) -> tuple[float, float]:
+    """A CP-SAT domain's hull, its open ends (written as the int64 extremes) infinite."""
+    return tuple(v if abs(v) < 2 ** 62 else math.copysign(math.inf, v)  # type: ignore
+                 for v in (domain[0], domain[-1]))
+
+
+def lp_bound(model: cp_model.CpModel) -> int | None:
+    """A lower bound on the objective of a minimising ``model`` from its LP relaxation (every
+    variable continuous within its domain), solved by GLOP: exact (simplex, no time limit),
+    deterministic, and far cheaper than CP-SAT's own search for a bound on a large model.
+    Constraints other than linear ones and exactly-one, and those with enforcement literals,
+    are dropped (a weaker relaxation is still a bound). None when the LP is not solved."""
+    proto = model.proto
+    lp = pywraplp.Solver.CreateSolver("GLOP")
+    # (the proto's repeated fields do not index from the end: read them as lists)
+    xs = [lp.NumVar(*_ends(list(v.domain)), "") for v in proto.variables]
+
+    def add(refs: list[int], coeffs: list[int], low: float, high: float) -> None:
+        # a negative reference is a literal's negation: 1 - x
+        row = lp.Constraint(low, high)
+        for ref, coeff in zip(refs, coeffs):
+            if ref < 0:
+                row.SetCoefficient(xs[-ref - 1], -coeff)
+                row.SetBounds(row.lb() - coeff, row.ub() - coeff)
+            else:
+                row.SetCoefficient(xs[ref], coeff)
+
+    for ct in proto.constraints:
+        if ct.enforcement_literal:
+            continue
+        if ct.has_exactly_one():
+            add(list(ct.exactly_one.literals), [1] * len(ct.exactly_one.literals), 1, 1)
+        elif ct.has_linear():
+            add(list(ct.linear.vars), list(ct.linear.coeffs), *_ends(list(ct.linear.domain)))
+    goal = proto.objective
+    cost = lp.Objective()
+    for ref, coeff in zip(goal.vars, goal.coeffs):
+        cost.SetCoefficient(xs[ref], float(coeff))  # the python API states no negated refs here
+    cost.SetMinimization()
+    # (in a helper thread, as CP-SAT's solves: Ctrl-C interrupts it)
+    if _in_thread(lp.Solve, lp.InterruptSolve) != pywraplp.Solver.OPTIMAL:
+        return None
+    scale = goal.scaling_factor or 1.0
+    value = scale * (cost.Value() + goal.offset)
+    # the optimum of integer costs is an integer at least the LP's true value
+    return math.ceil(value - _LP_MARGIN * abs(value))

@@ -22,9 +22,11 @@ model is built by `build_model`, solved by `solve_model` and decoded by `decode`
   producer plans it allows.
 - objective: ``sum_{i, p} cycles_ip * x[i, p] + sum_{e, p, q} r_epq * y[e, p, q]``.
 
-Repeated layers: ops of one tie class (`tie.py`) first share their choice variables, in a
-small tied model solved within `TIED_SHARE` of the limit; its choice starts the full model
-(every op untied), which has the rest of the limit (docs/planner.md, "Tied layers").
+Repeated layers: ops of one tie class (`tie.py`) within one group of consecutive copies of
+the layer (`tie.grouped`) first share their choice variables, in a reduced model solved within
+`TIED_SHARE` of the limit. Its choice is one of the full model (every op untied); the full
+model's LP relaxation (`cpsat.lp_bound`) bounds it, and where that does not prove it within the
+gap, the full model is polished from it (docs/planner.md, "Repeated layers").
 
 The greedy starts from every op's fastest plan and, while some op's memory (C2) is exceeded,
 moves one op contributing there to its next smaller plan, the one that adds the fewest cycles
@@ -52,12 +54,21 @@ from . import cpsat
 from .cpsat import Progress
 from .dram import store_waits
 from .plan import OpPlan
-from .tie import tie_classes
+from .tie import grouped, tie_classes
 
 #: the objective of a choice that uses a pair of plans an edge does not allow
 FORBIDDEN = 2 ** 62
-#: the share of the deterministic limit the tied model (`tie.py`) may use before the full one
+#: the share of the deterministic limit the reduced model (`tie.grouped`) may use before the
+#: full one
 TIED_SHARE = 0.25
+#: the reduced model is solved to this share of the relative gap: it is small, and the full
+#: model's search is skipped when its choice is proven (bert-base: 435,826 cycles at a tenth
+#: of the gap, 436,060 at the gap, against the full model's 436,008 at the gap)
+REDUCED_GAP = 0.1
+#: the full model is searched after the reduced one only when its LP bound is further than
+#: this many times the relative gap below the reduced optimum (docs/planner.md, "Repeated
+#: layers")
+POLISH_ABOVE = 10
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,8 @@ class SolverResult:
     greedy_objective_cycles: int | None
     #: CP-SAT's deterministic time spent on this choice (0 for the greedy and a look-up)
     deterministic_s: float = 0.0
+    #: which models made the choice (`_choose`): "full model", "grouped layers, ..."
+    method: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,44 +183,56 @@ def greedy(terms: MemoryTerms, arrays: _Arrays, cap: int, base: list[int] | None
            ) -> list[int] | None:
     """T10-style memory reconciliation: fastest plans first, then shrink where memory runs
     out, always taking the move (any smaller plan of any op that holds bytes there) that costs
-    the fewest cycles per byte saved."""
+    the fewest cycles per byte saved (ties: the first op, then its first such plan)."""
     n = len(arrays.cold)
     choice = [0] * n
     # the greedy walks each op's front (the first ``base[i]`` plans, fastest first); variants
     # appended after it (weights warmed up) are left to the solver
     end = base if base is not None else [len(c) for c in arrays.cold]
-    last = [e - 1 for e in end]
     live = live_matrix(terms)
+    # an op's best move depends on the over-full op only through which of its byte kinds
+    # count there (its weights always; its working bytes when it is the op; its output when
+    # that is live there): the three best moves of every op are kept, and only the moved
+    # op's are recomputed, so a step costs one pass over the ops in numpy
+    moves = np.full((3, n), np.inf)
+    target = np.zeros((3, n), dtype=np.int64)
+
+    def rescore(j: int) -> None:
+        k, stop = choice[j], end[j]
+        moves[:, j] = np.inf
+        if k >= stop - 1:
+            return
+        cold = arrays.cold[j][k] - arrays.cold[j][k + 1:stop]
+        added = np.maximum(arrays.cycles[j][k + 1:stop] - arrays.cycles[j][k], 0)
+        for case, saved in enumerate((cold, cold + arrays.extra[j][k] - arrays.extra[j][k + 1:stop],
+                                      cold + arrays.out[j][k] - arrays.out[j][k + 1:stop])):
+            useful = saved > 0
+            if useful.any():
+                score = np.where(useful, added / np.maximum(saved, 1), np.inf)
+                m = int(np.argmin(score))
+                moves[case, j], target[case, j] = score[m], k + 1 + m
+
+    for j in range(n):
+        rescore(j)
+    use = memory_use(terms, arrays, choice, live)
+    every = np.arange(n)
     while True:
-        use = memory_use(terms, arrays, choice, live)
         over = np.flatnonzero(use > cap)
         if not len(over):
             return choice
         i = int(over[np.argmax(use[over])])
-        best: tuple[float, int, int] | None = None
-        around = set(terms.live_after[i]) | set(terms.dying_inputs[i])
-        for j in range(n):
-            k = choice[j]
-            if k == last[j]:
-                continue
-            # any smaller plan of j, not just the next: fronts are not convex
-            stop = end[j]
-            saved = arrays.cold[j][k] - arrays.cold[j][k + 1:stop]
-            if j == i:
-                saved = saved + arrays.extra[j][k] - arrays.extra[j][k + 1:stop]
-            if j in around:
-                saved = saved + arrays.out[j][k] - arrays.out[j][k + 1:stop]
-            added = np.maximum(arrays.cycles[j][k + 1:stop] - arrays.cycles[j][k], 0)
-            useful = saved > 0
-            if not useful.any():
-                continue
-            score = np.where(useful, added / np.maximum(saved, 1), np.inf)
-            m = int(np.argmin(score))
-            if best is None or score[m] < best[0]:
-                best = (float(score[m]), j, k + 1 + m)
-        if best is None:
+        case = np.where(live[i] > 0, 2, 0)
+        case[i] = 1
+        scores = moves[case, every]
+        j = int(np.argmin(scores))
+        if not np.isfinite(scores[j]):
             return None
-        choice[best[1]] = best[2]
+        k, choice[j] = choice[j], int(target[case[j], j])
+        # (C2)'s left-hand side moves by the op's own bytes: exact integers, as recomputed
+        use += arrays.cold[j][choice[j]] - arrays.cold[j][k]
+        use[j] += arrays.extra[j][choice[j]] - arrays.extra[j][k]
+        use += live[:, j] * (arrays.out[j][choice[j]] - arrays.out[j][k])
+        rescore(j)
 
 
 def objective(arrays: _Arrays, edges: list[Edge], choice: list[int] | tuple[int, ...]) -> int:
@@ -263,15 +288,18 @@ class _Choice:
         self.add(coeffs, values, i)
         return self.expr(coeffs)
 
+    def picked(self, choice: Sequence[int]) -> dict[int, int]:
+        """A per-op choice as one plan per class (each class takes its first op's plan)."""
+        plans: dict[int, int] = {}
+        for i, k in enumerate(choice):
+            plans.setdefault(self.tie[i], k)
+        return plans
+
     def hint(self, model: cp_model.CpModel, choice: Sequence[int]) -> None:
         """Hint a per-op choice (each class takes its first op's plan)."""
-        done = set()
-        for i, k in enumerate(choice):
-            c = self.tie[i]
-            if c not in done:
-                done.add(c)
-                for kk, var in enumerate(self.x[c]):
-                    model.add_hint(var, kk == k)
+        for c, k in self.picked(choice).items():
+            for kk, var in enumerate(self.x[c]):
+                model.add_hint(var, kk == k)
 
     def decode(self, solver: cp_model.CpSolver) -> tuple[int, ...]:
         picked = {c: next(k for k, v in enumerate(xs) if solver.value(v))
@@ -314,6 +342,7 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
     resident, working = _memory(model, x, terms, arrays, cap)
     for w in working:
         model.add(resident + w <= cap)
+    hinted = x.picked(hint) if hint is not None else None
     # (C3) re-layout between a producer's plan and its consumer's, over classes of plans
     # with the same costs on this edge (a plan and its warm-up twin have the same layout):
     # the same marginal linearisation, with fewer pairs; edges between the same tie classes
@@ -347,6 +376,13 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
         for b, members in enumerate(cols):
             model.add(sum(y[a][b] for a in range(len(rows)) if y[a][b] is not None)
                       == sum(dst[q] for q in members))
+        if hinted is not None:  # the pair the hint uses: a complete hint is a solution
+            a_h = next(a for a, m in enumerate(rows) if hinted[x.tie[e.src]] in m)
+            b_h = next(b for b, m in enumerate(cols) if hinted[x.tie[e.dst]] in m)
+            for a, row_vars in enumerate(y):
+                for b, v in enumerate(row_vars):
+                    if v is not None:
+                        model.add_hint(v, a == a_h and b == b_h)
         times = shared[x.tie[e.src], x.tie[e.dst], e.cost]
         for a, row in enumerate(pair):
             for b, r in enumerate(row):
@@ -354,8 +390,9 @@ def build_model(terms: MemoryTerms, fronts: list[list[OpPlan]], arrays: _Arrays,
                     pair_vars.append(y[a][b])
                     pair_costs.append(times * r)
     model.minimize(x.expr(objective) + cp_model.LinearExpr.weighted_sum(pair_vars, pair_costs))
-    if hint is not None:
+    if hint is not None and hinted is not None:
         x.hint(model, hint)
+        model.add_hint(resident, sum(int(arrays.cold[i][hinted[c]]) for i, c in enumerate(x.tie)))
     return model, x
 
 
@@ -400,9 +437,10 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
 
     ``starts`` are known choices (the baselines' own, mapped into these fronts): the best of
     them and the greedy's is CP-SAT's hint, and the result is never worse than any of them.
-    Where ops tie (repeated layers, `tie.py`), the tied model is solved first, within a share
-    of the deterministic limit, and its choice joins the starts of the full model, which has
-    the rest of the limit."""
+    Where ops tie (repeated layers, `tie.py`), the reduced model (`tie.grouped`) is solved
+    first, within a share of the deterministic limit; the full model's LP bounds its choice,
+    and the full model is searched, with the rest of the limit, only where that bound is not
+    close (`POLISH_ABOVE`)."""
     start = time.perf_counter()
     terms = liveness(graph, write_back)
     key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
@@ -467,31 +505,61 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     used = 0.0
     tie = tie_classes(fronts, [a.tolist() for a in arrays.cycles],
                       [(e.src, e.dst, e.slot, e.cost) for e in edges])
-    if len(set(tie)) < len(tie):
-        share = dataclasses.replace(opts, time_limit_s=opts.time_limit_s * TIED_SHARE)
-        model, x = build_model(terms, fronts, arrays, edges, cap, best, tie)
+    repeats = len(set(tie)) < len(tie)
+    # the full model's LP bounds every choice (a reduced model's bound does not): a known
+    # choice it proves within the gap needs no solve at all (bert-base: a baseline's)
+    lp = cpsat.lp_bound(build_model(terms, fronts, arrays, edges, cap, None)[0]) \
+        if repeats else None
+
+    def close(times: float) -> bool:
+        return best_obj is not None and lp is not None \
+            and best_obj - lp <= times * opts.relative_gap * best_obj
+
+    method = "full model"
+    if repeats and not close(1):
+        share = dataclasses.replace(opts, time_limit_s=opts.time_limit_s * TIED_SHARE,
+                                    relative_gap=opts.relative_gap * REDUCED_GAP)
+        model, x = build_model(terms, fronts, arrays, edges, cap, best, grouped(tie))
         solver, status = solve_model(model, share, _window(progress, 0, whole, False))
         used = float(solver.deterministic_time)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             known.append(x.decode(solver))  # fits: it is checked against every op's (C2)
             best, best_obj = best_known()
-    rest = dataclasses.replace(opts, time_limit_s=max(opts.time_limit_s - used, 0.001))
+        method = "grouped layers"
+    if best is not None and best_obj is not None and lp is not None and close(POLISH_ABOVE):
+        # the full model's LP bounds the choice closely: proven within the gap, or close
+        # enough that the full search (which rarely closes such a gap: bert-large's stays at
+        # 0.20% after 30 s) is not worth its time
+        if progress:
+            progress("solve", whole, whole)
+        name = "OPTIMAL" if close(1) else "FEASIBLE"
+        how = "a known choice" if method == "full model" else method
+        return SolverResult(best, name, best_obj, min(lp, best_obj), time.perf_counter() - start,
+                            warm_obj, used, f"{how}, bounded by the full model's LP"), name
     model, x = build_model(terms, fronts, arrays, edges, cap, best)
-    solver, status = solve_model(model, rest, _window(progress, int(used * 1000), whole, True))
+    # the path without a reduced model: the full model, hinted, with the rest of the limit
+    rest_opts = dataclasses.replace(opts, time_limit_s=max(opts.time_limit_s - used, 0.001))
+    solver, status = solve_model(model, rest_opts,
+                                 _window(progress, int(used * 1000), whole, True))
     used += float(solver.deterministic_time)
     name = solver.status_name(status)
     choice = x.decode(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     wall = time.perf_counter() - start
+    method = "full model" if method == "full model" else f"{method}, then the full model"
+    # CP-SAT's bound and the LP's are both bounds of the full model: the better one is kept
+    bound = max(int(round(solver.best_objective_bound)), lp if lp is not None else 0)
     if choice is None:
         if best is None or best_obj is None:
             return None, name
-        return SolverResult(best, "FEASIBLE", best_obj, int(solver.best_objective_bound),
-                            wall, warm_obj, used), name
+        return SolverResult(best, "FEASIBLE", best_obj, min(bound, best_obj), wall, warm_obj,
+                            used, method), name
     value = objective(arrays, edges, choice)
     if best is not None and best_obj is not None and best_obj < value:
         choice, value = best, best_obj
-    bound = min(int(round(solver.best_objective_bound)), value)
-    return SolverResult(tuple(choice), name, value, bound, wall, warm_obj, used), name
+    bound = min(bound, value)
+    if name != "OPTIMAL" and value - bound <= opts.relative_gap * value:
+        name = "OPTIMAL"  # proven within the gap by the LP's bound
+    return SolverResult(tuple(choice), name, value, bound, wall, warm_obj, used, method), name
 
 
 @dataclass(frozen=True)

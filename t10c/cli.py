@@ -723,7 +723,8 @@ def _print_summary(compiled, timing_only: bool) -> None:
     elif s.name == "greedy":
         print(f"planner greedy: objective {s.objective_cycles} cycles")
     else:
-        print(f"solver {s.status}: objective {s.objective_cycles} cycles, bound "
+        how = f" ({s.method})" if s.method else ""
+        print(f"solver {s.status}{how}: objective {s.objective_cycles} cycles, bound "
               f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
               f"{s.greedy_objective_cycles} cycles, {s.wall_s} s; deterministic time "
               f"{s.deterministic_s} s over the compile's solves")

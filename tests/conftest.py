@@ -41,7 +41,8 @@ TIERS: dict[str, str] = {
     "test_prologue": "e2e",
     "test_reference_executor": "unit", "test_registry": "unit",
     "test_relayout": "e2e", "test_report": "e2e",
-    "test_run_dir": "e2e", "test_solver": "unit", "test_strategies": "unit", "test_sweep": "e2e",
+    "test_reduced": "unit", "test_run_dir": "e2e", "test_solver": "unit",
+    "test_strategies": "unit", "test_sweep": "e2e",
     "test_trace": "e2e", "test_wafer_collectives": "e2e", "test_zoo": "e2e",
 }
 

@@ -39,6 +39,18 @@ def plan(name: str, cycles: int, hot: int, cold: int, out: int = 8) -> OpPlan:
                   out)
 
 
+def brute_force(graph: Graph, fronts, edges, cap: int) -> int | None:
+    """The least objective of any choice that fits ``cap`` (None: none fits), by trying all."""
+    arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
+    terms = liveness(graph)
+    best = None
+    for choice in itertools.product(*(range(len(f)) for f in fronts)):
+        if (memory_use(terms, arrays, choice) <= cap).all():
+            value = objective(arrays, edges, choice)
+            best = value if best is None else min(best, value)
+    return best
+
+
 EXACT = SolverOptions(reserve_fraction=0.0, relative_gap=0.0, time_limit_s=10)
 
 
@@ -100,11 +112,7 @@ def test_solver_matches_brute_force(data, n: int, sram: int) -> None:
     relayout = [[0] * len(f) for f in fronts]
     arrays = _Arrays(fronts, relayout)
     terms = liveness(graph)
-    best = None
-    for choice in itertools.product(*(range(len(f)) for f in fronts)):
-        if (memory_use(terms, arrays, choice) <= sram).all():
-            value = objective(arrays, edges, choice)
-            best = value if best is None else min(best, value)
+    best = brute_force(graph, fronts, edges, sram)
     result, status = choose_plans(graph, fronts, relayout, edges, sram, EXACT)
     if best is None:
         assert result is None

@@ -1,0 +1,210 @@
+"""The whole-graph choice over repeated blocks: the reduced model (tie classes split into
+groups of consecutive copies, `tie.grouped`) on tiny chains of identical blocks whose optimum
+is found by brute force, its detection, the full model's LP bound, and the greedy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ortools.sat.python import cp_model
+from test_solver import EXACT, brute_force, chain_graph, plan
+
+from t10c.partition import cpsat
+from t10c.partition import solve as solving
+from t10c.partition.solve import (
+    Edge,
+    SolverOptions,
+    _Arrays,
+    build_model,
+    choose_plans,
+    greedy,
+    live_matrix,
+    liveness,
+    memory_use,
+    objective,
+    solve_model,
+)
+from t10c.partition.tie import copies, group_sizes, grouped, tie_classes
+
+BLOCKS = 6
+
+
+def blocks(n: int = BLOCKS, odd: int | None = None):
+    """A chain of ``n`` blocks, each a weighted op A (fast plan: 100 cycles, 40 B resident;
+    small plan: 160 cycles, 10 B) and an op B (one plan, 5 B resident); A's small plan costs
+    B a 5-cycle re-layout. Block ``odd``'s A has other figures (as a layer of another shape
+    would). Memory decides how many A ops may run fast: a mix of identical blocks."""
+    graph = chain_graph(2 * n)
+    fronts, edges = [], []
+    for b in range(n):
+        fast = 90 if b == odd else 100
+        fronts.append([plan(f"op{2 * b}", fast, 50, 40), plan(f"op{2 * b}", 160, 20, 10)])
+        fronts.append([plan(f"op{2 * b + 1}", 50, 10, 5)])
+        edges.append(Edge(2 * b, 2 * b + 1, 0, ((0,), (5,))))
+        if b + 1 < n:
+            edges.append(Edge(2 * b + 1, 2 * b + 2, 0, ((0, 0),)))
+    return graph, fronts, edges
+
+
+def _tie(fronts, edges):
+    cycles = [[p.cycles.total for p in f] for f in fronts]
+    return tie_classes(fronts, cycles, [(e.src, e.dst, e.slot, e.cost) for e in edges])
+
+
+def test_group_sizes_make_every_count() -> None:
+    """Groups of 1, 2, 4, ... copies and the remainder: any number of copies is some groups."""
+    for n in range(1, 40):
+        sizes = group_sizes(n)
+        assert sum(sizes) == n and len(sizes) <= n.bit_length() + 1
+        sums = {0}
+        for s in sizes:
+            sums |= {a + s for a in sums}
+        assert sums >= set(range(n + 1))
+
+
+def test_blocks_are_detected_by_structure() -> None:
+    """The middle blocks' A ops share a class (the first and last differ: no producer, no
+    consumer), each of them starts a copy of its own, and the groups split the classes."""
+    graph, fronts, edges = blocks()
+    tie = _tie(fronts, edges)
+    a_ops = [tie[2 * b] for b in range(BLOCKS)]
+    assert len(set(a_ops[1:-1])) == 1 and a_ops[0] != a_ops[1]
+    copy = copies(tie)
+    assert copy == sorted(copy) and len({copy[2 * b] for b in range(1, BLOCKS - 1)}) == 4
+    g = grouped(tie)
+    assert len(set(g)) > len(set(tie))
+    # ops of one group class always share a tie class
+    assert all(tie[i] == tie[j] for i in range(len(g)) for j in range(len(g)) if g[i] == g[j])
+
+
+def test_a_differing_block_is_not_merged() -> None:
+    """A block whose A op has other figures (another shape) gets a class of its own, and so
+    do its neighbours (their neighbourhood differs)."""
+    graph, fronts, edges = blocks(odd=2)
+    tie = _tie(fronts, edges)
+    odd = tie[4]
+    assert tie.count(odd) == 1
+    assert tie[3] != tie[7] and tie[5] != tie[9]  # B before and after it, against block 3's
+
+
+@pytest.mark.parametrize("cap", [110, 140, 170, 200, 230, 260, 290])
+def test_reduced_model_equals_brute_force(cap: int) -> None:
+    """For every memory size (0 to 6 fast A ops fit), the reduced model's optimum is the full
+    problem's, found by brute force; so is `choose_plans`'s, and its bound is the full one."""
+    graph, fronts, edges = blocks()
+    best = brute_force(graph, fronts, edges, cap)
+    assert best is not None
+    arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
+    terms = liveness(graph)
+    model, x = build_model(terms, fronts, arrays, edges, cap, None, grouped(_tie(fronts, edges)))
+    solver, status = solve_model(model, EXACT)
+    assert status == cp_model.OPTIMAL
+    assert objective(arrays, edges, x.decode(solver)) == best
+    solving._SOLVED.clear()
+    result, status = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], edges, cap,
+                                  EXACT)
+    assert status == "OPTIMAL" and result.objective_cycles == best
+    assert result.bound_cycles == best and result.method
+
+
+def test_identical_blocks_alone_cannot_mix() -> None:
+    """Where memory admits 3 fast A ops of 6, one choice per class (the plain tie classes:
+    the four middle A ops tied, the first and last free) gets 2 of them; the grouped classes
+    find the optimum."""
+    graph, fronts, edges = blocks()
+    cap = 200
+    best = brute_force(graph, fronts, edges, cap)
+    arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
+    terms = liveness(graph)
+    tie = _tie(fronts, edges)
+    values = []
+    for classes in (tie, grouped(tie)):
+        model, x = build_model(terms, fronts, arrays, edges, cap, None, classes)
+        solver, _ = solve_model(model, EXACT)
+        values.append(objective(arrays, edges, x.decode(solver)))
+    assert values[0] > best == values[1]
+
+
+def test_choice_is_deterministic() -> None:
+    graph, fronts, edges = blocks(n=9)
+    results = []
+    for _ in range(2):
+        solving._SOLVED.clear()
+        results.append(choose_plans(graph, fronts, [[0] * len(f) for f in fronts], edges, 260,
+                                    SolverOptions(reserve_fraction=0.0)))
+    assert results[0][0].choice == results[1][0].choice
+    assert results[0][1] == results[1][1]
+
+
+def test_lp_bound_by_hand() -> None:
+    """min 3a + 2b + 2c with a + b + c = 1 and 2b + 2c <= 1: the LP takes b + c = 1/2 and
+    a = 1/2 (2.5), the integer optimum is a (3); negated literals count as 1 - x."""
+    model = cp_model.CpModel()
+    a, b, c = (model.new_bool_var(n) for n in "abc")
+    model.add_exactly_one([a, b, c])
+    model.add(2 * b + 2 * c <= 1)
+    model.minimize(3 * a + 2 * b + 2 * c)
+    assert cpsat.lp_bound(model) == 3  # 2.5, rounded up: the costs are integers
+    model = cp_model.CpModel()
+    a, b = model.new_bool_var("a"), model.new_bool_var("b")
+    model.add(a + ~b >= 1)  # a >= b
+    model.minimize(5 * ~a + b)  # a = 1, b = 0: 0
+    assert cpsat.lp_bound(model) == 0
+    model.add(b == 1)
+    assert cpsat.lp_bound(model) == 1
+
+
+def _greedy_reference(terms, arrays, cap, base):
+    """The greedy as first written: every op's moves scored afresh at every step."""
+    n = len(arrays.cold)
+    choice, end = [0] * n, base
+    live = live_matrix(terms)
+    while True:
+        use = memory_use(terms, arrays, choice, live)
+        over = np.flatnonzero(use > cap)
+        if not len(over):
+            return choice
+        i = int(over[np.argmax(use[over])])
+        best = None
+        around = set(np.flatnonzero(live[i]))
+        for j in range(n):
+            k = choice[j]
+            if k >= end[j] - 1:
+                continue
+            saved = arrays.cold[j][k] - arrays.cold[j][k + 1:end[j]]
+            if j == i:
+                saved = saved + arrays.extra[j][k] - arrays.extra[j][k + 1:end[j]]
+            if j in around:
+                saved = saved + arrays.out[j][k] - arrays.out[j][k + 1:end[j]]
+            added = np.maximum(arrays.cycles[j][k + 1:end[j]] - arrays.cycles[j][k], 0)
+            if not (saved > 0).any():
+                continue
+            score = np.where(saved > 0, added / np.maximum(saved, 1), np.inf)
+            m = int(np.argmin(score))
+            if best is None or score[m] < best[0]:
+                best = (float(score[m]), j, k + 1 + m)
+        if best is None:
+            return None
+        choice[best[1]] = best[2]
+
+
+def test_greedy_moves_as_scored_afresh() -> None:
+    """The greedy keeps each op's best moves and rescores only the moved op: the same moves
+    as scoring every op at every step, on random fronts and memory sizes."""
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n = int(rng.integers(2, 9))
+        graph = chain_graph(n)
+        fronts = []
+        for i in range(n):
+            fronts.append([])
+            for _ in range(int(rng.integers(1, 5))):
+                cold = int(rng.integers(0, 40))
+                fronts[-1].append(plan(f"op{i}", int(rng.integers(1, 300)),
+                                       cold + int(rng.integers(8, 60)), cold,
+                                       int(rng.integers(1, 20))))
+        arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
+        terms = liveness(graph)
+        base = [len(f) - int(rng.integers(0, 2)) if len(f) > 1 else 1 for f in fronts]
+        cap = int(rng.integers(30, 250))
+        assert greedy(terms, arrays, cap, base) == _greedy_reference(terms, arrays, cap, base)
