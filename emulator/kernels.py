@@ -233,10 +233,64 @@ def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray | Replicated, li
         return arrange(v, have, order).reshape(z * nb, rows, cols)
 
     nb, nm, nn, nk = (math.prod(size[x] for x in g) for g in (batch, m, n, red))
-    a2 = matrix(a, a_axes, batch + m + red, nm, nk)
-    b2 = matrix(b, b_axes, batch + red + n, nk, nn)
+    orders = (batch + m + red, nm, nk), (batch + red + n, nk, nn)
+    digits = core_digits(z, [v.index for v in (a, b) if isinstance(v, Replicated)])
+    if digits is not None:  # each core's pair of matrices as broadcast views: nothing copied
+        a2, b2 = (digit_view(v, arrange(v.blocks if isinstance(v, Replicated) else v, have,
+                                        order).reshape(-1, nb, rows, cols), z, digits)
+                  for v, have, (order, rows, cols) in zip((a, b), (a_axes, b_axes), orders))
+    else:
+        a2, b2 = (matrix(v, have, *o) for v, have, o in zip((a, b), (a_axes, b_axes), orders))
     c = np.matmul(a2, b2).reshape([z] + [size[x] for x in batch + m + n])
     return arrange(c, batch + m + n, out_axes)
+
+
+def radix(index: np.ndarray, z: int) -> tuple[int, int] | None:
+    """``(h, u)`` where core c's block is ``(c // h) % u`` (a weight tile held by every
+    ``u``-th core, or an exchanged row shared by ``h`` neighbouring cores), else None."""
+    index = index[:z]
+    u = int(index.max(initial=0)) + 1
+    if u == 1:
+        return z, 1
+    changes = np.flatnonzero(index != index[0])
+    h = int(changes[0]) if len(changes) else z
+    if index[0] != 0 or z % (h * u) or not np.array_equal(
+            index, np.arange(z) // h % u):
+        return None
+    return h, u
+
+
+def core_digits(z: int, indices: list[np.ndarray]) -> list[int] | None:
+    """The core axis as mixed-radix digits (their place values ``p``, innermost first, ending
+    with ``z``) that every replicated operand's block index is a run of (`radix`), or None
+    (some index is irregular, or the runs do not nest)."""
+    if not indices or z < 2:
+        return None
+    places = {1, z}
+    for index in indices:
+        hu = radix(index, z)
+        if hu is None:
+            return None
+        places |= {hu[0], hu[0] * hu[1]}
+    chain = sorted(places)
+    if any(b % a for a, b in zip(chain, chain[1:])):
+        return None
+    return chain
+
+
+def digit_view(v: np.ndarray | Replicated, mat: np.ndarray, z: int, places: list[int]
+               ) -> np.ndarray:
+    """Operand ``v``'s matrices ``mat`` ((z or u, nb, rows, cols)) over the core digits
+    ``places`` (outermost first in the result): a dense operand's split by digit, a
+    replicated one's distinct matrices (made contiguous, as the dense copies are) with an axis
+    of one, broadcast by the matmul, for each digit its block does not depend on."""
+    sizes = [b // a for a, b in zip(places, places[1:])][::-1]  # outermost digit first
+    if not isinstance(v, Replicated):
+        return mat.reshape(*sizes, *mat.shape[1:])
+    h, u = radix(v.index, z) or (z, 1)
+    lows = places[:-1][::-1]  # each digit's place value, outermost first
+    shape = [s if h <= low < h * u else 1 for s, low in zip(sizes, lows)]
+    return np.ascontiguousarray(mat[:u]).reshape(*shape, *mat.shape[1:])
 
 
 def _eval_body(node: tuple, full: list[np.ndarray]) -> np.ndarray:

@@ -245,7 +245,10 @@ class Machine(TimingMachine):
         if ins.pat is not None:  # each distinct row gathered once, then copied to its rows
             p = ins.pattern()  # rounded once per distinct row, before the copies
             vals = self.stored(ins.dst, self.patterns.gather(p, src), ins.src)
-            copy_rows(vals, p.pat, dst, rows)
+            if isinstance(rows, slice) and p.patterns < p.rows:  # copied when read as a buffer
+                self.mem.share(ins.dst, vals.astype(dst.dtype, copy=False), p.pat)
+            else:
+                copy_rows(vals, p.pat, dst, rows)
             return
         if ins.dst != ins.src and isinstance(rows, slice) and self.exact(ins.dst, ins.src):
             out = dst[rows]  # gathered straight into the destination buffers
