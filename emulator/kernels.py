@@ -323,6 +323,9 @@ def _take(expr: TensorExpr, values: list[np.ndarray], n: int, origin: np.ndarray
     if sharded is not None:
         picked = np.where(hit.reshape(hit.shape + (1,) * len(rest)), picked, 0)
     have = list(expr.inputs[index_k].axes) + rest
+    lifted = [a for a in expr.output.axes if a not in have]  # a unit axis (a width-1 table)
+    picked = picked.reshape(picked.shape + (1,) * len(lifted))
+    have += lifted
     perm = [0] + [have.index(a) + 1 for a in expr.output.axes]
     return np.transpose(picked, perm).astype(np.float32)
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -207,13 +209,13 @@ class Machine(TimingMachine):
         elif ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = unique_rows(ins.origin)
-            tiles, counts = load_tiles(src, uniq, ins.tile)
-            tiles = self.stored(ins.buf, tiles)  # rounded as cut: each value once
-            if isinstance(rows, slice):  # copied onto the cores when read as a buffer
-                self.mem.share(ins.buf, tiles.astype(dst.dtype, copy=False), inverse)
+            cut = HostTiles(src, uniq, ins.tile, inverse, partial(self.stored, ins.buf),
+                            dst.dtype)
+            if isinstance(rows, slice):  # cut when read: a take reads only its rows
+                self.mem.defer(ins.buf, cut)
             else:
-                copy_rows(tiles, inverse, dst, rows)
-            loaded = int(counts[inverse].sum())
+                copy_rows(cut.cut(), inverse, dst, rows)
+            loaded = int(cut.counts()[inverse].sum())
         else:
             flat, valid = ins.elements()
             vals = np.take(self.rounded(ins.tensor, ins.buf, src).reshape(-1), flat)
@@ -291,10 +293,16 @@ class Machine(TimingMachine):
         placed = ins.cores is not None
         tiles = ins.tiles
         values: list[np.ndarray | Replicated] = []
+        table = self.take_table(ins) if expr.body[0] == "take" and not placed else None
         for k, bid in enumerate(ins.ins):
             sizes = operand_sizes(expr, k, sub, tiles[k])
-            shared = None if placed else self.mem.shared.get(bid)
             offsets = ins.offsets[k]
+            if table is not None and k == expr.body[1]:  # each element's position, plus one
+                where = np.broadcast_to(np.arange(1, math.prod(tiles[k]) + 1, dtype=np.float32),
+                                        (n, math.prod(tiles[k])))
+                values.append(gather_slices(where, tiles[k], offsets, sizes)[0])
+                continue
+            shared = None if placed else self.mem.tiles(bid)
             if shared is not None and n and (offsets == offsets[0]).all():
                 blocks, index = shared  # the distinct tiles' blocks, and each core's tile
                 cut = np.broadcast_to(offsets[0], (len(blocks), len(offsets[0])))
@@ -305,6 +313,10 @@ class Machine(TimingMachine):
             values.append(self.operand(bid, tiles[k], offsets, sizes, rows if placed else None))
         with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
             result = evaluate(expr, values, sub, ins.origin)
+        if table is not None:  # the positions picked: their values, cut from the host tensor
+            picked = result.astype(np.int64) - 1
+            cores = np.arange(n).reshape((n,) + (1,) * (picked.ndim - 1))
+            result = table.read(cores, picked).astype(np.float32)
         self.rewrite(ins.out, rows)  # a sub-block of each row: the rest must read as zero
         out = self.mem[ins.out]
         k = len(ins.ins)
@@ -320,6 +332,15 @@ class Machine(TimingMachine):
         put_slices(out, tiles[k], ins.offsets[k], sizes, self.stored(ins.out, result))
         if placed:
             whole[rows] = out
+
+    def take_table(self, ins: Compute) -> HostTiles | None:
+        """The table of a take whose tiles are not cut yet (`HostTiles`), if it is one: the
+        take runs on each element's position and reads the values it picks from the host."""
+        expr = self.prog.exprs[ins.expr]
+        table = self.mem.later.get(ins.ins[expr.body[1]])
+        if table is None or math.prod(ins.tiles[expr.body[1]]) >= 1 << 24:
+            return None  # (positions are carried as float32: exact below 2^24)
+        return table
 
     def operand(self, buf: int, tile: tuple[int, ...], offsets: np.ndarray,
                 sizes: tuple[int, ...], rows: np.ndarray | slice | None = None) -> np.ndarray:
@@ -346,33 +367,92 @@ def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
 
 
 class Memory(dict[int, np.ndarray]):
-    """The live buffers' values by buffer id, each ``(cores, elems)``. A loaded buffer whose
-    cores hold few distinct tiles may be kept as the tiles and each core's tile (`shared`),
-    which a contraction reads as it is (`Replicated`); any other access copies the tiles onto
-    the cores first, so that everything else sees a plain array."""
+    """The live buffers' values by buffer id, each ``(cores, elems)``. A buffer whose cores
+    hold few distinct rows (a loaded weight's tiles, an exchange's shared rows) may be kept as
+    the rows and each core's row (`shared`), which a contraction reads as it is
+    (`Replicated`); a loaded buffer may be kept as its host tensor, not cut yet (`later`),
+    which a take reads from; any other access cuts the tiles and copies them onto the cores
+    first, so that everything else sees a plain array."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shared: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.later: dict[int, HostTiles] = {}
 
     def share(self, buf: int, tiles: np.ndarray, index: np.ndarray) -> None:
         """Rows ``[0, len(index))`` of ``buf`` are ``tiles[index]`` (not copied yet)."""
+        self.later.pop(buf, None)
         self.shared[buf] = (tiles, index)
+
+    def defer(self, buf: int, tiles: HostTiles) -> None:
+        """Rows ``[0, len(tiles.index))`` of ``buf`` are the host tiles ``tiles`` (not cut)."""
+        self.shared.pop(buf, None)
+        self.later[buf] = tiles
+
+    def tiles(self, buf: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Buffer ``buf``'s distinct rows and each core's row, if it is kept so (cut now)."""
+        later = self.later.pop(buf, None)
+        if later is not None:
+            self.shared[buf] = (later.cut(), later.index)
+        return self.shared.get(buf)
 
     def __getitem__(self, buf: int) -> np.ndarray:
         values = super().__getitem__(buf)
-        shared = self.shared.pop(buf, None)
+        shared = self.tiles(buf)
         if shared is not None:
+            del self.shared[buf]
             copy_rows(shared[0], shared[1], values, slice(0, len(shared[1])))
         return values
 
     def __setitem__(self, buf: int, values: np.ndarray) -> None:
         self.shared.pop(buf, None)
+        self.later.pop(buf, None)
         super().__setitem__(buf, values)
 
     def pop(self, buf: int, default: Any = None) -> Any:
         self.shared.pop(buf, None)
+        self.later.pop(buf, None)
         return super().pop(buf, default)
+
+
+@dataclass(frozen=True)
+class HostTiles:
+    """A loaded buffer not cut yet: core c holds the ``tile``-shaped block of ``host`` at
+    ``origin[index[c]]`` (zero outside the tensor), every value as ``store`` rounds it into
+    the buffer, held as ``dtype``."""
+
+    host: np.ndarray
+    origin: np.ndarray  # (distinct tiles, ndim)
+    tile: tuple[int, ...]
+    index: np.ndarray
+    store: Callable[[np.ndarray], np.ndarray]
+    dtype: np.dtype
+
+    def cut(self) -> np.ndarray:
+        """The distinct tiles, ``(len(origin), elems)``, rounded (each value once)."""
+        return self.store(load_tiles(self.host, self.origin, self.tile)[0]).astype(
+            self.dtype, copy=False)
+
+    def counts(self) -> np.ndarray:
+        """How many elements of each distinct tile lie inside the tensor."""
+        edge = np.asarray(self.host.shape, dtype=np.int64)[None, :] - self.origin
+        return np.prod(np.clip(edge, 0, np.asarray(self.tile, dtype=np.int64)), axis=1,
+                       dtype=np.int64)
+
+    def read(self, cores: np.ndarray, elems: np.ndarray) -> np.ndarray:
+        """The values at flat positions ``elems`` of cores ``cores``' tiles (broadcast
+        together; a negative position reads zero), as the cut buffer holds them."""
+        hole = elems < 0
+        coords = np.unravel_index(np.where(hole, 0, elems), self.tile)
+        corner = self.origin[self.index[cores]]  # (*cores' shape, ndim)
+        inside = ~hole
+        flat = np.zeros(inside.shape, dtype=np.int64)
+        for d, size in enumerate(self.host.shape):
+            x = corner[..., d] + coords[d]
+            inside &= (x >= 0) & (x < size)
+            flat = flat * size + np.clip(x, 0, size - 1)
+        values = self.store(np.take(self.host.reshape(-1), flat)).astype(self.dtype, copy=False)
+        return np.where(inside, values, np.zeros((), dtype=self.dtype))
 
 
 class Pool:
