@@ -326,8 +326,16 @@ class Machine(TimingMachine):
         if ins.accumulate:
             if expr.combine is None:
                 raise EmulatorError(f"accumulates into {expr.name}, which has no combine")
-            view = gather_slices(out, tiles[k], ins.offsets[k], sizes)[0]
-            result = COMBINES[expr.combine].ufunc(view.astype(np.float32, copy=False), result)
+            view, index = gather_slices(out, tiles[k], ins.offsets[k], sizes)
+            combine = COMBINES[expr.combine].ufunc
+            if (self.dtypes[ins.out] == "fp32" and result.dtype == np.float32
+                    and (index is None or all(isinstance(i, slice) for i in index))):
+                # an fp32 buffer's own sub-block (a view): combined in place, as stored
+                combine(view, result, out=view)
+                if placed:
+                    whole[rows] = out
+                return
+            result = combine(view.astype(np.float32, copy=False), result)
         # masks (-3.4e38) saturate to -inf in fp16
         put_slices(out, tiles[k], ins.offsets[k], sizes, self.stored(ins.out, result))
         if placed:
