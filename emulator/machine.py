@@ -326,10 +326,10 @@ class Machine(TimingMachine):
         if ins.accumulate:
             if expr.combine is None:
                 raise EmulatorError(f"accumulates into {expr.name}, which has no combine")
-            view, index = gather_slices(out, tiles[k], ins.offsets[k], sizes)
+            view, at = gather_slices(out, tiles[k], ins.offsets[k], sizes)
             combine = COMBINES[expr.combine].ufunc
             if (self.dtypes[ins.out] == "fp32" and result.dtype == np.float32
-                    and (index is None or all(isinstance(i, slice) for i in index))):
+                    and (at is None or all(isinstance(i, slice) for i in at))):
                 # an fp32 buffer's own sub-block (a view): combined in place, as stored
                 combine(view, result, out=view)
                 if placed:
