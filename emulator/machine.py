@@ -272,15 +272,26 @@ class Machine(TimingMachine):
         src, dst = self.mem[ins.src], self.mem[ins.dst]
         chunk = dst.shape[1]
         combine = COMBINES[ins.combine]
-        width = max(int(ins.offset.max(initial=0)) + chunk - src.shape[1], 0)
-        if width:  # some chunk reads past the end of src: the combine's identity there
-            pad = np.full((self.chip.cores, width), combine.identity, dtype=np.float32)
+        offset = ins.offset.astype(np.intp)
+        last = src.shape[1] - chunk  # the last offset whose chunk lies inside src
+        over = offset > last  # these rows' chunks run past the end of src
+        if over.any() and last < 0:  # src is narrower than a chunk: padded whole
+            pad = np.full((self.chip.cores, -last), combine.identity, dtype=np.float32)
             src = np.concatenate([src.astype(np.float32), pad], axis=1)
+            last, over = 0, np.zeros_like(over)
         # every member's chunk, (n, G, chunk): whole chunks cut from a window view of the
-        # buffers (a copy per chunk, not an index per element)
+        # buffers (a copy per chunk, not an index per element); a chunk past the end of src
+        # is cut at the last offset, then moved down and the combine's identity put after it
         windows = sliding_window_view(src, chunk, axis=1)  # (cores, starts, chunk)
-        parts = windows[ins.group.astype(np.intp), ins.offset.astype(np.intp)[:, None]]
-        red = combine.ufunc.reduce(parts.astype(np.float32, copy=False), axis=1)
+        parts = windows[ins.group.astype(np.intp), np.minimum(offset, last)[:, None]]
+        parts = parts.astype(np.float32, copy=False)
+        for shift in np.unique(offset[over] - last).tolist():
+            r = np.flatnonzero(offset - last == shift)
+            keep = max(chunk - shift, 0)  # (a chunk may lie past the end whole)
+            if keep:
+                parts[r, :, :keep] = parts[r, :, shift:]
+            parts[r, :, keep:] = combine.identity
+        red = combine.ufunc.reduce(parts, axis=1)
         dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red)
         self.wrote(ins.dst, _rows(ins, len(ins.group)))
 
