@@ -7,7 +7,9 @@ Arrays carry a leading core axis. Inputs are read in the storage dtype and compu
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -241,8 +243,41 @@ def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray | Replicated, li
                   for v, have, (order, rows, cols) in zip((a, b), (a_axes, b_axes), orders))
     else:
         a2, b2 = (matrix(v, have, *o) for v, have, o in zip((a, b), (a_axes, b_axes), orders))
-    c = np.matmul(a2, b2).reshape([z] + [size[x] for x in batch + m + n])
+    c = matmul(a2, b2).reshape([z] + [size[x] for x in batch + m + n])
     return arrange(c, batch + m + n, out_axes)
+
+
+#: threads a large batched matmul is shared among (numpy runs the small per-core products of
+#: one call one after another, on one core); each product is the same BLAS call either way
+THREADS = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1, 8)
+#: multiply-adds below which one call is not shared (a thread costs tens of microseconds)
+SHARED_WORK = 1 << 22
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)`` (batch axes broadcast), the batch cut into `THREADS` parts along its
+    first axis longer than one, computed in parallel: the same bits, since every matrix
+    product is its own BLAS call whoever makes it."""
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = np.empty((*batch, a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
+    axis = next((i for i, x in enumerate(batch) if x > 1), None)
+    if THREADS < 2 or axis is None or out.size * a.shape[-1] < SHARED_WORK:
+        return np.matmul(a, b, out=out)
+    a, b = (v.reshape((1,) * (len(batch) + 2 - v.ndim) + v.shape) for v in (a, b))
+    cuts = np.linspace(0, batch[axis], min(THREADS, batch[axis]) + 1).astype(int).tolist()
+
+    def part(lo: int, hi: int) -> None:
+        cut = (slice(None),) * axis + (slice(lo, hi),)
+        np.matmul(a[cut] if a.shape[axis] > 1 else a, b[cut] if b.shape[axis] > 1 else b,
+                  out=out[cut])
+
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(THREADS, thread_name_prefix="t10c-matmul"))
+    for done in [_POOL[0].submit(part, lo, hi) for lo, hi in zip(cuts, cuts[1:])]:
+        done.result()
+    return out
 
 
 def radix(index: np.ndarray, z: int) -> tuple[int, int] | None:
