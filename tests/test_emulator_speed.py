@@ -31,7 +31,7 @@ from t10c.driver import (
     max_rel_err,
     reference,
 )
-from t10c.emulator import Machine, TimingMachine
+from t10c.emulator import Machine, TimingMachine, kernels
 from t10c.emulator.kernels import ROUND_BLOCK, round_fp16
 from t10c.emulator.machine import HostTiles, Memory, Pool
 from t10c.emulator.reference import run_reference
@@ -239,3 +239,25 @@ def test_take_from_uncut_table(vocab: int, width: int, ids: int, cores: int, dty
     # (against onnxruntime: the per-core reference executor disagrees with both on some
     # sharded tables, a fault of its own)
     assert max_rel_err(got, reference(c.model, inputs)[0]) <= TOLERANCE[dtype]
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), shape=st.tuples(*(st.integers(1, 5),) * 3),
+       mkn=st.tuples(*(st.integers(1, 40),) * 3), threads=st.integers(2, 3))
+def test_shared_matmul_is_numpys(seed: int, shape: tuple[int, int, int],
+                                 mkn: tuple[int, int, int], threads: int) -> None:
+    """A batched matmul shared among threads (`kernels.matmul`, operands broadcast along some
+    batch axes) gives numpy's bits: every product is the same BLAS call."""
+    rng = np.random.default_rng(seed)
+    m, k, n = mkn
+    a_shape = tuple(x if rng.random() < 0.7 else 1 for x in shape)
+    b_shape = tuple(x if rng.random() < 0.7 else 1 for x in shape)
+    a = rng.standard_normal((*a_shape, m, k)).astype(np.float32)
+    b = rng.standard_normal((*b_shape, k, n)).astype(np.float32)
+    saved = kernels.THREADS, kernels.SHARED_WORK
+    kernels.THREADS, kernels.SHARED_WORK = threads, 0
+    try:
+        got = kernels.matmul(a, b)
+    finally:
+        kernels.THREADS, kernels.SHARED_WORK = saved
+    assert np.array_equal(got.view(np.uint32), np.matmul(a, b).view(np.uint32))
