@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import itertools
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,10 +130,8 @@ class _AxisRotation:
     members: tuple[int, ...]
 
 
-@functools.lru_cache(maxsize=1024)
 def _lacks(op: TensorExpr) -> list[list[int]]:
-    """Per operand, the op axes it does not depend on (its possible ring drivers); read-only
-    (remembered per op: every template and plan of the op asks)."""
+    """Per operand, the op axes it does not depend on (its possible ring drivers)."""
     axes = op.axis_names
     return [[k for k, a in enumerate(axes) if a not in o.axis_set] for o in op.operands]
 
@@ -187,7 +183,9 @@ def _templates(op: TensorExpr, grid: np.ndarray, opts: SearchOptions):
     yield Template((1,) * naxes, ((),) * nops, (1,) * nops), ()
     rotations = _axis_rotations(op, grid, opts)
     for count in range(1, opts.max_rot_axes + 1):
-        for combo in _across_axes(rotations, count):
+        for combo in itertools.combinations(rotations, count):
+            if len({r.j for r in combo}) != count:
+                continue
             members = [i for r in combo for i in r.members]
             if len(members) != len(set(members)):
                 continue
@@ -203,46 +201,17 @@ def _templates(op: TensorExpr, grid: np.ndarray, opts: SearchOptions):
                 yield Template(tuple(T), tuple(rot), chain), combo
 
 
-def _across_axes(rotations: list[_AxisRotation], count: int, start: int = 0, after: int = -1
-                 ) -> Iterator[tuple[_AxisRotation, ...]]:
-    """`itertools.combinations(rotations, count)` (rotations ordered by axis), in its order,
-    keeping only the combinations whose rotations run along different axes."""
-    for n in range(start, len(rotations)):
-        r = rotations[n]
-        if r.j <= after:
-            continue
-        if count == 1:
-            yield (r,)
-        else:
-            for rest in _across_axes(rotations, count - 1, n + 1, r.j):
-                yield (r, *rest)
-
-
 def _feasible(op: TensorExpr, combo: tuple[_AxisRotation, ...], grid: np.ndarray
               ) -> np.ndarray:
     """Rows of ``grid`` on which every rotation has a ring: a driver whose factor ``t``
     divides, and at least ``t`` elements per block along the axis."""
-    return _Feasibility(op, grid)(combo)
-
-
-class _Feasibility:
-    """`_feasible` for one op and grid, each rotation's rows computed once (an op's
-    templates combine the same few rotations hundreds of times)."""
-
-    def __init__(self, op: TensorExpr, grid: np.ndarray) -> None:
-        self.op, self.grid, self.lacks = op, grid, _lacks(op)
-        self._rows: dict[_AxisRotation, np.ndarray] = {}
-
-    def __call__(self, combo: tuple[_AxisRotation, ...]) -> np.ndarray:
-        mask = np.ones(len(self.grid), dtype=bool)
-        for r in combo:
-            if r not in self._rows:
-                ok = ceil_div(self.op.axes[r.j][1], self.grid[:, r.j]) >= r.t
-                for i in r.members:
-                    ok &= (self.grid[:, self.lacks[i]] % r.t == 0).any(axis=1)
-                self._rows[r] = ok
-            mask &= self._rows[r]
-        return mask
+    lacks = _lacks(op)
+    mask = np.ones(len(grid), dtype=bool)
+    for r in combo:
+        mask &= ceil_div(op.axes[r.j][1], grid[:, r.j]) >= r.t
+        for i in r.members:
+            mask &= (grid[:, lacks[i]] % r.t == 0).any(axis=1)
+    return mask
 
 
 def _ring_driver(lacks: list[int], F: tuple[int, ...], t: int) -> int:
@@ -272,9 +241,8 @@ def _search(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int,
     grid = _factor_grids(extents, [True] * len(extents), chip.cores, opts,
                          [a in op.output.axes for a in op.axis_names])
     mesh = chip.is_mesh and opts.mesh_aware
-    feasible = _Feasibility(op, grid)
     for tpl, combo in _templates(op, grid, opts):
-        rows = grid[feasible(combo)]
+        rows = grid[_feasible(op, combo, grid)]
         if not len(rows):
             continue
         c = costs_for(op, tpl, rows, chip, dtype, shapes, int_tensors, const_tensors,

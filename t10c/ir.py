@@ -48,7 +48,6 @@ folded into the re-layout that feeds the next op (codegen maps element indices t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -109,7 +108,7 @@ class Operand:
     tensor: str
     axes: tuple[Dim, ...]
 
-    @cached_property
+    @property
     def axis_set(self) -> tuple[str, ...]:
         """Every op axis this operand depends on, in order of first appearance."""
         seen: list[str] = []
@@ -119,7 +118,7 @@ class Operand:
                     seen.append(a)
         return tuple(seen)
 
-    @cached_property
+    @property
     def plain_axes(self) -> tuple[str, ...]:
         """Axes that index a dimension on their own (the ones an operand can rotate along)."""
         return tuple(d for d in self.axes if isinstance(d, str) and d != INDIRECT)
@@ -148,7 +147,7 @@ class TensorExpr:
     def extents(self) -> dict[str, int]:
         return dict(self.axes)
 
-    @cached_property
+    @property
     def axis_names(self) -> tuple[str, ...]:
         return tuple(a for a, _ in self.axes)
 
@@ -157,12 +156,12 @@ class TensorExpr:
         out = set(self.output.axes)
         return tuple(a for a in self.axis_names if a not in out)
 
-    @cached_property
+    @property
     def operands(self) -> tuple[Operand, ...]:
         """Inputs first, then the output: the order of per-operand fields in plans."""
         return (*self.inputs, self.output)
 
-    @cached_property
+    @property
     def reads(self) -> tuple[Operand, ...]:
         """Every operand the op reads: the inputs, then the epilogue's extra operands."""
         return (*self.inputs, *self.extra)
