@@ -32,9 +32,11 @@ its handlers calls the timing handler, then moves the data. A timing-only run us
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -105,11 +107,21 @@ class Machine(TimingMachine):
         self.base: dict[int, np.ndarray] = {}  # each live buffer's memory, flat (for the pool)
         #: buffers in reused memory: the cores whose row still holds an old buffer's values
         self.dirty: dict[int, np.ndarray] = {}
+        #: loaded tiles are cut (and rounded) in a thread of their own, ahead of the compute
+        #: steps that read them (they depend on nothing else), except a take's table, which
+        #: is never cut (`take_table`): the loads of those, by instruction index
+        self.ahead: ThreadPoolExecutor | None = None
+        self.uncut = uncut_tables(program)
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
         """Execute the whole program: the stored outputs and the timeline."""
-        timeline = self.execute(inputs, constants, progress)
+        try:
+            timeline = self.execute(inputs, constants, progress)
+        finally:
+            if self.ahead is not None:
+                self.ahead.shutdown(cancel_futures=True)
+                self.ahead = None
         return self.outputs, timeline
 
     def stored(self, buf: int, values: np.ndarray, src: int | None = None) -> np.ndarray:
@@ -212,6 +224,10 @@ class Machine(TimingMachine):
             cut = HostTiles(src, uniq, ins.tile, inverse, partial(self.stored, ins.buf),
                             dst.dtype)
             if isinstance(rows, slice):  # cut when read: a take reads only its rows
+                if self.executed - 1 not in self.uncut:
+                    if self.ahead is None:
+                        self.ahead = ThreadPoolExecutor(1, thread_name_prefix="t10c-cut")
+                    cut = dataclasses.replace(cut, ready=self.ahead.submit(cut.cut))
                 self.mem.defer(ins.buf, cut)
             else:
                 copy_rows(cut.cut(), inverse, dst, rows)
@@ -446,9 +462,12 @@ class HostTiles:
     index: np.ndarray
     store: Callable[[np.ndarray], np.ndarray]
     dtype: np.dtype
+    ready: Future[np.ndarray] | None = None  # `cut` under way in another thread
 
     def cut(self) -> np.ndarray:
         """The distinct tiles, ``(len(origin), elems)``, rounded (each value once)."""
+        if self.ready is not None:
+            return self.ready.result()
         return self.store(load_tiles(self.host, self.origin, self.tile)[0]).astype(
             self.dtype, copy=False)
 
@@ -504,6 +523,24 @@ class Pool:
         if self.bytes + flat.nbytes <= self.BUDGET:
             self.free.append(flat)
             self.bytes += flat.nbytes
+
+
+def uncut_tables(program: Program) -> frozenset[int]:
+    """The indices of the tiled loads whose buffer is next read as a take's table."""
+    loaded: dict[int, int] = {}  # buffer -> the index of its last tiled load not read yet
+    found = set()
+    for i, ins in enumerate(program.instrs):
+        if isinstance(ins, Load) and ins.pat is None and ins.index is None:
+            loaded[ins.buf] = i
+        elif isinstance(ins, Compute):
+            expr = program.exprs[ins.expr]
+            for k, buf in enumerate(ins.ins):
+                j = loaded.pop(buf, None)
+                if j is not None and expr.body[0] == "take" and k == expr.body[1]:
+                    found.add(j)
+        elif isinstance(ins, (Exchange, Shift, Reduce, Store)):
+            loaded.pop(ins.src, None)
+    return frozenset(found)
 
 
 def copy_rows(values: np.ndarray, which: np.ndarray, dst: np.ndarray,
