@@ -295,19 +295,30 @@ class Machine(TimingMachine):
             pad = np.full((self.chip.cores, -last), combine.identity, dtype=np.float32)
             src = np.concatenate([src.astype(np.float32), pad], axis=1)
             last, over = 0, np.zeros_like(over)
-        # every member's chunk, (n, G, chunk): whole chunks cut from a window view of the
-        # buffers (a copy per chunk, not an index per element); a chunk past the end of src
-        # is cut at the last offset, then moved down and the combine's identity put after it
+        # members' chunks: whole chunks cut from a window view of the buffers (a copy per
+        # chunk, not an index per element); a chunk past the end of src is cut at the last
+        # offset, then moved down and the combine's identity put after it
         windows = sliding_window_view(src, chunk, axis=1)  # (cores, starts, chunk)
-        parts = windows[ins.group.astype(np.intp), np.minimum(offset, last)[:, None]]
-        parts = parts.astype(np.float32, copy=False)
-        for shift in np.unique(offset[over] - last).tolist():
-            r = np.flatnonzero(offset - last == shift)
-            keep = max(chunk - shift, 0)  # (a chunk may lie past the end whole)
-            if keep:
-                parts[r, :, :keep] = parts[r, :, shift:]
-            parts[r, :, keep:] = combine.identity
-        red = combine.ufunc.reduce(parts, axis=1)
+        group, start = ins.group.astype(np.intp), np.minimum(offset, last)
+        moves = [(np.flatnonzero(offset - last == shift), max(chunk - shift, 0), shift)
+                 for shift in np.unique(offset[over] - last).tolist()]
+
+        def members(j: slice | int) -> np.ndarray:
+            """Member(s) ``j``'s chunks of every row, ``(n, [members,] chunk)``."""
+            parts = windows[group[:, j], start[:, None] if isinstance(j, slice) else start]
+            parts = parts.astype(np.float32, copy=False)
+            for r, keep, shift in moves:  # (a chunk may lie past the end whole)
+                if keep:
+                    parts[r, ..., :keep] = parts[r, ..., shift:]
+                parts[r, ..., keep:] = combine.identity
+            return parts
+
+        if chunk > 1:  # one member at a time, in order: the bits of the reduce over members
+            red = members(0)  # (numpy sums an axis that is not the last one in order)
+            for j in range(1, group.shape[1]):
+                combine.ufunc(red, members(j), out=red)
+        else:  # (along a last axis of one, numpy sums pairwise)
+            red = combine.ufunc.reduce(members(slice(None)), axis=1)
         dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red)
         self.wrote(ins.dst, _rows(ins, len(ins.group)))
 
