@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from t10c.dtypes import ceil_div
 from t10c.elementwise import COMBINES, FNS
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
@@ -247,8 +248,9 @@ def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray | Replicated, li
     return arrange(c, batch + m + n, out_axes)
 
 
-#: threads a large batched matmul is shared among (numpy runs the small per-core products of
-#: one call one after another, on one core); each product is the same BLAS call either way
+#: threads a large batched matmul (or rounding) is shared among: numpy runs the small per-core
+#: products of one call one after another, on one core; each product is the same BLAS call
+#: either way, and each value is rounded alone
 THREADS = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
               else os.cpu_count() or 1, 8)
 #: multiply-adds below which one call is not shared (a thread costs tens of microseconds)
@@ -273,11 +275,16 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         np.matmul(a[cut] if a.shape[axis] > 1 else a, b[cut] if b.shape[axis] > 1 else b,
                   out=out[cut])
 
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(THREADS, thread_name_prefix="t10c-matmul"))
-    for done in [_POOL[0].submit(part, lo, hi) for lo, hi in zip(cuts, cuts[1:])]:
+    for done in [pool().submit(part, lo, hi) for lo, hi in zip(cuts, cuts[1:])]:
         done.result()
     return out
+
+
+def pool() -> ThreadPoolExecutor:
+    """The threads that share large matmuls and roundings (made at the first use)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(THREADS, thread_name_prefix="t10c-kernels"))
+    return _POOL[0]
 
 
 def radix(index: np.ndarray, z: int) -> tuple[int, int] | None:
@@ -400,13 +407,28 @@ def round_fp16(values: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(values, dtype=np.float32)
     out = np.empty_like(x)
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    blocks = ceil_div(flat_x.size, ROUND_BLOCK)
+    parts = min(THREADS, blocks // 4)  # a large array's blocks shared among the cores
+    if parts < 2:
+        _round_fp16_into(flat_x, flat_out)
+        return out
+    cuts = [ROUND_BLOCK * (blocks * k // parts) for k in range(parts)] + [flat_x.size]
+    for done in [pool().submit(_round_fp16_into, flat_x[lo:hi], flat_out[lo:hi])
+                 for lo, hi in zip(cuts, cuts[1:])]:
+        done.result()
+    return out
+
+
+def _round_fp16_into(flat_x: np.ndarray, flat_out: np.ndarray) -> None:
+    """`round_fp16` of the flat float32 array ``flat_x`` into ``flat_out``, a block at a
+    time (its few passes stay in the cache)."""
     mag = np.empty(min(ROUND_BLOCK, flat_x.size), dtype=np.float32)
     low = np.empty(len(mag), dtype=np.uint32)
     with np.errstate(over="ignore", invalid="ignore"):  # large and NaN lanes are redone
         for s in range(0, flat_x.size, ROUND_BLOCK):
-            xs, os = flat_x[s:s + ROUND_BLOCK], flat_out[s:s + ROUND_BLOCK]
+            xs, ob = flat_x[s:s + ROUND_BLOCK], flat_out[s:s + ROUND_BLOCK]
             a, below = mag[:len(xs)], low[:len(xs)]
-            u, o = xs.view(np.uint32), os.view(np.uint32)
+            u, o = xs.view(np.uint32), ob.view(np.uint32)
             np.right_shift(u, 13, out=o)
             o &= np.uint32(1)  # the kept mantissa's last bit: ties go to even
             o += np.uint32(0xFFF)
@@ -417,12 +439,11 @@ def round_fp16(values: np.ndarray) -> np.ndarray:
             np.subtract(a.view(np.uint32), np.uint32(1), out=below)
             if below.min() < _TINY16_BITS:
                 small = below < _TINY16_BITS
-                np.copyto(os, np.rint(xs * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24),
+                np.copyto(ob, np.rint(xs * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24),
                           where=small)
             if not a.max() < _HUGE16:  # past fp16's range, or a NaN
                 over = ~(a < _HUGE16)
-                np.copyto(os, np.copysign(np.float32(np.inf), xs), where=over)
+                np.copyto(ob, np.copysign(np.float32(np.inf), xs), where=over)
                 nan = np.isnan(xs)
                 if nan.any():
-                    os[nan] = xs[nan].astype(np.float16).astype(np.float32)
-    return out
+                    ob[nan] = xs[nan].astype(np.float16).astype(np.float32)
