@@ -139,9 +139,12 @@ def evaluate(expr: TensorExpr, values: Sequence[np.ndarray | Replicated], sub: d
                 for k, v in enumerate(values)]
     axes = expr.axis_names
     full = [v.reshape([n] + [sub[a] if a in have else 1 for a in axes]) for v, have in expanded]
-    result = _eval_body(expr.body, full)
-    result = np.broadcast_to(result, (n, *(sub[a] for a in axes)))
     red = expr.reduction_axes
+    whole = (n, *(sub[a] for a in axes))
+    if not (expr.combine and red) and math.prod(whole) > 2 * EVAL_BLOCK:
+        result = _eval_blocks(expr.body, full, whole)
+    else:
+        result = np.broadcast_to(_eval_body(expr.body, full), whole)
     if expr.combine and red:
         mask = np.ones((n,) + (1,) * len(axes), dtype=bool)
         for a in red:
@@ -333,6 +336,34 @@ def digit_view(v: np.ndarray | Replicated, mat: np.ndarray, z: int, places: list
     lows = places[:-1][::-1]  # each digit's place value, outermost first
     shape = [s if h <= low < h * u else 1 for s, low in zip(sizes, lows)]
     return np.ascontiguousarray(mat[:u]).reshape(*shape, *mat.shape[1:])
+
+
+#: elements of an elementwise body evaluated at once: its temporaries stay in the cache
+EVAL_BLOCK = 1 << 14
+
+
+def _eval_blocks(body: tuple, full: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """`_eval_body` over ``shape`` (cores first), a few cores' rows at a time (each value is
+    computed alone, so the blocks give the same bits), the blocks shared among `THREADS`."""
+    out = np.empty(shape, dtype=np.float32)
+    n = shape[0]
+    step = max(1, EVAL_BLOCK // max(math.prod(shape[1:]), 1))
+    starts = list(range(0, n, step))
+
+    def part(first: int, last: int) -> None:
+        with np.errstate(all="ignore"):  # (the caller's state is not the thread's)
+            for lo in starts[first:last]:
+                hi = lo + step
+                np.copyto(out[lo:hi], _eval_body(body, [v[lo:hi] for v in full]))
+
+    parts = min(THREADS, len(starts))
+    cuts = [len(starts) * k // parts for k in range(parts + 1)]
+    if parts < 2:
+        part(0, len(starts))
+    else:
+        for done in [pool().submit(part, a, b) for a, b in zip(cuts, cuts[1:])]:
+            done.result()
+    return out
 
 
 def _eval_body(node: tuple, full: list[np.ndarray]) -> np.ndarray:

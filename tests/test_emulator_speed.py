@@ -262,3 +262,28 @@ def test_shared_matmul_is_numpys(seed: int, shape: tuple[int, int, int],
     finally:
         kernels.THREADS, kernels.SHARED_WORK = saved
     assert np.array_equal(got.view(np.uint32), np.matmul(a, b).view(np.uint32))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), cores=st.integers(1, 40), width=st.integers(1, 50),
+       block=st.integers(1, 200), threads=st.integers(1, 3))
+def test_blocked_body_is_whole(seed: int, cores: int, width: int, block: int,
+                               threads: int) -> None:
+    """An elementwise body evaluated a few cores at a time, by threads (`_eval_blocks`), gives
+    the bits of one evaluation over every core: each value is computed alone (transcendental
+    functions, division by zero and an operand broadcast along the row included)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((cores, 1, width)) * 4).astype(np.float32)
+    bias = rng.standard_normal((cores, 1, 1)).astype(np.float32)
+    body = ("mul", ("erf", ("add", ("in", 0), ("in", 1))),
+            ("div", ("tanh", ("in", 0)), ("exp", ("sub", ("in", 0), ("const", 0.5)))))
+    body = ("add", body, ("div", ("const", 1.0), ("relu", ("in", 0))))
+    saved = kernels.THREADS, kernels.EVAL_BLOCK
+    kernels.THREADS, kernels.EVAL_BLOCK = threads, block
+    try:
+        got = kernels._eval_blocks(body, [x, bias], (cores, 1, width))
+    finally:
+        kernels.THREADS, kernels.EVAL_BLOCK = saved
+    with np.errstate(all="ignore"):
+        want = np.broadcast_to(kernels._eval_body(body, [x, bias]), (cores, 1, width))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
