@@ -65,10 +65,12 @@ from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
 
 from .kernels import (
+    THREADS,
     Replicated,
     evaluate,
     gather_slices,
     operand_sizes,
+    pool,
     put_slices,
     round_fp16,
     to_storage,
@@ -262,6 +264,11 @@ class Machine(TimingMachine):
         self.wrote(ins.dst, rows)  # every row it writes, it writes whole
         if ins.pat is not None:  # each distinct row gathered once, then copied to its rows
             p = ins.pattern()  # rounded once per distinct row, before the copies
+            if (ins.dst != ins.src and isinstance(rows, slice) and p.patterns == p.rows
+                    and self.exact(ins.dst, ins.src) and src.dtype == dst.dtype
+                    and np.array_equal(p.pat, np.arange(p.rows))):
+                self.patterns.gather(p, src, dst[rows])  # every row its own: in place
+                return
             vals = self.stored(ins.dst, self.patterns.gather(p, src), ins.src)
             if isinstance(rows, slice) and p.patterns < p.rows:  # copied when read as a buffer
                 self.mem.share(ins.dst, vals.astype(dst.dtype, copy=False), p.pat)
@@ -648,15 +655,32 @@ class Gathers:
             self.bytes += size
         return entry
 
-    def gather(self, p: Pattern, src: np.ndarray) -> np.ndarray:
+    def gather(self, p: Pattern, src: np.ndarray, out: np.ndarray | None = None
+               ) -> np.ndarray:
         """Every distinct pattern's values gathered from ``src`` (cores, elems), zero on
-        padding: ``(patterns, width)``."""
+        padding: ``(patterns, width)`` (into ``out``, if given, of ``src``'s dtype); a large
+        gather is shared among the machine's cores, by rows."""
         width = int(p.runs[p.start[0]:p.start[1], 2].sum()) if p.patterns else 0
         flat, hole = self.index(p, src.shape[1], width)
-        vals = np.take(src.reshape(-1), flat)
+        if out is None:
+            out = np.empty(flat.shape, dtype=src.dtype)
+        source = src.reshape(-1)
+        rows = len(flat)
+        parts = min(THREADS, flat.size // SHARED_GATHER, rows)
+        if parts < 2:
+            np.take(source, flat, out=out)
+        else:
+            cuts = [rows * k // parts for k in range(parts + 1)]
+            for done in [pool().submit(np.take, source, flat[a:b], None, out[a:b])
+                         for a, b in zip(cuts, cuts[1:])]:
+                done.result()
         if hole is not None:
-            vals[hole] = 0
-        return vals
+            out[hole] = 0
+        return out
+
+
+#: elements a gather must move to be shared among threads
+SHARED_GATHER = 1 << 18
 
 
 #: elements of an exchange table gathered at once: the int64 index of a block stays in cache
