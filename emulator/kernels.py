@@ -426,7 +426,7 @@ _TINY16_BITS = np.uint32(0x38800000 - 1)
 _HUGE16 = np.float32(65520.0)  # from here IEEE rounding to fp16 gives an infinity
 
 
-def round_fp16(values: np.ndarray) -> np.ndarray:
+def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 ``values`` rounded to the nearest fp16 value, as float32: bit for bit
     ``to_storage(values, np.float16).astype(np.float32)``, several times faster (numpy's fp16
     casts are scalar code here).
@@ -434,9 +434,15 @@ def round_fp16(values: np.ndarray) -> np.ndarray:
     In fp16's normal range rounding to nearest even drops the 13 low mantissa bits (a carry
     may raise the exponent, exactly as IEEE rounding does); below it every value is a multiple
     of 2^-24, which ``rint(x * 2^24) * 2^-24`` gives exactly; from 65520 up the result is an
-    infinity of the value's sign; NaNs take numpy's cast (its payload rule)."""
+    infinity of the value's sign; NaNs take numpy's cast (its payload rule).
+
+    Into ``out`` if given (contiguous float32 of as many elements; ``values`` itself, to
+    round in place)."""
     x = np.ascontiguousarray(values, dtype=np.float32)
-    out = np.empty_like(x)
+    if out is None:
+        out = np.empty_like(x)
+    elif not (out.flags.c_contiguous and out.size == x.size and out.dtype == np.float32):
+        raise ValueError("round_fp16: out must be contiguous float32 of the values' size")
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     blocks = ceil_div(flat_x.size, ROUND_BLOCK)
     parts = min(THREADS, blocks // 4)  # a large array's blocks shared among the cores
@@ -455,10 +461,16 @@ def _round_fp16_into(flat_x: np.ndarray, flat_out: np.ndarray) -> None:
     time (its few passes stay in the cache)."""
     mag = np.empty(min(ROUND_BLOCK, flat_x.size), dtype=np.float32)
     low = np.empty(len(mag), dtype=np.uint32)
+    # in place, each block is rounded into a copy of itself (the rounding reads x to the end)
+    inplace = np.may_share_memory(flat_x, flat_out)
+    copy = np.empty(len(mag), dtype=np.float32) if inplace else mag
     with np.errstate(over="ignore", invalid="ignore"):  # large and NaN lanes are redone
         for s in range(0, flat_x.size, ROUND_BLOCK):
             xs, ob = flat_x[s:s + ROUND_BLOCK], flat_out[s:s + ROUND_BLOCK]
             a, below = mag[:len(xs)], low[:len(xs)]
+            if inplace:
+                xs = copy[:len(xs)]
+                np.copyto(xs, ob)
             u, o = xs.view(np.uint32), ob.view(np.uint32)
             np.right_shift(u, 13, out=o)
             o &= np.uint32(1)  # the kept mantissa's last bit: ties go to even

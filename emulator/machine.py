@@ -126,17 +126,20 @@ class Machine(TimingMachine):
                 self.ahead = None
         return self.outputs, timeline
 
-    def stored(self, buf: int, values: np.ndarray, src: int | None = None) -> np.ndarray:
+    def stored(self, buf: int, values: np.ndarray, src: int | None = None,
+               owned: bool = False) -> np.ndarray:
         """``values`` as buffer ``buf`` holds them: rounded to its dtype (saturating, as
-        `to_storage`), in its held dtype. Values moved from buffer ``src`` of the same or a
-        narrower float dtype are exact already and are not rounded again."""
+        `to_storage`), in its held dtype (in place, if ``owned``: the caller's own array).
+        Values moved from buffer ``src`` of the same or a narrower float dtype are exact
+        already and are not rounded again."""
         name = self.dtypes[buf]
         held = HELD[name]
         if src is not None and self.exact(buf, src):
             return values.astype(held, copy=False)
         if NP_DTYPES[name] != held:  # fp16 held in float32: round to fp16's values
             if values.dtype == np.float32 and NP_DTYPES[name] == np.float16:
-                return round_fp16(values)
+                contiguous = owned and values.flags.c_contiguous
+                return round_fp16(values, out=values if contiguous else None)
             return to_storage(values, NP_DTYPES[name]).astype(held)
         return to_storage(values, held)
 
@@ -223,8 +226,8 @@ class Machine(TimingMachine):
         elif ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = unique_rows(ins.origin)
-            cut = HostTiles(src, uniq, ins.tile, inverse, partial(self.stored, ins.buf),
-                            dst.dtype)
+            cut = HostTiles(src, uniq, ins.tile, inverse,
+                            partial(self.stored, ins.buf, owned=True), dst.dtype)
             if isinstance(rows, slice):  # cut when read: a take reads only its rows
                 if self.executed - 1 not in self.uncut:
                     if self.ahead is None:
@@ -326,7 +329,7 @@ class Machine(TimingMachine):
                 combine.ufunc(red, members(j), out=red)
         else:  # (along a last axis of one, numpy sums pairwise)
             red = combine.ufunc.reduce(members(slice(None)), axis=1)
-        dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red)
+        dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red, owned=True)
         self.wrote(ins.dst, _rows(ins, len(ins.group)))
 
     def compute(self, ins: Compute) -> None:
@@ -478,7 +481,7 @@ class HostTiles:
     origin: np.ndarray  # (distinct tiles, ndim)
     tile: tuple[int, ...]
     index: np.ndarray
-    store: Callable[[np.ndarray], np.ndarray]
+    store: Callable[[np.ndarray], np.ndarray]  # (of an array of its own: may round in place)
     dtype: np.dtype
     ready: Future[np.ndarray] | None = None  # `cut` under way in another thread
 

@@ -173,7 +173,7 @@ EDGES = np.array([0x00000000, 0x80000000, 0x33000000, 0x33000001, 0x337FFFFF, 0x
 def test_round_fp16_is_numpys_cast(seed: int, n: int) -> None:
     """`round_fp16` equals numpy's float32 -> fp16 -> float32 cast bit for bit: on random bit
     patterns (every exponent, NaNs included), on the edges, across block boundaries (and
-    shared among threads, from eight blocks up)."""
+    shared among threads, from eight blocks up; in place too)."""
     bits = np.random.default_rng(seed).integers(0, 2 ** 32, n, dtype=np.uint32)
     bits = np.concatenate([bits, EDGES]).view(np.float32)
     with np.errstate(all="ignore"):
@@ -181,6 +181,9 @@ def test_round_fp16_is_numpys_cast(seed: int, n: int) -> None:
     got = round_fp16(bits.reshape(-1, 1))
     assert got.shape == (len(bits), 1) and got.dtype == np.float32
     assert np.array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+    inplace = bits.copy()  # rounded in place: the same bits
+    assert round_fp16(inplace, out=inplace) is inplace
+    assert np.array_equal(inplace.view(np.uint32), want.view(np.uint32))
 
 
 def test_reused_memory_reads_as_zero_where_written_in_parts() -> None:
