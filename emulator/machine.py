@@ -502,7 +502,13 @@ class HostTiles:
         """The values at flat positions ``elems`` of cores ``cores``' tiles (broadcast
         together; a negative position reads zero), as the cut buffer holds them."""
         hole = elems < 0
-        coords = np.unravel_index(np.where(hole, 0, elems), self.tile)
+        # each position's coordinates in its tile, last dimension first (not
+        # np.unravel_index: numpy 2.4 gets it wrong on large arrays when a dimension is 1)
+        rest, coords = np.where(hole, 0, elems), []
+        for t in self.tile[::-1]:
+            rest, c = np.divmod(rest, t)
+            coords.append(c)
+        coords.reverse()
         corner = self.origin[self.index[cores]]  # (*cores' shape, ndim)
         inside = ~hole
         flat = np.zeros(inside.shape, dtype=np.int64)

@@ -290,3 +290,20 @@ def test_blocked_body_is_whole(seed: int, cores: int, width: int, block: int,
     with np.errstate(all="ignore"):
         want = np.broadcast_to(kernels._eval_body(body, [x, bias]), (cores, 1, width))
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_host_tiles_read_what_the_cut_holds() -> None:
+    """`HostTiles.read` picks what the cut tiles hold, also for many positions in tiles with
+    a dimension of one (where numpy 2.4's unravel_index goes wrong past 8192 elements), past
+    the tensor's edge (zero) and at padding positions (-1, zero)."""
+    rng = np.random.default_rng(7)
+    host = rng.standard_normal((300, 5)).astype(np.float32)
+    origin = np.array([[0, c] for c in range(5)] + [[256, 0]], dtype=np.int64)
+    tiles = HostTiles(host, origin, (64, 1), np.arange(2000) % 6, lambda v: v,
+                      np.dtype(np.float32))
+    elems = rng.integers(-1, 64, (2000, 12, 1))
+    cores = np.arange(2000).reshape(2000, 1, 1)
+    cut = tiles.cut()[tiles.index]  # (cores, 64): every core's tile, cut
+    want = np.where(elems >= 0, np.take_along_axis(cut, np.maximum(elems, 0).reshape(2000, -1),
+                                                   axis=1).reshape(elems.shape), 0)
+    assert np.array_equal(tiles.read(cores, elems), want)
