@@ -7,8 +7,13 @@ reading it for a computation costs no cast). Every instruction acts on all cores
 and nothing loops over cores in Python: a compute step is one batched contraction (or one
 broadcast elementwise evaluation) over every core's sub-task; an exchange is one flat gather
 of the table into the source buffers, in cache-sized blocks of table rows; loads cut tiles
-from a blocked view of the host tensor. The per-core reference executor (`reference.py`) is
-the definition this is checked against (``tests/test_emulator_speed.py``).
+from a blocked view of the host tensor. Rows that many cores share (a weight's tiles, an
+exchange's shared rows) are kept once (`Memory`) and read by contractions as broadcast views;
+a loaded tensor is cut when first read (by a thread, ahead), and a take reads the rows it
+picks from the host tensor. Large matmuls, roundings, elementwise bodies and gathers are
+shared among the host's cores by threads; no value depends on it. The per-core reference
+executor (`reference.py`) is the definition this is checked against
+(``tests/test_emulator_speed.py``).
 
 Timing is bulk-synchronous: compute phases, then a barrier (``Sync``), then an exchange phase.
 On an all-to-all chip (IPU) the phase lasts as long as the busiest core needs to receive its
