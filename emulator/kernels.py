@@ -7,11 +7,14 @@ Arrays carry a leading core axis. Inputs are read in the storage dtype and compu
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from t10c.dtypes import ceil_div
 from t10c.elementwise import COMBINES, FNS
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
@@ -136,9 +139,12 @@ def evaluate(expr: TensorExpr, values: Sequence[np.ndarray | Replicated], sub: d
                 for k, v in enumerate(values)]
     axes = expr.axis_names
     full = [v.reshape([n] + [sub[a] if a in have else 1 for a in axes]) for v, have in expanded]
-    result = _eval_body(expr.body, full)
-    result = np.broadcast_to(result, (n, *(sub[a] for a in axes)))
     red = expr.reduction_axes
+    whole = (n, *(sub[a] for a in axes))
+    if not (expr.combine and red) and math.prod(whole) > 2 * EVAL_BLOCK:
+        result = _eval_blocks(expr.body, full, whole)
+    else:
+        result = np.broadcast_to(_eval_body(expr.body, full), whole)
     if expr.combine and red:
         mask = np.ones((n,) + (1,) * len(axes), dtype=bool)
         for a in red:
@@ -233,10 +239,131 @@ def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray | Replicated, li
         return arrange(v, have, order).reshape(z * nb, rows, cols)
 
     nb, nm, nn, nk = (math.prod(size[x] for x in g) for g in (batch, m, n, red))
-    a2 = matrix(a, a_axes, batch + m + red, nm, nk)
-    b2 = matrix(b, b_axes, batch + red + n, nk, nn)
-    c = np.matmul(a2, b2).reshape([z] + [size[x] for x in batch + m + n])
+    orders = (batch + m + red, nm, nk), (batch + red + n, nk, nn)
+    digits = core_digits(z, [v.index for v in (a, b) if isinstance(v, Replicated)])
+    if digits is not None:  # each core's pair of matrices as broadcast views: nothing copied
+        a2, b2 = (digit_view(v, arrange(v.blocks if isinstance(v, Replicated) else v, have,
+                                        order).reshape(-1, nb, rows, cols), z, digits)
+                  for v, have, (order, rows, cols) in zip((a, b), (a_axes, b_axes), orders))
+    else:
+        a2, b2 = (matrix(v, have, *o) for v, have, o in zip((a, b), (a_axes, b_axes), orders))
+    c = matmul(a2, b2).reshape([z] + [size[x] for x in batch + m + n])
     return arrange(c, batch + m + n, out_axes)
+
+
+#: threads a large batched matmul (or rounding) is shared among: numpy runs the small per-core
+#: products of one call one after another, on one core; each product is the same BLAS call
+#: either way, and each value is rounded alone
+THREADS = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1, 8)
+#: multiply-adds below which one call is not shared (a thread costs tens of microseconds)
+SHARED_WORK = 1 << 22
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)`` (batch axes broadcast), the batch cut into `THREADS` parts along its
+    first axis longer than one, computed in parallel: the same bits, since every matrix
+    product is its own BLAS call whoever makes it."""
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = np.empty((*batch, a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
+    axis = next((i for i, x in enumerate(batch) if x > 1), None)
+    if THREADS < 2 or axis is None or out.size * a.shape[-1] < SHARED_WORK:
+        return np.matmul(a, b, out=out)
+    a, b = (v.reshape((1,) * (len(batch) + 2 - v.ndim) + v.shape) for v in (a, b))
+    cuts = np.linspace(0, batch[axis], min(THREADS, batch[axis]) + 1).astype(int).tolist()
+
+    def part(lo: int, hi: int) -> None:
+        cut = (slice(None),) * axis + (slice(lo, hi),)
+        np.matmul(a[cut] if a.shape[axis] > 1 else a, b[cut] if b.shape[axis] > 1 else b,
+                  out=out[cut])
+
+    for done in [pool().submit(part, lo, hi) for lo, hi in zip(cuts, cuts[1:])]:
+        done.result()
+    return out
+
+
+def pool() -> ThreadPoolExecutor:
+    """The threads that share large matmuls and roundings (made at the first use)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(THREADS, thread_name_prefix="t10c-kernels"))
+    return _POOL[0]
+
+
+def radix(index: np.ndarray, z: int) -> tuple[int, int] | None:
+    """``(h, u)`` where core c's block is ``(c // h) % u`` (a weight tile held by every
+    ``u``-th core, or an exchanged row shared by ``h`` neighbouring cores), else None."""
+    index = index[:z]
+    u = int(index.max(initial=0)) + 1
+    if u == 1:
+        return z, 1
+    changes = np.flatnonzero(index != index[0])
+    h = int(changes[0]) if len(changes) else z
+    if index[0] != 0 or z % (h * u) or not np.array_equal(
+            index, np.arange(z) // h % u):
+        return None
+    return h, u
+
+
+def core_digits(z: int, indices: list[np.ndarray]) -> list[int] | None:
+    """The core axis as mixed-radix digits (their place values ``p``, innermost first, ending
+    with ``z``) that every replicated operand's block index is a run of (`radix`), or None
+    (some index is irregular, or the runs do not nest)."""
+    if not indices or z < 2:
+        return None
+    places = {1, z}
+    for index in indices:
+        hu = radix(index, z)
+        if hu is None:
+            return None
+        places |= {hu[0], hu[0] * hu[1]}
+    chain = sorted(places)
+    if any(b % a for a, b in zip(chain, chain[1:])):
+        return None
+    return chain
+
+
+def digit_view(v: np.ndarray | Replicated, mat: np.ndarray, z: int, places: list[int]
+               ) -> np.ndarray:
+    """Operand ``v``'s matrices ``mat`` ((z or u, nb, rows, cols)) over the core digits
+    ``places`` (outermost first in the result): a dense operand's split by digit, a
+    replicated one's distinct matrices (made contiguous, as the dense copies are) with an axis
+    of one, broadcast by the matmul, for each digit its block does not depend on."""
+    sizes = [b // a for a, b in zip(places, places[1:])][::-1]  # outermost digit first
+    if not isinstance(v, Replicated):
+        return mat.reshape(*sizes, *mat.shape[1:])
+    h, u = radix(v.index, z) or (z, 1)
+    lows = places[:-1][::-1]  # each digit's place value, outermost first
+    shape = [s if h <= low < h * u else 1 for s, low in zip(sizes, lows)]
+    return np.ascontiguousarray(mat[:u]).reshape(*shape, *mat.shape[1:])
+
+
+#: elements of an elementwise body evaluated at once: its temporaries stay in the cache
+EVAL_BLOCK = 1 << 14
+
+
+def _eval_blocks(body: tuple, full: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """`_eval_body` over ``shape`` (cores first), a few cores' rows at a time (each value is
+    computed alone, so the blocks give the same bits), the blocks shared among `THREADS`."""
+    out = np.empty(shape, dtype=np.float32)
+    n = shape[0]
+    step = max(1, EVAL_BLOCK // max(math.prod(shape[1:]), 1))
+    starts = list(range(0, n, step))
+
+    def part(first: int, last: int) -> None:
+        with np.errstate(all="ignore"):  # (the caller's state is not the thread's)
+            for lo in starts[first:last]:
+                hi = lo + step
+                np.copyto(out[lo:hi], _eval_body(body, [v[lo:hi] for v in full]))
+
+    parts = min(THREADS, len(starts))
+    cuts = [len(starts) * k // parts for k in range(parts + 1)]
+    if parts < 2:
+        part(0, len(starts))
+    else:
+        for done in [pool().submit(part, a, b) for a, b in zip(cuts, cuts[1:])]:
+            done.result()
+    return out
 
 
 def _eval_body(node: tuple, full: list[np.ndarray]) -> np.ndarray:
@@ -269,6 +396,9 @@ def _take(expr: TensorExpr, values: list[np.ndarray], n: int, origin: np.ndarray
     if sharded is not None:
         picked = np.where(hit.reshape(hit.shape + (1,) * len(rest)), picked, 0)
     have = list(expr.inputs[index_k].axes) + rest
+    lifted = [a for a in expr.output.axes if a not in have]  # a unit axis (a width-1 table)
+    picked = picked.reshape(picked.shape + (1,) * len(lifted))
+    have += lifted
     perm = [0] + [have.index(a) + 1 for a in expr.output.axes]
     return np.transpose(picked, perm).astype(np.float32)
 
@@ -296,7 +426,7 @@ _TINY16_BITS = np.uint32(0x38800000 - 1)
 _HUGE16 = np.float32(65520.0)  # from here IEEE rounding to fp16 gives an infinity
 
 
-def round_fp16(values: np.ndarray) -> np.ndarray:
+def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 ``values`` rounded to the nearest fp16 value, as float32: bit for bit
     ``to_storage(values, np.float16).astype(np.float32)``, several times faster (numpy's fp16
     casts are scalar code here).
@@ -304,17 +434,44 @@ def round_fp16(values: np.ndarray) -> np.ndarray:
     In fp16's normal range rounding to nearest even drops the 13 low mantissa bits (a carry
     may raise the exponent, exactly as IEEE rounding does); below it every value is a multiple
     of 2^-24, which ``rint(x * 2^24) * 2^-24`` gives exactly; from 65520 up the result is an
-    infinity of the value's sign; NaNs take numpy's cast (its payload rule)."""
+    infinity of the value's sign; NaNs take numpy's cast (its payload rule).
+
+    Into ``out`` if given (contiguous float32 of as many elements; ``values`` itself, to
+    round in place)."""
     x = np.ascontiguousarray(values, dtype=np.float32)
-    out = np.empty_like(x)
+    if out is None:
+        out = np.empty_like(x)
+    elif not (out.flags.c_contiguous and out.size == x.size and out.dtype == np.float32):
+        raise ValueError("round_fp16: out must be contiguous float32 of the values' size")
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    blocks = ceil_div(flat_x.size, ROUND_BLOCK)
+    parts = min(THREADS, blocks // 4)  # a large array's blocks shared among the cores
+    if parts < 2:
+        _round_fp16_into(flat_x, flat_out)
+        return out
+    cuts = [ROUND_BLOCK * (blocks * k // parts) for k in range(parts)] + [flat_x.size]
+    for done in [pool().submit(_round_fp16_into, flat_x[lo:hi], flat_out[lo:hi])
+                 for lo, hi in zip(cuts, cuts[1:])]:
+        done.result()
+    return out
+
+
+def _round_fp16_into(flat_x: np.ndarray, flat_out: np.ndarray) -> None:
+    """`round_fp16` of the flat float32 array ``flat_x`` into ``flat_out``, a block at a
+    time (its few passes stay in the cache)."""
     mag = np.empty(min(ROUND_BLOCK, flat_x.size), dtype=np.float32)
     low = np.empty(len(mag), dtype=np.uint32)
+    # in place, each block is rounded into a copy of itself (the rounding reads x to the end)
+    inplace = np.may_share_memory(flat_x, flat_out)
+    copy = np.empty(len(mag), dtype=np.float32) if inplace else mag
     with np.errstate(over="ignore", invalid="ignore"):  # large and NaN lanes are redone
         for s in range(0, flat_x.size, ROUND_BLOCK):
-            xs, os = flat_x[s:s + ROUND_BLOCK], flat_out[s:s + ROUND_BLOCK]
+            xs, ob = flat_x[s:s + ROUND_BLOCK], flat_out[s:s + ROUND_BLOCK]
             a, below = mag[:len(xs)], low[:len(xs)]
-            u, o = xs.view(np.uint32), os.view(np.uint32)
+            if inplace:
+                xs = copy[:len(xs)]
+                np.copyto(xs, ob)
+            u, o = xs.view(np.uint32), ob.view(np.uint32)
             np.right_shift(u, 13, out=o)
             o &= np.uint32(1)  # the kept mantissa's last bit: ties go to even
             o += np.uint32(0xFFF)
@@ -325,12 +482,11 @@ def round_fp16(values: np.ndarray) -> np.ndarray:
             np.subtract(a.view(np.uint32), np.uint32(1), out=below)
             if below.min() < _TINY16_BITS:
                 small = below < _TINY16_BITS
-                np.copyto(os, np.rint(xs * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24),
+                np.copyto(ob, np.rint(xs * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24),
                           where=small)
             if not a.max() < _HUGE16:  # past fp16's range, or a NaN
                 over = ~(a < _HUGE16)
-                np.copyto(os, np.copysign(np.float32(np.inf), xs), where=over)
+                np.copyto(ob, np.copysign(np.float32(np.inf), xs), where=over)
                 nan = np.isnan(xs)
                 if nan.any():
-                    os[nan] = xs[nan].astype(np.float16).astype(np.float32)
-    return out
+                    ob[nan] = xs[nan].astype(np.float16).astype(np.float32)

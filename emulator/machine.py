@@ -7,8 +7,13 @@ reading it for a computation costs no cast). Every instruction acts on all cores
 and nothing loops over cores in Python: a compute step is one batched contraction (or one
 broadcast elementwise evaluation) over every core's sub-task; an exchange is one flat gather
 of the table into the source buffers, in cache-sized blocks of table rows; loads cut tiles
-from a blocked view of the host tensor. The per-core reference executor (`reference.py`) is
-the definition this is checked against (``tests/test_emulator_speed.py``).
+from a blocked view of the host tensor. Rows that many cores share (a weight's tiles, an
+exchange's shared rows) are kept once (`Memory`) and read by contractions as broadcast views;
+a loaded tensor is cut when first read (by a thread, ahead), and a take reads the rows it
+picks from the host tensor. Large matmuls, roundings, elementwise bodies and gathers are
+shared among the host's cores by threads; no value depends on it. The per-core reference
+executor (`reference.py`) is the definition this is checked against
+(``tests/test_emulator_speed.py``).
 
 Timing is bulk-synchronous: compute phases, then a barrier (``Sync``), then an exchange phase.
 On an all-to-all chip (IPU) the phase lasts as long as the busiest core needs to receive its
@@ -32,8 +37,12 @@ its handlers calls the timing handler, then moves the data. A timing-only run us
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -62,10 +71,12 @@ from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
 
 from .kernels import (
+    THREADS,
     Replicated,
     evaluate,
     gather_slices,
     operand_sizes,
+    pool,
     put_slices,
     round_fp16,
     to_storage,
@@ -104,24 +115,37 @@ class Machine(TimingMachine):
         self.base: dict[int, np.ndarray] = {}  # each live buffer's memory, flat (for the pool)
         #: buffers in reused memory: the cores whose row still holds an old buffer's values
         self.dirty: dict[int, np.ndarray] = {}
+        #: loaded tiles are cut (and rounded) in a thread of their own, ahead of the compute
+        #: steps that read them (they depend on nothing else), except a take's table, which
+        #: is never cut (`take_table`): the loads of those, by instruction index
+        self.ahead: ThreadPoolExecutor | None = None
+        self.uncut = uncut_tables(program)
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
         """Execute the whole program: the stored outputs and the timeline."""
-        timeline = self.execute(inputs, constants, progress)
+        try:
+            timeline = self.execute(inputs, constants, progress)
+        finally:
+            if self.ahead is not None:
+                self.ahead.shutdown(cancel_futures=True)
+                self.ahead = None
         return self.outputs, timeline
 
-    def stored(self, buf: int, values: np.ndarray, src: int | None = None) -> np.ndarray:
+    def stored(self, buf: int, values: np.ndarray, src: int | None = None,
+               owned: bool = False) -> np.ndarray:
         """``values`` as buffer ``buf`` holds them: rounded to its dtype (saturating, as
-        `to_storage`), in its held dtype. Values moved from buffer ``src`` of the same or a
-        narrower float dtype are exact already and are not rounded again."""
+        `to_storage`), in its held dtype (in place, if ``owned``: the caller's own array).
+        Values moved from buffer ``src`` of the same or a narrower float dtype are exact
+        already and are not rounded again."""
         name = self.dtypes[buf]
         held = HELD[name]
         if src is not None and self.exact(buf, src):
             return values.astype(held, copy=False)
         if NP_DTYPES[name] != held:  # fp16 held in float32: round to fp16's values
             if values.dtype == np.float32 and NP_DTYPES[name] == np.float16:
-                return round_fp16(values)
+                contiguous = owned and values.flags.c_contiguous
+                return round_fp16(values, out=values if contiguous else None)
             return to_storage(values, NP_DTYPES[name]).astype(held)
         return to_storage(values, held)
 
@@ -208,13 +232,17 @@ class Machine(TimingMachine):
         elif ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = unique_rows(ins.origin)
-            tiles, counts = load_tiles(src, uniq, ins.tile)
-            tiles = self.stored(ins.buf, tiles)  # rounded as cut: each value once
-            if isinstance(rows, slice):  # copied onto the cores when read as a buffer
-                self.mem.share(ins.buf, tiles.astype(dst.dtype, copy=False), inverse)
+            cut = HostTiles(src, uniq, ins.tile, inverse,
+                            partial(self.stored, ins.buf, owned=True), dst.dtype)
+            if isinstance(rows, slice):  # cut when read: a take reads only its rows
+                if self.executed - 1 not in self.uncut:
+                    if self.ahead is None:
+                        self.ahead = ThreadPoolExecutor(1, thread_name_prefix="t10c-cut")
+                    cut = dataclasses.replace(cut, ready=self.ahead.submit(cut.cut))
+                self.mem.defer(ins.buf, cut)
             else:
-                copy_rows(tiles, inverse, dst, rows)
-            loaded = int(counts[inverse].sum())
+                copy_rows(cut.cut(), inverse, dst, rows)
+            loaded = int(cut.counts()[inverse].sum())
         else:
             flat, valid = ins.elements()
             vals = np.take(self.rounded(ins.tensor, ins.buf, src).reshape(-1), flat)
@@ -245,8 +273,16 @@ class Machine(TimingMachine):
         self.wrote(ins.dst, rows)  # every row it writes, it writes whole
         if ins.pat is not None:  # each distinct row gathered once, then copied to its rows
             p = ins.pattern()  # rounded once per distinct row, before the copies
+            if (ins.dst != ins.src and isinstance(rows, slice) and p.patterns == p.rows
+                    and self.exact(ins.dst, ins.src) and src.dtype == dst.dtype
+                    and np.array_equal(p.pat, np.arange(p.rows))):
+                self.patterns.gather(p, src, dst[rows])  # every row its own: in place
+                return
             vals = self.stored(ins.dst, self.patterns.gather(p, src), ins.src)
-            copy_rows(vals, p.pat, dst, rows)
+            if isinstance(rows, slice) and p.patterns < p.rows:  # copied when read as a buffer
+                self.mem.share(ins.dst, vals.astype(dst.dtype, copy=False), p.pat)
+            else:
+                copy_rows(vals, p.pat, dst, rows)
             return
         if ins.dst != ins.src and isinstance(rows, slice) and self.exact(ins.dst, ins.src):
             out = dst[rows]  # gathered straight into the destination buffers
@@ -268,16 +304,38 @@ class Machine(TimingMachine):
         src, dst = self.mem[ins.src], self.mem[ins.dst]
         chunk = dst.shape[1]
         combine = COMBINES[ins.combine]
-        width = max(int(ins.offset.max(initial=0)) + chunk - src.shape[1], 0)
-        if width:  # some chunk reads past the end of src: the combine's identity there
-            pad = np.full((self.chip.cores, width), combine.identity, dtype=np.float32)
+        offset = ins.offset.astype(np.intp)
+        last = src.shape[1] - chunk  # the last offset whose chunk lies inside src
+        over = offset > last  # these rows' chunks run past the end of src
+        if over.any() and last < 0:  # src is narrower than a chunk: padded whole
+            pad = np.full((self.chip.cores, -last), combine.identity, dtype=np.float32)
             src = np.concatenate([src.astype(np.float32), pad], axis=1)
-        # every member's chunk, (n, G, chunk): whole chunks cut from a window view of the
-        # buffers (a copy per chunk, not an index per element)
+            last, over = 0, np.zeros_like(over)
+        # members' chunks: whole chunks cut from a window view of the buffers (a copy per
+        # chunk, not an index per element); a chunk past the end of src is cut at the last
+        # offset, then moved down and the combine's identity put after it
         windows = sliding_window_view(src, chunk, axis=1)  # (cores, starts, chunk)
-        parts = windows[ins.group.astype(np.intp), ins.offset.astype(np.intp)[:, None]]
-        red = combine.ufunc.reduce(parts.astype(np.float32, copy=False), axis=1)
-        dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red)
+        group, start = ins.group.astype(np.intp), np.minimum(offset, last)
+        moves = [(np.flatnonzero(offset - last == shift), max(chunk - shift, 0), shift)
+                 for shift in np.unique(offset[over] - last).tolist()]
+
+        def members(j: slice | int) -> np.ndarray:
+            """Member(s) ``j``'s chunks of every row, ``(n, [members,] chunk)``."""
+            parts = windows[group[:, j], start[:, None] if isinstance(j, slice) else start]
+            parts = parts.astype(np.float32, copy=False)
+            for r, keep, shift in moves:  # (a chunk may lie past the end whole)
+                if keep:
+                    parts[r, ..., :keep] = parts[r, ..., shift:]
+                parts[r, ..., keep:] = combine.identity
+            return parts
+
+        if chunk > 1:  # one member at a time, in order: the bits of the reduce over members
+            red = members(0)  # (numpy sums an axis that is not the last one in order)
+            for j in range(1, group.shape[1]):
+                combine.ufunc(red, members(j), out=red)
+        else:  # (along a last axis of one, numpy sums pairwise)
+            red = combine.ufunc.reduce(members(slice(None)), axis=1)
+        dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red, owned=True)
         self.wrote(ins.dst, _rows(ins, len(ins.group)))
 
     def compute(self, ins: Compute) -> None:
@@ -289,10 +347,16 @@ class Machine(TimingMachine):
         placed = ins.cores is not None
         tiles = ins.tiles
         values: list[np.ndarray | Replicated] = []
+        table = self.take_table(ins) if expr.body[0] == "take" and not placed else None
         for k, bid in enumerate(ins.ins):
             sizes = operand_sizes(expr, k, sub, tiles[k])
-            shared = None if placed else self.mem.shared.get(bid)
             offsets = ins.offsets[k]
+            if table is not None and k == expr.body[1]:  # each element's position, plus one
+                where = np.broadcast_to(np.arange(1, math.prod(tiles[k]) + 1, dtype=np.float32),
+                                        (n, math.prod(tiles[k])))
+                values.append(gather_slices(where, tiles[k], offsets, sizes)[0])
+                continue
+            shared = None if placed else self.mem.tiles(bid)
             if shared is not None and n and (offsets == offsets[0]).all():
                 blocks, index = shared  # the distinct tiles' blocks, and each core's tile
                 cut = np.broadcast_to(offsets[0], (len(blocks), len(offsets[0])))
@@ -303,6 +367,10 @@ class Machine(TimingMachine):
             values.append(self.operand(bid, tiles[k], offsets, sizes, rows if placed else None))
         with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
             result = evaluate(expr, values, sub, ins.origin)
+        if table is not None:  # the positions picked: their values, cut from the host tensor
+            picked = result.astype(np.int64) - 1
+            cores = np.arange(n).reshape((n,) + (1,) * (picked.ndim - 1))
+            result = table.read(cores, picked).astype(np.float32)
         self.rewrite(ins.out, rows)  # a sub-block of each row: the rest must read as zero
         out = self.mem[ins.out]
         k = len(ins.ins)
@@ -312,12 +380,29 @@ class Machine(TimingMachine):
         if ins.accumulate:
             if expr.combine is None:
                 raise EmulatorError(f"accumulates into {expr.name}, which has no combine")
-            view = gather_slices(out, tiles[k], ins.offsets[k], sizes)[0]
-            result = COMBINES[expr.combine].ufunc(view.astype(np.float32, copy=False), result)
+            view, at = gather_slices(out, tiles[k], ins.offsets[k], sizes)
+            combine = COMBINES[expr.combine].ufunc
+            if (self.dtypes[ins.out] == "fp32" and result.dtype == np.float32
+                    and (at is None or all(isinstance(i, slice) for i in at))):
+                # an fp32 buffer's own sub-block (a view): combined in place, as stored
+                combine(view, result, out=view)
+                if placed:
+                    whole[rows] = out
+                return
+            result = combine(view.astype(np.float32, copy=False), result)
         # masks (-3.4e38) saturate to -inf in fp16
         put_slices(out, tiles[k], ins.offsets[k], sizes, self.stored(ins.out, result))
         if placed:
             whole[rows] = out
+
+    def take_table(self, ins: Compute) -> HostTiles | None:
+        """The table of a take whose tiles are not cut yet (`HostTiles`), if it is one: the
+        take runs on each element's position and reads the values it picks from the host."""
+        expr = self.prog.exprs[ins.expr]
+        table = self.mem.later.get(ins.ins[expr.body[1]])
+        if table is None or math.prod(ins.tiles[expr.body[1]]) >= 1 << 24:
+            return None  # (positions are carried as float32: exact below 2^24)
+        return table
 
     def operand(self, buf: int, tile: tuple[int, ...], offsets: np.ndarray,
                 sizes: tuple[int, ...], rows: np.ndarray | slice | None = None) -> np.ndarray:
@@ -352,33 +437,101 @@ def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
 
 
 class Memory(dict[int, np.ndarray]):
-    """The live buffers' values by buffer id, each ``(cores, elems)``. A loaded buffer whose
-    cores hold few distinct tiles may be kept as the tiles and each core's tile (`shared`),
-    which a contraction reads as it is (`Replicated`); any other access copies the tiles onto
-    the cores first, so that everything else sees a plain array."""
+    """The live buffers' values by buffer id, each ``(cores, elems)``. A buffer whose cores
+    hold few distinct rows (a loaded weight's tiles, an exchange's shared rows) may be kept as
+    the rows and each core's row (`shared`), which a contraction reads as it is
+    (`Replicated`); a loaded buffer may be kept as its host tensor, not cut yet (`later`),
+    which a take reads from; any other access cuts the tiles and copies them onto the cores
+    first, so that everything else sees a plain array."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shared: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.later: dict[int, HostTiles] = {}
 
     def share(self, buf: int, tiles: np.ndarray, index: np.ndarray) -> None:
         """Rows ``[0, len(index))`` of ``buf`` are ``tiles[index]`` (not copied yet)."""
+        self.later.pop(buf, None)
         self.shared[buf] = (tiles, index)
+
+    def defer(self, buf: int, tiles: HostTiles) -> None:
+        """Rows ``[0, len(tiles.index))`` of ``buf`` are the host tiles ``tiles`` (not cut)."""
+        self.shared.pop(buf, None)
+        self.later[buf] = tiles
+
+    def tiles(self, buf: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Buffer ``buf``'s distinct rows and each core's row, if it is kept so (cut now)."""
+        later = self.later.pop(buf, None)
+        if later is not None:
+            self.shared[buf] = (later.cut(), later.index)
+        return self.shared.get(buf)
 
     def __getitem__(self, buf: int) -> np.ndarray:
         values = super().__getitem__(buf)
-        shared = self.shared.pop(buf, None)
+        shared = self.tiles(buf)
         if shared is not None:
+            del self.shared[buf]
             copy_rows(shared[0], shared[1], values, slice(0, len(shared[1])))
         return values
 
     def __setitem__(self, buf: int, values: np.ndarray) -> None:
         self.shared.pop(buf, None)
+        self.later.pop(buf, None)
         super().__setitem__(buf, values)
 
     def pop(self, buf: int, default: Any = None) -> Any:
         self.shared.pop(buf, None)
+        self.later.pop(buf, None)
         return super().pop(buf, default)
+
+
+@dataclass(frozen=True)
+class HostTiles:
+    """A loaded buffer not cut yet: core c holds the ``tile``-shaped block of ``host`` at
+    ``origin[index[c]]`` (zero outside the tensor), every value as ``store`` rounds it into
+    the buffer, held as ``dtype``."""
+
+    host: np.ndarray
+    origin: np.ndarray  # (distinct tiles, ndim)
+    tile: tuple[int, ...]
+    index: np.ndarray
+    store: Callable[[np.ndarray], np.ndarray]  # (of an array of its own: may round in place)
+    dtype: np.dtype
+    ready: Future[np.ndarray] | None = None  # `cut` under way in another thread
+
+    def cut(self) -> np.ndarray:
+        """The distinct tiles, ``(len(origin), elems)``, rounded (each value once)."""
+        if self.ready is not None:
+            return self.ready.result()
+        return self.store(load_tiles(self.host, self.origin, self.tile)[0]).astype(
+            self.dtype, copy=False)
+
+    def counts(self) -> np.ndarray:
+        """How many elements of each distinct tile lie inside the tensor."""
+        edge = np.asarray(self.host.shape, dtype=np.int64)[None, :] - self.origin
+        return np.prod(np.clip(edge, 0, np.asarray(self.tile, dtype=np.int64)), axis=1,
+                       dtype=np.int64)
+
+    def read(self, cores: np.ndarray, elems: np.ndarray) -> np.ndarray:
+        """The values at flat positions ``elems`` of cores ``cores``' tiles (broadcast
+        together; a negative position reads zero), as the cut buffer holds them."""
+        hole = elems < 0
+        # each position's coordinates in its tile, last dimension first (not
+        # np.unravel_index: numpy 2.4 gets it wrong on large arrays when a dimension is 1)
+        rest, coords = np.where(hole, 0, elems), []
+        for t in self.tile[::-1]:
+            rest, c = np.divmod(rest, t)
+            coords.append(c)
+        coords.reverse()
+        corner = self.origin[self.index[cores]]  # (*cores' shape, ndim)
+        inside = ~hole
+        flat = np.zeros(inside.shape, dtype=np.int64)
+        for d, size in enumerate(self.host.shape):
+            x = corner[..., d] + coords[d]
+            inside &= (x >= 0) & (x < size)
+            flat = flat * size + np.clip(x, 0, size - 1)
+        values = self.store(np.take(self.host.reshape(-1), flat)).astype(self.dtype, copy=False)
+        return np.where(inside, values, np.zeros((), dtype=self.dtype))
 
 
 class Pool:
@@ -411,6 +564,24 @@ class Pool:
         if self.bytes + flat.nbytes <= self.BUDGET:
             self.free.append(flat)
             self.bytes += flat.nbytes
+
+
+def uncut_tables(program: Program) -> frozenset[int]:
+    """The indices of the tiled loads whose buffer is next read as a take's table."""
+    loaded: dict[int, int] = {}  # buffer -> the index of its last tiled load not read yet
+    found = set()
+    for i, ins in enumerate(program.instrs):
+        if isinstance(ins, Load) and ins.pat is None and ins.index is None:
+            loaded[ins.buf] = i
+        elif isinstance(ins, Compute):
+            expr = program.exprs[ins.expr]
+            for k, buf in enumerate(ins.ins):
+                j = loaded.pop(buf, None)
+                if j is not None and expr.body[0] == "take" and k == expr.body[1]:
+                    found.add(j)
+        elif isinstance(ins, (Exchange, Shift, Reduce, Store)):
+            loaded.pop(ins.src, None)
+    return frozenset(found)
 
 
 def copy_rows(values: np.ndarray, which: np.ndarray, dst: np.ndarray,
@@ -507,15 +678,32 @@ class Gathers:
             self.bytes += size
         return entry
 
-    def gather(self, p: Pattern, src: np.ndarray) -> np.ndarray:
+    def gather(self, p: Pattern, src: np.ndarray, out: np.ndarray | None = None
+               ) -> np.ndarray:
         """Every distinct pattern's values gathered from ``src`` (cores, elems), zero on
-        padding: ``(patterns, width)``."""
+        padding: ``(patterns, width)`` (into ``out``, if given, of ``src``'s dtype); a large
+        gather is shared among the machine's cores, by rows."""
         width = int(p.runs[p.start[0]:p.start[1], 2].sum()) if p.patterns else 0
         flat, hole = self.index(p, src.shape[1], width)
-        vals = np.take(src.reshape(-1), flat)
+        if out is None:
+            out = np.empty(flat.shape, dtype=src.dtype)
+        source = src.reshape(-1)
+        rows = len(flat)
+        parts = min(THREADS, flat.size // SHARED_GATHER, rows)
+        if parts < 2:
+            np.take(source, flat, out=out)
+        else:
+            cuts = [rows * k // parts for k in range(parts + 1)]
+            for done in [pool().submit(np.take, source, flat[a:b], None, out[a:b])
+                         for a, b in zip(cuts, cuts[1:])]:
+                done.result()
         if hole is not None:
-            vals[hole] = 0
-        return vals
+            out[hole] = 0
+        return out
+
+
+#: elements a gather must move to be shared among threads
+SHARED_GATHER = 1 << 18
 
 
 #: elements of an exchange table gathered at once: the int64 index of a block stays in cache
