@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from t10c.ir import Body, Graph, Operand, TensorExpr
+from t10c.ir import Body, Graph, Operand, TensorExpr, unravel
 
 #: the axis of a derived epilogue expression: the elements of the result buffer
 AXIS = "e"
@@ -66,7 +66,7 @@ def extra_elements(graph: Graph, op: TensorExpr, k: int, flat: np.ndarray, valid
     element of ``extra[k]`` its epilogue reads, or -1 for padding."""
     operand = op.extra[k]
     out_axes = [str(a) for a in op.output.axes]
-    coords = np.unravel_index(np.where(valid, flat, 0), graph.tensors[op.output.tensor].shape)
+    coords = unravel(np.where(valid, flat, 0), graph.tensors[op.output.tensor].shape)
     shape = graph.tensors[operand.tensor].shape
     if not operand.axes:
         index = np.zeros_like(flat)

@@ -279,6 +279,14 @@ class Graph:
         return total
 
 
+def unravel(flat: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """``np.unravel_index(flat, shape)``, through a 1-d copy of ``flat``: numpy 2.4.6 returns
+    wrong indices for an index array whose last dimension is 1 once it has more than 8,192
+    elements (a wafer's (cores, 1) tables)."""
+    flat = np.asarray(flat)
+    return tuple(c.reshape(flat.shape) for c in np.unravel_index(flat.ravel(), shape))
+
+
 def map_to_root(graph: Graph, tensor: str, flat: np.ndarray) -> tuple[str, np.ndarray]:
     """Map flat element indices of ``tensor`` through its views to flat indices of its root."""
     while tensor in graph.views:
@@ -286,7 +294,7 @@ def map_to_root(graph: Graph, tensor: str, flat: np.ndarray) -> tuple[str, np.nd
         if view.perm is not None:
             # view[i] = src[j] where j[perm[d]] = i[d]
             src_shape = graph.tensors[view.source].shape
-            idx = np.unravel_index(flat, view.shape)
+            idx = unravel(flat, view.shape)
             src_idx: list[Any] = [None] * len(view.perm)
             for d, p in enumerate(view.perm):
                 src_idx[p] = idx[d]

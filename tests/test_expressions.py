@@ -127,3 +127,15 @@ def test_broadcast_elementwise(m, n, cores, seed) -> None:
     graph, v = one_op_graph(op, {"x": (m, n), "r": (n,), "c": (m,), "y": (m, n)}, {"r"}, seed)
     want = v["x"] * v["r"][None, :] / (v["c"][:, None] ** 2 + 1)
     check_plans(graph, v, want, cores)
+
+
+def test_unravel_is_right_where_numpy_2_4_is_not() -> None:
+    """An index array whose last dimension is 1, past 8,192 elements: numpy 2.4.6's
+    `np.unravel_index` gets it wrong; `ir.unravel` (through a 1-d copy) does not."""
+    from t10c.ir import unravel
+
+    n = 20_000
+    flat = np.arange(n).reshape(n, 1)
+    rows, cols = unravel(flat, (n // 4, 4))
+    assert rows.shape == cols.shape == (n, 1)
+    assert (rows[:, 0] == np.arange(n) // 4).all() and (cols[:, 0] == np.arange(n) % 4).all()
