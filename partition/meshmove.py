@@ -17,7 +17,9 @@ their estimate (`place.exchange_estimate`); this prices the choice the solver ma
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,10 +29,12 @@ from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph
 from t10c.multicast import phase_cycles, prefer_multicast, route_trees
 
-from .collectives import chunk_elements
+from .collectives import chunk_elements, scatter_of
 from .epilogue import extra_elements
 from .plan import OpPlan, geometry
-from .transitions import Want, _tile_flat, scatter_members
+
+if TYPE_CHECKING:  # (transitions imports this module when it prices a mesh)
+    from .transitions import Want
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def moved_input(chip: Chip, owner: np.ndarray, want: Want, shape: tuple[int, ...
 
     def make() -> Moved:
         uniq, inverse = _distinct_rows(want.origin)
-        flat, valid = _tile_flat(uniq, tuple(int(s) for s in want.shape), shape)
+        flat, valid = _whole_tiles(uniq, tuple(int(s) for s in want.shape), shape)
         if to_root is not None:
             flat = to_root[flat]
         return _moved(chip, owner, flat, valid, inverse, want.phys, nbytes)
@@ -95,16 +99,16 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan, owner: n
     out = len(op.inputs)
     origin = geo.tile_origin(out, geo.steps - 1)
     tile, shape = geo.tile_shape(out), graph.tensors[op.output.tensor].shape
-    pos = scatter_members(geo)[1] if geo.reduce_group > 1 else np.zeros(len(origin), int)
+    scatter = scatter_of(geo, tables=False) if geo.reduce_group > 1 else None
+    pos = scatter.pos if scatter is not None else np.zeros(len(origin), dtype=np.int64)
 
     def make() -> Moved:
         # cores whose tiles (and chunks of them) start alike read alike
         uniq, inverse = _distinct_rows(np.concatenate([origin, pos[:, None]], axis=1))
-        if geo.reduce_group > 1:
-            chunk = scatter_members(geo)[2]
-            flat, valid = chunk_elements(uniq[:, :-1], tile, shape, uniq[:, -1], chunk)
+        if scatter is not None:
+            flat, valid = chunk_elements(uniq[:, :-1], tile, shape, uniq[:, -1], scatter.chunk)
         else:
-            flat, valid = _tile_flat(uniq[:, :-1], tile, shape)
+            flat, valid = _whole_tiles(uniq[:, :-1], tile, shape)
         idx = extra_elements(graph, op, k, flat, valid)
         if to_root is not None:
             idx = np.where(idx >= 0, to_root[np.maximum(idx, 0)], -1)
@@ -120,6 +124,14 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan, owner: n
 def element_bytes_of(tensor: str, dtype: str, int_tensors: frozenset[str]) -> int:
     """Bytes per element of an epilogue operand on chip (`epilogue.extra_edge_cost`'s)."""
     return INDEX_BYTES if tensor in int_tensors else dtype_bytes(dtype)
+
+
+def _whole_tiles(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(flat index, inside the tensor) of every element of each row's tile at ``origin``,
+    row-major within the tile (codegen's buffer order): the one chunk of a group of one."""
+    return chunk_elements(origin, tile, shape, np.zeros(len(origin), dtype=np.int64),
+                          math.prod(tile))
 
 
 def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

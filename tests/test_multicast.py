@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from t10c.chips import chip_from_dict
+from t10c.codegen.pattern import from_table
 from t10c.codegen.program import Alloc, Buffer, Exchange, Fill, Program, Shift, Sync
 from t10c.codegen.program import exchange as make_exchange
-from t10c.codegen.pattern import from_table
 from t10c.driver import compile_model, run_compiled
 from t10c.emulator.machine import Machine
 from t10c.emulator.reference import Reference
