@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,9 +50,19 @@ class Moved:
     multicast: bool
 
 
-#: moved inputs by (owner, layout, tensor, element size) digest: repeated layers move alike
-_MOVED: dict[bytes, Moved] = {}
-_MOVED_LIMIT = 4096
+@dataclass(frozen=True)
+class Pending:
+    """An input's exchange not yet built: its digest (owner, layout, tensor, element size)
+    and how to build it. `phase` builds it only when the op's phase is not known yet."""
+
+    key: bytes
+    make: Callable[[], Moved]
+
+
+#: phase cycles by the digests of the inputs moved: repeated layers move alike. Only the
+#: cycles are kept (a wafer's exchange is millions of (tree, destination) entries)
+_PHASES: dict[tuple[bytes, ...], int] = {}
+_PHASES_LIMIT = 1 << 16
 
 
 def _key(*arrays: np.ndarray | None) -> bytes:
@@ -62,18 +73,8 @@ def _key(*arrays: np.ndarray | None) -> bytes:
     return h.digest()
 
 
-def _memo(key: bytes, make) -> Moved:
-    hit = _MOVED.get(key)
-    if hit is None:
-        hit = make()
-        if len(_MOVED) >= _MOVED_LIMIT:
-            _MOVED.clear()
-        _MOVED[key] = hit
-    return hit
-
-
 def moved_input(chip: Chip, owner: np.ndarray, want: Want, shape: tuple[int, ...],
-                to_root: np.ndarray | None, nbytes: int) -> Moved:
+                to_root: np.ndarray | None, nbytes: int) -> Pending:
     """The exchange that brings a tensor of ``shape`` (through the view ``to_root``, None
     for a root) whose root element e lies on physical core ``owner[e]`` into the tiles
     ``want`` asks for, ``nbytes`` per element (`codegen.lower.moved_elements`)."""
@@ -85,12 +86,12 @@ def moved_input(chip: Chip, owner: np.ndarray, want: Want, shape: tuple[int, ...
             flat = to_root[flat]
         return _moved(chip, owner, flat, valid, inverse, want.phys, nbytes)
 
-    return _memo(_key(owner, want.origin, want.shape, want.phys, np.asarray(shape), to_root,
-                      np.asarray([nbytes])), make)
+    return Pending(_key(owner, want.origin, want.shape, want.phys, np.asarray(shape), to_root,
+                        np.asarray([nbytes])), make)
 
 
 def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan, owner: np.ndarray,
-                to_root: np.ndarray | None, nbytes: int) -> Moved:
+                to_root: np.ndarray | None, nbytes: int) -> Pending:
     """The exchange that puts activation ``extra[k]`` of op i (its root element e on core
     ``owner[e]``, read through ``to_root``) beside each core's finished result, element for
     element (`codegen.lower.bring_extra`): in the op's re-layout phase too."""
@@ -114,7 +115,7 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan, owner: n
             idx = np.where(idx >= 0, to_root[np.maximum(idx, 0)], -1)
         return _moved(chip, owner, np.maximum(idx, 0), idx >= 0, inverse, geo.phys, nbytes)
 
-    return _memo(_key(owner, origin, pos, np.asarray(tile), geo.phys, np.asarray(shape),
+    return Pending(_key(owner, origin, pos, np.asarray(tile), geo.phys, np.asarray(shape),
                       to_root, np.frombuffer(repr((op.extra[k].axes, op.output.axes,
                                                    graph.tensors[op.extra[k].tensor].shape,
                                                    geo.reduce_group, nbytes)).encode(),
@@ -164,10 +165,21 @@ def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,
     return Moved(tree, src_t, dst, bytes_t, prefer_multicast(chip, tree, src_t, dst, bytes_t))
 
 
-def phase(chip: Chip, inputs: list[Moved]) -> int:
-    """Cycles of one exchange phase moving ``inputs`` (barrier not included): multicast
-    inputs as trees, the others as unicasts, routed together (`emulator.routing.route_phase`
-    computes the same)."""
+def phase(chip: Chip, pending: list[Pending]) -> int:
+    """Cycles of one exchange phase moving the ``pending`` inputs (barrier not included):
+    multicast inputs as trees, the others as unicasts, routed together
+    (`emulator.routing.route_phase` computes the same); once per distinct phase."""
+    routing = (chip.grid, chip.topology, chip.cores, chip.hop_latency_cycles,
+               chip.link_bytes_per_cycle, chip.routes_per_core)
+    key = (repr(routing).encode(), *(p.key for p in pending))
+    if key not in _PHASES:
+        if len(_PHASES) >= _PHASES_LIMIT:
+            _PHASES.clear()
+        _PHASES[key] = _routed(chip, [p.make() for p in pending])
+    return _PHASES[key]
+
+
+def _routed(chip: Chip, inputs: list[Moved]) -> int:
     parts: dict[bool, list[Moved]] = {True: [], False: []}
     for m in inputs:
         parts[m.multicast].append(m)
