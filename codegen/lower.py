@@ -257,7 +257,9 @@ class _Builder:
         the planner's rule too); decided once per pattern (repeated layers share them)."""
         if not self.chip.is_mesh:
             return False
-        key = (id(pattern), self.digest(geo.phys), itemsize)
+        # (the cores' digest is not kept by array: every op's ``phys`` would stay alive)
+        cores = hashlib.blake2b(np.ascontiguousarray(geo.phys).tobytes(), digest_size=16)
+        key = (id(pattern), cores.digest(), itemsize)
         hit = self.mcast.get(key)
         if hit is None:
             tree, src, dst, count = tree_pairs(pattern, geo.phys)
