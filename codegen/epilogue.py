@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
-from t10c.ir import Body, Graph, Operand, TensorExpr, unravel
+from t10c.ir import Body, Graph, Operand, TensorExpr
+from t10c.partition.epilogue import extra_elements as extra_elements  # (the planner's too)
 
 #: the axis of a derived epilogue expression: the elements of the result buffer
 AXIS = "e"
@@ -58,19 +57,3 @@ def program_exprs(graph: Graph) -> tuple[TensorExpr, ...]:
 def epilogue_index(graph: Graph, n: int) -> int:
     """The index in `program_exprs` of op n's derived epilogue expression."""
     return len(graph.ops) + sum(op.epilogue is not None for op in graph.ops[:n])
-
-
-def extra_elements(graph: Graph, op: TensorExpr, k: int, flat: np.ndarray, valid: np.ndarray
-                   ) -> np.ndarray:
-    """For each element of the result buffer (``flat`` output element, ``valid``), the flat
-    element of ``extra[k]`` its epilogue reads, or -1 for padding."""
-    operand = op.extra[k]
-    out_axes = [str(a) for a in op.output.axes]
-    coords = unravel(np.where(valid, flat, 0), graph.tensors[op.output.tensor].shape)
-    shape = graph.tensors[operand.tensor].shape
-    if not operand.axes:
-        index = np.zeros_like(flat)
-    else:
-        picked = tuple(coords[out_axes.index(str(a))] for a in operand.axes)
-        index = np.ravel_multi_index(picked, shape)
-    return np.where(valid, index, -1)

@@ -35,6 +35,7 @@ from t10c.chips import Chip
 from t10c.dtypes import ceil_div, dtype_bytes
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, map_to_root
+from t10c.multicast import prefer_multicast
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import idle_cores
@@ -44,7 +45,7 @@ from t10c.partition.transitions import Views, hoisted_fetches, shared_inputs
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import ALIGN, Layout, Rect, aligned, layout
-from .pattern import Pattern, encode, from_table, received, unique_origins
+from .pattern import Pattern, encode, from_table, received, tree_pairs, unique_origins
 from .program import (
     Alloc,
     Buffer,
@@ -210,6 +211,8 @@ class _Builder:
         self.memo: dict[tuple, object] = {}
         self.digests: dict[int, tuple[np.ndarray, bytes]] = {}
         self.geo_keys: dict[int, tuple] = {}
+        #: per (pattern, cores, element size): (the pattern, kept alive, whether multicast)
+        self.mcast: dict[tuple, tuple[Pattern, bool]] = {}
         for k, j in enumerate(plan.dram_issue):
             if j >= 0:
                 self.issued_at.setdefault(j, []).append(k)
@@ -282,6 +285,22 @@ class _Builder:
             hit = self.digests[id(arr)] = (arr, arr.dtype.str.encode() + d)
         return hit[1]
 
+    def multicast(self, pattern: Pattern, geo: Geometry, itemsize: int) -> bool:
+        """Whether an exchange by ``pattern`` into op ``geo``'s cores goes as multicast trees
+        (meshes, where that is faster than its unicasts: `t10c.multicast.prefer_multicast`,
+        the planner's rule too); decided once per pattern (repeated layers share them)."""
+        if not self.chip.is_mesh:
+            return False
+        # (the cores' digest is not kept by array: every op's ``phys`` would stay alive)
+        cores = hashlib.blake2b(np.ascontiguousarray(geo.phys).tobytes(), digest_size=16)
+        key = (id(pattern), cores.digest(), itemsize)
+        hit = self.mcast.get(key)
+        if hit is None:
+            tree, src, dst, count = tree_pairs(pattern, geo.phys)
+            hit = (pattern, prefer_multicast(self.chip, tree, src, dst, count * itemsize))
+            self.mcast[key] = hit
+        return hit[1]
+
     def source_key(self, place: Placement, tensor: str) -> tuple:
         """Where the elements of ``tensor`` (read through its views) come from, by content."""
         view = self.digest(self.to_root(tensor)) if self.graph.root(tensor) != tensor else b""
@@ -339,7 +358,8 @@ class _Builder:
             return place.buf, False
         phase = "fetch" if home else "relayout"
         bid = self.new_buffer(name, elems, dtype, op.name, phase)
-        moves.append(exchange(op.name, phase, bid, place.buf, pattern, elems, _cores(geo)))
+        moves.append(exchange(op.name, phase, bid, place.buf, pattern, elems, _cores(geo),
+                              self.multicast(pattern, geo, dtype_bytes(dtype))))
         return bid, True
 
     def moved_elements(self, op: TensorExpr, geo: Geometry, index: int, place: Placement,
@@ -445,7 +465,9 @@ class _Builder:
         phase = "fetch" if home else "relayout"
         bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor), op.name,
                               phase)
-        moves.append(exchange(op.name, phase, bid, place.buf, pattern, elems, _cores(geo)))
+        moves.append(exchange(op.name, phase, bid, place.buf, pattern, elems, _cores(geo),
+                              self.multicast(pattern, geo,
+                                             dtype_bytes(self.storage(operand.tensor)))))
         return bid, True
 
     def load_home(self, tensor: str, op: str, over: range | None = None) -> Placement:
@@ -680,6 +702,9 @@ class _Builder:
         # one barrier before the exchange phase, unless every copy stays on its core
         if any(received(m.pattern(), geo.phys).any() for m in moves):
             self.instrs.append(Sync(op.name, "relayout"))
+        if self.chip.is_mesh:  # the re-layouts together, as one phase of routes (the
+            # planner's `meshmove` prices them so), then the fetches
+            moves.sort(key=lambda m: m.phase != "relayout")
         self.instrs.extend(moves)
         # inputs are in place: producers whose last reader this was can go
         for operand in op.reads:

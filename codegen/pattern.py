@@ -246,8 +246,19 @@ def received(p: Pattern, here: np.ndarray) -> np.ndarray:
     return np.bincount(row[remote], weights=count[remote], minlength=p.rows).astype(np.int64)
 
 
-def _row_pairs(p: Pattern) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(source core, row, elements) per row and distinct source core of its pattern."""
+def tree_pairs(p: Pattern, here: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tree, src, dst, elements) per multicast tree and destination: the rows of one
+    distinct pattern read the same elements of each of its source cores, so each (pattern,
+    source core) is one tree to the cores of those rows (`t10c.multicast`). Padding is left
+    out; a destination that is its tree's source is kept (it receives nothing)."""
+    src, row, count, tree = _row_pairs(p, with_tree=True)
+    return tree, src, np.asarray(here, dtype=np.int64)[row], count
+
+
+def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:
+    """(source core, row, elements) per row and distinct source core of its pattern (and,
+    ``with_tree``, the number of that (pattern, source core) pair)."""
     runs = p.runs.astype(np.int64)
     owner = np.repeat(np.arange(p.patterns, dtype=np.int64), np.diff(p.start))
     keep = runs[:, 0] >= 0
@@ -263,6 +274,8 @@ def _row_pairs(p: Pattern) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     row = np.repeat(np.arange(p.rows, dtype=np.int64), per)
     pos = np.arange(len(row)) - np.repeat(np.cumsum(per) - per, per)
     idx = first[pat][row] + pos
+    if with_tree:
+        return k_src[idx], row, total[idx], idx
     return k_src[idx], row, total[idx]
 
 

@@ -20,7 +20,11 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
   src_off[c, e]]``, zero where ``src_core`` is -1. Codegen gives the table as a copy pattern
   instead (``pat``, ``pat_start``, ``runs``, the table fields None: each row's buffer as runs
   of consecutive elements of one source core, equal rows stored once, `codegen/pattern.py`),
-  and keeps the table only where the pattern would be larger.
+  and keeps the table only where the pattern would be larger. ``multicast`` (meshes): the
+  rows of one distinct pattern read the same elements, so each source core of a pattern sends
+  them once, along one route tree to the cores of all those rows (`t10c.multicast`:
+  dimension-order, each tree link carrying the bytes once); the values are the table's either
+  way, only the routes differ. False: one unicast per (source core, destination core).
 - ``Compute(expr, out, ins, sub, offsets, origin, accumulate)``: one sub-task of ``expr`` per core
   with axis sizes ``sub``; ``offsets[k][c]`` is where the sub-task starts in operand k's buffer
   on core c (inputs then output); ``origin[c]`` is the sub-task's global position, which masks
@@ -62,6 +66,7 @@ from .pattern import Pattern, compact, encode, expand, from_table, width
 from .pattern import chip_pair_counts as chip_pair_counts
 from .pattern import pair_counts as pair_counts
 from .pattern import received as received
+from .pattern import tree_pairs as tree_pairs
 from .pattern import unique_expand as unique_expand
 
 DTYPE_BYTES = {name: d.bytes for name, d in DTYPES.items()}
@@ -205,6 +210,7 @@ class Exchange(Instr):
     pat: np.ndarray | None = None  # the table as a `Pattern` (codegen/pattern.py)
     pat_start: np.ndarray | None = None
     runs: np.ndarray | None = None
+    multicast: bool = False  # rows of one pattern share a route tree per source core
 
     @property
     def nrows(self) -> int:
@@ -225,13 +231,14 @@ class Exchange(Instr):
 
 
 def exchange(op: str, phase: str, dst: int, src: int, p: Pattern, elems: int,
-             cores: np.ndarray | None) -> Exchange:
+             cores: np.ndarray | None, multicast: bool = False) -> Exchange:
     """An exchange of pattern ``p`` into a buffer of ``elems``: the pattern where it is
-    smaller than the element table, else the table."""
+    smaller than the element table, else the table; ``multicast`` as `Exchange`'s."""
     if compact(p, p.rows, elems):
-        return Exchange(op, phase, dst, src, None, None, cores, p.pat, p.start, p.runs)
+        return Exchange(op, phase, dst, src, None, None, cores, p.pat, p.start, p.runs,
+                        multicast)
     core, off = expand(p, elems)
-    return Exchange(op, phase, dst, src, core, off, cores)
+    return Exchange(op, phase, dst, src, core, off, cores, multicast=multicast)
 
 
 @dataclass(frozen=True)
@@ -635,7 +642,8 @@ def _asm(prog: Program, ins: Instr, core: int) -> str | None:
         runs = runs[runs[:, 0] >= 0]
         cores = np.unique(runs[:, 0])
         remote = int(runs[runs[:, 0] != core, 2].sum())
-        return (f"exch   {b(ins.dst)} <- {b(ins.src)} from {len(cores)} cores "
+        how = "mcast " if ins.multicast else "exch  "
+        return (f"{how} {b(ins.dst)} <- {b(ins.src)} from {len(cores)} cores "
                 f"({remote} remote elems, {len(runs)} runs){tag}")
     if isinstance(ins, Compute):
         row = ins.row_of(core, len(ins.origin))

@@ -31,6 +31,7 @@ from t10c.codegen.program import (
     Shift,
     Store,
     Sync,
+    unique_expand,
 )
 from t10c.dtypes import DTYPES
 from t10c.elementwise import COMBINES
@@ -132,6 +133,8 @@ class Reference:
             buf[:] = to_storage(np.asarray(float(ins.value)), buf.dtype)
 
     def exchange(self, ins: Exchange) -> None:
+        if ins.multicast:
+            return self.multicast(ins)
         mem = self.mem
         # every core reads before any core writes (dst may be src)
         new = []
@@ -144,6 +147,29 @@ class Reference:
                     vals[here] = to_storage(mem[s][ins.src][src_off[c][here]], vals.dtype)
             new.append(vals)
         for c, vals in enumerate(new):
+            mem[c][ins.dst][:] = vals
+
+    def multicast(self, ins: Exchange) -> None:
+        """A multicast exchange as the chip runs it: every (distinct row pattern, source
+        core) tree's elements are read once from the source into one packet, and the packet
+        is written into every row of that pattern, where the row's runs from that source
+        land. Every packet is read before any row is written (dst may be src)."""
+        mem = self.mem
+        p = ins.pattern()
+        elems = self.prog.buffers[ins.dst].elems
+        core, off = unique_expand(p, elems)
+        packets: list[list[tuple[np.ndarray, np.ndarray]]] = []
+        for u in range(p.patterns):
+            mine = []
+            for s in np.unique(core[u]):
+                if s >= 0:
+                    at = core[u] == s
+                    mine.append((at, mem[int(s)][ins.src][off[u][at]].copy()))
+            packets.append(mine)
+        for c, u in enumerate(p.pat):
+            vals = np.zeros_like(mem[c][ins.dst])
+            for at, packet in packets[int(u)]:
+                vals[at] = to_storage(packet, vals.dtype)
             mem[c][ins.dst][:] = vals
 
     def shift(self, ins: Shift) -> None:

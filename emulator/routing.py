@@ -12,6 +12,8 @@ One exchange phase (all transfers between two barriers) lasts
 which is exact for the pipelined, contention-bound traffic of compute-shift programs and a
 lower bound for irregular traffic. Loads are accumulated with difference arrays and cumulative
 sums, so a phase costs O(transfers + links) numpy work, never a loop over transfers.
+Multicast exchanges travel route trees instead (`t10c.multicast`, shared with the planner):
+`route_phase` routes a phase's unicasts and trees together.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import ceil_div
+from t10c.multicast import leg as _leg
+from t10c.multicast import line_loads as _line_loads
+from t10c.multicast import phase_cycles, route_trees
 
 
 @dataclass(frozen=True)
@@ -34,40 +39,6 @@ class Routed:
     #: (4, rows, cols) bytes per directed link: east, west (link x joins column x and x + 1),
     #: south, north (link y joins row y and y + 1); None when nothing moved
     loads: np.ndarray | None
-
-
-def _leg(start: np.ndarray, end: np.ndarray, size: int, torus: bool
-         ) -> tuple[np.ndarray, np.ndarray]:
-    """(signed length) of the legs from ``start`` to ``end`` on a line or ring of ``size``."""
-    delta = end - start
-    if torus:
-        fwd = delta % size
-        # the shorter way round; a tie goes the way that does not wrap, as on a mesh
-        delta = np.where(fwd < size - fwd, fwd, np.where(fwd > size - fwd, fwd - size, delta))
-    return delta, np.abs(delta)
-
-
-def _line_loads(line: np.ndarray, start: np.ndarray, delta: np.ndarray, nbytes: np.ndarray,
-                nlines: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Loads of the positive and negative links of ``nlines`` lines of ``size`` positions.
-
-    A positive leg from ``s`` of length L uses links s .. s+L-1; a negative one uses links
-    s-L .. s-1 (link x joins positions x and x+1, modulo ``size`` on a torus).
-    """
-    width = 2 * size + 1
-    out = []
-    for positive in (True, False):
-        sel = delta > 0 if positive else delta < 0
-        length = np.abs(delta[sel])
-        first = start[sel] if positive else start[sel] - length
-        first = first % size  # wrap-around legs continue past the end, folded back below
-        base = line[sel] * width
-        diff = np.bincount(np.concatenate([base + first, base + first + length]),
-                           weights=np.concatenate([nbytes[sel], -nbytes[sel]]),
-                           minlength=nlines * width).reshape(nlines, width)
-        cum = np.cumsum(diff, axis=1)
-        out.append(np.rint(cum[:, :size] + cum[:, size:2 * size]).astype(np.int64))
-    return out[0], out[1]
 
 
 #: transfers routed at once: a phase's arrays are routed in slices of this many, so that a
@@ -111,6 +82,21 @@ def route(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> R
     busiest = int(loads.max())
     cycles = chip.hop_latency_cycles * hops + ceil_div(busiest, chip.link_bytes_per_cycle)
     return Routed(cycles, busiest, hops, loads)
+
+
+def route_phase(chip: Chip, unicast: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                trees: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None) -> Routed:
+    """Route one phase of unicast transfers (`route`'s arguments) and multicast trees
+    (`t10c.multicast.route_trees`' arguments) together: link loads add up, the longest
+    route of either counts, and the trees' colours set the waves (`t10c.multicast`)."""
+    uni = route(chip, *unicast) if unicast is not None else Routed(0, 0, 0, None)
+    tr = route_trees(chip, *trees) if trees is not None else None
+    if tr is None:
+        return uni
+    loads = tr.loads if uni.loads is None else uni.loads + tr.loads
+    busiest = int(loads.max())
+    hops = max(uni.max_hops, tr.hops)
+    return Routed(phase_cycles(chip, busiest, hops, int(tr.counts.max())), busiest, hops, loads)
 
 
 def hops(chip: Chip, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

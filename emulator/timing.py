@@ -36,11 +36,12 @@ from t10c.codegen.program import (
     chip_pair_counts,
     pair_counts,
     received,
+    tree_pairs,
 )
 from t10c.costs import compute_cycles
 from t10c.dtypes import ceil_div
 
-from .routing import Routed, route
+from .routing import Routed, route_phase
 
 Progress = Callable[[str, int, int], None]
 
@@ -120,6 +121,9 @@ class TimingMachine:
         self.pending_op = ""
         self.pending_phase = ""
         self.transfers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # mesh: src, dst, B
+        #: mesh: multicast trees of this phase, (tree, src, dst, bytes) per destination
+        self.trees: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.tree_ids = 0  # trees numbered so far this phase
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
         self.routes: dict[tuple, Routed] = {}  # routes by a digest of their transfers
         #: an exchange pattern's (sources, destinations, counts, crossing pairs on a pod)
@@ -207,6 +211,17 @@ class TimingMachine:
         else:  # only what each core receives matters
             np.add.at(self.pending, dst, np.where(src != dst, nbytes, 0))
 
+    def receive_trees(self, op: str, phase: str, tree: np.ndarray, src: np.ndarray,
+                      dst: np.ndarray, nbytes: np.ndarray) -> None:
+        """Queue multicast trees (mesh; `t10c.multicast.route_trees`' arguments, trees
+        numbered from 0) of one phase."""
+        if self.pending_phase and (op, phase) != (self.pending_op, self.pending_phase):
+            self.flush()
+        self.pending_op, self.pending_phase = op, phase
+        ntrees = int(tree.max(initial=-1)) + 1
+        self.trees.append((tree + self.tree_ids, src, dst, nbytes))
+        self.tree_ids += ntrees
+
     def cross(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> None:
         """On a pod, count the bytes of transfers (``nbytes[k]`` from core ``src[k]`` to
         ``dst[k]``, queued by `receive`) that cross from one chip to another."""
@@ -224,18 +239,24 @@ class TimingMachine:
         np.add.at(self.pod_out, self.chip.chip_of(src), nbytes)
         np.add.at(self.pod_in, dst_chip, nbytes)
 
-    def timed(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
-              key: tuple | None = None) -> tuple[int, int, int]:
+    def timed(self, src: np.ndarray | None, dst: np.ndarray | None, nbytes: np.ndarray | None,
+              key: tuple | None = None,
+              trees: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+              ) -> tuple[int, int, int]:
         """(cycles, bytes, hops) of one phase of transfers on a mesh, counting link loads
-        (``src``, ``dst``, ``nbytes`` broadcast together, `route`).
+        (``src``, ``dst``, ``nbytes`` broadcast together, `route`; None: no unicast), and of
+        its multicast ``trees`` (`route_phase`).
 
         Steps of a rotation and repeated layers route the same transfers again and again:
         routes are remembered by a digest of the transfers (or ``key``, one of the arrays
         they are made from). Only the last few: each holds the loads of every link."""
-        key = _digest(src, dst, nbytes) if key is None else key
+        unicast = None if src is None else (src, dst, nbytes)
+        if key is None:
+            key = tuple(k for arrays in (unicast, trees) if arrays is not None
+                        for k in (len(arrays), *_digest(*arrays)))
         routed = self.routes.pop(key, None)
         if routed is None:
-            routed = route(self.chip, src, dst, nbytes)
+            routed = route_phase(self.chip, unicast, trees)  # type: ignore[arg-type]
         self.routes[key] = routed  # the most recent last
         while len(self.routes) > _ROUTES_KEPT:
             del self.routes[next(iter(self.routes))]
@@ -249,9 +270,12 @@ class TimingMachine:
         if not self.pending_phase:
             return
         if self.chip.is_mesh:
-            src, dst, nbytes = (np.concatenate(x) for x in zip(*self.transfers))
-            cycles, most, hops = self.timed(src, dst, nbytes)
-            self.transfers = []
+            src = dst = nbytes = None
+            if self.transfers:
+                src, dst, nbytes = (np.concatenate(x) for x in zip(*self.transfers))
+            trees = tuple(np.concatenate(x) for x in zip(*self.trees)) if self.trees else None
+            cycles, most, hops = self.timed(src, dst, nbytes, trees=trees)  # type: ignore
+            self.transfers, self.trees, self.tree_ids = [], [], 0
         else:
             most, hops = int(self.pending.max()), 1
             cross = int(max(self.pod_in.max(), self.pod_out.max()))
@@ -388,7 +412,10 @@ class TimingMachine:
         self.mark_live(ins.dst)
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
-        if self.chip.is_mesh:
+        if self.chip.is_mesh and ins.multicast:
+            tree, src, dst, count = tree_pairs(ins.pattern(), here)
+            self.receive_trees(ins.op, ins.phase, tree, src, dst, count * size)
+        elif self.chip.is_mesh:
             self.receive(ins.op, ins.phase, *_pairs(src_core, here, size))
         else:  # received bytes per core: a remote element counts wherever it comes from
             table = src_core
@@ -414,6 +441,10 @@ class TimingMachine:
         self.mark_live(ins.dst)
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
+        if self.chip.is_mesh and ins.multicast:  # a tree per (distinct row, source core)
+            tree, src, dst, count = tree_pairs(p, here)
+            self.receive_trees(ins.op, ins.phase, tree, src, dst, count * size)
+            return
         # repeated layers exchange by the same patterns: their counts are worked out once
         key = (ins.pat.tobytes(), p.start.tobytes(), p.runs.tobytes(),
                b"" if ins.cores is None else b"on" + ins.cores.tobytes())

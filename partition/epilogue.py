@@ -18,7 +18,7 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.costs import INDEX_BYTES
 from t10c.dtypes import ceil_div, dtype_bytes
-from t10c.ir import Graph
+from t10c.ir import Graph, TensorExpr, unravel
 
 from .place import exchange_estimate
 from .plan import OpPlan, geometry
@@ -113,3 +113,19 @@ def _distinct(items: list[tuple[np.ndarray, ...] | None]) -> list[int]:
             h.update(a.tobytes())
         out.append(seen.setdefault(h.digest() if item is not None else b"", len(seen)))
     return out
+
+
+def extra_elements(graph: Graph, op: TensorExpr, k: int, flat: np.ndarray, valid: np.ndarray
+                   ) -> np.ndarray:
+    """For each element of the result buffer (``flat`` output element, ``valid``), the flat
+    element of ``extra[k]`` its epilogue reads, or -1 for padding."""
+    operand = op.extra[k]
+    out_axes = [str(a) for a in op.output.axes]
+    coords = unravel(np.where(valid, flat, 0), graph.tensors[op.output.tensor].shape)
+    shape = graph.tensors[operand.tensor].shape
+    if not operand.axes:
+        index = np.zeros_like(flat)
+    else:
+        picked = tuple(coords[out_axes.index(str(a))] for a in operand.axes)
+        index = np.ravel_multi_index(picked, shape)
+    return np.where(valid, index, -1)

@@ -685,7 +685,10 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
                     ) -> list[int]:
     """The re-layout cycles before every op for one choice of plans, all inputs of an op in
     one phase (exactly what the emulator measures on an all-to-all chip); an input that reads
-    the previous op's copy (`shared_inputs`) moves nothing."""
+    the previous op's copy (`shared_inputs`) moves nothing. On a mesh, mesh-aware plans'
+    exchanges are routed as codegen emits them, multicast trees and all (`meshmove`)."""
+    from .meshmove import element_bytes_of, moved_extra, moved_input, phase  # (builds on this)
+
     views = views or Views(graph)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     sharing = _sharing(graph, plans, chip, dtype, int_tensors, views)
@@ -696,20 +699,36 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
         received = np.zeros(chip.cores, dtype=np.int64)
         wanted = np.zeros(max(chip.chips, 1), dtype=np.int64)  # a pod: distinct bytes
         mesh_cycles = 0
+        routed = []  # on a mesh, a mesh-aware plan's inputs as routed (`meshmove`)
         for slot, j, phys, remote in _moves(graph, i, plans, chip, views, producer, shared):
             nbytes = element_bytes(op, slot, dtype, int_tensors)
             if chip.is_pod and remote.any():
                 wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
-            if chip.is_mesh:  # an estimate: each input's exchange on its own
+            if chip.is_mesh and plans[i].embed is not None:
                 if remote.max(initial=0):
-                    sent = plans[j].out_bytes_per_core * replication(op, slot, plans[i])
-                    mesh_cycles += (exchange_estimate(chip, int(remote.max()) * nbytes, sent)
-                                    if plans[i].embed is not None else
-                                    chip.transfer_cycles(int(remote.max()) * nbytes))
+                    tensor = op.inputs[slot].tensor
+                    want = consumer_want(graph, i, slot, plans[i])
+                    routed.append(moved_input(chip, views.owner(j, plans[j]), want,
+                                              graph.tensors[tensor].shape,
+                                              views.to_root(tensor), nbytes))
+            elif chip.is_mesh:  # the all-to-all assumption's estimate: each input on its own
+                if remote.max(initial=0):
+                    mesh_cycles += chip.transfer_cycles(int(remote.max()) * nbytes)
             else:
                 np.add.at(received, phys, remote * nbytes)
         most = int(received.max(initial=0))
         cross = received_cross(chip, received, wanted if chip.is_pod else None)
+        if chip.is_mesh and plans[i].embed is not None:  # activations the epilogue reads
+            for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
+                source = producer.get(graph.root(operand.tensor))
+                if source is not None:
+                    routed.append(moved_extra(chip, graph, i, k, plans[i],
+                                              views.owner(source, plans[source]),
+                                              views.to_root(operand.tensor),
+                                              element_bytes_of(operand.tensor, dtype,
+                                                               int_tensors)))
+        if routed:
+            mesh_cycles = phase(chip, routed)
         if chip.is_mesh:
             out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
         elif fetches(graph, i, plans[i], chip):  # the barrier is the plan's (its fetch's),

@@ -33,7 +33,7 @@ TIERS: dict[str, str] = {
     "test_fusion": "e2e", "test_graphcheck": "unit",
     "test_layers": "unit",
     "test_light_models": "e2e", "test_loader": "unit", "test_memory": "unit",
-    "test_mesh": "e2e", "test_models": "unit", "test_onnx_backend": "ops",
+    "test_mesh": "e2e", "test_models": "unit", "test_multicast": "e2e", "test_onnx_backend": "ops",
     "test_onnx_node": "ops", "test_ops": "ops", "test_ops_layout": "ops", "test_ops_nn": "ops",
     "test_outputs": "e2e", "test_pipeline": "e2e", "test_planfile": "e2e",
     "test_plan_override": "e2e", "test_plan_space": "e2e",

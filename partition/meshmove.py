@@ -1,0 +1,205 @@
+"""Re-layouts on a mesh priced as routed: the exchanges of a choice of plans, tree by tree.
+
+For the chosen plans (`transitions.relayout_cycles`) every moving input of an op is the
+exchange codegen emits (`codegen.lower.moved_elements`): consumer cores whose tiles start at
+the same place read the same elements, so each (distinct tile, producer core holding some of
+it) is one multicast tree to the cores of that tile; where multicast is not faster than the
+unicasts (the colours' waves, `t10c.multicast.prefer_multicast`, the rule codegen follows)
+the input goes as one unicast per (producer core, consumer core). All of an op's inputs move
+in one phase after one barrier: their trees and unicasts are routed together, link by link,
+as the emulator routes them. The prediction is exact, short of two distinct tile origins
+whose element tables are equal (codegen then merges their trees; only padding does that).
+
+Routing every pair of plans this way would be too slow for the solver's edges, which keep
+their estimate (`place.exchange_estimate`); this prices the choice the solver made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.costs import INDEX_BYTES
+from t10c.dtypes import dtype_bytes
+from t10c.ir import Graph
+from t10c.multicast import phase_cycles, prefer_multicast, route_trees
+
+from .collectives import chunk_elements, scatter_of
+from .epilogue import extra_elements
+from .plan import OpPlan, geometry
+
+if TYPE_CHECKING:  # (transitions imports this module when it prices a mesh)
+    from .transitions import Want
+
+
+@dataclass(frozen=True)
+class Moved:
+    """One input's exchange: per (tree, destination) its tree, source core, destination
+    core and bytes, and whether it goes as multicast."""
+
+    tree: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    multicast: bool
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An input's exchange not yet built: its digest (owner, layout, tensor, element size)
+    and how to build it. `phase` builds it only when the op's phase is not known yet."""
+
+    key: bytes
+    make: Callable[[], Moved]
+
+
+#: phase cycles by the digests of the inputs moved: repeated layers move alike. Only the
+#: cycles are kept (a wafer's exchange is millions of (tree, destination) entries)
+_PHASES: dict[tuple[bytes, ...], int] = {}
+_PHASES_LIMIT = 1 << 16
+
+
+def _key(*arrays: np.ndarray | None) -> bytes:
+    h = hashlib.blake2b(digest_size=20)
+    for a in arrays:
+        h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
+        h.update(b"|")
+    return h.digest()
+
+
+def moved_input(chip: Chip, owner: np.ndarray, want: Want, shape: tuple[int, ...],
+                to_root: np.ndarray | None, nbytes: int) -> Pending:
+    """The exchange that brings a tensor of ``shape`` (through the view ``to_root``, None
+    for a root) whose root element e lies on physical core ``owner[e]`` into the tiles
+    ``want`` asks for, ``nbytes`` per element (`codegen.lower.moved_elements`)."""
+
+    def make() -> Moved:
+        uniq, inverse = _distinct_rows(want.origin)
+        flat, valid = _whole_tiles(uniq, tuple(int(s) for s in want.shape), shape)
+        if to_root is not None:
+            flat = to_root[flat]
+        return _moved(chip, owner, flat, valid, inverse, want.phys, nbytes)
+
+    return Pending(_key(owner, want.origin, want.shape, want.phys, np.asarray(shape), to_root,
+                        np.asarray([nbytes])), make)
+
+
+def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan, owner: np.ndarray,
+                to_root: np.ndarray | None, nbytes: int) -> Pending:
+    """The exchange that puts activation ``extra[k]`` of op i (its root element e on core
+    ``owner[e]``, read through ``to_root``) beside each core's finished result, element for
+    element (`codegen.lower.bring_extra`): in the op's re-layout phase too."""
+    op = graph.ops[i]
+    geo = geometry(graph, op, plan)
+    out = len(op.inputs)
+    origin = geo.tile_origin(out, geo.steps - 1)
+    tile, shape = geo.tile_shape(out), graph.tensors[op.output.tensor].shape
+    scatter = scatter_of(geo, tables=False) if geo.reduce_group > 1 else None
+    pos = scatter.pos if scatter is not None else np.zeros(len(origin), dtype=np.int64)
+
+    def make() -> Moved:
+        # cores whose tiles (and chunks of them) start alike read alike
+        uniq, inverse = _distinct_rows(np.concatenate([origin, pos[:, None]], axis=1))
+        if scatter is not None:
+            flat, valid = chunk_elements(uniq[:, :-1], tile, shape, uniq[:, -1], scatter.chunk)
+        else:
+            flat, valid = _whole_tiles(uniq[:, :-1], tile, shape)
+        idx = extra_elements(graph, op, k, flat, valid)
+        if to_root is not None:
+            idx = np.where(idx >= 0, to_root[np.maximum(idx, 0)], -1)
+        return _moved(chip, owner, np.maximum(idx, 0), idx >= 0, inverse, geo.phys, nbytes)
+
+    return Pending(_key(owner, origin, pos, np.asarray(tile), geo.phys, np.asarray(shape),
+                      to_root, np.frombuffer(repr((op.extra[k].axes, op.output.axes,
+                                                   graph.tensors[op.extra[k].tensor].shape,
+                                                   geo.reduce_group, nbytes)).encode(),
+                                             dtype=np.uint8)), make)
+
+
+def element_bytes_of(tensor: str, dtype: str, int_tensors: frozenset[str]) -> int:
+    """Bytes per element of an epilogue operand on chip (`epilogue.extra_edge_cost`'s)."""
+    return INDEX_BYTES if tensor in int_tensors else dtype_bytes(dtype)
+
+
+def _whole_tiles(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(flat index, inside the tensor) of every element of each row's tile at ``origin``,
+    row-major within the tile (codegen's buffer order): the one chunk of a group of one."""
+    return chunk_elements(origin, tile, shape, np.zeros(len(origin), dtype=np.int64),
+                          math.prod(tile))
+
+
+def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows, each row's number among them)."""
+    if not len(rows):
+        return rows, np.zeros(0, dtype=np.int64)
+    uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
+def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,
+           inverse: np.ndarray, phys: np.ndarray, nbytes: int) -> Moved:
+    """Row u of ``flat`` (its ``valid`` elements) is what the cores ``phys[r]`` with
+    ``inverse[r] == u`` read; root element e lies on core ``owner[e]``."""
+    rows_of = np.broadcast_to(np.arange(len(flat), dtype=np.int64)[:, None], flat.shape)
+    src = owner[flat[valid]].astype(np.int64)
+    # per (distinct row, source core): the elements it takes, one tree
+    base = chip.cores + 1
+    keys, count = np.unique(rows_of[valid] * base + src, return_counts=True)
+    k_row, k_src = keys // base, keys % base
+    # every core of a distinct row is a destination of that row's trees
+    order = np.argsort(inverse, kind="stable")
+    per_row = np.bincount(inverse, minlength=len(flat))
+    start = np.concatenate([[0], np.cumsum(per_row)])
+    n = per_row[k_row]
+    tree = np.repeat(np.arange(len(keys), dtype=np.int64), n)
+    pos = np.arange(len(tree)) - np.repeat(np.cumsum(n) - n, n)
+    dst = phys.astype(np.int64)[order[start[k_row][tree] + pos]]
+    src_t, bytes_t = k_src[tree], count[tree] * nbytes
+    return Moved(tree, src_t, dst, bytes_t, prefer_multicast(chip, tree, src_t, dst, bytes_t))
+
+
+def phase(chip: Chip, pending: list[Pending]) -> int:
+    """Cycles of one exchange phase moving the ``pending`` inputs (barrier not included):
+    multicast inputs as trees, the others as unicasts, routed together
+    (`emulator.routing.route_phase` computes the same); once per distinct phase."""
+    routing = (chip.grid, chip.topology, chip.cores, chip.hop_latency_cycles,
+               chip.link_bytes_per_cycle, chip.routes_per_core)
+    key = (repr(routing).encode(), *(p.key for p in pending))
+    if key not in _PHASES:
+        if len(_PHASES) >= _PHASES_LIMIT:
+            _PHASES.clear()
+        _PHASES[key] = _routed(chip, [p.make() for p in pending])
+    return _PHASES[key]
+
+
+def _routed(chip: Chip, inputs: list[Moved]) -> int:
+    parts: dict[bool, list[Moved]] = {True: [], False: []}
+    for m in inputs:
+        parts[m.multicast].append(m)
+    loads = None
+    hops = trees = 0
+    for multicast, ms in parts.items():
+        if not ms:
+            continue
+        offset = 0
+        ids = []
+        for m in ms:  # trees numbered apart; unicasts one tree each
+            ids.append((m.tree if multicast else np.arange(len(m.tree))) + offset)
+            offset = int(ids[-1].max(initial=offset - 1)) + 1
+        routed = route_trees(chip, np.concatenate(ids), *(np.concatenate([getattr(m, f)
+                                                                            for m in ms])
+                                                          for f in ("src", "dst", "nbytes")))
+        if routed is None:
+            continue
+        loads = routed.loads if loads is None else loads + routed.loads
+        hops = max(hops, routed.hops)
+        if multicast:
+            trees = int(routed.counts.max())
+    return 0 if loads is None else phase_cycles(chip, int(loads.max()), hops, trees)

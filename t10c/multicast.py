@@ -1,0 +1,170 @@
+"""Multicast on a 2D mesh or torus: route trees, their link loads and the routing colours
+they take (shared by the emulator, which times codegen's exchanges, and by the planner, which
+prices the re-layouts of a choice of plans).
+
+A tree carries ``b`` bytes from one source core to a set of destination cores, routed
+dimension-order as unicasts are (`emulator/routing.py`): along the source's row to every
+destination column, then along each such column to the destination rows; on a torus each
+leg goes the shorter way round (a tie the way that does not wrap). The tree is the union of
+the unicast routes to its destinations, and each of its links carries the bytes once: a
+router copies a wavelet onto every outgoing link of the tree. A tree of one destination is
+that destination's unicast route.
+
+Routing resources: on the WSE a route is a colour configured on every router it passes, and
+a router holds 24 of them (Cerebras SDK documentation, sdk.cerebras.net: "24 routable
+colors"; `Chip.routes_per_core`). Trees that share a link need a colour each there, so a
+phase whose busiest link carries ``n`` trees runs in ``ceil(n / routes_per_core)`` waves,
+each setting up its routes anew: the phase pays the longest route's hop latency once per
+wave, and the busiest link's bytes once (every byte is carried once, whatever the wave):
+
+    cycles = hop_latency x hops x waves + ceil(busiest link's bytes / link bandwidth)
+
+``routes_per_core = 0`` means no limit (one wave). Where the waves would cost more than
+sending every copy on its own, an exchange falls back to unicast (`prefer_multicast`, the
+one rule codegen and the planner both follow); unicasts take no colours in this model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from t10c.chips import Chip
+from t10c.dtypes import ceil_div
+
+
+def leg(start: np.ndarray, end: np.ndarray, size: int, torus: bool
+        ) -> tuple[np.ndarray, np.ndarray]:
+    """(signed length, length) of the legs from ``start`` to ``end`` on a line or ring of
+    ``size``."""
+    delta = end - start
+    if torus:
+        fwd = delta % size
+        # the shorter way round; a tie goes the way that does not wrap, as on a mesh
+        delta = np.where(fwd < size - fwd, fwd, np.where(fwd > size - fwd, fwd - size, delta))
+    return delta, np.abs(delta)
+
+
+def line_loads(line: np.ndarray, start: np.ndarray, delta: np.ndarray, nbytes: np.ndarray,
+               nlines: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Loads of the positive and negative links of ``nlines`` lines of ``size`` positions.
+
+    A positive leg from ``s`` of length L uses links s .. s+L-1; a negative one uses links
+    s-L .. s-1 (link x joins positions x and x+1, modulo ``size`` on a torus). Difference
+    arrays and cumulative sums: O(legs + links), never a loop over legs.
+    """
+    width = 2 * size + 1
+    out = []
+    for positive in (True, False):
+        sel = delta > 0 if positive else delta < 0
+        length = np.abs(delta[sel])
+        first = start[sel] if positive else start[sel] - length
+        first = first % size  # wrap-around legs continue past the end, folded back below
+        base = line[sel] * width
+        diff = np.bincount(np.concatenate([base + first, base + first + length]),
+                           weights=np.concatenate([nbytes[sel], -nbytes[sel]]),
+                           minlength=nlines * width).reshape(nlines, width)
+        cum = np.cumsum(diff, axis=1)
+        out.append(np.rint(cum[:, :size] + cum[:, size:2 * size]).astype(np.int64))
+    return out[0], out[1]
+
+
+@dataclass(frozen=True)
+class Trees:
+    """One phase's route trees routed: per directed link the bytes and the trees it carries
+    ((4, rows, cols) each, as `emulator.routing.Routed.loads`), and the longest route."""
+
+    loads: np.ndarray
+    counts: np.ndarray
+    hops: int
+
+
+def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                nbytes: np.ndarray) -> Trees | None:
+    """Route the trees of one phase. One entry per (tree, destination): ``tree`` numbers the
+    tree (any integers; entries of a tree share its source and bytes), ``src`` its source
+    core, ``dst`` the destination core, ``nbytes`` the tree's bytes. A destination that is
+    its tree's source receives nothing over the mesh. None when nothing moves."""
+    tree, src, dst, nbytes = (np.asarray(a, dtype=np.int64).ravel()
+                              for a in np.broadcast_arrays(tree, src, dst, nbytes))
+    keep = (src != dst) & (nbytes > 0)
+    if not keep.any():
+        return None
+    tree, src, dst, nbytes = tree[keep], src[keep], dst[keep], nbytes[keep]
+    rows, cols = chip.grid
+    torus = chip.topology == "torus2d"
+    sr, sc = np.divmod(src, cols)
+    dr, dc = np.divmod(dst, cols)
+    dx, hx = leg(sc, dc, cols, torus)
+    dy, hy = leg(sr, dr, rows, torus)
+    # the source's row: as far east and as far west as any destination column
+    _, first, t_of = np.unique(tree, return_index=True, return_inverse=True)
+    t_of = t_of.reshape(-1)
+    east = np.zeros(len(first), dtype=np.int64)
+    west = np.zeros(len(first), dtype=np.int64)
+    np.maximum.at(east, t_of, np.maximum(dx, 0))
+    np.maximum.at(west, t_of, np.maximum(-dx, 0))
+    # each destination column: as far south and as far north as any destination row there
+    _, cfirst, c_of = np.unique(t_of * cols + dc, return_index=True, return_inverse=True)
+    c_of = c_of.reshape(-1)
+    south = np.zeros(len(cfirst), dtype=np.int64)
+    north = np.zeros(len(cfirst), dtype=np.int64)
+    np.maximum.at(south, c_of, np.maximum(dy, 0))
+    np.maximum.at(north, c_of, np.maximum(-dy, 0))
+    row_line = np.concatenate([sr[first], sr[first]])
+    row_start = np.concatenate([sc[first], sc[first]])
+    row_delta = np.concatenate([east, -west])
+    col_line = np.concatenate([dc[cfirst], dc[cfirst]])
+    col_start = np.concatenate([sr[cfirst], sr[cfirst]])
+    col_delta = np.concatenate([south, -north])
+    out = []
+    for w_row, w_col in ((nbytes[first], nbytes[cfirst]),
+                         (np.ones(len(first)), np.ones(len(cfirst)))):
+        e, w = line_loads(row_line, row_start, row_delta,
+                          np.concatenate([w_row, w_row]).astype(np.float64), rows, cols)
+        s, n = line_loads(col_line, col_start, col_delta,
+                          np.concatenate([w_col, w_col]).astype(np.float64), cols, rows)
+        out.append(np.stack([e, w, s.T, n.T]))
+    return Trees(out[0], out[1], int((hx + hy).max()))
+
+
+def waves(chip: Chip, most_trees: int) -> int:
+    """Waves a phase runs in when its busiest link carries ``most_trees`` trees (see the
+    module doc)."""
+    if not chip.routes_per_core or most_trees <= chip.routes_per_core:
+        return 1
+    return ceil_div(most_trees, chip.routes_per_core)
+
+
+def phase_cycles(chip: Chip, busiest: int, hops: int, most_trees: int = 0) -> int:
+    """Cycles of a mesh exchange phase: its longest route's latency once per wave, plus the
+    busiest link's bytes over the link bandwidth (0 when nothing moves)."""
+    if busiest <= 0:
+        return 0
+    return (chip.hop_latency_cycles * hops * waves(chip, most_trees)
+            + ceil_div(busiest, chip.link_bytes_per_cycle))
+
+
+def tree_cycles(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                nbytes: np.ndarray) -> int:
+    """Cycles of a phase that moves only the trees given (`route_trees`' arguments)."""
+    routed = route_trees(chip, tree, src, dst, nbytes)
+    if routed is None:
+        return 0
+    return phase_cycles(chip, int(routed.loads.max()), routed.hops, int(routed.counts.max()))
+
+
+def unicast_cycles(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> int:
+    """Cycles of a phase that sends every (source, destination) transfer on its own: each
+    entry a tree of one destination, which takes no colour."""
+    src = np.asarray(src).ravel()
+    routed = route_trees(chip, np.arange(len(src)), src, dst, nbytes)
+    return 0 if routed is None else phase_cycles(chip, int(routed.loads.max()), routed.hops)
+
+
+def prefer_multicast(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                     nbytes: np.ndarray) -> bool:
+    """Whether an exchange of these trees (`route_trees`' arguments) goes as multicast: only
+    where that is faster than its unicasts, waves included (on its own phase)."""
+    return 0 < tree_cycles(chip, tree, src, dst, nbytes) < unicast_cycles(chip, src, dst, nbytes)
