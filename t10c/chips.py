@@ -457,12 +457,15 @@ _POD_LINKS = {
                                  "1.325 GHz, rounded down (" + _LINK_SRC + ")",
     "chip_link_latency_cycles": "about 150 ns across an IPU-Link; " + _ASSUMED,
 }
+#: four MK2s over their IPU-Links (sources in `_POD_LINKS`): elk-pod4 and ipu-pod4 alike
+_POD4_GEOMETRY: dict[str, Any] = dict(
+    cores=4 * 1472, grid=(1, 4 * 1472), chips=4, chip_links=10, chip_link_bytes_per_cycle=24,
+    chip_link_latency_cycles=200)
 PRESETS["elk-pod4"] = dataclasses.replace(
     PRESETS["ipu-mk2"], name="elk-pod4",
     description="ELK's evaluated system: 4 x 1472 IPU cores (624 KiB each) over IPU-Links, "
                 "16 TB/s of HBM in all (4 TB/s per chip)",
-    cores=4 * 1472, grid=(1, 4 * 1472), chips=4, chip_links=10, chip_link_bytes_per_cycle=24,
-    chip_link_latency_cycles=200,
+    **_POD4_GEOMETRY,
     dram_bytes=4 * 80 * 1024 ** 3, dram_bytes_per_cycle=12072, dram_latency_cycles=200,
     dram_attach="edge",
     sources={
@@ -485,8 +488,7 @@ PRESETS["ipu-pod4"] = dataclasses.replace(
     PRESETS["ipu-mk2"], name="ipu-pod4",
     description="Graphcore IPU-POD4: four MK2s (4 x 1472 tiles) over IPU-Links, with the "
                 "M2000's Streaming Memory",
-    cores=4 * 1472, grid=(1, 4 * 1472), chips=4, chip_links=10, chip_link_bytes_per_cycle=24,
-    chip_link_latency_cycles=200,
+    **_POD4_GEOMETRY,
     dram_bytes=448 * 1000 ** 3, dram_bytes_per_cycle=264, dram_latency_cycles=1000,
     dram_attach="edge",
     sources={
