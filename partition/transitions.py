@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -266,18 +266,39 @@ _MOST: dict[tuple[bytes, bytes, tuple[int, ...]], int] = {}
 _MOST_LIMIT = 1 << 18
 
 
+#: the bytes of producer layouts one edge keeps while it prices its consumer layouts
+_BUILT_LIMIT = 1 << 29
+
+
+def _built_have(built: dict[int, Have], k: int, make: Callable[[], Have]) -> Have:
+    """Producer layout ``k`` of one edge, built once for all its consumer layouts (a wafer's
+    layouts take a second each to build) while ``built`` holds under `_BUILT_LIMIT` bytes."""
+    if k not in built:
+        have = make()
+        size = sum(a.nbytes for a in (have.origin, have.holds, have.owner) if a is not None)
+        total = sum(a.nbytes for h in built.values()
+                    for a in (h.origin, h.holds, h.owner) if a is not None)
+        while built and total + size > _BUILT_LIMIT:  # drop the oldest
+            old = built.pop(next(iter(built)))
+            total -= sum(a.nbytes for a in (old.origin, old.holds, old.owner) if a is not None)
+        built[k] = have
+    return built[k]
+
+
 def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPlan],
                  have_keys: list[bytes], consumer: OpPlan, want_key: bytes, cores: int,
-                 views: Views) -> np.ndarray:
+                 views: Views, built: dict[int, Have]) -> np.ndarray:
     """Per producer layout (``have_plans``, digests ``have_keys``), the most elements one
     consumer core of plan ``consumer`` must receive (`remote_counts`' maximum over the
-    consumer cores), each computed once per process: the layouts are built only then."""
+    consumer cores), each computed once per process: the layouts are built only then, and
+    kept in ``built`` for the edge's other consumer layouts."""
     tensor = graph.ops[i].inputs[slot].tensor
     shape = graph.tensors[tensor].shape
     keys = [(h, want_key, tuple(shape)) for h in have_keys]
     missing = [k for k, key in enumerate(keys) if key not in _MOST]
     if missing:
-        todo = [views.have(j, have_plans[k], tensor, cores) for k in missing]
+        todo = [_built_have(built, k, lambda k=k: views.have(j, have_plans[k], tensor, cores))
+                for k in missing]
         want = consumer_want(graph, i, slot, consumer)
         coords = views.coords(shape) if any(h.owner is not None for h in todo) else None
         counts = remote_counts(todo, want, np.asarray(shape), coords).max(axis=1, initial=0)
@@ -513,6 +534,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     # under the all-to-all assumption price it as that assumption says
     aware = chip.is_mesh and any(q.embed is not None for q in consumer)
     columns: dict[bytes, np.ndarray] = {}
+    built: dict[int, Have] = {}  # producer layouts, built once for every consumer layout
     wanted: dict[bytes, int | None] = {}  # a pod: the most distinct bytes a chip wants
     cols = []
     wants = []
@@ -520,7 +542,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
         key = views.want_digest(i, slot, q)
         if key not in columns:
             columns[key] = _most_remote(graph, j, i, slot, have_plans, have_keys, q, key,
-                                        chip.cores, views)
+                                        chip.cores, views, built)
             wanted[key] = (int(_chip_want(graph, i, slot, q, chip).max()) * nbytes
                            if chip.is_pod else None)
         cols.append(columns[key])
