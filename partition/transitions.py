@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -270,24 +270,25 @@ _MOST_LIMIT = 1 << 18
 _BUILT_LIMIT = 1 << 29
 
 
-def _built_have(built: dict[int, Have], k: int, make: Callable[[], Have]) -> Have:
-    """Producer layout ``k`` of one edge, built once for all its consumer layouts (a wafer's
-    layouts take a second each to build) while ``built`` holds under `_BUILT_LIMIT` bytes."""
-    if k not in built:
-        have = make()
-        size = sum(a.nbytes for a in (have.origin, have.holds, have.owner) if a is not None)
-        total = sum(a.nbytes for h in built.values()
-                    for a in (h.origin, h.holds, h.owner) if a is not None)
-        while built and total + size > _BUILT_LIMIT:  # drop the oldest
-            old = built.pop(next(iter(built)))
-            total -= sum(a.nbytes for a in (old.origin, old.holds, old.owner) if a is not None)
-        built[k] = have
-    return built[k]
+def _nbytes(have: Have) -> int:
+    return sum(a.nbytes for a in (have.origin, have.holds, have.owner) if a is not None)
+
+
+class _Built(dict):
+    """One edge's producer layouts by digest, built once for all its consumer layouts (a
+    wafer's take tens of milliseconds each), the oldest dropped past `_BUILT_LIMIT` bytes."""
+
+    def keep(self, key: bytes, have: Have) -> Have:
+        total = sum(_nbytes(h) for h in self.values()) + _nbytes(have)
+        while self and total > _BUILT_LIMIT:
+            total -= _nbytes(self.pop(next(iter(self))))
+        self[key] = have
+        return have
 
 
 def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPlan],
                  have_keys: list[bytes], consumer: OpPlan, want_key: bytes, cores: int,
-                 views: Views, built: dict[int, Have]) -> np.ndarray:
+                 views: Views, built: _Built) -> np.ndarray:
     """Per producer layout (``have_plans``, digests ``have_keys``), the most elements one
     consumer core of plan ``consumer`` must receive (`remote_counts`' maximum over the
     consumer cores), each computed once per process: the layouts are built only then, and
@@ -297,9 +298,10 @@ def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPla
     keys = [(h, want_key, tuple(shape)) for h in have_keys]
     missing = [k for k, key in enumerate(keys) if key not in _MOST]
     if missing:
-        todo = [_built_have(built, k, lambda k=k: views.have(j, have_plans[k], tensor, cores))
+        todo = [built[have_keys[k]] if have_keys[k] in built else
+                built.keep(have_keys[k], views.have(j, have_plans[k], tensor, cores))
                 for k in missing]
-        want = consumer_want(graph, i, slot, consumer)
+        want = views.want(i, slot, consumer)
         coords = views.coords(shape) if any(h.owner is not None for h in todo) else None
         counts = remote_counts(todo, want, np.asarray(shape), coords).max(axis=1, initial=0)
         if len(_MOST) + len(missing) > _MOST_LIMIT:
@@ -344,6 +346,7 @@ class Views:
         self._op_keys: dict[int, tuple] = {}
         self._terms: MemoryTerms | None = None
         self._consts: frozenset[str] | None = None
+        self._last_want: tuple[tuple | None, Want | None] = (None, None)
 
     def const_tensors(self) -> frozenset[str]:
         """The tensors that are weights or views of weights."""
@@ -367,23 +370,36 @@ class Views:
                 self.graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra)))
         return self._op_keys[i]
 
+    def want(self, i: int, slot: int, plan: OpPlan) -> Want:
+        """`consumer_want`; the last one built is kept (an edge digests a consumer layout,
+        then counts it against the producer layouts)."""
+        key = (self.op_key(i), slot, layout_key(plan))
+        if self._last_want[0] != key:
+            self._last_want = (key, consumer_want(self.graph, i, slot, plan))
+        return self._last_want[1]  # type: ignore[return-value]
+
     def want_digest(self, i: int, slot: int, plan: OpPlan) -> bytes:
         """`consumer_want(...).digest()`, once per (op, input, layout) in this process."""
         key = (self.op_key(i), slot, layout_key(plan))
         if key not in _WANTS:
             if len(_WANTS) >= _DIGESTS_LIMIT:
                 _WANTS.clear()
-            _WANTS[key] = consumer_want(self.graph, i, slot, plan).digest()
+            _WANTS[key] = self.want(i, slot, plan).digest()
         return _WANTS[key]
 
-    def have_digest(self, j: int, plan: OpPlan, tensor: str, cores: int) -> bytes:
+    def have_digest(self, j: int, plan: OpPlan, tensor: str, cores: int,
+                    built: _Built | None = None) -> bytes:
         """`producer_have(...).digest()` of op ``j``'s result read as ``tensor``, once per
-        (op, view chain, layout, cores) in this process."""
+        (op, view chain, layout, cores) in this process; a layout built for it is kept in
+        ``built``."""
         key = (self.op_key(j), self.chain(tensor), layout_key(plan), cores)
         if key not in _HAVES:
             if len(_HAVES) >= _DIGESTS_LIMIT:
                 _HAVES.clear()
-            _HAVES[key] = self.have(j, plan, tensor, cores).digest()
+            have = self.have(j, plan, tensor, cores)
+            _HAVES[key] = have.digest()
+            if built is not None:
+                built.keep(_HAVES[key], have)
         return _HAVES[key]
 
     def moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
@@ -523,8 +539,9 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     have_plans: list[OpPlan] = []  # a producer plan per distinct layout it leaves
     have_index: list[int] = []
     seen: dict[bytes, int] = {}
+    built = _Built()  # producer layouts, built once for every consumer layout
     for p in producer:
-        key = views.have_digest(j, p, operand.tensor, chip.cores)
+        key = views.have_digest(j, p, operand.tensor, chip.cores, built)
         if key not in seen:
             seen[key] = len(have_plans)
             have_plans.append(p)
@@ -534,7 +551,6 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     # under the all-to-all assumption price it as that assumption says
     aware = chip.is_mesh and any(q.embed is not None for q in consumer)
     columns: dict[bytes, np.ndarray] = {}
-    built: dict[int, Have] = {}  # producer layouts, built once for every consumer layout
     wanted: dict[bytes, int | None] = {}  # a pod: the most distinct bytes a chip wants
     cols = []
     wants = []
