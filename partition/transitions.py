@@ -197,16 +197,16 @@ def consumer_want(graph: Graph, i: int, slot: int, plan: OpPlan) -> Want:
     return Want(geo.tile_origin(slot, 0), np.asarray(geo.tile_shape(slot)), geo.phys)
 
 
-def _clip(lo: np.ndarray, hi: np.ndarray, extent: np.ndarray) -> np.ndarray:
-    return np.maximum(np.minimum(hi, extent) - np.maximum(lo, 0), 0)
-
-
 def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None
                   ) -> np.ndarray:
     """(len(haves), ncores): the elements each consumer core must receive, per producer
     layout. ``coords`` (ndim, numel) are the multi-indices of the tensor's elements (needed
     only for element-wise layouts)."""
-    wanted = np.prod(_clip(want.origin, want.origin + want.shape, extent), axis=1)
+    # the wanted box within the tensor, once for every layout: an overlap is then
+    # max(min(his) - max(los), 0) per dimension
+    w_lo = np.maximum(want.origin, 0)
+    w_hi = np.minimum(want.origin + want.shape, extent)
+    wanted = np.prod(np.maximum(w_hi - w_lo, 0), axis=1)
     out = np.empty((len(haves), len(want.origin)), dtype=np.int64)
     owned = []
     for k, have in enumerate(haves):
@@ -215,9 +215,9 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
             continue
         assert have.origin is not None and have.holds is not None
         h_origin = have.origin[want.phys]
-        lo = np.maximum(h_origin, want.origin)
-        hi = np.minimum(h_origin + have.shape, want.origin + want.shape)
-        local = np.prod(_clip(lo, np.maximum(hi, lo), extent), axis=1)
+        lo = np.maximum(h_origin, w_lo)
+        hi = np.minimum(h_origin + have.shape, w_hi)
+        local = np.prod(np.maximum(hi - lo, 0, out=hi), axis=1)
         out[k] = wanted - np.where(have.holds[want.phys], local, 0)
     if owned:
         assert coords is not None
