@@ -81,11 +81,13 @@ class Trees:
 
 
 def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
-                nbytes: np.ndarray) -> Trees | None:
+                nbytes: np.ndarray, counts: bool = True) -> Trees | None:
     """Route the trees of one phase. One entry per (tree, destination): ``tree`` numbers the
     tree (any integers; entries of a tree share its source and bytes), ``src`` its source
     core, ``dst`` the destination core, ``nbytes`` the tree's bytes. A destination that is
-    its tree's source receives nothing over the mesh. None when nothing moves."""
+    its tree's source receives nothing over the mesh. None when nothing moves.
+    ``counts=False``: every entry is a tree of its own (unicasts), and the trees per link are
+    not counted (``Trees.counts`` is all zeros)."""
     tree, src, dst, nbytes = (np.asarray(a, dtype=np.int64).ravel()
                               for a in np.broadcast_arrays(tree, src, dst, nbytes))
     keep = (src != dst) & (nbytes > 0)
@@ -98,20 +100,25 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     dr, dc = np.divmod(dst, cols)
     dx, hx = leg(sc, dc, cols, torus)
     dy, hy = leg(sr, dr, rows, torus)
-    # the source's row: as far east and as far west as any destination column
-    _, first, t_of = np.unique(tree, return_index=True, return_inverse=True)
-    t_of = t_of.reshape(-1)
-    east = np.zeros(len(first), dtype=np.int64)
-    west = np.zeros(len(first), dtype=np.int64)
-    np.maximum.at(east, t_of, np.maximum(dx, 0))
-    np.maximum.at(west, t_of, np.maximum(-dx, 0))
-    # each destination column: as far south and as far north as any destination row there
-    _, cfirst, c_of = np.unique(t_of * cols + dc, return_index=True, return_inverse=True)
-    c_of = c_of.reshape(-1)
-    south = np.zeros(len(cfirst), dtype=np.int64)
-    north = np.zeros(len(cfirst), dtype=np.int64)
-    np.maximum.at(south, c_of, np.maximum(dy, 0))
-    np.maximum.at(north, c_of, np.maximum(-dy, 0))
+    if counts:
+        # the source's row: as far east and as far west as any destination column
+        _, first, t_of = np.unique(tree, return_index=True, return_inverse=True)
+        t_of = t_of.reshape(-1)
+        east = np.zeros(len(first), dtype=np.int64)
+        west = np.zeros(len(first), dtype=np.int64)
+        np.maximum.at(east, t_of, np.maximum(dx, 0))
+        np.maximum.at(west, t_of, np.maximum(-dx, 0))
+        # each destination column: as far south and as far north as any destination row
+        _, cfirst, c_of = np.unique(t_of * cols + dc, return_index=True, return_inverse=True)
+        c_of = c_of.reshape(-1)
+        south = np.zeros(len(cfirst), dtype=np.int64)
+        north = np.zeros(len(cfirst), dtype=np.int64)
+        np.maximum.at(south, c_of, np.maximum(dy, 0))
+        np.maximum.at(north, c_of, np.maximum(-dy, 0))
+    else:  # one destination a tree: its legs are its route's (no sort, no scatter)
+        first = cfirst = np.arange(len(src))
+        east, west = np.maximum(dx, 0), np.maximum(-dx, 0)
+        south, north = np.maximum(dy, 0), np.maximum(-dy, 0)
     row_line = np.concatenate([sr[first], sr[first]])
     row_start = np.concatenate([sc[first], sc[first]])
     row_delta = np.concatenate([east, -west])
@@ -119,14 +126,16 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     col_start = np.concatenate([sr[cfirst], sr[cfirst]])
     col_delta = np.concatenate([south, -north])
     out = []
-    for w_row, w_col in ((nbytes[first], nbytes[cfirst]),
-                         (np.ones(len(first)), np.ones(len(cfirst)))):
+    weights = [(nbytes[first], nbytes[cfirst])]
+    if counts:
+        weights.append((np.ones(len(first)), np.ones(len(cfirst))))
+    for w_row, w_col in weights:
         e, w = line_loads(row_line, row_start, row_delta,
                           np.concatenate([w_row, w_row]).astype(np.float64), rows, cols)
         s, n = line_loads(col_line, col_start, col_delta,
                           np.concatenate([w_col, w_col]).astype(np.float64), cols, rows)
         out.append(np.stack([e, w, s.T, n.T]))
-    return Trees(out[0], out[1], int((hx + hy).max()))
+    return Trees(out[0], out[1] if counts else np.zeros_like(out[0]), int((hx + hy).max()))
 
 
 def waves(chip: Chip, most_trees: int) -> int:
@@ -159,7 +168,7 @@ def unicast_cycles(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndar
     """Cycles of a phase that sends every (source, destination) transfer on its own: each
     entry a tree of one destination, which takes no colour."""
     src = np.asarray(src).ravel()
-    routed = route_trees(chip, np.arange(len(src)), src, dst, nbytes)
+    routed = route_trees(chip, np.arange(len(src)), src, dst, nbytes, counts=False)
     return 0 if routed is None else phase_cycles(chip, int(routed.loads.max()), routed.hops)
 
 

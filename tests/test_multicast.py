@@ -63,6 +63,10 @@ def test_a_tree_of_one_destination_is_its_unicast_route() -> None:
     u = route(RECT, src, dst, nbytes)
     assert t is not None and u.loads is not None
     assert (t.loads == u.loads).all() and t.hops == u.max_hops
+    # unicasts routed without counting trees per link: the same loads and hops
+    fast = route_trees(RECT, np.arange(300), src, dst, nbytes, counts=False)
+    assert fast is not None and (fast.loads == t.loads).all() and fast.hops == t.hops
+    assert not fast.counts.any()
 
 
 def test_torus_trees_go_the_shorter_way() -> None:
