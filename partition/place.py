@@ -160,7 +160,7 @@ def choose(chip: Chip, ncores: int, rings: dict[str, int] | None, axes: tuple[st
 def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...],
                    reduction: set[str], embed: Embedding) -> np.ndarray:
     """(ncores,): the physical core (row-major over the mesh) of each logical core."""
-    coords = coords.astype(np.int64)
+    coords = np.asarray(coords, dtype=np.int64)
     n = len(coords)
     ring_pos = {}
     rest_cols = []
@@ -199,6 +199,57 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     if embed.row_driver:
         row = row + interleave(ring_pos[embed.row_driver], embed.row_ring)
     return row * embed.cols + col
+
+
+def grid_coords(F: tuple[int, ...]) -> np.ndarray:
+    """(prod(F), len(F)): every point's coordinates on a grid of sizes ``F``, row-major (each
+    axis' range broadcast over the grid: 4x faster on a wafer's cores than unravel_index)."""
+    out = np.empty((*F, len(F)), dtype=np.int64)
+    for k, f in enumerate(F):
+        out[..., k] = np.arange(f, dtype=np.int64).reshape(
+            [f if d == k else 1 for d in range(len(F))])
+    return out.reshape(math.prod(F), len(F))
+
+
+def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: set[str],
+                        embed: Embedding) -> np.ndarray:
+    """`physical_cores` of every logical core of the grid ``F`` (row-major), equal to it
+    element for element, computed from two sub-grids where the embedding is a sum of a
+    function of some axes and one of the others (a wafer's grid is 850,000 cores; its
+    sub-grids a few thousand each).
+
+    The blocks' mixed-radix index is ``rest = r_P * D_S + r_S`` over a prefix P and a suffix S
+    of the axes' order (`physical_cores`), ``0 <= r_S < D_S`` when every ring length divides
+    its axis. With reduction groups laid as rectangles, P = the other axes, S = the reduction
+    axes: a group's rectangle (band, slot) depends on r_P alone, the member's place in it on
+    r_S alone. Laid row-major, when D_S divides the blocks per row (q D_S): the block's row
+    is r_P // q and its column (r_P % q) D_S + r_S. A ring position depends on its own axis
+    alone. So phys(c) = phys(c_P, 0) + phys(0, c_S) - phys(0, 0)."""
+    full = math.prod(F)
+    ring = [embed.col_ring if a == embed.col_driver else (
+        embed.row_ring if a == embed.row_driver else 1) for a in axes]
+    order = [j for j, a in enumerate(axes) if a not in reduction] + [
+        j for j, a in enumerate(axes) if a in reduction]
+    dims = [F[j] // ring[j] for j in order]
+    per_row = embed.cols // embed.col_ring
+    group = math.prod(d for j, d in zip(order, dims) if axes[j] in reduction)
+    split = None
+    if all(F[j] % ring[j] == 0 for j in order) and full > 1:
+        if group_tile(per_row, embed.rows // embed.row_ring, math.prod(dims), group):
+            split = len(order) - sum(a in reduction for a in axes)
+        else:  # the longest suffix whose blocks divide a row's
+            split = next((k for k in range(1, len(order))
+                          if per_row % math.prod(dims[k:]) == 0), None)
+    if split is None or split in (0, len(order)):
+        return physical_cores(grid_coords(F), F, axes, reduction, embed)
+    parts = []
+    for side in (set(order[:split]), set(order[split:])):
+        sub = tuple(f if j in side else 1 for j, f in enumerate(F))
+        parts.append(physical_cores(grid_coords(sub), F, axes, reduction, embed).reshape(sub))
+    zero = physical_cores(np.zeros((1, len(F)), dtype=np.int64), F, axes, reduction, embed)
+    out = parts[0] + parts[1]
+    out -= zero[0]
+    return out.reshape(full)
 
 
 def group_tile(blocks_per_row: int, block_rows: int, nblocks: int, group: int
@@ -278,6 +329,7 @@ def describe(embed: Embedding | None, ncores: int) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["Embedding", "choose", "embed_rows", "physical_cores", "shift_cycles", "group_tile",
+__all__ = ["Embedding", "choose", "embed_rows", "grid_coords", "grid_physical_cores",
+           "physical_cores", "shift_cycles", "group_tile",
            "exchange_estimate", "interleave", "ring_drivers", "hops_of_ring", "fits",
            "ROUTES_PER_RING"]

@@ -44,7 +44,7 @@ import numpy as np
 from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, Graph, TensorExpr, Window
 
-from .place import Embedding, physical_cores
+from .place import Embedding, grid_coords, grid_physical_cores
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class Geometry:
         if self.embed is None:
             return np.arange(self.ncores, dtype=np.int64)
         reduction = {a for a in self.axes if a not in self.op.output.axes}
-        return physical_cores(self.coords, self.F, self.axes, reduction, self.embed)
+        return grid_physical_cores(self.F, self.axes, reduction, self.embed)
 
     @property
     def placed(self) -> bool:
@@ -153,13 +153,7 @@ class Geometry:
     @cached_property
     def coords(self) -> np.ndarray:
         """(ncores, naxes): core c's coordinate on each axis of the core grid."""
-        # each axis' range broadcast over the grid: 4x faster than unravel_index and a stack
-        # on a wafer's cores
-        out = np.empty((*self.F, len(self.F)), dtype=np.int64)
-        for k, f in enumerate(self.F):
-            out[..., k] = np.arange(f, dtype=np.int64).reshape(
-                [f if d == k else 1 for d in range(len(self.F))])
-        return out.reshape(self.ncores, len(self.F))
+        return grid_coords(self.F)
 
     @cached_property
     def skew(self) -> np.ndarray:

@@ -81,7 +81,7 @@ class Trees:
 
 
 def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
-                nbytes: np.ndarray, counts: bool = True) -> Trees | None:
+                nbytes: np.ndarray, *, counts: bool = True) -> Trees | None:
     """Route the trees of one phase. One entry per (tree, destination): ``tree`` numbers the
     tree (any integers; entries of a tree share its source and bytes), ``src`` its source
     core, ``dst`` the destination core, ``nbytes`` the tree's bytes. A destination that is

@@ -16,7 +16,13 @@ from t10c.driver import compile_model, run_compiled
 from t10c.emulator import emulate
 from t10c.emulator.routing import hops, route
 from t10c.partition import SearchOptions, geometry, plan_cost, search_op, verify_plan
-from t10c.partition.place import interleave
+from t10c.partition.place import (
+    Embedding,
+    grid_coords,
+    grid_physical_cores,
+    interleave,
+    physical_cores,
+)
 
 MESH = chip_from_dict({"base": "wse2", "name": "mesh4x4", "grid": [4, 4], "cores": 16,
                        "sram_bytes_per_core": 640 * 1024})
@@ -90,6 +96,37 @@ def test_every_plan_on_a_mesh_is_right_placed_and_priced(chip) -> None:
         assert np.abs(out["C"] - want).max() <= 1e-5 * np.abs(want).max(), p
         shift = sum(r.cycles for r in timeline.records if r.phase == "shift")
         assert shift == p.cycles.shift, (p, shift)
+
+
+def test_grid_placement_from_sub_grids_equals_the_core_by_core_one() -> None:
+    """`grid_physical_cores` (two sub-grids summed where the embedding separates) gives every
+    core the physical core `physical_cores` gives it, on random grids and embeddings (half
+    of them separable) and on every plan searched on the test meshes."""
+    rng = np.random.default_rng(1)
+    for _ in range(600):
+        axes = tuple("abcd"[:int(rng.integers(1, 5))])
+        F = [int(x) for x in rng.choice([1, 2, 3, 4, 6, 8], len(axes))]
+        red = {a for a in axes if rng.random() < 0.4}
+        cd = str(rng.choice(["", *axes]))
+        rd = str(rng.choice(["", *[a for a in axes if a != cd]]))
+        ct = int(rng.choice([2, 3, 4])) if cd else 1
+        rt = int(rng.choice([2, 3])) if rd else 1
+        for a, t in ((cd, ct), (rd, rt)):
+            if a:
+                F[axes.index(a)] *= t
+        e = Embedding(rt * int(rng.choice([1, 2, 4, 16, 64])),
+                      ct * int(rng.choice([1, 2, 3, 4, 8, 16])), cd, ct, rd, rt)
+        want = physical_cores(grid_coords(tuple(F)), tuple(F), axes, red, e)
+        assert (grid_physical_cores(tuple(F), axes, red, e) == want).all(), (F, axes, red, e)
+    graph = matmul_graph(12, 40, 20, batch=2)
+    op = graph.ops[0]
+    for chip in (MESH, MESH35, TORUS):
+        for p in search_op(graph, op, chip, "fp16", SearchOptions(chains=True)):
+            geo = geometry(graph, op, p)
+            if geo.embed is not None:
+                red = {a for a in geo.axes if a not in op.output.axes}
+                want = physical_cores(grid_coords(geo.F), geo.F, geo.axes, red, geo.embed)
+                assert (geo.phys == want).all(), p
 
 
 def test_vectorised_mesh_costs_equal_the_scalar_definition() -> None:
