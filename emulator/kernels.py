@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -283,6 +284,14 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def sharing() -> int:
+    """The threads a large kernel may be shared among from this thread: `THREADS` from the
+    main thread; one (none shared) from a helper thread (the cut-ahead thread, say), which
+    already runs beside the main thread: sharing its work too would have more threads than
+    the host has cores contend for the interpreter's lock."""
+    return THREADS if threading.current_thread() is threading.main_thread() else 1
+
+
 def pool() -> ThreadPoolExecutor:
     """The threads that share large matmuls and roundings (made at the first use)."""
     if not _POOL:
@@ -448,7 +457,7 @@ def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         raise ValueError("round_fp16: out must be contiguous float32 of the values' size")
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     blocks = ceil_div(flat_x.size, ROUND_BLOCK)
-    parts = min(THREADS, blocks // 4)  # a large array's blocks shared among the cores
+    parts = min(sharing(), blocks // 4)  # a large array's blocks shared among the cores
     if parts < 2:
         _round_fp16_into(flat_x, flat_out)
         return out
