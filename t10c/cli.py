@@ -463,7 +463,7 @@ def _save_program_dir(compiled, out: Path, source: str) -> None:
     compiled.program.save(out)
     if frontend.has_weights(compiled.graph):  # shape-only: nothing to run, nothing to save
         save_run_files(out, compiled.program, compiled.graph,
-                       compiled.model if models.is_zoo_name(source) else None)
+                       compiled.model if models.is_zoo_name(source) else None, compiled.weights)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
