@@ -673,8 +673,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if compiled.timeline is not None and args.trace:
         _write_trace(compiled.timeline, args.trace,
                      f"{compiled.name} on {chip.name} (timing only)")
+    wrote = ""
     if args.out:
-        _write_compile(compiled, args)
+        wrote = f" in {_write_compile(compiled, args):.2f} s"
         if compiled.timeline is not None:  # read like a functional run's run.json
             write_json(args.out / "run.json", timing_run_document(compiled))
     status = 0
@@ -703,7 +704,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   "tolerance", file=sys.stderr)
             status = EXIT_FAIL
     if args.out:
-        print(f"wrote {args.out}: {', '.join(sorted(p.name for p in args.out.iterdir()))}")
+        print(f"wrote {args.out}{wrote}: "
+              f"{', '.join(sorted(p.name for p in args.out.iterdir()))}")
     return status
 
 
@@ -714,7 +716,8 @@ def _print_summary(compiled, timing_only: bool) -> None:
           f"{compiled.graph.flops() / 1e9:.2f} GFLOP; chip {chip.name}; dtype {plan.dtype}")
     stage = "codegen with timing-only emulation" if timing_only else "codegen"
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
-          f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
+          f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, planner passes "
+          f"{t['passes_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
     s = plan.solver
     options = compiled.options
     if options.replay is not None:  # no search and no solve: the account is the original's
@@ -759,16 +762,20 @@ def _bounds_line(plan, cycles: int) -> str:
             f"fastest plan{dram}, no memory limit, no re-layout)")
 
 
-def _write_compile(compiled, args: argparse.Namespace) -> None:
+def _write_compile(compiled, args: argparse.Namespace) -> float:
     """Fill ``args.out`` with the compile: written in a temporary sibling directory and swapped
-    in at the end, so that the directory holds the old compile, the new one, or nothing."""
+    in at the end, so that the directory holds the old compile, the new one, or nothing.
+    Returns the write's wall time (compile.json, written last, says that of the files before
+    it as ``write_s``)."""
     import shutil
+    import time
 
     from t10c import models, outputs
     from t10c.planfile import compile_document, plan_document, write_json
 
     keep_model = not models.is_zoo_name(args.model)  # keep the model next to its program
     steps = 2 + (compiled.timeline is None) + keep_model
+    start = time.perf_counter()
     with StageProgress() as progress, outputs.directory(args.out) as tmp:
         progress("write", 0, steps)
         write_json(tmp / "plan.json", plan_document(compiled))
@@ -785,8 +792,10 @@ def _write_compile(compiled, args: argparse.Namespace) -> None:
             done += 1
             progress("write", done, steps)
         write_json(tmp / "compile.json", compile_document(
-            compiled, args.model, args.seq_len, args.batch, dict(args.shape), model_file))
+            compiled, args.model, args.seq_len, args.batch, dict(args.shape), model_file,
+            write_s=time.perf_counter() - start))
         progress("write", steps, steps)
+    return time.perf_counter() - start
 
 
 def _write_trace(timeline, path: Path, name: str) -> None:
