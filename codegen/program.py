@@ -365,10 +365,16 @@ class Program:
         once, under the name of their first use."""
         arrays: dict[str, np.ndarray] = {}
         seen: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+        #: by array object: the instructions of repeated layers share their tables (and keep
+        #: them alive, so an id is not reused while this runs)
+        digests: dict[int, bytes] = {}
 
         def put(key: str, arr: np.ndarray) -> str:
-            digest = hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=20)
-            ident = (arr.dtype.str, arr.shape, digest.digest())
+            digest = digests.get(id(arr))
+            if digest is None:
+                digest = digests[id(arr)] = hashlib.blake2b(
+                    np.ascontiguousarray(arr).tobytes(), digest_size=20).digest()
+            ident = (arr.dtype.str, arr.shape, digest)
             if ident not in seen:
                 seen[ident] = key
                 arrays[key] = arr
