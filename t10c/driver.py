@@ -84,6 +84,7 @@ class Compiled:
     """Everything one compile produced, with the wall time of each stage."""
 
     name: str
+    #: the model compiled; a zoo model with weights holds them shape-only (see ``weights``)
     model: onnx.ModelProto
     graph: Graph
     chip: Chip
