@@ -449,8 +449,11 @@ def solve_in_chunks(build: Callable[[Sequence[int] | None], tuple[cp_model.CpMod
     Deterministic: the chunks' limits and the stall test read deterministic time alone."""
     limit, used = opts.time_limit_s, 0.0
     best: tuple[int, ...] | None = None
-    # cycles are never negative; without early stops the limit is one chunk
-    bound, chunk = 0, min(CHUNK_S, limit) if opts.early_stop else limit
+    # cycles are never negative. Without early stops, or without a choice to start from
+    # (the greedy found none: the first solution may take most of the limit, and a chunk
+    # that ends before it would throw that search away), the limit is one chunk
+    bound = 0
+    chunk = min(CHUNK_S, limit) if opts.early_stop and hint is not None else limit
     status, stalled = "UNKNOWN", False
     while True:
         model, x = build(hint)
@@ -467,6 +470,9 @@ def solve_in_chunks(build: Callable[[Sequence[int] | None], tuple[cp_model.CpMod
         if got not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if best is None:  # nothing found (or proven infeasible) in the first chunk
                 status = solver.status_name(got)
+                if got == cp_model.UNKNOWN and limit - used >= CHUNK_S / 2:
+                    chunk = limit - used  # not even the hint within a chunk: the rest
+                    continue
             break
         found = x.decode(solver)
         if best is None or value(found) < value(best):

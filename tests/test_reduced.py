@@ -280,3 +280,17 @@ def test_a_stalled_solve_ends_after_its_chunk(monkeypatch) -> None:
     whole = dataclasses.replace(EXACT, time_limit_s=0.2, early_stop=False)
     run = solving.solve_in_chunks(build, hint, whole, value, None, 0, 1000, True)
     assert not run.stalled and run.used >= 0.2 and run.choice is not None
+
+
+def test_a_solve_without_a_start_is_not_cut_into_chunks(monkeypatch) -> None:
+    """Where no choice is known to start from (the greedy found none), the first solution
+    may take most of the limit: the solve is one chunk, and finds it (llama-135m-decode on
+    wormhole-n150 found no plan when its first chunk was cut short)."""
+    build, value, _ = _random_chain(60, 4)
+    monkeypatch.setattr(solving, "CHUNK_S", 1e-6)  # too short to find anything
+    short = dataclasses.replace(EXACT, time_limit_s=0.5)
+    run = solving.solve_in_chunks(build, None, short, value, None, 0, 1000, True)
+    assert run.choice is not None and not run.stalled and run.used >= 0.5
+    # with a start, a chunk too short to find even it leaves the rest of the limit to one
+    with_hint = solving.solve_in_chunks(build, run.choice, short, value, None, 0, 1000, True)
+    assert with_hint.choice is not None and value(with_hint.choice) <= value(run.choice)
