@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the random inputs (default: 0)")
     c.add_argument("--time-limit", type=float_in(0.0, low_open=True), default=30.0,
                    help="CP-SAT time limit in seconds (default: 30)")
+    c.add_argument("--no-early-stop", dest="early_stop", action="store_false",
+                   help="search CP-SAT's whole --time-limit, even once the search stalls "
+                        "(default: stop after a stretch of deterministic time whose second "
+                        "half found no better plan)")
     c.add_argument("--workers", type=int_at_least(1), default=1,
                    help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
     c.add_argument("--strategy", type=strategy_arg, default="t10",
@@ -631,7 +635,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, pinned=dict(args.shape),
         search=strategy_search(args.strategy, search_options(args)),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
-                             planner=args.planner, relative_gap=args.gap),
+                             planner=args.planner, relative_gap=args.gap,
+                             early_stop=args.early_stop),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
         front_limit=args.front, timing_only=args.timing_only, fuse=args.fuse,
