@@ -565,6 +565,12 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     base = [sum(p.aligned < 0 and (not p.home or all(r.home for r in f)) for p in f)
             for f in fronts]
     warm = greedy(terms, arrays, cap, base)
+    if warm is None and any(len(f) > b for f, b in zip(fronts, base)) \
+            and all(p.aligned < 0 for f in fronts for p in f):
+        # the fronts alone do not fit: every variant too (the twins whose weights stream
+        # from DRAM come after the front; without a start CP-SAT's first solution took more
+        # than 10 deterministic seconds on llama-135m-decode on wormhole-n150)
+        warm = greedy(terms, arrays, cap)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     known = [tuple(warm)] if warm is not None else []
     for s in starts:
