@@ -11,8 +11,10 @@ aliases two tensors.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +34,23 @@ PRODUCER_NAME = "t10c.models"
 
 
 SHAPE_ONLY_MIN_ELEMS = 4096  # smaller tensors (shapes, scalars, norms) always carry data
+
+#: while `weights_apart` is open: where materialised builds put their large weights' values
+_APART: contextvars.ContextVar[dict[str, np.ndarray] | None] = contextvars.ContextVar(
+    "weights_apart", default=None)
+
+
+@contextlib.contextmanager
+def weights_apart() -> Iterator[dict[str, np.ndarray]]:
+    """Inside the block, models built with weights write their large initializers shape-only
+    (as ``materialize=False`` does) and keep the values, by name, in the dict yielded: the
+    same values, drawn the same way, held once instead of as the ModelProto's bytes too."""
+    apart: dict[str, np.ndarray] = {}
+    token = _APART.set(apart)
+    try:
+        yield apart
+    finally:
+        _APART.reset(token)
 
 
 class NoWeights:
@@ -120,7 +139,10 @@ class GraphBuilder:
     def initializer(self, name: str, array: np.ndarray) -> str:
         """Add a constant tensor stored as raw little-endian bytes; return its name."""
         self._claim_tensor(name)
-        if not self.materialize and array.size >= SHAPE_ONLY_MIN_ELEMS:
+        apart = _APART.get() if self.materialize else None
+        if apart is not None and array.size >= SHAPE_ONLY_MIN_ELEMS:
+            apart[name] = np.ascontiguousarray(array)
+        if (not self.materialize or apart is not None) and array.size >= SHAPE_ONLY_MIN_ELEMS:
             tensor = self.model.graph.initializer.add()
             tensor.name = name
             tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
