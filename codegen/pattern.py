@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from t10c.dtypes import ceil_div
+
 
 @dataclass(frozen=True)
 class Pattern:
@@ -136,6 +138,41 @@ def encode(core: np.ndarray, off: np.ndarray, pat: np.ndarray | None = None) -> 
     start = np.zeros(u + 1, dtype=np.int64)
     np.cumsum(np.bincount(r, minlength=u), out=start[1:])
     return Pattern(pat.astype(np.int32), start, runs.astype(np.int32))
+
+
+def spread_pattern(numel: int, rows: int, over: range) -> tuple[Pattern, int]:
+    """(the pattern, its width) of an indexed load that spreads a tensor of ``numel`` elements
+    over table rows ``over`` of ``rows``: row ``over.start + k`` holds elements ``k * chunk``
+    to ``(k + 1) * chunk`` (``chunk = ceil(numel / len(over))``), padding past the end, and
+    the other rows are padding. Exactly `encode`'s pattern of that table (source core 0,
+    or -1), made in O(rows) instead of from a table of ``rows x chunk`` elements."""
+    chunk = ceil_div(numel, len(over))
+    full, tail = divmod(numel, chunk)  # rows of ``over`` full, elements in the partial row
+    first = np.arange(full + (tail > 0), dtype=np.int64) * chunk
+    length = np.full(len(first), chunk, dtype=np.int64)
+    if tail:
+        length[-1] = tail
+    data = np.zeros((len(first), 4), dtype=np.int64)  # one run per row that holds data
+    data[:, 1], data[:, 2] = first, length
+    data[:, 3] = np.where(length > 1, 1, 0)  # a one-element run has step 0, as `encode`'s
+    pad = np.array([[-1, 0, chunk, 0]], dtype=np.int64)
+    row_of = np.full(rows, -1, dtype=np.int64)  # -1: the padding pattern
+    row_of[over.start:over.start + len(first)] = np.arange(len(first))
+    # patterns are numbered in order of their first row; the padding one may come first
+    padded = bool((row_of < 0).any())
+    pad_first = padded and row_of[0] < 0
+    runs = [data[:-1]] if tail else [data]
+    if tail:  # the partial row: its elements, then padding to the width
+        runs.append(np.array([data[-1], [-1, 0, chunk - tail, 0]], dtype=np.int64))
+    counts = [np.ones(len(first) - (tail > 0), dtype=np.int64)] + ([np.array([2])] if tail else [])
+    if padded:
+        runs.insert(0 if pad_first else len(runs), pad)
+        counts.insert(0 if pad_first else len(counts), np.array([1]))
+    number = np.arange(len(first)) + (1 if pad_first else 0)
+    pat = np.where(row_of >= 0, number[np.maximum(row_of, 0)], 0 if pad_first else len(first))
+    start = np.zeros(len(first) + padded + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(counts), out=start[1:])
+    return Pattern(pat.astype(np.int32), start, np.concatenate(runs).astype(np.int32)), chunk
 
 
 def unique_origins(origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -156,7 +156,13 @@ def indexed_load(op: str, phase: str, buf: int, tensor: str, shape: tuple[int, .
     """A load of ``elems`` elements per core given one by one: row r of the table is
     ``index[pat[r]]`` (``pat`` None: row r is ``index[r]``), the flat element of ``tensor``
     or -1 (zero). Held as a pattern where that is smaller than the table."""
-    p = encode(np.where(index >= 0, 0, -1), index, pat)
+    return pattern_load(op, phase, buf, tensor, shape, elems,
+                        encode(np.where(index >= 0, 0, -1), index, pat), cores)
+
+
+def pattern_load(op: str, phase: str, buf: int, tensor: str, shape: tuple[int, ...],
+                 elems: int, p: Pattern, cores: np.ndarray | None) -> Load:
+    """`indexed_load` of a table already encoded as ``p`` (source core 0, or -1: zero)."""
     rows = p.rows
     origin = np.zeros((rows, 1), dtype=np.int32)
     if compact(p, rows, elems, per_element=1):
@@ -359,10 +365,16 @@ class Program:
         once, under the name of their first use."""
         arrays: dict[str, np.ndarray] = {}
         seen: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+        #: by array object: the instructions of repeated layers share their tables (and keep
+        #: them alive, so an id is not reused while this runs)
+        digests: dict[int, bytes] = {}
 
         def put(key: str, arr: np.ndarray) -> str:
-            digest = hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=20)
-            ident = (arr.dtype.str, arr.shape, digest.digest())
+            digest = digests.get(id(arr))
+            if digest is None:
+                digest = digests[id(arr)] = hashlib.blake2b(
+                    np.ascontiguousarray(arr).tobytes(), digest_size=20).digest()
+            ident = (arr.dtype.str, arr.shape, digest)
             if ident not in seen:
                 seen[ident] = key
                 arrays[key] = arr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -283,6 +284,14 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def sharing() -> int:
+    """The threads a large kernel may be shared among from this thread: `THREADS` from the
+    main thread; one (none shared) from a helper thread (the cut-ahead thread, say), which
+    already runs beside the main thread: sharing its work too would have more threads than
+    the host has cores contend for the interpreter's lock."""
+    return THREADS if threading.current_thread() is threading.main_thread() else 1
+
+
 def pool() -> ThreadPoolExecutor:
     """The threads that share large matmuls and roundings (made at the first use)."""
     if not _POOL:
@@ -431,10 +440,13 @@ def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     ``to_storage(values, np.float16).astype(np.float32)``, several times faster (numpy's fp16
     casts are scalar code here).
 
-    In fp16's normal range rounding to nearest even drops the 13 low mantissa bits (a carry
-    may raise the exponent, exactly as IEEE rounding does); below it every value is a multiple
-    of 2^-24, which ``rint(x * 2^24) * 2^-24`` gives exactly; from 65520 up the result is an
-    infinity of the value's sign; NaNs take numpy's cast (its payload rule).
+    The float32 adder rounds: ``(|x| + m) - m``, where ``m`` is 2^13 times the power of two
+    at or below ``|x|`` (2^-14 at least, below which fp16's spacing stays 2^-24), rounds
+    ``|x|`` to nearest even on fp16's spacing there, since ``m``'s ulp is that spacing and the
+    subtraction is exact; the sign bit is put back (a negative value that rounds to zero is
+    -0). A block holding a value of 2^15 or more, an infinity or a NaN goes by bits instead
+    (`_round_fp16_bits`): from 65520 up the result is an infinity of the value's sign; NaNs
+    take numpy's cast (its payload rule).
 
     Into ``out`` if given (contiguous float32 of as many elements; ``values`` itself, to
     round in place)."""
@@ -445,7 +457,7 @@ def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         raise ValueError("round_fp16: out must be contiguous float32 of the values' size")
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     blocks = ceil_div(flat_x.size, ROUND_BLOCK)
-    parts = min(THREADS, blocks // 4)  # a large array's blocks shared among the cores
+    parts = min(sharing(), blocks // 4)  # a large array's blocks shared among the cores
     if parts < 2:
         _round_fp16_into(flat_x, flat_out)
         return out
@@ -456,9 +468,44 @@ def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+#: float32 bits: the exponent field, and 2^15 (from where a value may round
+#: past fp16's largest finite value, or is an infinity or a NaN: those blocks go by bits)
+_EXP_BITS, _BIG16_BITS = np.uint32(0x7F800000), 0x47000000
+_TINY16 = np.float32(2.0 ** -14)  # fp16's smallest normal: its spacing holds below it
+
+
 def _round_fp16_into(flat_x: np.ndarray, flat_out: np.ndarray) -> None:
     """`round_fp16` of the flat float32 array ``flat_x`` into ``flat_out``, a block at a
-    time (its few passes stay in the cache)."""
+    time (its few passes stay in the cache), by the float32 adder (see `round_fp16`)."""
+    size = min(ROUND_BLOCK, flat_x.size)
+    magic, sign = np.empty(size, dtype=np.float32), np.empty(size, dtype=np.uint32)
+    # in place, each block is rounded in a temporary (the rounding reads x to the end)
+    temp = np.empty(size, dtype=np.float32) if np.may_share_memory(flat_x, flat_out) else None
+    for s in range(0, flat_x.size, ROUND_BLOCK):
+        xs, ob = flat_x[s:s + ROUND_BLOCK], flat_out[s:s + ROUND_BLOCK]
+        k = len(xs)
+        m, sg = magic[:k], sign[:k]
+        a = ob if temp is None else temp[:k]
+        np.abs(xs, out=a)
+        np.bitwise_and(a.view(np.uint32), _EXP_BITS, out=m.view(np.uint32))  # 2^e <= |x|
+        if m.view(np.uint32).max() >= _BIG16_BITS:
+            _round_fp16_bits(xs, ob)
+            continue
+        np.bitwise_xor(xs.view(np.uint32), a.view(np.uint32), out=sg)  # the sign bits
+        np.maximum(m, _TINY16, out=m)
+        m *= np.float32(2.0 ** 13)
+        a += m  # rounded to nearest even on fp16's spacing
+        a -= m  # exact
+        np.bitwise_or(a.view(np.uint32), sg, out=ob.view(np.uint32))
+
+
+def _round_fp16_bits(flat_x: np.ndarray, flat_out: np.ndarray) -> None:
+    """`round_fp16` of the flat float32 array ``flat_x`` into ``flat_out`` by bit
+    arithmetic, a block at a time: in fp16's normal range rounding to nearest even drops the
+    13 low mantissa bits (a carry may raise the exponent, exactly as IEEE rounding does);
+    below it every value is a multiple of 2^-24, which ``rint(x * 2^24) * 2^-24`` gives
+    exactly; from 65520 up the result is an infinity of the value's sign; NaNs take numpy's
+    cast (its payload rule)."""
     mag = np.empty(min(ROUND_BLOCK, flat_x.size), dtype=np.float32)
     low = np.empty(len(mag), dtype=np.uint32)
     # in place, each block is rounded into a copy of itself (the rounding reads x to the end)

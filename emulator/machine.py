@@ -633,6 +633,15 @@ def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
     split = [x for f, b in zip(full, tile) for x in (f, b)]
     whole = host[tuple(slice(0, f * b) for f, b in zip(full, tile))]
     blocks = whole.reshape(split).transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
+    if n == math.prod(grid) and np.array_equal(where, np.indices(grid).reshape(nd, -1).T):
+        # every tile of the grid in order (a weight cut whole): one strided copy of the whole
+        # tiles, not an index per tile; the edge tiles after it
+        tiles = np.empty((*grid, *tile), dtype=host.dtype)
+        tiles[tuple(slice(0, f) for f in full)] = blocks
+        tiles = tiles.reshape(n, -1)
+        if not inside.all():
+            tiles[~inside] = edge_tiles(host, origin[~inside], tile)
+        return tiles, counts
     if inside.all():
         return blocks[tuple(where.T)].reshape(n, -1), counts
     tiles = np.empty((n, math.prod(tile)), dtype=host.dtype)

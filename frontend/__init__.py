@@ -23,6 +23,7 @@ The pipeline, as `to_graph` runs it:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -160,15 +161,16 @@ class Lowered:
     inputs: list[str]
 
 
-def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = None
-          ) -> Lowered:
+def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = None,
+          weights: Mapping[str, np.ndarray] | None = None) -> Lowered:
     """Lower every node that can be lowered, collecting the ones that cannot (no exception
-    for unsupported nodes; `to_graph` raises them all at once)."""
+    for unsupported nodes; `to_graph` raises them all at once). ``weights``: the values of
+    shape-only initializers, by name (`to_graph`)."""
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
     opsets = _opsets(model)
     shapes, dtypes = _value_types(skel)
-    constants = {t.name: _initializer(t) for t in model.graph.initializer}
+    constants = {t.name: _initializer(t, weights or {}) for t in model.graph.initializer}
     constants = {k: (v.astype(np.float32, copy=False) if v.dtype.kind == "f" else v)
                  for k, v in constants.items()}
     ctx = Context(shapes, dtypes, constants, opset)
@@ -247,8 +249,12 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
              name: str | None = None, fuse: bool = True, epilogues: bool = True,
-             prologues: bool = False) -> Graph:
+             prologues: bool = False, weights: Mapping[str, np.ndarray] | None = None
+             ) -> Graph:
     """Lower a model (an ONNX path or a ModelProto) to the device graph.
+
+    ``weights`` gives the values of shape-only initializers by name (a zoo model built apart,
+    `t10c.models.build_apart`): the graph's constants are those arrays, not copies.
 
     With ``fuse`` (the default), single-reader elementwise ops are inlined into their reader
     and, with ``epilogues`` too, elementwise consumers fold into the reduction or contraction
@@ -257,7 +263,7 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
     Raises `UnsupportedModelError` listing every node that cannot be lowered.
     """
     model = load_model(source)
-    low = lower(model, pinned)
+    low = lower(model, pinned, weights)
     if low.problems:
         raise UnsupportedModelError(low.problems)
     return device_graph(low, name, fuse, epilogues, prologues)
@@ -329,12 +335,20 @@ def _constant_out(ctx: Context, out: str) -> None:
              [Operand(source, tuple(axes))], None, ("in", 0))
 
 
-def _initializer(t: onnx.TensorProto) -> np.ndarray:
-    """An initializer's value; a shape-only one (`is_shape_only`) becomes a zero-stride array
-    of its shape, which planning and codegen need and emulation refuses."""
+def _initializer(t: onnx.TensorProto, weights: Mapping[str, np.ndarray]) -> np.ndarray:
+    """An initializer's value; a shape-only one (`is_shape_only`) is its array in ``weights``,
+    else a zero-stride array of its shape, which planning and codegen need and emulation
+    refuses."""
     if is_shape_only(t):
         dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
-        return np.broadcast_to(np.zeros((), dtype=dtype), tuple(t.dims))
+        value = weights.get(t.name)
+        if value is None:
+            return np.broadcast_to(np.zeros((), dtype=dtype), tuple(t.dims))
+        if value.shape != tuple(t.dims) or value.dtype != dtype:
+            raise FrontendError(f"the weights given for initializer {t.name!r} are {value.dtype}"
+                                f" {list(value.shape)}; the model declares {dtype} "
+                                f"{list(t.dims)}")
+        return value
     return numpy_helper.to_array(t)
 
 

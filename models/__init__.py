@@ -18,10 +18,17 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
+from t10c.shape_only import is_shape_only
+
+from ._builder import weights_apart
 from .bert import BERT_SIZES, BertSize, build_bert
 from .gpt2 import GPT2_SIZES, build_gpt2
 from .llama import LLAMA_DECODE_SIZES, LLAMA_SIZES, build_llama, build_llama_decode
@@ -43,6 +50,7 @@ __all__ = [
     "ModelTooLargeError",
     "UnknownModelError",
     "build",
+    "build_apart",
     "build_bert",
     "build_gpt2",
     "build_llama",
@@ -52,6 +60,7 @@ __all__ = [
     "build_vit",
     "is_zoo_name",
     "suggest",
+    "with_weights",
 ]
 
 ZOO_NAMES: tuple[str, ...] = (
@@ -171,6 +180,26 @@ def build(
         if nbytes > MAX_WEIGHT_BYTES:
             raise ModelTooLargeError(name, nbytes)
     return _build(name, seq_len=seq_len, batch=batch, seed=seed, weights=weights)
+
+
+def build_apart(name: str, **kwargs: Any) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """`build` with weights, its large initializers shape-only and their values beside it, by
+    name: held once (the frontend takes them as they are, `t10c.frontend.to_graph`'s
+    ``weights``), not also as the model's bytes. `with_weights` puts them back."""
+    with weights_apart() as apart:
+        model = build(name, **{**kwargs, "weights": True})
+    return model, apart
+
+
+def with_weights(model: onnx.ModelProto, weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose shape-only initializers named in ``weights`` hold those
+    values: the model `build` gives for what `build_apart` gave."""
+    full = onnx.ModelProto()
+    full.CopyFrom(model)
+    for t in full.graph.initializer:
+        if t.name in weights and is_shape_only(t):
+            t.CopyFrom(numpy_helper.from_array(weights[t.name], name=t.name))
+    return full
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal
+from ._builder import GraphBuilder, draw
 
 
 def scalar(value: float) -> np.ndarray:
@@ -32,19 +32,19 @@ def dotted(scope: str) -> str:
 def linear(b: GraphBuilder, rng: np.random.Generator, scope: str, x: str, fan_in: int,
            fan_out: int, std: float, bias: bool = True) -> str:
     """``x @ {scope}.weight (+ {scope}.bias)`` with weight [fan_in, fan_out]."""
-    w = b.initializer(f"{dotted(scope)}.weight", normal(rng, (fan_in, fan_out), std))
+    w = b.initializer(f"{dotted(scope)}.weight", draw(rng, (fan_in, fan_out), std))
     y = b.node("MatMul", [x, w], f"{scope}/MatMul")
     if not bias:
         return y
-    bias_name = b.initializer(f"{dotted(scope)}.bias", normal(rng, (fan_out,), 0.02))
+    bias_name = b.initializer(f"{dotted(scope)}.bias", draw(rng, (fan_out,), 0.02))
     return b.node("Add", [y, bias_name], f"{scope}/Add")
 
 
 def layer_norm(b: GraphBuilder, rng: np.random.Generator, scope: str, x: str, hidden: int,
                epsilon: float) -> str:
     """LayerNormalization over the last axis (opset 17), scale ~ 1 and bias ~ 0."""
-    scale = b.initializer(f"{dotted(scope)}.weight", normal(rng, (hidden,), 0.02, mean=1.0))
-    bias = b.initializer(f"{dotted(scope)}.bias", normal(rng, (hidden,), 0.02))
+    scale = b.initializer(f"{dotted(scope)}.weight", draw(rng, (hidden,), 0.02, mean=1.0))
+    bias = b.initializer(f"{dotted(scope)}.bias", draw(rng, (hidden,), 0.02))
     return b.node("LayerNormalization", [x, scale, bias], f"{scope}/LayerNormalization",
                   axis=-1, epsilon=epsilon)
 
@@ -52,7 +52,7 @@ def layer_norm(b: GraphBuilder, rng: np.random.Generator, scope: str, x: str, hi
 def rms_norm(b: GraphBuilder, rng: np.random.Generator, scope: str, x: str, hidden: int,
              epsilon: float) -> str:
     """LLaMA's RMSNorm as exported: ``w * (x * 1/sqrt(mean(x^2) + eps))``."""
-    w = b.initializer(f"{dotted(scope)}.weight", normal(rng, (hidden,), 0.02, mean=1.0))
+    w = b.initializer(f"{dotted(scope)}.weight", draw(rng, (hidden,), 0.02, mean=1.0))
     two = b.initializer(f"{dotted(scope)}.two", scalar(2.0))
     eps = b.initializer(f"{dotted(scope)}.eps", scalar(epsilon))
     sq = b.node("Pow", [x, two], f"{scope}/Pow")

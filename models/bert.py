@@ -28,7 +28,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal, weight_rng
+from ._builder import GraphBuilder, draw, weight_rng
 
 WEIGHT_STD = 0.02
 """Std of every weight, embedding and bias (BERT's ``initializer_range``)."""
@@ -84,8 +84,8 @@ def _linear(
 ) -> str:
     """``x @ {scope}.weight + {scope}.bias`` with weight [fan_in, fan_out]."""
     dotted = scope.replace("/", ".")
-    w = b.initializer(f"{dotted}.weight", normal(rng, (fan_in, fan_out), WEIGHT_STD))
-    bias = b.initializer(f"{dotted}.bias", normal(rng, (fan_out,), WEIGHT_STD))
+    w = b.initializer(f"{dotted}.weight", draw(rng, (fan_in, fan_out), WEIGHT_STD))
+    bias = b.initializer(f"{dotted}.bias", draw(rng, (fan_out,), WEIGHT_STD))
     y = b.node("MatMul", [x, w], f"{scope}/MatMul")
     return b.node("Add", [y, bias], f"{scope}/Add")
 
@@ -101,9 +101,9 @@ def _layer_norm(
     """LayerNormalization over the last axis; scale ~ 1 and bias ~ 0, plus noise."""
     dotted = scope.replace("/", ".")
     scale = b.initializer(
-        f"{dotted}.scale", normal(rng, (hidden,), WEIGHT_STD, mean=1.0)
+        f"{dotted}.scale", draw(rng, (hidden,), WEIGHT_STD, mean=1.0)
     )
-    bias = b.initializer(f"{dotted}.bias", normal(rng, (hidden,), WEIGHT_STD))
+    bias = b.initializer(f"{dotted}.bias", draw(rng, (hidden,), WEIGHT_STD))
     return b.node(
         "LayerNormalization",
         [x, scale, bias],
@@ -125,9 +125,9 @@ def _embeddings(
     hidden: int,
 ) -> str:
     """Token embedding plus the first ``seq_len`` position embeddings, then LN."""
-    words = b.initializer("word_embeddings", normal(rng, (vocab, hidden), WEIGHT_STD))
+    words = b.initializer("word_embeddings", draw(rng, (vocab, hidden), WEIGHT_STD))
     positions = b.initializer(
-        "position_embeddings", normal(rng, (max_pos, hidden), WEIGHT_STD)
+        "position_embeddings", draw(rng, (max_pos, hidden), WEIGHT_STD)
     )
     starts = b.initializer("embeddings.position.starts", np.array([0], np.int64))
     ends = b.initializer("embeddings.position.ends", np.array([seq_len], np.int64))

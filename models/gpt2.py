@@ -23,7 +23,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal, weight_rng
+from ._builder import GraphBuilder, draw, weight_rng
 from ._layers import attention_core, causal_mask, ints, layer_norm, linear, merge_heads, scalar
 
 
@@ -77,8 +77,8 @@ def build_gpt2(hidden: int, layers: int, heads: int, *, vocab: int = 50257,
     rng = weight_rng(seed, weights)
     b = GraphBuilder(materialize=weights)
     ids = b.graph_input("input_ids", onnx.TensorProto.INT64, [batch, seq_len])
-    wte = b.initializer("wte", normal(rng, (vocab, hidden), 0.02))
-    wpe = b.initializer("wpe", normal(rng, (positions, hidden), 0.01))
+    wte = b.initializer("wte", draw(rng, (vocab, hidden), 0.02))
+    wpe = b.initializer("wpe", draw(rng, (positions, hidden), 0.01))
     c = {"half": b.initializer("gelu.half", scalar(0.5)),
          "three": b.initializer("gelu.three", scalar(3.0)),
          "coef": b.initializer("gelu.coef", scalar(0.044715)),

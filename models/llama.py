@@ -33,7 +33,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal, weight_rng
+from ._builder import GraphBuilder, draw, weight_rng
 from ._layers import attention_core, causal_mask, ints, linear, merge_heads, rms_norm, scalar
 
 
@@ -207,7 +207,7 @@ def _llama_graph(dims: _Dims, *, vocab: int, rope_theta: float, tied: bool, seed
         f"past_key_values.{i}.{kv}" for i in range(dims.layers) for kv in ("key", "value")]
     for name in cache:
         b.graph_input(name, onnx.TensorProto.FLOAT, [batch, dims.kv_heads, dims.past, d])
-    embed = b.initializer("embed_tokens.weight", normal(rng, (vocab, hidden), 0.02))
+    embed = b.initializer("embed_tokens.weight", draw(rng, (vocab, hidden), 0.02))
 
     tables: dict[str, str] = {}
     tables["cos"], tables["sin"] = _rope_tables(b, dims, rope_theta)
@@ -230,7 +230,7 @@ def _llama_graph(dims: _Dims, *, vocab: int, rope_theta: float, tied: bool, seed
     if tied:
         head = b.node("Transpose", [embed], "lm_head/Transpose", perm=[1, 0])
     else:
-        head = b.initializer("lm_head.weight", normal(rng, (hidden, vocab), 0.02))
+        head = b.initializer("lm_head.weight", draw(rng, (hidden, vocab), 0.02))
     b.node("MatMul", [h, head], "lm_head/MatMul", output="logits")
     b.graph_output("logits", onnx.TensorProto.FLOAT, [batch, seq, vocab])
     for name in cache:

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal, weight_rng
+from ._builder import GraphBuilder, draw, weight_rng
 
 PATTERN = re.compile(r"^matmul-(\d+)x(\d+)x(\d+)$")
 
@@ -30,7 +30,7 @@ def build_matmul(m: int, k: int, n: int, seed: int = 0, *, weights: bool = True
     rng = weight_rng(seed, weights)
     b = GraphBuilder(materialize=weights)
     a = b.graph_input("A", onnx.TensorProto.FLOAT, [m, k])
-    w = b.initializer("W", normal(rng, (k, n), 1.0 / np.sqrt(k)))
+    w = b.initializer("W", draw(rng, (k, n), 1.0 / np.sqrt(k)))
     b.node("MatMul", [a, w], "matmul", output="C")
     b.graph_output("C", onnx.TensorProto.FLOAT, [m, n])
     return b.finish(f"matmul-{m}x{k}x{n}")

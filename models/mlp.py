@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import onnx
 
-from ._builder import GraphBuilder, normal, weight_rng
+from ._builder import GraphBuilder, draw, weight_rng
 
 MLP_DIMS: tuple[int, ...] = (784, 1024, 1024, 10)
 """Default layer widths: an MNIST-shaped classifier."""
@@ -48,9 +48,9 @@ def build_mlp(
     last = len(dims) - 2
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(dims)):
         w = b.initializer(
-            f"fc{i}.weight", normal(rng, (fan_in, fan_out), 1.0 / math.sqrt(fan_in))
+            f"fc{i}.weight", draw(rng, (fan_in, fan_out), 1.0 / math.sqrt(fan_in))
         )
-        bias = b.initializer(f"fc{i}.bias", normal(rng, (fan_out,), BIAS_STD))
+        bias = b.initializer(f"fc{i}.bias", draw(rng, (fan_out,), BIAS_STD))
         x = b.node("MatMul", [x, w], f"fc{i}/MatMul")
         x = b.node(
             "Add", [x, bias], f"fc{i}/Add", output="logits" if i == last else None

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal, weight_rng
+from ._builder import GraphBuilder, draw, weight_rng
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,12 @@ def _conv_bn(b: GraphBuilder, rng: np.random.Generator, scope: str, x: str, cin:
              gamma: float = 1.0) -> str:
     """Conv (no bias, He-initialised) -> BatchNormalization (random inference statistics)."""
     std = math.sqrt(2 / (cin * k * k))
-    w = b.initializer(f"{scope}.weight", normal(rng, (cout, cin, k, k), std))
+    w = b.initializer(f"{scope}.weight", draw(rng, (cout, cin, k, k), std))
     y = b.node("Conv", [x, w], f"{scope}/Conv", kernel_shape=[k, k], strides=[stride, stride],
                pads=[k // 2] * 4)
-    scale = b.initializer(f"{scope}.bn.weight", normal(rng, (cout,), 0.1 * gamma, mean=gamma))
-    bias = b.initializer(f"{scope}.bn.bias", normal(rng, (cout,), 0.1))
-    mean = b.initializer(f"{scope}.bn.running_mean", normal(rng, (cout,), 0.1))
+    scale = b.initializer(f"{scope}.bn.weight", draw(rng, (cout,), 0.1 * gamma, mean=gamma))
+    bias = b.initializer(f"{scope}.bn.bias", draw(rng, (cout,), 0.1))
+    mean = b.initializer(f"{scope}.bn.running_mean", draw(rng, (cout,), 0.1))
     var = b.initializer(f"{scope}.bn.running_var",
                         rng.uniform(0.5, 1.5, cout).astype(np.float32))
     y = b.node("BatchNormalization", [y, scale, bias, mean, var], f"{scope}/BatchNormalization",
@@ -96,8 +96,8 @@ def build_resnet(depths: tuple[int, ...], widths: tuple[int, ...], *, stem: int 
             cin = cout
     x = b.node("GlobalAveragePool", [x], "pool/GlobalAveragePool")
     x = b.node("Flatten", [x], "pool/Flatten", axis=1)
-    w = b.initializer("fc.weight", normal(rng, (classes, cin), 1 / math.sqrt(cin)))
-    bias = b.initializer("fc.bias", normal(rng, (classes,), 0.02))
+    w = b.initializer("fc.weight", draw(rng, (classes, cin), 1 / math.sqrt(cin)))
+    bias = b.initializer("fc.bias", draw(rng, (classes,), 0.02))
     b.node("Gemm", [x, w, bias], "fc/Gemm", transB=1, output="logits")
     b.graph_output("logits", onnx.TensorProto.FLOAT, [batch, classes])
     return b.finish(name, doc=f"t10c zoo {name}: depths={depths} widths={widths} "

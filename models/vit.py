@@ -20,7 +20,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, normal, weight_rng
+from ._builder import GraphBuilder, draw, weight_rng
 from ._layers import (
     attention_core,
     gelu_constants,
@@ -80,18 +80,18 @@ def build_vit(hidden: int, layers: int, heads: int, mlp: int, *, image: int = 22
     split_shape = b.initializer("attn.split_heads.shape", ints(batch, tokens, heads, d))
     merge_shape = b.initializer("attn.merge_heads.shape", ints(batch, tokens, hidden))
 
-    w = b.initializer("patch.weight", normal(rng, (hidden, channels, patch, patch), 0.02))
-    bias = b.initializer("patch.bias", normal(rng, (hidden,), 0.02))
+    w = b.initializer("patch.weight", draw(rng, (hidden, channels, patch, patch), 0.02))
+    bias = b.initializer("patch.bias", draw(rng, (hidden,), 0.02))
     x = b.node("Conv", [pixels, w, bias], "patch/Conv", kernel_shape=[patch, patch],
                strides=[patch, patch])
     x = b.node("Reshape", [x, b.initializer("patch.flat", ints(batch, hidden, grid * grid))],
                "patch/Reshape")
     x = b.node("Transpose", [x], "patch/Transpose", perm=[0, 2, 1])
-    cls = b.initializer("cls_token", normal(rng, (1, 1, hidden), 0.02))
+    cls = b.initializer("cls_token", draw(rng, (1, 1, hidden), 0.02))
     cls = b.node("Expand", [cls, b.initializer("cls.shape", ints(batch, 1, hidden))],
                  "cls/Expand")
     x = b.node("Concat", [cls, x], "embeddings/Concat", axis=1)
-    pos = b.initializer("position_embeddings", normal(rng, (1, tokens, hidden), 0.02))
+    pos = b.initializer("position_embeddings", draw(rng, (1, tokens, hidden), 0.02))
     x = b.node("Add", [x, pos], "embeddings/Add")
     for i in range(layers):
         s = f"layer{i}"
@@ -113,8 +113,8 @@ def build_vit(hidden: int, layers: int, heads: int, mlp: int, *, image: int = 22
     x = layer_norm(b, rng, "ln", x, hidden, EPSILON)
     first = b.initializer("cls.index", np.array(0, np.int64))
     x = b.node("Gather", [x, first], "cls/Gather", axis=1)
-    w = b.initializer("classifier.weight", normal(rng, (hidden, classes), 0.02))
-    bias = b.initializer("classifier.bias", normal(rng, (classes,), 0.02))
+    w = b.initializer("classifier.weight", draw(rng, (hidden, classes), 0.02))
+    bias = b.initializer("classifier.bias", draw(rng, (classes,), 0.02))
     x = b.node("MatMul", [x, w], "classifier/MatMul")
     b.node("Add", [x, bias], "classifier/Add", output="logits")
     b.graph_output("logits", onnx.TensorProto.FLOAT, [batch, classes])

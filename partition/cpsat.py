@@ -39,9 +39,10 @@ _LP_MARGIN = 1e-6
 _POLL_S = 0.05
 
 
-class _Watch(cp_model.CpSolverSolutionCallback):
+class Watch(cp_model.CpSolverSolutionCallback):
     """Records the deterministic time of the latest improving solution (read by the main
-    thread for progress; a callback does not change the search)."""
+    thread for progress, and by a solve in chunks to see whether the search still improves;
+    a callback does not change the search)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -66,14 +67,15 @@ def configure(solver: cp_model.CpSolver, deterministic_limit: float, workers: in
 
 
 def run(solver: cp_model.CpSolver, model: cp_model.CpModel, progress: Progress | None = None,
-        stage: str = "solve") -> cp_model.CpSolverStatus:
-    """Solve ``model`` with ``solver`` (already `configure`d) and return CP-SAT's status.
+        stage: str = "solve", watch: Watch | None = None) -> cp_model.CpSolverStatus:
+    """Solve ``model`` with ``solver`` (already `configure`d) and return CP-SAT's status;
+    ``watch``, if given, records the solutions.
 
     Raises ``KeyboardInterrupt`` promptly (within ``_POLL_S``) when the user presses Ctrl-C,
     after stopping the search."""
     limit = float(solver.parameters.max_deterministic_time)
     total = max(int(limit * 1000), 1)
-    watch = _Watch()
+    watch = watch if watch is not None else Watch()
     if progress:
         progress(stage, 0, total)
     shown = [0]

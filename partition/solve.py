@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,9 @@ class SolverOptions:
     #: reports OPTIMAL; the plan records the remaining gap)
     relative_gap: float = 0.001
     planner: str = "cp-sat"  # or "greedy"
+    #: end a solve once its search stalls (`solve_in_chunks`), before the limit; False
+    #: searches the whole limit
+    early_stop: bool = True
 
 
 @dataclass(frozen=True)
@@ -408,6 +411,88 @@ def solve_model(model: cp_model.CpModel, opts: SolverOptions,
     return solver, status
 
 
+#: a solve runs in chunks of deterministic time, the first this long and each next one twice
+#: the last, within the limit: a chunk whose second half found no better choice has stalled,
+#: and the solve ends after it. The chunk after the first starts from the best choice so far
+#: (hinted; it is found at once). On the tight-SRAM points of a bert-base sweep (448 KiB per
+#: core, 1 B/cycle links) the reduced model's last gain came 0.73 of its 7.5 deterministic
+#: seconds in; it then searched for 20 s of CPU time more without one.
+CHUNK_S = 2.0
+
+
+#: how a solve that ended early says so in its method (deterministic seconds used, limit)
+_STALLED = " (stalled after {:.1f} of {:.1f} deterministic s)"
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """What `solve_in_chunks` found: the best choice (None if none), CP-SAT's status of the
+    whole (``OPTIMAL`` if a chunk proved one), the deterministic seconds used and the best
+    bound any chunk proved."""
+
+    choice: tuple[int, ...] | None
+    status: str
+    used: float
+    bound: int
+    #: ended because the search stalled, before the limit
+    stalled: bool = False
+
+
+def solve_in_chunks(build: Callable[[Sequence[int] | None], tuple[cp_model.CpModel, Any]],
+                    hint: Sequence[int] | None, opts: SolverOptions,
+                    value: Callable[[tuple[int, ...]], int], progress: Progress | None,
+                    offset: int, whole: int, last: bool) -> Chunked:
+    """Solve the model ``build(hint)`` makes within ``opts``' deterministic limit, in chunks
+    (`CHUNK_S`) that stop once the search stalls; each chunk after the first is built hinted
+    with the best choice so far (``value`` ranks choices). Progress is shown from ``offset``
+    of ``whole`` (thousandths of a deterministic second), the display's end only if ``last``.
+    Deterministic: the chunks' limits and the stall test read deterministic time alone."""
+    limit, used = opts.time_limit_s, 0.0
+    best: tuple[int, ...] | None = None
+    # cycles are never negative. Without early stops, or without a choice to start from
+    # (the greedy found none: the first solution may take most of the limit, and a chunk
+    # that ends before it would throw that search away), the limit is one chunk
+    bound = 0
+    chunk = min(CHUNK_S, limit) if opts.early_stop and hint is not None else limit
+    status, stalled = "UNKNOWN", False
+    while True:
+        model, x = build(hint)
+        solver = cp_model.CpSolver()
+        cpsat.configure(solver, chunk, opts.workers, opts.seed)
+        solver.parameters.relative_gap_limit = opts.relative_gap
+        watch = cpsat.Watch()
+        got = cpsat.run(solver, model, _window(progress, offset + int(used * 1000), whole,
+                                               False), "solve", watch)
+        spent = float(solver.deterministic_time)
+        used += spent
+        if got in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+            bound = max(bound, int(round(solver.best_objective_bound)))
+        if got not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if best is None:  # nothing found (or proven infeasible) in the first chunk
+                status = solver.status_name(got)
+                if got == cp_model.UNKNOWN and limit - used >= CHUNK_S / 2:
+                    chunk = limit - used  # not even the hint within a chunk: the rest
+                    continue
+            break
+        found = x.decode(solver)
+        if best is None or value(found) < value(best):
+            best = found
+        if got == cp_model.OPTIMAL:
+            status = "OPTIMAL"
+            break
+        status = "FEASIBLE"
+        if limit - used < CHUNK_S / 2:
+            break  # the limit is spent
+        if watch.det_time < spent / 2:
+            stalled = True
+            break
+        hint = best
+        chunk = min(2 * chunk, limit - used)
+    if progress and last:
+        progress("solve", whole, whole)
+    return Chunked(best, status, used, bound, stalled)
+
+
 def _window(progress: Progress | None, offset: int, whole: int, last: bool
             ) -> Progress | None:
     """A solve's progress shown as the part of one display that starts at ``offset`` of
@@ -480,6 +565,12 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     base = [sum(p.aligned < 0 and (not p.home or all(r.home for r in f)) for p in f)
             for f in fronts]
     warm = greedy(terms, arrays, cap, base)
+    if warm is None and any(len(f) > b for f, b in zip(fronts, base)) \
+            and all(p.aligned < 0 for f in fronts for p in f):
+        # the fronts alone do not fit: every variant too (the twins whose weights stream
+        # from DRAM come after the front; without a start CP-SAT's first solution took more
+        # than 10 deterministic seconds on llama-135m-decode on wormhole-n150)
+        warm = greedy(terms, arrays, cap)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     known = [tuple(warm)] if warm is not None else []
     for s in starts:
@@ -519,13 +610,15 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     if repeats and not close(1):
         share = dataclasses.replace(opts, time_limit_s=opts.time_limit_s * TIED_SHARE,
                                     relative_gap=opts.relative_gap * REDUCED_GAP)
-        model, x = build_model(terms, fronts, arrays, edges, cap, best, grouped(tie))
-        solver, status = solve_model(model, share, _window(progress, 0, whole, False))
-        used = float(solver.deterministic_time)
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            known.append(x.decode(solver))  # fits: it is checked against every op's (C2)
+        run = solve_in_chunks(
+            lambda hint: build_model(terms, fronts, arrays, edges, cap, hint, grouped(tie)),
+            best, share, lambda c: objective(arrays, edges, c), progress, 0, whole, False)
+        used = run.used
+        if run.choice is not None:
+            known.append(run.choice)  # fits: it is checked against every op's (C2)
             best, best_obj = best_known()
-        method = "grouped layers"
+        method = "grouped layers" + (_STALLED.format(used, share.time_limit_s)
+                                     if run.stalled else "")
     if best is not None and best_obj is not None and lp is not None and close(POLISH_ABOVE):
         # the full model's LP bounds the choice closely: proven within the gap, or close
         # enough that the full search (which rarely closes such a gap: bert-large's stays at
@@ -536,18 +629,19 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
         how = "a known choice" if method == "full model" else method
         return SolverResult(best, name, best_obj, min(lp, best_obj), time.perf_counter() - start,
                             warm_obj, used, f"{how}, bounded by the full model's LP"), name
-    model, x = build_model(terms, fronts, arrays, edges, cap, best)
     # the path without a reduced model: the full model, hinted, with the rest of the limit
     rest_opts = dataclasses.replace(opts, time_limit_s=max(opts.time_limit_s - used, 0.001))
-    solver, status = solve_model(model, rest_opts,
-                                 _window(progress, int(used * 1000), whole, True))
-    used += float(solver.deterministic_time)
-    name = solver.status_name(status)
-    choice = x.decode(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+    run = solve_in_chunks(lambda hint: build_model(terms, fronts, arrays, edges, cap, hint),
+                          best, rest_opts, lambda c: objective(arrays, edges, c), progress,
+                          int(used * 1000), whole, True)
+    used += run.used
+    name, choice = run.status, run.choice
     wall = time.perf_counter() - start
     method = "full model" if method == "full model" else f"{method}, then the full model"
+    if run.stalled:
+        method += _STALLED.format(run.used, rest_opts.time_limit_s)
     # CP-SAT's bound and the LP's are both bounds of the full model: the better one is kept
-    bound = max(int(round(solver.best_objective_bound)), lp if lp is not None else 0)
+    bound = max(run.bound, lp if lp is not None else 0)
     if choice is None:
         if best is None or best_obj is None:
             return None, name

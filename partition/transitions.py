@@ -15,10 +15,13 @@ An op that warms its weights up (`OpPlan.home`) fetches them in the same exchang
 its re-layout adds no barrier of its own. These are the elements the emulator counts from
 codegen's exchange tables, so on an all-to-all chip the prediction is exact.
 
-Where the producer leaves a box per core and no view lies between, the overlap is computed box
-against box; otherwise element by element (each element's owning core, looked up in the
-consumer's box on that core), vectorised over the producer plans and computed once per
-distinct layout.
+The overlap is computed box against box (`boxes.py`): a producer leaves a box per core, or
+after a reduce-scatter a row-major chunk of it (a few boxes), and views carry the boxes
+(a transpose permutes them; a reshape that splits or merges dimensions cuts each into the
+flat ranges it covers, and those into boxes of the new shape). Where that would take more
+boxes than the tensor has elements, and for 0-d tensors, it is counted element by element
+(each element's owning core, looked up in the consumer's box on that core). Both are computed
+once per distinct pair of layouts.
 
 The solver prices each edge on its own (`edge_cost`: that input's transfer and a barrier):
 for an op with several moving inputs that is an upper bound of the joint phase (one barrier,
@@ -42,6 +45,7 @@ from t10c.chips import Chip
 from t10c.dtypes import ceil_div
 from t10c.ir import Graph, map_to_root
 
+from .boxes import BoxSet, chunk_boxes, clipped, local_counts, reshaped, transposed
 from .collectives import chunk_elements, scatter_of
 from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
 from .place import exchange_estimate
@@ -70,17 +74,17 @@ class Want:
 @dataclass(frozen=True)
 class Have:
     """Where a producer plan leaves its result, in the consumer's operand's index space:
-    either one box per physical core (``origin``, ``holds``, ``shape``), or the owning
-    physical core of every element (``owner``, flat; -1 for none)."""
+    either boxes per physical core (``boxes``, `boxes.BoxSet`: a core that holds nothing has
+    only empty ones), or the owning physical core of every element (``owner``, flat; -1 for
+    none)."""
 
-    origin: np.ndarray | None = None  # (cores, ndim)
-    holds: np.ndarray | None = None  # (cores,) bool
-    shape: np.ndarray | None = None  # (ndim,)
+    boxes: BoxSet | None = None
     owner: np.ndarray | None = None  # (numel,) int32
 
     def digest(self) -> bytes:
         h = hashlib.blake2b(digest_size=16)
-        for a in (self.origin, self.holds, self.shape, self.owner):
+        parts = (self.boxes.lo, self.boxes.size) if self.boxes is not None else (None, None)
+        for a in (*parts, self.owner):
             h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
             h.update(b"|")
         return h.digest()
@@ -159,36 +163,64 @@ def result_boxes(geo: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
 
 def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
                   to_root: np.ndarray | None, views: Views | None = None,
-                  dims: tuple[int, ...] | None = None) -> Have:
-    """Where plan ``plan`` of op ``j`` leaves the elements of ``tensor`` (its result, or a
-    view of it whose flat root index per element is ``to_root``; a view that maps boxes to
-    boxes (`Views.box_dims` ``dims``) keeps the producer's boxes, without ``to_root``)."""
-    op = graph.ops[j]
-    geo = geometry(graph, op, plan)
-    box = result_boxes(geo) if to_root is None or dims is not None else None
-    if box is not None:
-        b_origin, b_shape = box
-        holding = np.ones(len(b_origin), dtype=bool)
-        if dims is not None:  # each view dimension is a root dimension, or a unit one
-            # a core whose box lies past a dropped unit dimension holds only padding
-            dropped = [d for d in range(b_origin.shape[1]) if d not in dims]
-            if dropped:
-                holding = ~(b_origin[:, dropped] != 0).any(axis=1)
-            cols = np.zeros((len(b_origin), len(dims)), dtype=b_origin.dtype)
-            for k, d in enumerate(dims):
-                if d >= 0:
-                    cols[:, k] = b_origin[:, d]
-            b_origin = cols
-            b_shape = np.array([b_shape[d] if d >= 0 else 1 for d in dims], dtype=np.int64)
-        origin = np.zeros((cores, b_origin.shape[1]), dtype=np.int64)
-        holds = np.zeros(cores, dtype=bool)
-        origin[geo.phys] = b_origin
-        holds[geo.phys] = holding
-        return Have(origin=origin, holds=holds, shape=b_shape)
-    if to_root is None and dims is not None and views is not None:
-        to_root = views.to_root(tensor)
+                  by_box: bool = False) -> Have:
+    """Where plan ``plan`` of op ``j`` leaves the elements of ``tensor``: its result, or a
+    view of it. Boxes (`result_box_set`), carried through the views from the root up, where
+    ``tensor`` is the result itself or ``by_box`` asks for it and the boxes stay few;
+    otherwise element by element, through ``to_root`` (the flat root index of each element of
+    the view, or `Views.to_root`'s)."""
+    links = []
+    t = tensor
+    while t in graph.views:
+        links.append(graph.views[t])
+        t = graph.views[t].source
+    # a box of no dimension cannot be empty: 0-d tensors are counted by element
+    scalar = not graph.tensors[t].shape or any(not v.shape for v in links)
+    if (to_root is None or by_box) and not scalar:
+        boxes: BoxSet | None = views.root_boxes(j, plan, cores) if views is not None \
+            else result_box_set(graph, j, plan, cores)
+        numel = graph.tensors[tensor].numel
+        limit = max(2 * numel, 8 * cores)  # box entries (boxes x cores) worth counting
+        for view in reversed(links):  # from the root up
+            if boxes is None:
+                break
+            if view.perm is not None:
+                boxes = transposed(boxes, view.perm)
+            else:
+                boxes = reshaped(boxes, graph.tensors[view.source].shape, view.shape, limit)
+        if boxes is not None:
+            return Have(boxes=boxes)
+    if to_root is None and links:
+        to_root = views.to_root(tensor) if views is not None else \
+            map_to_root(graph, tensor, np.arange(graph.tensors[tensor].numel))[1]
     owner = views.owner(j, plan) if views is not None else result_owner(graph, j, plan)
     return Have(owner=owner if to_root is None else owner[to_root])
+
+
+def result_box_set(graph: Graph, j: int, plan: OpPlan, cores: int) -> BoxSet:
+    """The boxes of its result each physical core holds after op ``j`` ran under ``plan``:
+    its tile, or after a reduce-scatter the row-major chunk of it it keeps (one box where the
+    chunks are whole rows, `result_boxes`), clipped to the tensor."""
+    op = graph.ops[j]
+    geo = geometry(graph, op, plan)
+    shape = graph.tensors[op.output.tensor].shape
+    box = result_boxes(geo)
+    if box is not None:
+        origin, tile = box
+        logical = clipped(origin[None].astype(np.int64),
+                          np.broadcast_to(np.asarray(tile, dtype=np.int64), origin.shape)[None],
+                          shape)
+    else:
+        out = len(op.inputs)
+        _, pos, chunk = scatter_members(geo)
+        logical = chunk_boxes(geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out), pos,
+                              chunk, shape)
+    k, nd = logical.count, len(shape)
+    lo = np.zeros((k, cores, nd), dtype=np.int64)
+    size = np.zeros((k, cores, nd), dtype=np.int64)
+    lo[:, geo.phys] = logical.lo
+    size[:, geo.phys] = logical.size
+    return BoxSet(lo, size)
 
 
 def consumer_want(graph: Graph, i: int, slot: int, plan: OpPlan) -> Want:
@@ -213,12 +245,9 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
         if have.owner is not None:
             owned.append(k)
             continue
-        assert have.origin is not None and have.holds is not None
-        h_origin = have.origin[want.phys]
-        lo = np.maximum(h_origin, w_lo)
-        hi = np.minimum(h_origin + have.shape, w_hi)
-        local = np.prod(np.maximum(hi - lo, 0, out=hi), axis=1)
-        out[k] = wanted - np.where(have.holds[want.phys], local, 0)
+        assert have.boxes is not None
+        mine = BoxSet(have.boxes.lo[:, want.phys], have.boxes.size[:, want.phys])
+        out[k] = wanted - local_counts(mine, w_lo, w_hi - w_lo, extent)
     if owned:
         assert coords is not None
         owners = [haves[k].owner for k in owned]
@@ -271,7 +300,8 @@ _BUILT_LIMIT = 1 << 29
 
 
 def _nbytes(have: Have) -> int:
-    return sum(a.nbytes for a in (have.origin, have.holds, have.owner) if a is not None)
+    parts = (have.boxes.lo, have.boxes.size) if have.boxes is not None else ()
+    return sum(a.nbytes for a in (*parts, have.owner) if a is not None)
 
 
 class _Built(dict):
@@ -326,6 +356,8 @@ _MOVED_LIMIT = 1 << 24
 _WANTS: dict[tuple, bytes] = {}
 _HAVES: dict[tuple, bytes] = {}
 _DIGESTS_LIMIT = 1 << 16
+#: box entries (8 bytes each) a compile keeps of producers' layouts (`Views.have`): 256 MiB
+_KEPT_LIMIT = 1 << 25
 
 
 def layout_key(plan: OpPlan) -> tuple:
@@ -347,6 +379,9 @@ class Views:
         self._terms: MemoryTerms | None = None
         self._consts: frozenset[str] | None = None
         self._last_want: tuple[tuple | None, Want | None] = (None, None)
+        self._haves: dict[tuple, Have] = {}
+        self._boxes: dict[tuple, BoxSet] = {}
+        self._kept = 0  # box entries in ``_haves``
 
     def const_tensors(self) -> frozenset[str]:
         """The tensors that are weights or views of weights."""
@@ -429,37 +464,36 @@ class Views:
                 _MOVED[key] = got
         return got
 
-    def box_dims(self, tensor: str) -> tuple[int, ...] | None:
-        """For a view that maps every box of its root to a box (transposes, and reshapes
-        that only add or drop dimensions of size 1: a KV cache's), the root dimension of
-        each of its dimensions (-1: a unit dimension of its own); None otherwise (the
-        re-layout is then priced element by element, `to_root`)."""
-        if tensor not in self.graph.views:
-            return None
-        links = []
-        while tensor in self.graph.views:
-            links.append(self.graph.views[tensor])
-            tensor = self.graph.views[tensor].source
-        shape = self.graph.tensors[tensor].shape
-        dims = tuple(range(len(shape)))
-        for view in reversed(links):  # from the root up
-            if view.perm is not None:
-                dims = tuple(dims[p] for p in view.perm)
-            else:
-                real = [d for d, n in zip(dims, shape) if n != 1]
-                if [n for n in shape if n != 1] != [n for n in view.shape if n != 1]:
-                    return None
-                it = iter(real)
-                dims = tuple(next(it) if n != 1 else -1 for n in view.shape)
-            shape = view.shape
-        return dims
-
     def have(self, j: int, plan: OpPlan, tensor: str, cores: int) -> Have:
-        """`producer_have` of op ``j``'s result read as ``tensor``: box against box where the
-        view maps boxes to boxes (`box_dims`), element by element otherwise."""
-        dims = self.box_dims(tensor)
-        return producer_have(self.graph, j, plan, tensor, cores,
-                             self.to_root(tensor) if dims is None else None, self, dims)
+        """`producer_have` of op ``j``'s result read as ``tensor``: box against box where
+        the boxes stay few through its views, element by element otherwise. Kept per (op,
+        view chain, layout, cores) while they take little memory (repeated layers, and the
+        digest and the count of one edge, ask for the same)."""
+        key = (self.op_key(j), self.chain(tensor), layout_key(plan), cores)
+        got = self._haves.get(key)
+        if got is None:
+            got = producer_have(self.graph, j, plan, tensor, cores, None, self, by_box=True)
+            size = got.boxes.lo.size * 2 if got.boxes is not None else 0
+            if size and size <= _KEPT_LIMIT:
+                if self._kept + size > _KEPT_LIMIT:
+                    self._haves.clear()
+                    self._kept = 0
+                self._haves[key] = got
+                self._kept += size
+        return got
+
+    def root_boxes(self, j: int, plan: OpPlan, cores: int) -> BoxSet:
+        """`result_box_set`, once per op expression and layout while they take little
+        memory."""
+        key = (self.op_key(j), layout_key(plan), cores)
+        got = self._boxes.get(key)
+        if got is None:
+            got = result_box_set(self.graph, j, plan, cores)
+            if got.lo.size * 2 <= _KEPT_LIMIT // 8:
+                if len(self._boxes) > 4096:
+                    self._boxes.clear()
+                self._boxes[key] = got
+        return got
 
     def owner(self, j: int, plan: OpPlan) -> np.ndarray:
         """`result_owner`, once per op expression and plan (repeated layers share it)."""

@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the random inputs (default: 0)")
     c.add_argument("--time-limit", type=float_in(0.0, low_open=True), default=30.0,
                    help="CP-SAT time limit in seconds (default: 30)")
+    c.add_argument("--no-early-stop", dest="early_stop", action="store_false",
+                   help="search CP-SAT's whole --time-limit, even once the search stalls "
+                        "(default: stop after a stretch of deterministic time whose second "
+                        "half found no better plan)")
     c.add_argument("--workers", type=int_at_least(1), default=1,
                    help="CP-SAT workers; 1 keeps the plan deterministic (default: 1)")
     c.add_argument("--strategy", type=strategy_arg, default="t10",
@@ -463,7 +467,7 @@ def _save_program_dir(compiled, out: Path, source: str) -> None:
     compiled.program.save(out)
     if frontend.has_weights(compiled.graph):  # shape-only: nothing to run, nothing to save
         save_run_files(out, compiled.program, compiled.graph,
-                       compiled.model if models.is_zoo_name(source) else None)
+                       compiled.model if models.is_zoo_name(source) else None, compiled.weights)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -631,7 +635,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, pinned=dict(args.shape),
         search=strategy_search(args.strategy, search_options(args)),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
-                             planner=args.planner, relative_gap=args.gap),
+                             planner=args.planner, relative_gap=args.gap,
+                             early_stop=args.early_stop),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
         front_limit=args.front, timing_only=args.timing_only, fuse=args.fuse,
@@ -673,8 +678,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if compiled.timeline is not None and args.trace:
         _write_trace(compiled.timeline, args.trace,
                      f"{compiled.name} on {chip.name} (timing only)")
+    wrote = ""
     if args.out:
-        _write_compile(compiled, args)
+        wrote = f" in {_write_compile(compiled, args):.2f} s"
         if compiled.timeline is not None:  # read like a functional run's run.json
             write_json(args.out / "run.json", timing_run_document(compiled))
     status = 0
@@ -703,7 +709,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   "tolerance", file=sys.stderr)
             status = EXIT_FAIL
     if args.out:
-        print(f"wrote {args.out}: {', '.join(sorted(p.name for p in args.out.iterdir()))}")
+        print(f"wrote {args.out}{wrote}: "
+              f"{', '.join(sorted(p.name for p in args.out.iterdir()))}")
     return status
 
 
@@ -714,7 +721,8 @@ def _print_summary(compiled, timing_only: bool) -> None:
           f"{compiled.graph.flops() / 1e9:.2f} GFLOP; chip {chip.name}; dtype {plan.dtype}")
     stage = "codegen with timing-only emulation" if timing_only else "codegen"
     print(f"compile time {t['total_s']:.2f} s (frontend {t['frontend_s']:.2f} s, search "
-          f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
+          f"{t['search_s']:.2f} s, solve {t['solve_s']:.2f} s, planner passes "
+          f"{t['passes_s']:.2f} s, {stage} {t['codegen_s']:.2f} s)")
     s = plan.solver
     options = compiled.options
     if options.replay is not None:  # no search and no solve: the account is the original's
@@ -759,16 +767,20 @@ def _bounds_line(plan, cycles: int) -> str:
             f"fastest plan{dram}, no memory limit, no re-layout)")
 
 
-def _write_compile(compiled, args: argparse.Namespace) -> None:
+def _write_compile(compiled, args: argparse.Namespace) -> float:
     """Fill ``args.out`` with the compile: written in a temporary sibling directory and swapped
-    in at the end, so that the directory holds the old compile, the new one, or nothing."""
+    in at the end, so that the directory holds the old compile, the new one, or nothing.
+    Returns the write's wall time (compile.json, written last, says that of the files before
+    it as ``write_s``)."""
     import shutil
+    import time
 
     from t10c import models, outputs
     from t10c.planfile import compile_document, plan_document, write_json
 
     keep_model = not models.is_zoo_name(args.model)  # keep the model next to its program
     steps = 2 + (compiled.timeline is None) + keep_model
+    start = time.perf_counter()
     with StageProgress() as progress, outputs.directory(args.out) as tmp:
         progress("write", 0, steps)
         write_json(tmp / "plan.json", plan_document(compiled))
@@ -785,8 +797,10 @@ def _write_compile(compiled, args: argparse.Namespace) -> None:
             done += 1
             progress("write", done, steps)
         write_json(tmp / "compile.json", compile_document(
-            compiled, args.model, args.seq_len, args.batch, dict(args.shape), model_file))
+            compiled, args.model, args.seq_len, args.batch, dict(args.shape), model_file,
+            write_s=time.perf_counter() - start))
         progress("write", steps, steps)
+    return time.perf_counter() - start
 
 
 def _write_trace(timeline, path: Path, name: str) -> None:

@@ -241,19 +241,21 @@ COMPILE_FORMAT = "t10c-compile/1"
 
 
 def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int | None,
-                     pinned: dict[str, tuple[int, ...]], model_file: str | None
-                     ) -> dict[str, Any]:
+                     pinned: dict[str, tuple[int, ...]], model_file: str | None,
+                     write_s: float | None = None) -> dict[str, Any]:
     """What `t10c run DIR` needs to run the saved program again: where the model comes from,
-    the chip (every field), and the options; plus the stage wall times of this compile."""
+    the chip (every field), and the options; plus the stage wall times of this compile (and
+    ``write_s``, that of writing the directory's other files)."""
     import dataclasses
 
+    timings = dict(c.timings) if write_s is None else dict(c.timings, write_s=write_s)
     return {
         "format": COMPILE_FORMAT, "model": c.name, "source": source,
         "model_file": model_file, "seq_len": seq_len, "batch": batch,
         "pinned": {k: list(v) for k, v in pinned.items()},
         "chip": {k: (list(v) if isinstance(v, tuple) else v)
                  for k, v in dataclasses.asdict(c.chip).items()},
-        "dtype": c.plan.dtype, "timings_s": {k: round(v, 4) for k, v in c.timings.items()},
+        "dtype": c.plan.dtype, "timings_s": {k: round(v, 4) for k, v in sorted(timings.items())},
         "solver_wall_s": c.plan.solver.wall_s,
         # `--plan FILE`: "replayed", or the constraints obeyed, in the file's own format
         "given_plan": ("replayed" if c.options.replay is not None else

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -28,6 +30,8 @@ from google.protobuf.message import Message
 from t10c.codegen.program import Load, Program, ProgramError
 from t10c.codegen.verify import load_program
 from t10c.ir import Graph
+from t10c.models import with_weights
+from t10c.shape_only import is_shape_only
 
 INPUTS_FORMAT = "t10c-inputs/1"
 
@@ -73,8 +77,10 @@ def draw_inputs(specs: list[InputSpec], seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def save_run_files(directory: Path, program: Program, graph: Graph,
-                   model: onnx.ModelProto | None) -> None:
-    """Write ``weights.npz``, ``inputs.json`` and (given ``model``) ``model.onnx``."""
+                   model: onnx.ModelProto | None,
+                   apart: Mapping[str, np.ndarray] | None = None) -> None:
+    """Write ``weights.npz``, ``inputs.json`` and (given ``model``) ``model.onnx``, the
+    values of its shape-only initializers taken from ``apart`` (`t10c.models.build_apart`)."""
     loaded = {ins.tensor for ins in program.instrs if isinstance(ins, Load)}
     weights = {k: np.asarray(v) for k, v in graph.constants.items() if k in loaded}
     with open(directory / "weights.npz", "wb") as fh:
@@ -84,9 +90,10 @@ def save_run_files(directory: Path, program: Program, graph: Graph,
                       for s in input_specs(graph)]}
     (directory / "inputs.json").write_text(json.dumps(doc, indent=1) + "\n")
     if model is not None:
-        if not write_model(model, directory / "model.onnx"):
+        if not write_model(model, directory / "model.onnx", apart=apart):
             # past protobuf's 2 GB: the weights go to a file next to it
-            onnx.save_model(model, directory / "model.onnx", save_as_external_data=True,
+            full = with_weights(model, apart) if apart else model
+            onnx.save_model(full, directory / "model.onnx", save_as_external_data=True,
                             location="model.onnx.data")
 
 
@@ -94,11 +101,14 @@ def save_run_files(directory: Path, program: Program, graph: Graph,
 MAX_MODEL_FILE = 2 ** 31 - 2 ** 20
 
 
-def write_model(model: onnx.ModelProto, path: Path, limit: int = MAX_MODEL_FILE) -> bool:
+def write_model(model: onnx.ModelProto, path: Path, limit: int = MAX_MODEL_FILE,
+                apart: Mapping[str, np.ndarray] | None = None) -> bool:
     """Write ``model`` to ``path`` as ``onnx.save_model`` does, byte for byte, one initializer
     at a time: the whole model is never serialised at once (for bert-large that was another
-    1.3 GB, and ``ByteSize`` a serialisation more). False, writing nothing, if the file would
-    be ``limit`` bytes or more.
+    1.3 GB, and ``ByteSize`` a serialisation more). A shape-only initializer named in
+    ``apart`` is written with those values, as ``numpy_helper.from_array`` encodes them (the
+    model `t10c.models.with_weights` makes), straight from the array. False, writing nothing,
+    if the file would be ``limit`` bytes or more.
 
     A message's encoding is its fields' in field-number order, and a repeated field's is its
     elements' one after the other; so the model is the fields before its graph, the graph
@@ -107,7 +117,9 @@ def write_model(model: onnx.ModelProto, path: Path, limit: int = MAX_MODEL_FILE)
     graph = model.graph
     head, tail = _split(model, _MODEL_GRAPH)
     g_head, g_tail = _split(graph, _GRAPH_INITIALIZER)
-    sizes = [t.ByteSize() for t in graph.initializer]
+    given = [_Given(t, apart[t.name]) if apart and t.name in apart and is_shape_only(t)
+             else None for t in graph.initializer]
+    sizes = [g.size if g else t.ByteSize() for t, g in zip(graph.initializer, given)]
     inits = sum(_tag_len(_GRAPH_INITIALIZER, n) + n for n in sizes)
     g_size = len(g_head) + inits + len(g_tail)
     total = len(head) + _tag_len(_MODEL_GRAPH, g_size) + g_size + len(tail)
@@ -117,9 +129,12 @@ def write_model(model: onnx.ModelProto, path: Path, limit: int = MAX_MODEL_FILE)
         fh.write(head)
         fh.write(_tag(_MODEL_GRAPH, g_size))
         fh.write(g_head)
-        for t, n in zip(graph.initializer, sizes):
+        for t, g, n in zip(graph.initializer, given, sizes):
             fh.write(_tag(_GRAPH_INITIALIZER, n))
-            fh.write(t.SerializeToString())
+            if g:
+                g.write(fh)
+            else:
+                fh.write(t.SerializeToString())
         fh.write(g_tail)
         fh.write(tail)
     return True
@@ -127,6 +142,25 @@ def write_model(model: onnx.ModelProto, path: Path, limit: int = MAX_MODEL_FILE)
 
 _MODEL_GRAPH = 7  # ModelProto.graph
 _GRAPH_INITIALIZER = 5  # GraphProto.initializer
+_TENSOR_RAW_DATA = 9  # TensorProto.raw_data, the last field `numpy_helper.from_array` sets
+
+
+class _Given:
+    """An initializer's encoding from its values, as ``numpy_helper.from_array(value, name)``
+    encodes it: its other fields (dims, data type, name: all numbered below the raw data),
+    then the raw data, written from the array without a copy."""
+
+    def __init__(self, t: onnx.TensorProto, value: np.ndarray) -> None:
+        head = onnx.TensorProto(name=t.name, dims=value.shape,
+                                data_type=onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
+        self.head = head.SerializeToString()
+        self.value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+        self.size = len(self.head) + _tag_len(_TENSOR_RAW_DATA, value.nbytes) + value.nbytes
+
+    def write(self, fh: BinaryIO) -> None:
+        fh.write(self.head)
+        fh.write(_tag(_TENSOR_RAW_DATA, self.value.nbytes))
+        fh.write(memoryview(self.value).cast("B"))
 
 
 def _split(message: Message, number: int) -> tuple[bytes, bytes]:

@@ -1,6 +1,7 @@
 """The planner's fast paths against their plain definitions: the element-wise re-layout counts
 (`transitions.remote_counts`) against counting each core's box by hand, and the per-compile
-memo of re-layout prices (`transitions.Views`) against pricing afresh."""
+memo of re-layout prices (`transitions.Views`) against pricing afresh; codegen's spread
+weights' pattern (`codegen.pattern.spread_pattern`) against encoding their table."""
 
 from __future__ import annotations
 
@@ -54,3 +55,24 @@ def test_element_wise_counts_are_each_box_counted_by_hand(layout) -> None:
                         coords)
     for row, owner in zip(got, owners):
         assert (row == _by_hand(owner, want, shape)).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 40), st.data())
+def test_spread_weights_pattern_is_the_encoded_table(numel, rows, data) -> None:
+    """A weight spread over cores (`codegen.lower`'s ``load_home``) is given the pattern
+    `encode` makes of its table, array for array, without the table."""
+    from t10c.codegen.pattern import encode, spread_pattern
+
+    a = data.draw(st.integers(0, rows - 1))
+    over = range(a, data.draw(st.integers(a + 1, rows)))
+    chunk = -(-numel // len(over))
+    flat = np.full((rows, chunk), -1, dtype=np.int64)
+    flat[over.start:over.stop] = np.arange(len(over) * chunk).reshape(len(over), chunk)
+    table = np.where(flat < numel, flat, -1)
+    want = encode(np.where(table >= 0, 0, -1), table)
+    got, width = spread_pattern(numel, rows, over)
+    assert width == chunk
+    for field in ("pat", "start", "runs"):
+        w, g = getattr(want, field), getattr(got, field)
+        assert (w.dtype, w.shape) == (g.dtype, g.shape) and (w == g).all(), field

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ophelpers import G, Ids, make_model
@@ -33,7 +34,7 @@ from t10c.driver import (
 )
 from t10c.emulator import Machine, TimingMachine, kernels
 from t10c.emulator.kernels import ROUND_BLOCK, round_fp16
-from t10c.emulator.machine import HostTiles, Memory, Pool
+from t10c.emulator.machine import HostTiles, Memory, Pool, edge_tiles, load_tiles
 from t10c.emulator.reference import run_reference
 from t10c.partition.search import SearchOptions
 
@@ -184,6 +185,65 @@ def test_round_fp16_is_numpys_cast(seed: int, n: int) -> None:
     inplace = bits.copy()  # rounded in place: the same bits
     assert round_fp16(inplace, out=inplace) is inplace
     assert np.array_equal(inplace.view(np.uint32), want.view(np.uint32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), n=st.integers(1, 5 * ROUND_BLOCK),
+       big=st.integers(0, 4))
+def test_round_fp16_by_the_adder_is_numpys_cast(seed: int, n: int, big: int) -> None:
+    """Blocks whose values all lie below 2^15 in magnitude (every such bit pattern, both
+    signs, zeros and fp16's subnormals among them) are rounded by the float32 adder: numpy's
+    cast bit for bit, next to blocks that hold a large value, an infinity or a NaN (which go
+    by bits)."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 0x47000000, n, dtype=np.uint32)
+    bits |= rng.integers(0, 2, n, dtype=np.uint32) << np.uint32(31)
+    small_edges = EDGES[(EDGES & np.uint32(0x7FFFFFFF)) < 0x47000000]
+    bits[:len(small_edges)] = small_edges[:n]
+    for at in rng.integers(0, n, big):  # a block that goes by bits
+        bits[at] = rng.choice(EDGES[(EDGES & np.uint32(0x7FFFFFFF)) >= 0x47000000])
+    values = bits.view(np.float32)
+    with np.errstate(all="ignore"):
+        want = values.astype(np.float16).astype(np.float32)
+    assert np.array_equal(round_fp16(values).view(np.uint32), want.view(np.uint32))
+    inplace = values.copy()
+    assert np.array_equal(round_fp16(inplace, out=inplace).view(np.uint32),
+                          want.view(np.uint32))
+
+
+@pytest.mark.slow
+def test_round_fp16_by_the_adder_on_every_small_float() -> None:
+    """Every float32 below 2^15 in magnitude (both signs: 2.4 G values, a few minutes),
+    rounded by the float32 adder and in place, is numpy's cast bit for bit."""
+    chunk = 1 << 24
+    for sign in (0, 0x80000000):
+        for lo in range(sign, sign + 0x47000000, chunk):
+            bits = np.arange(chunk, dtype=np.uint32) + np.uint32(lo)
+            values = bits.view(np.float32)
+            want = values.astype(np.float16).astype(np.float32).view(np.uint32)
+            got = np.empty_like(values)
+            kernels._round_fp16_into(values, got)
+            assert np.array_equal(got.view(np.uint32), want), hex(lo)
+            kernels._round_fp16_into(values, values)  # in place
+            assert np.array_equal(bits, want), hex(lo)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+       tile=st.lists(st.integers(1, 4), min_size=3, max_size=3), seed=st.integers(0, 99))
+def test_whole_grid_cut_is_element_by_element(shape: list[int], tile: list[int],
+                                              seed: int) -> None:
+    """Every tile of a tensor's grid, in order (a weight cut whole: one strided copy, the
+    edge tiles after it), holds what gathering each element gives; so does any other set of
+    tiles."""
+    t = tuple(tile[:len(shape)])
+    host = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    grid = [-(-s // b) for s, b in zip(shape, t)]
+    origin = np.indices(grid).reshape(len(grid), -1).T * np.asarray(t)
+    for o in (origin, origin[::-1], origin[: max(1, len(origin) // 2)]):
+        tiles, counts = load_tiles(host, o, t)
+        assert np.array_equal(tiles, edge_tiles(host, o, t))
+    assert load_tiles(host, origin, t)[1].sum() == host.size  # every element once
 
 
 def test_reused_memory_reads_as_zero_where_written_in_parts() -> None:

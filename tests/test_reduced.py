@@ -4,6 +4,8 @@ is found by brute force, its detection, the full model's LP bound, and the greed
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from ortools.sat.python import cp_model
@@ -208,3 +210,87 @@ def test_greedy_moves_as_scored_afresh() -> None:
         base = [len(f) - int(rng.integers(0, 2)) if len(f) > 1 else 1 for f in fronts]
         cap = int(rng.integers(30, 250))
         assert greedy(terms, arrays, cap, base) == _greedy_reference(terms, arrays, cap, base)
+
+
+def _blocks_model(n: int, cap: int):
+    graph, fronts, edges = blocks(n=n)
+    arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
+    terms = liveness(graph)
+
+    def build(hint):
+        return build_model(terms, fronts, arrays, edges, cap, hint)
+    return graph, fronts, edges, arrays, build
+
+
+def test_a_solve_in_chunks_that_ends_within_its_first_chunk_is_the_plain_solve() -> None:
+    """Proven optimal within the first chunk: the same choice as one solve under the whole
+    limit, and its bound is that optimum."""
+    graph, fronts, edges, arrays, build = _blocks_model(BLOCKS, 200)
+    model, x = build(None)
+    solver, status = solve_model(model, EXACT)
+    assert status == cp_model.OPTIMAL
+    run = solving.solve_in_chunks(build, None, EXACT, lambda c: objective(arrays, edges, c),
+                                  None, 0, 1000, True)
+    assert run.status == "OPTIMAL" and run.choice == x.decode(solver)
+    assert run.bound == objective(arrays, edges, run.choice) == brute_force(graph, fronts,
+                                                                              edges, 200)
+    assert run.used <= solving.CHUNK_S
+
+
+def _random_chain(n: int, k: int, seed: int = 0):
+    """``n`` ops in a chain, ``k`` plans each trading cycles for resident bytes, random
+    re-layout costs, and an SRAM of half what every op's largest plan needs: a model CP-SAT
+    cannot prove optimal in a fraction of a second."""
+    rng = np.random.default_rng(seed)
+    graph = chain_graph(n)
+    fronts, edges = [], []
+    for i in range(n):
+        front = []
+        for _ in range(k):
+            cold = int(rng.integers(5, 60))
+            front.append(plan(f"op{i}", int(200 - 2 * cold + rng.integers(0, 40)), cold + 10,
+                              cold))
+        fronts.append(front)
+        if i:
+            edges.append(Edge(i - 1, i, 0, tuple(tuple(int(c) for c in rng.integers(0, 30, k))
+                                                 for _ in range(k))))
+    arrays = _Arrays(fronts, [[0] * k for _ in fronts])
+    terms = liveness(graph)
+    cap = sum(max(p.cold_bytes_per_core for p in f) for f in fronts) // 2
+    hint = greedy(terms, arrays, cap, [len(f) for f in fronts])
+    assert hint is not None
+
+    def build(h):
+        return build_model(terms, fronts, arrays, edges, cap, h)
+    return build, (lambda c: objective(arrays, edges, c)), tuple(hint)
+
+
+def test_a_stalled_solve_ends_after_its_chunk(monkeypatch) -> None:
+    """A search whose chunk's second half finds nothing better stops there, far inside its
+    limit, never with a worse choice than its hint, the same on every run; without early
+    stops it searches the whole limit."""
+    build, value, hint = _random_chain(60, 4)
+    monkeypatch.setattr(solving, "CHUNK_S", 0.05)
+    runs = [solving.solve_in_chunks(build, hint, EXACT, value, None, 0, 1000, True)
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    run = runs[0]
+    assert run.stalled and run.status == "FEASIBLE" and run.used < 0.1 * EXACT.time_limit_s
+    assert run.choice is not None and run.bound <= value(run.choice) <= value(hint)
+    whole = dataclasses.replace(EXACT, time_limit_s=0.2, early_stop=False)
+    run = solving.solve_in_chunks(build, hint, whole, value, None, 0, 1000, True)
+    assert not run.stalled and run.used >= 0.2 and run.choice is not None
+
+
+def test_a_solve_without_a_start_is_not_cut_into_chunks(monkeypatch) -> None:
+    """Where no choice is known to start from (the greedy found none), the first solution
+    may take most of the limit: the solve is one chunk, and finds it (llama-135m-decode on
+    wormhole-n150 found no plan when its first chunk was cut short)."""
+    build, value, _ = _random_chain(60, 4)
+    monkeypatch.setattr(solving, "CHUNK_S", 1e-6)  # too short to find anything
+    short = dataclasses.replace(EXACT, time_limit_s=0.5)
+    run = solving.solve_in_chunks(build, None, short, value, None, 0, 1000, True)
+    assert run.choice is not None and not run.stalled and run.used >= 0.5
+    # with a start, a chunk too short to find even it leaves the rest of the limit to one
+    with_hint = solving.solve_in_chunks(build, run.choice, short, value, None, 0, 1000, True)
+    assert with_hint.choice is not None and value(with_hint.choice) <= value(run.choice)

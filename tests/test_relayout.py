@@ -5,6 +5,8 @@ results; exchanges that move nothing cost nothing and get no barrier."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 import numpy as np
 import pytest
@@ -229,8 +231,7 @@ def test_box_and_element_paths_agree() -> None:
         box = producer_have(graph, 0, p, graph.ops[0].output.tensor, CHIP.cores, None)
         assert box.owner is None
         scattered += geometry(graph, graph.ops[0], p).reduce_group > 1
-        owner = dataclasses.replace(box, origin=None, holds=None, shape=None,
-                                    owner=result_owner(graph, 0, p))
+        owner = dataclasses.replace(box, boxes=None, owner=result_owner(graph, 0, p))
         for q in consumers[::max(len(consumers) // 8, 1)]:
             w = consumer_want(graph, add, 0, q)
             a, b = (remote_counts([h], w, np.asarray(shape), views.coords(shape))
@@ -528,41 +529,115 @@ def test_a_hoisted_fetch_is_placed_high_without_raising_the_footprint() -> None:
     assert alloc.alloc_high(5, 3 * ALIGN) == 61 * ALIGN  # no gap below the peak holds it
 
 
-def test_views_that_map_boxes_are_priced_by_boxes() -> None:
-    """A view that maps every box to a box (the KV caches' transposes, reshapes that add or
-    drop unit dimensions) is priced box against box (`Views.box_dims`): on llama-tiny-decode
-    every such edge's remote counts equal the element-by-element ones, for the first plans
-    of each side's front; a reshape that merges dimensions is not box-mapped."""
+def test_views_are_priced_by_boxes() -> None:
+    """Through every view (the KV caches' transposes and unit dimensions, the heads split out
+    of and merged back into a hidden dimension) and out of reduce-scatters, a producer's boxes
+    give the remote counts counting element by element gives: on llama-tiny-decode and
+    bert-tiny, for the first plans of each side's front. Boxes carry every view but the 0-d
+    ones."""
     from t10c.driver import load_source
     from t10c.frontend import to_graph
     from t10c.partition import search_op_front
     from t10c.partition.transitions import Views, consumer_want, producer_have, remote_counts
 
-    chip = PRESETS["test64-dram"]
-    graph = to_graph(load_source("llama-tiny-decode", weights=False), name="llama-tiny-decode")
-    views = Views(graph)
-    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    checked = boxed = 0
-    for i, op in enumerate(graph.ops):
-        for slot, operand in enumerate(op.inputs):
-            dims = views.box_dims(operand.tensor)
-            j = producer.get(graph.root(operand.tensor))
-            if dims is None or j is None:
-                continue
-            shape = graph.tensors[operand.tensor].shape
-            coords = views.coords(shape)
-            for p in search_op_front(graph, graph.ops[j], chip, "fp16").front[:4]:
-                by_element = producer_have(graph, j, p, operand.tensor, chip.cores,
-                                           views.to_root(operand.tensor), views)
-                by_box = producer_have(graph, j, p, operand.tensor, chip.cores, None, views,
-                                       dims)
-                boxed += by_box.owner is None  # (None where the result is not in boxes)
-                for q in search_op_front(graph, op, chip, "fp16").front[:4]:
-                    want = consumer_want(graph, i, slot, q)
-                    assert (remote_counts([by_element], want, np.asarray(shape), coords)
-                            == remote_counts([by_box], want, np.asarray(shape), coords)).all()
-                    checked += 1
-    assert checked > 20 and boxed > 5
-    merged = [t for t, v in graph.views.items() if v.perm is None and sum(
-        n != 1 for n in v.shape) < sum(n != 1 for n in graph.tensors[v.source].shape)]
-    assert merged and all(views.box_dims(t) is None for t in merged)
+    checked = boxed = merged = 0
+    for name, chip in (("llama-tiny-decode", PRESETS["test64-dram"]), ("bert-tiny", CHIP)):
+        graph = to_graph(load_source(name, weights=False), name=name)
+        views = Views(graph)
+        producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+        for i, op in enumerate(graph.ops):
+            for slot, operand in enumerate(op.inputs):
+                j = producer.get(graph.root(operand.tensor))
+                if j is None:
+                    continue
+                shape = graph.tensors[operand.tensor].shape
+                numel = graph.tensors[operand.tensor].numel
+                coords = views.coords(shape)
+                to_root = views.to_root(operand.tensor)
+                flat = to_root if to_root is not None else np.arange(numel)
+                split, t = False, operand.tensor
+                while t in graph.views:  # some link splits or merges dimensions
+                    view = graph.views[t]
+                    split |= view.perm is None and sorted(n for n in view.shape if n != 1) \
+                        != sorted(n for n in graph.tensors[view.source].shape if n != 1)
+                    t = view.source
+                for p in search_op_front(graph, graph.ops[j], chip, "fp16").front[:3]:
+                    by_element = producer_have(graph, j, p, operand.tensor, chip.cores, flat)
+                    by_box = producer_have(graph, j, p, operand.tensor, chip.cores, None,
+                                           views, by_box=True)
+                    assert by_box.owner is None or not shape
+                    boxed += by_box.owner is None
+                    merged += split
+                    for q in search_op_front(graph, op, chip, "fp16").front[:3]:
+                        want = consumer_want(graph, i, slot, q)
+                        assert (remote_counts([by_element], want, np.asarray(shape), coords)
+                                == remote_counts([by_box], want, np.asarray(shape), coords)
+                                ).all(), (name, op.name, slot)
+                        checked += 1
+    assert checked > 100 and boxed > 50 and merged > 5
+
+
+def _members(boxes, core: int, shape) -> set[int]:
+    """The flat indices core ``core``'s boxes cover, counted once each (they must be
+    disjoint)."""
+    out: list[int] = []
+    for lo, n in zip(boxes.lo[:, core], boxes.size[:, core]):
+        if (n == 0).any():
+            continue
+        grid = np.stack(np.meshgrid(*[np.arange(a, a + m) for a, m in zip(lo, n)],
+                                    indexing="ij"), axis=-1).reshape(-1, len(shape))
+        out.extend(np.ravel_multi_index(tuple(grid.T), shape).tolist())
+    assert len(out) == len(set(out)), "overlapping boxes"
+    return set(out)
+
+
+def test_boxes_cross_ranges_reshapes_and_transposes() -> None:
+    """`partition.boxes` against element sets: a flat range is its boxes; a box through a
+    reshape (dimensions split, merged, unit ones added or dropped) covers the same flat
+    elements; a transpose moves them as the transpose does; clipping drops what lies
+    outside; the local counts are the sizes of the intersections."""
+    from t10c.partition.boxes import (
+        BoxSet,
+        clipped,
+        local_counts,
+        range_boxes,
+        reshaped,
+        transposed,
+    )
+
+    rng = np.random.default_rng(7)
+    for shape in [(5,), (3, 4), (2, 3, 4), (4, 1, 6)]:
+        numel = math.prod(shape)
+        a = rng.integers(0, numel + 1, 40)
+        b = np.minimum(a + rng.integers(0, numel + 1, 40), numel)
+        lo, size = range_boxes(a, b, shape)
+        boxes = BoxSet(lo, size)
+        for c in range(40):
+            assert _members(boxes, c, shape) == set(range(a[c], b[c]))
+    reshapes = [((6, 8), (2, 3, 8)), ((6, 8), (48,)), ((2, 3, 8), (6, 2, 4)),
+                ((1, 12, 4), (12, 2, 2)), ((4, 6), (1, 4, 3, 2)), ((3, 1, 4), (12,))]
+    for src, dst in reshapes:
+        cores = 30
+        lo = np.stack([rng.integers(-1, n, cores) for n in src], axis=1)[None]
+        size = np.stack([rng.integers(0, n + 1, cores) for n in src], axis=1)[None]
+        boxes = clipped(lo, size, src)
+        out = reshaped(boxes, src, dst, 1 << 20)
+        assert out is not None
+        for c in range(cores):
+            assert _members(out, c, dst) == _members(boxes, c, src)
+        want_lo = np.stack([rng.integers(-1, n, cores) for n in dst], axis=1)
+        want_n = np.array([max(n // 2, 1) for n in dst])
+        counts = local_counts(out, want_lo, want_n, dst)
+        for c in range(cores):
+            grid = [range(max(w, 0), min(w + m, n)) for w, m, n in zip(want_lo[c], want_n, dst)]
+            wanted = {int(np.ravel_multi_index(ix, dst)) for ix in itertools.product(*grid)}
+            assert counts[c] == len(wanted & _members(out, c, dst))
+    perm = (2, 0, 1)
+    src = (2, 3, 4)
+    boxes = clipped(np.array([[[0, 1, 1]]]), np.array([[[2, 2, 5]]]), src)
+    moved = transposed(boxes, perm)
+    dst = tuple(src[p] for p in perm)
+    elements = np.arange(math.prod(src)).reshape(src).transpose(perm)
+    mine = {int(np.ravel_multi_index(ix, src)) for ix in itertools.product(
+        range(0, 2), range(1, 3), range(1, 4))}
+    assert {int(elements.flat[f]) for f in _members(moved, 0, dst)} == mine

@@ -84,6 +84,34 @@ def test_model_file_is_written_one_initializer_at_a_time_as_onnx_saves_it(tmp_pa
     assert not (tmp_path / "big.onnx").exists()
 
 
+def test_weights_built_apart_are_the_models_and_written_as_onnx_saves_them(tmp_path) -> None:
+    """A zoo model built apart holds its large weights once, beside it: the same values,
+    put back as the model `build` gives, and written to model.onnx byte for byte as it is."""
+    from t10c.frontend import to_graph
+    from t10c.models import build_apart, with_weights
+    from t10c.rundir import write_model
+
+    full = build("gpt2-tiny", seq_len=16)
+    model, apart = build_apart("gpt2-tiny", seq_len=16)
+    assert apart and model.ByteSize() < full.ByteSize() // 10
+    assert with_weights(model, apart).SerializeToString() == full.SerializeToString()
+    assert write_model(model, tmp_path / "apart.onnx", apart=apart)
+    onnx.save_model(full, tmp_path / "saved.onnx")
+    assert (tmp_path / "apart.onnx").read_bytes() == (tmp_path / "saved.onnx").read_bytes()
+    # the frontend takes the arrays themselves as constants (no copy), equal to decoding them
+    graph, want = to_graph(model, weights=apart), to_graph(full)
+    held = [k for k in graph.constants if k in apart]
+    assert held and all(graph.constants[k] is apart[k] for k in held)
+    assert all(np.array_equal(graph.constants[k], want.constants[k]) for k in want.constants)
+    import pytest
+
+    from t10c.frontend import FrontendError
+
+    name = held[0]
+    with pytest.raises(FrontendError, match=f"weights given for initializer '{name}'"):
+        to_graph(model, weights={**apart, name: apart[name][:1]})
+
+
 def test_zoo_models_are_checked_without_their_weights() -> None:
     import pytest
 
