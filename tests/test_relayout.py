@@ -169,6 +169,16 @@ def _choices(graph: Graph, count: int, seed: int) -> list[tuple]:
     return out
 
 
+def _fed_inputs(graph: Graph):
+    """Every op input some op produces: (consumer index, op, slot, operand, producer index)."""
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    for i, op in enumerate(graph.ops):
+        for slot, operand in enumerate(op.inputs):
+            j = producer.get(graph.root(operand.tensor))
+            if j is not None:
+                yield i, op, slot, operand, j
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_predicted_relayout_equals_emulated_op_by_op(name: str) -> None:
     graph, model = _graph(name)
@@ -183,22 +193,17 @@ def test_predicted_relayout_equals_emulated_op_by_op(name: str) -> None:
         relayout, plan, program, timeline = _priced_run(graph, base, chosen, inputs, want,
                                                         ints, views)
         _check_relayout_emulated(graph, chosen, relayout, program, timeline)
-        producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-        for i, op in enumerate(graph.ops):
-            for slot, operand in enumerate(op.inputs):
-                j = producer.get(graph.root(operand.tensor))
-                if j is None:
-                    continue
-                shape = graph.tensors[operand.tensor].shape
-                have = producer_have(graph, j, chosen[j], operand.tensor, CHIP.cores,
-                                     views.to_root(operand.tensor))
-                w = consumer_want(graph, i, slot, chosen[i])
-                remote = remote_counts([have], w, np.asarray(shape), views.coords(shape))[0]
-                wanted = np.prod(np.clip(np.minimum(w.origin + w.shape, shape)
-                                         - np.maximum(w.origin, 0), 0, None), axis=1)
-                partial += int(((remote > 0) & (remote < wanted)).any())
-                grp = geometry(graph, graph.ops[j], chosen[j]).reduce_group
-                scattered += int(grp > 1 and remote.any())
+        for i, _, slot, operand, j in _fed_inputs(graph):
+            shape = graph.tensors[operand.tensor].shape
+            have = producer_have(graph, j, chosen[j], operand.tensor, CHIP.cores,
+                                 views.to_root(operand.tensor))
+            w = consumer_want(graph, i, slot, chosen[i])
+            remote = remote_counts([have], w, np.asarray(shape), views.coords(shape))[0]
+            wanted = np.prod(np.clip(np.minimum(w.origin + w.shape, shape)
+                                     - np.maximum(w.origin, 0), 0, None), axis=1)
+            partial += int(((remote > 0) & (remote < wanted)).any())
+            grp = geometry(graph, graph.ops[j], chosen[j]).reduce_group
+            scattered += int(grp > 1 and remote.any())
     # the cases the old all-remote estimate got wrong did occur
     assert partial > 0
     if name == "scatter":
@@ -544,36 +549,31 @@ def test_views_are_priced_by_boxes() -> None:
     for name, chip in (("llama-tiny-decode", PRESETS["test64-dram"]), ("bert-tiny", CHIP)):
         graph = to_graph(load_source(name, weights=False), name=name)
         views = Views(graph)
-        producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-        for i, op in enumerate(graph.ops):
-            for slot, operand in enumerate(op.inputs):
-                j = producer.get(graph.root(operand.tensor))
-                if j is None:
-                    continue
-                shape = graph.tensors[operand.tensor].shape
-                numel = graph.tensors[operand.tensor].numel
-                coords = views.coords(shape)
-                to_root = views.to_root(operand.tensor)
-                flat = to_root if to_root is not None else np.arange(numel)
-                split, t = False, operand.tensor
-                while t in graph.views:  # some link splits or merges dimensions
-                    view = graph.views[t]
-                    split |= view.perm is None and sorted(n for n in view.shape if n != 1) \
-                        != sorted(n for n in graph.tensors[view.source].shape if n != 1)
-                    t = view.source
-                for p in search_op_front(graph, graph.ops[j], chip, "fp16").front[:3]:
-                    by_element = producer_have(graph, j, p, operand.tensor, chip.cores, flat)
-                    by_box = producer_have(graph, j, p, operand.tensor, chip.cores, None,
-                                           views, by_box=True)
-                    assert by_box.owner is None or not shape
-                    boxed += by_box.owner is None
-                    merged += split
-                    for q in search_op_front(graph, op, chip, "fp16").front[:3]:
-                        want = consumer_want(graph, i, slot, q)
-                        assert (remote_counts([by_element], want, np.asarray(shape), coords)
-                                == remote_counts([by_box], want, np.asarray(shape), coords)
-                                ).all(), (name, op.name, slot)
-                        checked += 1
+        for i, op, slot, operand, j in _fed_inputs(graph):
+            shape = graph.tensors[operand.tensor].shape
+            numel = graph.tensors[operand.tensor].numel
+            coords = views.coords(shape)
+            to_root = views.to_root(operand.tensor)
+            flat = to_root if to_root is not None else np.arange(numel)
+            split, t = False, operand.tensor
+            while t in graph.views:  # some link splits or merges dimensions
+                view = graph.views[t]
+                split |= view.perm is None and sorted(n for n in view.shape if n != 1) \
+                    != sorted(n for n in graph.tensors[view.source].shape if n != 1)
+                t = view.source
+            for p in search_op_front(graph, graph.ops[j], chip, "fp16").front[:3]:
+                by_element = producer_have(graph, j, p, operand.tensor, chip.cores, flat)
+                by_box = producer_have(graph, j, p, operand.tensor, chip.cores, None,
+                                       views, by_box=True)
+                assert by_box.owner is None or not shape
+                boxed += by_box.owner is None
+                merged += split
+                for q in search_op_front(graph, op, chip, "fp16").front[:3]:
+                    want = consumer_want(graph, i, slot, q)
+                    assert (remote_counts([by_element], want, np.asarray(shape), coords)
+                            == remote_counts([by_box], want, np.asarray(shape), coords)
+                            ).all(), (name, op.name, slot)
+                    checked += 1
     assert checked > 100 and boxed > 50 and merged > 5
 
 
