@@ -222,6 +222,18 @@ def local_counts(boxes: BoxSet, want_lo: np.ndarray, want_size: np.ndarray,
     extent = np.asarray(shape, dtype=np.int64)
     w_lo = np.clip(want_lo, 0, extent)
     w_hi = np.clip(want_lo + want_size, 0, extent)
-    lo = np.maximum(boxes.lo, w_lo[None])
-    hi = np.minimum(boxes.lo + boxes.size, w_hi[None])
-    return np.prod(np.maximum(hi - lo, 0), axis=2).sum(axis=0)
+    return overlap(boxes.lo.copy(), boxes.size.copy(), w_lo, w_hi)
+
+
+def overlap(lo: np.ndarray, size: np.ndarray, w_lo: np.ndarray, w_hi: np.ndarray
+            ) -> np.ndarray:
+    """Per core, the elements its boxes (``lo``, ``size``: (K, cores, ndim), overwritten)
+    share with its wanted box ``[w_lo, w_hi)`` (cores, ndim), within the tensor. In place: a
+    wafer's cores make these the planner's largest arrays."""
+    hi = size
+    hi += lo
+    np.minimum(hi, w_hi, out=hi)
+    np.maximum(lo, w_lo, out=lo)
+    hi -= lo
+    np.maximum(hi, 0, out=hi)
+    return hi.prod(axis=2).sum(axis=0)

@@ -45,7 +45,7 @@ from t10c.chips import Chip
 from t10c.dtypes import ceil_div
 from t10c.ir import Graph, map_to_root
 
-from .boxes import BoxSet, chunk_boxes, clipped, local_counts, reshaped, transposed
+from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
 from .collectives import chunk_elements, scatter_of
 from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
 from .place import exchange_estimate
@@ -177,10 +177,12 @@ def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
     # a box of no dimension cannot be empty: 0-d tensors are counted by element
     scalar = not graph.tensors[t].shape or any(not v.shape for v in links)
     if (to_root is None or by_box) and not scalar:
-        boxes: BoxSet | None = views.root_boxes(j, plan, cores) if views is not None \
-            else result_box_set(graph, j, plan, cores)
-        numel = graph.tensors[tensor].numel
-        limit = max(2 * numel, 8 * cores)  # box entries (boxes x cores) worth counting
+        # boxes cost their count times the cores, elements the tensor's size: boxes are
+        # kept while fewer (one box per core always: a wafer's 850,000 cores hold a few
+        # per-core boxes of a 32,000-element tensor less cheaply than its owner table)
+        limit = max(graph.tensors[tensor].numel, cores)
+        boxes = views.root_boxes(j, plan, cores, limit) if views is not None \
+            else result_box_set(graph, j, plan, cores, limit)
         for view in reversed(links):  # from the root up
             if boxes is None:
                 break
@@ -197,14 +199,18 @@ def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
     return Have(owner=owner if to_root is None else owner[to_root])
 
 
-def result_box_set(graph: Graph, j: int, plan: OpPlan, cores: int) -> BoxSet:
+def result_box_set(graph: Graph, j: int, plan: OpPlan, cores: int, limit: int
+                   ) -> BoxSet | None:
     """The boxes of its result each physical core holds after op ``j`` ran under ``plan``:
     its tile, or after a reduce-scatter the row-major chunk of it it keeps (one box where the
-    chunks are whole rows, `result_boxes`), clipped to the tensor."""
+    chunks are whole rows, `result_boxes`), clipped to the tensor; None where a chunk's
+    boxes times the cores would pass ``limit``."""
     op = graph.ops[j]
     geo = geometry(graph, op, plan)
     shape = graph.tensors[op.output.tensor].shape
     box = result_boxes(geo)
+    if box is None and (2 ** len(shape) - 1) * cores > limit:  # `boxes.range_boxes`' count
+        return None
     if box is not None:
         origin, tile = box
         logical = clipped(origin[None].astype(np.int64),
@@ -246,8 +252,9 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
             owned.append(k)
             continue
         assert have.boxes is not None
-        mine = BoxSet(have.boxes.lo[:, want.phys], have.boxes.size[:, want.phys])
-        out[k] = wanted - local_counts(mine, w_lo, w_hi - w_lo, extent)
+        # (the gathers are copies, for `overlap` to overwrite)
+        out[k] = wanted - overlap(have.boxes.lo[:, want.phys], have.boxes.size[:, want.phys],
+                                  w_lo, w_hi)
     if owned:
         assert coords is not None
         owners = [haves[k].owner for k in owned]
@@ -380,7 +387,7 @@ class Views:
         self._consts: frozenset[str] | None = None
         self._last_want: tuple[tuple | None, Want | None] = (None, None)
         self._haves: dict[tuple, Have] = {}
-        self._boxes: dict[tuple, BoxSet] = {}
+        self._boxes: dict[tuple, BoxSet | None] = {}
         self._kept = 0  # box entries in ``_haves``
 
     def const_tensors(self) -> frozenset[str]:
@@ -482,17 +489,17 @@ class Views:
                 self._kept += size
         return got
 
-    def root_boxes(self, j: int, plan: OpPlan, cores: int) -> BoxSet:
+    def root_boxes(self, j: int, plan: OpPlan, cores: int, limit: int) -> BoxSet | None:
         """`result_box_set`, once per op expression and layout while they take little
-        memory."""
+        memory (``limit`` follows from the op's shapes, in its key)."""
         key = (self.op_key(j), layout_key(plan), cores)
-        got = self._boxes.get(key)
-        if got is None:
-            got = result_box_set(self.graph, j, plan, cores)
-            if got.lo.size * 2 <= _KEPT_LIMIT // 8:
-                if len(self._boxes) > 4096:
-                    self._boxes.clear()
-                self._boxes[key] = got
+        if key in self._boxes:
+            return self._boxes[key]
+        got = result_box_set(self.graph, j, plan, cores, limit)
+        if got is None or got.lo.size * 2 <= _KEPT_LIMIT // 8:
+            if len(self._boxes) > 4096:
+                self._boxes.clear()
+            self._boxes[key] = got
         return got
 
     def owner(self, j: int, plan: OpPlan) -> np.ndarray:

@@ -538,8 +538,8 @@ def test_views_are_priced_by_boxes() -> None:
     """Through every view (the KV caches' transposes and unit dimensions, the heads split out
     of and merged back into a hidden dimension) and out of reduce-scatters, a producer's boxes
     give the remote counts counting element by element gives: on llama-tiny-decode and
-    bert-tiny, for the first plans of each side's front. Boxes carry every view but the 0-d
-    ones."""
+    bert-tiny, for the first plans of each side's front. Boxes carry the views (not the 0-d
+    ones, nor where they would outnumber the tensor's elements)."""
     from t10c.driver import load_source
     from t10c.frontend import to_graph
     from t10c.partition import search_op_front
@@ -565,7 +565,6 @@ def test_views_are_priced_by_boxes() -> None:
                 by_element = producer_have(graph, j, p, operand.tensor, chip.cores, flat)
                 by_box = producer_have(graph, j, p, operand.tensor, chip.cores, None,
                                        views, by_box=True)
-                assert by_box.owner is None or not shape
                 boxed += by_box.owner is None
                 merged += split
                 for q in search_op_front(graph, op, chip, "fp16").front[:3]:
