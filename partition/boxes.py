@@ -67,7 +67,6 @@ def range_boxes(a: np.ndarray, b: np.ndarray, shape: Sequence[int]
     mid = np.where(same | empty, 0, np.maximum(b0 - a0 - 1, 0))
     # the last outer index, up to br
     tail_lo, tail_n = range_boxes(np.zeros_like(a), np.where(same | empty, 0, br), shape[1:])
-    k_in = head_lo.shape[0]
     cores = a.shape[0]
 
     def prefix(outer: np.ndarray, n: np.ndarray, lo: np.ndarray, size: np.ndarray
@@ -84,7 +83,6 @@ def range_boxes(a: np.ndarray, b: np.ndarray, shape: Sequence[int]
     m_lo[0, :, 0] = a0 + 1
     m_n[0, :, 0] = mid
     m_n[0, :, 1:] = np.asarray(shape[1:], dtype=np.int64)
-    assert h[0].shape[0] == t[0].shape[0] == k_in
     lo = np.concatenate([h[0], m_lo, t[0]])
     size = np.concatenate([h[1], m_n, t[1]])
     size = np.where((size == 0).any(axis=-1, keepdims=True), 0, size)
@@ -162,7 +160,6 @@ def reshaped(boxes: BoxSet, src: Sequence[int], dst: Sequence[int], limit: int
         ranges = math.prod(steps) if steps else 1
         if boxes.count * ranges * (2 ** len(d_shape) - 1) * cores > limit:
             return None
-        flat_lo = np.zeros(g_lo.shape[:2], dtype=np.int64)
         strides = [math.prod(s_shape[k + 1:]) for k in range(len(s_shape))]
         starts, ends = [], []
         for combo in np.ndindex(*steps):
