@@ -69,6 +69,7 @@ from t10c.codegen.program import (
 )
 from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
+from t10c.ir import TensorExpr
 
 from .kernels import (
     THREADS,
@@ -133,13 +134,19 @@ class Machine(TimingMachine):
         return self.outputs, timeline
 
     def stored(self, buf: int, values: np.ndarray, src: int | None = None,
-               owned: bool = False) -> np.ndarray:
+               owned: bool = False, into: np.ndarray | None = None) -> np.ndarray:
         """``values`` as buffer ``buf`` holds them: rounded to its dtype (saturating, as
         `to_storage`), in its held dtype (in place, if ``owned``: the caller's own array).
         Values moved from buffer ``src`` of the same or a narrower float dtype are exact
-        already and are not rounded again."""
+        already and are not rounded again. With ``into`` (float32 rows of ``buf`` holding as
+        many values, contiguous), the values are stored there and it is returned."""
         name = self.dtypes[buf]
         held = HELD[name]
+        if into is not None:
+            if NP_DTYPES[name] == np.float16 and values.dtype == np.float32:
+                return round_fp16(values, out=into)
+            np.copyto(into.reshape(values.shape), self.stored(buf, values, src, owned))
+            return into
         if src is not None and self.exact(buf, src):
             return values.astype(held, copy=False)
         if NP_DTYPES[name] != held:  # fp16 held in float32: round to fp16's values
@@ -261,9 +268,17 @@ class Machine(TimingMachine):
 
     def fill(self, ins: Fill) -> None:
         super().fill(ins)
-        dst = self.mem[ins.buf]
-        dst[_rows(ins, ins.ncores)] = self.stored(ins.buf, np.asarray(float(ins.value)))
-        self.wrote(ins.buf, _rows(ins, ins.ncores))
+        rows = _rows(ins, ins.ncores)
+        value = self.stored(ins.buf, np.asarray(float(ins.value)))
+        if isinstance(rows, slice) and self.mem.lazy_rows(ins.buf) <= ins.ncores:
+            # one row that every filled core shares, copied when read as a buffer (an
+            # accumulator that a contraction then writes whole is never copied: `compute`)
+            row = np.full((1, self.prog.buffers[ins.buf].elems), value,
+                          dtype=HELD[self.dtypes[ins.buf]])
+            self.mem.share(ins.buf, row, np.zeros(ins.ncores, dtype=np.intp))
+        else:
+            self.mem[ins.buf][rows] = value
+        self.wrote(ins.buf, rows)
 
     def exchange(self, ins: Exchange) -> None:
         super().exchange(ins)
@@ -372,12 +387,16 @@ class Machine(TimingMachine):
             cores = np.arange(n).reshape((n,) + (1,) * (picked.ndim - 1))
             result = table.read(cores, picked).astype(np.float32)
         self.rewrite(ins.out, rows)  # a sub-block of each row: the rest must read as zero
-        out = self.mem[ins.out]
         k = len(ins.ins)
+        sizes = operand_sizes(expr, k, sub, tiles[k])
+        whole_rows = (not placed and tuple(sizes) == tuple(tiles[k])
+                      and self.prog.buffers[ins.out].elems == math.prod(sizes))
+        accumulate = ins.accumulate and not (whole_rows
+                                             and self.filled_with_identity(ins.out, n, expr))
+        out = self.mem[ins.out]
         if placed:  # work on a copy of the placed cores' rows, written back below
             whole, out = out, out[rows]
-        sizes = operand_sizes(expr, k, sub, tiles[k])
-        if ins.accumulate:
+        if accumulate:
             if expr.combine is None:
                 raise EmulatorError(f"accumulates into {expr.name}, which has no combine")
             view, at = gather_slices(out, tiles[k], ins.offsets[k], sizes)
@@ -390,10 +409,26 @@ class Machine(TimingMachine):
                     whole[rows] = out
                 return
             result = combine(view.astype(np.float32, copy=False), result)
+        if whole_rows and result.dtype == np.float32 and out.dtype == np.float32:
+            # whole rows: stored straight into the buffers (rounded on the way)
+            self.stored(ins.out, result, into=out[:n])
+            return
         # masks (-3.4e38) saturate to -inf in fp16
         put_slices(out, tiles[k], ins.offsets[k], sizes, self.stored(ins.out, result))
         if placed:
             whole[rows] = out
+
+    def filled_with_identity(self, buf: int, n: int, expr: TensorExpr) -> bool:
+        """Whether rows ``[0, n)`` of ``buf``, and no others, are one row that they share (a
+        `fill`'s) holding the identity of ``expr``'s combine: an accumulation into them whole
+        is its result. If so, the row is dropped (not copied onto the cores)."""
+        held = self.mem.shared.get(buf)
+        if held is None or expr.combine is None or len(held[0]) != 1 or len(held[1]) != n:
+            return False
+        if not (held[0] == np.float32(COMBINES[expr.combine].identity)).all():
+            return False
+        del self.mem.shared[buf]
+        return True
 
     def take_table(self, ins: Compute) -> HostTiles | None:
         """The table of a take whose tiles are not cut yet (`HostTiles`), if it is one: the
@@ -458,6 +493,14 @@ class Memory(dict[int, np.ndarray]):
         """Rows ``[0, len(tiles.index))`` of ``buf`` are the host tiles ``tiles`` (not cut)."""
         self.shared.pop(buf, None)
         self.later[buf] = tiles
+
+    def lazy_rows(self, buf: int) -> int:
+        """How many of ``buf``'s rows are kept as shared rows or uncut tiles (0: none)."""
+        later = self.later.get(buf)
+        if later is not None:
+            return len(later.index)
+        shared = self.shared.get(buf)
+        return 0 if shared is None else len(shared[1])
 
     def tiles(self, buf: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Buffer ``buf``'s distinct rows and each core's row, if it is kept so (cut now)."""

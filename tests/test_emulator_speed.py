@@ -276,6 +276,39 @@ def test_reused_memory_reads_as_zero_where_written_in_parts() -> None:
     assert pool.bytes == 0 and m.dirty[1].all() and (m.mem[1] == old).all()
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_accumulator_fill_is_never_copied(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split reduction's accumulators are filled with zeros, then written whole by the
+    contraction: the fill is kept as one shared row and dropped at the contraction (no
+    accumulation into zeros), with the same bits as the fill copied onto the cores and
+    accumulated into, and the reference's values."""
+    model = make_model("ksplit", build((8, 96), [("matmul", 12), ("relu", 0)]), ((8, 96),))
+    chip = dataclasses.replace(PRESETS["test16"], cores=16, sram_bytes_per_core=2 * MIB)
+    c = compile_model(model, chip, CompileOptions(dtype=dtype,
+                                                  search=SearchOptions(max_steps=1)))
+    inputs = make_inputs(c.graph, seed=1)
+    skipped: list[int] = []
+    real = Machine.filled_with_identity
+
+    def spy(self: Machine, buf: int, n: int, expr):  # type: ignore[no-untyped-def]
+        if real(self, buf, n, expr):
+            skipped.append(buf)
+            return True
+        return False
+
+    monkeypatch.setattr(Machine, "filled_with_identity", spy)
+    got, _ = Machine(c.program, c.chip).run(inputs, c.graph.constants)
+    assert skipped, "no contraction wrote a filled accumulator whole"
+    dense = Machine(c.program, c.chip)
+    dense.mem = DenseMemory()  # the fill copied onto the cores at once: accumulated into
+    again, _ = dense.run(inputs, c.graph.constants)
+    assert len(skipped) == 1
+    for name in got:
+        assert np.array_equal(again[name].view(np.uint32), got[name].view(np.uint32)), name
+    want = run_reference(c.program, c.chip, inputs, c.graph.constants)
+    assert max_rel_err(got, want) <= (1e-5 if dtype == "fp32" else 1e-3)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(vocab=st.integers(3, 300), width=st.integers(1, 40), ids=st.integers(1, 12),
        cores=st.sampled_from((4, 8, 16)), dtype=st.sampled_from(("fp16", "fp32")),
