@@ -9,6 +9,8 @@ class alone, so both share one timing code. The timing model is described in `ma
 
 from __future__ import annotations
 
+import bisect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +113,7 @@ class TimingMachine:
         self.prog, self.chip = program, chip
         self.written: dict[int, np.ndarray] = {}
         self.live: dict[int, tuple[int, int]] = {}
+        self.spans = Spans()  # the live buffers' byte ranges, for the overlap check
         self.in_use = 0  # bytes per core of the live buffers
         self.timeline = Timeline(chip.clock_hz)
         self.now = 0
@@ -356,11 +359,12 @@ class TimingMachine:
         if end > self.chip.sram_bytes_per_core:
             raise EmulatorError(f"buffer %{b.name} [{start}, {end}) overflows the "
                                 f"{self.chip.sram_bytes_per_core}-byte SRAM")
-        for other, (s, e) in self.live.items():
-            if start < e and s < end:
-                raise EmulatorError(f"buffer %{b.name} overlaps live buffer "
-                                    f"%{self.prog.buffers[other].name}")
+        other = self.spans.overlapping(start, end)
+        if other is not None:
+            raise EmulatorError(f"buffer %{b.name} overlaps live buffer "
+                                f"%{self.prog.buffers[other].name}")
         self.live[ins.buf] = (start, end)
+        self.spans.add(start, end, ins.buf)
         self.written[ins.buf] = np.zeros(self.chip.cores, dtype=bool)
         # running totals: every live buffer raised the peak when it was allocated
         self.in_use += end - start
@@ -376,6 +380,7 @@ class TimingMachine:
             raise EmulatorError(f"frees buffer %{self.prog.buffers[ins.buf].name} while its "
                                 f"DMA {kind} is in flight")
         start, end = self.live.pop(ins.buf)
+        self.spans.remove(start, end, ins.buf)
         self.written.pop(ins.buf)
         self.in_use -= end - start
         self.timeline.sram_samples.append((self.now, self.in_use))
@@ -611,6 +616,47 @@ class _LinkDelta:
             loads += self.values
         else:
             loads.reshape(-1)[self.index] += self.values
+
+
+class Spans:
+    """Byte ranges ``[start, end)`` of live buffers, none overlapping another, kept sorted so
+    that a new range's overlap is found by bisection, not by a pass over every live buffer:
+    ranges overlap where ``start < e and s < end`` (an empty range overlaps a range it lies
+    strictly inside). The non-empty ranges, sorted by start, are sorted by end too; the empty
+    ones are kept apart, by position."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.ids: list[int] = []
+        self.points: list[tuple[int, int]] = []  # empty ranges: (position, buffer)
+
+    def overlapping(self, start: int, end: int) -> int | None:
+        """A live buffer whose range overlaps ``[start, end)``, or None."""
+        j = bisect.bisect_left(self.starts, end)  # the ranges that start before ``end``
+        if j and self.ends[j - 1] > start:  # the one of them that ends last
+            return self.ids[j - 1]
+        if start < end:  # an empty range strictly inside [start, end)
+            k = bisect.bisect_right(self.points, (start, sys.maxsize))
+            if k < len(self.points) and self.points[k][0] < end:
+                return self.points[k][1]
+        return None
+
+    def add(self, start: int, end: int, buf: int) -> None:
+        if start == end:
+            bisect.insort(self.points, (start, buf))
+            return
+        j = bisect.bisect_left(self.starts, start)
+        self.starts.insert(j, start)
+        self.ends.insert(j, end)
+        self.ids.insert(j, buf)
+
+    def remove(self, start: int, end: int, buf: int) -> None:
+        if start == end:
+            self.points.remove((start, buf))
+            return
+        j = bisect.bisect_left(self.starts, start)
+        del self.starts[j], self.ends[j], self.ids[j]
 
 
 def _rows(ins: Instr, n: int) -> np.ndarray | slice:

@@ -36,6 +36,7 @@ from t10c.emulator import Machine, TimingMachine, kernels
 from t10c.emulator.kernels import ROUND_BLOCK, round_fp16
 from t10c.emulator.machine import HostTiles, Memory, Pool, edge_tiles, load_tiles
 from t10c.emulator.reference import run_reference
+from t10c.emulator.timing import Spans
 from t10c.partition.search import SearchOptions
 
 MIB = 1024 * 1024
@@ -400,3 +401,25 @@ def test_host_tiles_read_what_the_cut_holds() -> None:
     want = np.where(elems >= 0, np.take_along_axis(cut, np.maximum(elems, 0).reshape(2000, -1),
                                                    axis=1).reshape(elems.shape), 0)
     assert np.array_equal(tiles.read(cores, elems), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 12), st.integers(0, 4)),
+                    min_size=1, max_size=40))
+def test_live_spans_find_the_overlaps_a_pass_would(ops: list[tuple[bool, int, int]]) -> None:
+    """The sorted byte ranges that check a new buffer against the live ones (`Spans`) find
+    an overlap exactly where a pass over every live buffer does (``start < e and s < end``),
+    empty ranges included; a buffer is added where none overlaps, and freed again."""
+    spans, live = Spans(), {}
+    for n, (add, start, size) in enumerate(ops):
+        if not add and live:  # free the oldest live buffer
+            buf = next(iter(live))
+            spans.remove(*live.pop(buf), buf)
+            continue
+        end = start + size
+        naive = [b for b, (s, e) in live.items() if start < e and s < end]
+        found = spans.overlapping(start, end)
+        assert (found is None) == (not naive) and (found is None or found in naive)
+        if found is None:
+            live[n] = (start, end)
+            spans.add(start, end, n)
