@@ -446,7 +446,9 @@ def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     subtraction is exact; the sign bit is put back (a negative value that rounds to zero is
     -0). A block holding a value of 2^15 or more, an infinity or a NaN goes by bits instead
     (`_round_fp16_bits`): from 65520 up the result is an infinity of the value's sign; NaNs
-    take numpy's cast (its payload rule).
+    take numpy's cast (its payload rule). Large parts without a NaN are rounded by
+    onnxruntime's Cast instead (`cast_rounding`: the host's fp16 conversion instructions,
+    the same bits).
 
     Into ``out`` if given (contiguous float32 of as many elements; ``values`` itself, to
     round in place)."""
@@ -459,13 +461,92 @@ def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     blocks = ceil_div(flat_x.size, ROUND_BLOCK)
     parts = min(sharing(), blocks // 4)  # a large array's blocks shared among the cores
     if parts < 2:
-        _round_fp16_into(flat_x, flat_out)
+        _round_fp16_part(flat_x, flat_out)
         return out
     cuts = [ROUND_BLOCK * (blocks * k // parts) for k in range(parts)] + [flat_x.size]
-    for done in [pool().submit(_round_fp16_into, flat_x[lo:hi], flat_out[lo:hi])
+    for done in [pool().submit(_round_fp16_part, flat_x[lo:hi], flat_out[lo:hi])
                  for lo, hi in zip(cuts, cuts[1:])]:
         done.result()
     return out
+
+
+#: elements from which `round_fp16` has onnxruntime's Cast round them: its kernel converts
+#: with the host's fp16 instructions, several times faster than the adder's numpy passes;
+#: below, the call costs more than it saves
+CAST_MIN = 1 << 14
+_CAST: list[Callable[[np.ndarray, np.ndarray], None] | None] = []
+_CAST_LOCK = threading.Lock()
+
+
+def _round_fp16_part(flat_x: np.ndarray, flat_out: np.ndarray) -> None:
+    """`round_fp16` of a flat part: by onnxruntime's Cast where it is large, holds no NaN
+    (whose payload follows numpy's rule, not the Cast's) and the Cast is at hand, else by
+    the float32 adder."""
+    cast = cast_rounding() if flat_x.size >= CAST_MIN else None
+    if cast is not None and not np.isnan(flat_x.max()):
+        cast(flat_x, flat_out)
+    else:
+        _round_fp16_into(flat_x, flat_out)
+
+
+def cast_rounding() -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """onnxruntime's float32 -> fp16 -> float32 Cast pair as a rounding of a flat
+    contiguous float32 array into another of its size (the same one, to round in place:
+    the first Cast reads it whole before the second writes), or None where onnxruntime
+    cannot run it or its values differ from numpy's cast on fp16's edges and a sample of
+    every exponent (checked once, at the first use; numpy's rule is the definition)."""
+    with _CAST_LOCK:
+        if not _CAST:
+            _CAST.append(_make_cast_rounding())
+        return _CAST[0]
+
+
+def _make_cast_rounding() -> Callable[[np.ndarray, np.ndarray], None] | None:
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        graph = helper.make_graph(
+            [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT)], "round_fp16",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8  # (opset 17's: any onnxruntime that runs opset 17 reads it)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # both Casts
+        opts.log_severity_level = 3
+        session = ort.InferenceSession(model.SerializeToString(), opts,
+                                       providers=["CPUExecutionProvider"])
+
+        def cast(flat_x: np.ndarray, flat_out: np.ndarray) -> None:
+            io = session.io_binding()
+            io.bind_cpu_input("x", flat_x)
+            io.bind_output("y", "cpu", 0, np.float32, [flat_x.size], flat_out.ctypes.data)
+            session.run_with_iobinding(io)
+
+        rng = np.random.default_rng(0)
+        bits = np.concatenate([rng.integers(0, 2 ** 32, 1 << 16, dtype=np.uint32),
+                               _CAST_EDGES])
+        sample = bits.view(np.float32)
+        sample = sample[~np.isnan(sample)]
+        with np.errstate(all="ignore"):
+            want = sample.astype(np.float16).astype(np.float32)
+        got = np.empty_like(sample)
+        cast(sample, got)
+    except Exception:  # noqa: BLE001 - any failure: the adder rounds instead
+        return None
+    return cast if np.array_equal(got.view(np.uint32), want.view(np.uint32)) else None
+
+
+#: float32 bits around fp16's rounding edges (ties, the subnormal boundary, the largest finite
+#: value, the infinities, both zeros), which `cast_rounding` is checked on
+_CAST_EDGES = np.array([0x00000000, 0x80000000, 0x33000000, 0x33000001, 0x337FFFFF,
+                        0x38800000, 0x387FFFFF, 0x387FF000, 0x387FEFFF, 0x3F801000,
+                        0x3F803000, 0x3F800FFF, 0x477FE000, 0x477FEFFF, 0x477FF000,
+                        0x477FF001, 0x47800000, 0x7F7FFFFF, 0x7F800000, 0xFF800000,
+                        0x00000001, 0x807FFFFF, 0xC77FF000, 0xB3800000], dtype=np.uint32)
 
 
 #: float32 bits: the exponent field, and 2^15 (from where a value may round

@@ -212,6 +212,46 @@ def test_round_fp16_by_the_adder_is_numpys_cast(seed: int, n: int, big: int) -> 
                           want.view(np.uint32))
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), n=st.integers(kernels.CAST_MIN, 9 * ROUND_BLOCK))
+def test_round_fp16_by_the_cast_is_numpys_cast(seed: int, n: int) -> None:
+    """Large arrays without a NaN are rounded by onnxruntime's Cast (a dependency: it is at
+    hand, and passed its check on fp16's edges): numpy's cast bit for bit on random bit
+    patterns of every exponent (infinities included), in place too, shared among threads."""
+    assert kernels.cast_rounding() is not None
+    bits = np.random.default_rng(seed).integers(0, 2 ** 32, n, dtype=np.uint32)
+    bits[(bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)] &= np.uint32(0xFF800000)
+    bits[:len(EDGES)] = np.where(np.isnan(EDGES.view(np.float32)), 0, EDGES)[:n]
+    values = bits.view(np.float32)
+    assert not np.isnan(values).any()
+    with np.errstate(all="ignore"):
+        want = values.astype(np.float16).astype(np.float32)
+    assert np.array_equal(round_fp16(values).view(np.uint32), want.view(np.uint32))
+    inplace = values.copy()
+    assert np.array_equal(round_fp16(inplace, out=inplace).view(np.uint32),
+                          want.view(np.uint32))
+
+
+@pytest.mark.slow
+def test_round_fp16_by_the_cast_on_every_float() -> None:
+    """Every float32 but the NaNs (4.3 G values, a few minutes), rounded by onnxruntime's
+    Cast, is numpy's cast bit for bit."""
+    cast = kernels.cast_rounding()
+    assert cast is not None
+    chunk = 1 << 24
+    for lo in range(0, 1 << 32, chunk):
+        bits = np.arange(lo, lo + chunk, dtype=np.uint64).astype(np.uint32)
+        values = bits.view(np.float32)
+        values = values[~np.isnan(values)]
+        if not len(values):
+            continue
+        with np.errstate(all="ignore"):
+            want = values.astype(np.float16).astype(np.float32).view(np.uint32)
+        got = np.empty_like(values)
+        cast(values, got)
+        assert np.array_equal(got.view(np.uint32), want), hex(lo)
+
+
 @pytest.mark.slow
 def test_round_fp16_by_the_adder_on_every_small_float() -> None:
     """Every float32 below 2^15 in magnitude (both signs: 2.4 G values, a few minutes),
