@@ -127,6 +127,19 @@ def strategy_arg(text: str) -> str:
         f"{', '.join(STRATEGIES)}")
 
 
+#: `t10c mesh-compare`'s rows, in the order they run: the prefill GEMM, the decode GEMV, the
+#: whole model and the decode step
+MESH_ROWS = ("gemm", "gemv", "model", "decode")
+
+
+def mesh_row_arg(text: str) -> str:
+    """An argparse type: a row of `t10c mesh-compare` (`MESH_ROWS`)."""
+    if text in MESH_ROWS:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown row {text!r}{did_you_mean(text, MESH_ROWS)}; use {', '.join(MESH_ROWS)}")
+
+
 T = TypeVar("T")
 
 

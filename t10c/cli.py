@@ -19,12 +19,14 @@ from pathlib import Path
 try:
     from t10c import __version__
     from t10c.args import (
+        MESH_ROWS,
         Parser,
         chip_arg,
         dims_arg,
         float_in,
         int_at_least,
         list_of,
+        mesh_row_arg,
         model_arg,
         model_args,
         new_file_arg,
@@ -195,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "wafer papers' is llama3-8b-decode --cache-len 4096)")
     mc.add_argument("--cache-len", type=int_at_least(1), metavar="N",
                     help="the decode step's KV cache (default: the model's)")
+    mc.add_argument("--rows", type=list_of(mesh_row_arg), default=list(MESH_ROWS),
+                    metavar="LIST", help="the rows to run, comma-separated, of "
+                    f"{', '.join(MESH_ROWS)} (default: all, in that order)")
     mode = mc.add_mutually_exclusive_group()
     mode.add_argument("--timing-only", dest="timing_only", action="store_true", default=None,
                       help="time without data (the default above 16,384 cores)")
@@ -501,14 +506,16 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
 
     chip = load_chip(args.chip)
     gemm, gemv = "x".join(map(str, args.gemm)), "x".join(map(str, args.gemv))
-    workloads = [("prefill GEMM", f"matmul-{gemm}"),
-                 ("decode GEMV", f"matmul-1x{gemv}"), ("model", args.model)]
-    workloads3 = [(label, model, None) for label, model in workloads]
     cache = f" (cache {args.cache_len})" if args.cache_len else ""
-    workloads3.append((f"decode step{cache}", args.decode, args.cache_len))
+    workloads = {"gemm": ("prefill GEMM", f"matmul-{gemm}", None),
+                 "gemv": ("decode GEMV", f"matmul-1x{gemv}", None),
+                 "model": ("model", args.model, None),
+                 "decode": (f"decode step{cache}", args.decode, args.cache_len)}
     try:
-        rows = mesh_compare(workloads3, chip, _base_options(args), args.timing_only,
-                            log=lambda m: print(m, file=sys.stderr), progress=StageProgress)
+        rows = mesh_compare([workloads[r] for r in MESH_ROWS if r in args.rows], chip,
+                            _base_options(args),
+                            args.timing_only, log=lambda m: print(m, file=sys.stderr),
+                            progress=StageProgress)
     except ValueError as exc:
         return _error(str(exc).splitlines()[0], EXIT_FAIL)
     print(f"{chip.name}: {chip.rows} x {chip.cols} {chip.topology}; ratio = all-to-all-"

@@ -115,6 +115,10 @@ def mesh_compare(workloads: list[tuple[str, str]] | list[tuple[str, str, int | N
                 sides[strategy] = run_side(model, chip, strategy, options, timing_only,
                                            report)
         rows.append(Row(model, label, sides["t10"], sides["all-to-all"]))
+        if log:  # each row as it is done (a long run's later rows may take hours)
+            r = rows[-1]
+            log(f"{label}: mesh-aware {r.aware.timeline.latency_s * 1e6:.1f} us, all-to-all "
+                f"assumed {r.assumed.timeline.latency_s * 1e6:.1f} us: {r.ratio:.2f}x")
     return rows
 
 

@@ -237,6 +237,14 @@ def test_cli_timing_only_and_mesh_compare(tmp_path, capsys) -> None:
     assert rows[0].split(" | ")[5] == "-"
     assert rows[3].startswith("| decode step (cache 16) | mlp")
     assert all(float(t.replace(",", "")) > 0 for t in tokens.split(" / "))
+    # a subset of the rows, in their order whatever the list's; each row logged as it is done
+    assert main(["mesh-compare", "--chip", str(toml), "--gemv", "128x128", "--decode", "mlp",
+                 "--cache-len", "16", "--rows", "decode,gemv"]) == 0
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| decode GEMV", "| decode step (cache 16)"]
+    assert "decode GEMV: mesh-aware " in captured.err and "x\n" in captured.err
+    assert main(["mesh-compare", "--chip", str(toml), "--rows", "gemm,foo"]) == 2
     assert main(["mesh-compare", "--chip", str(toml), "--cache-len", "0"]) == 2
     assert main(["mesh-compare", "--chip", "ipu-mk2"]) == 1
 
