@@ -528,7 +528,7 @@ def _make_cast_rounding() -> Callable[[np.ndarray, np.ndarray], None] | None:
 
         rng = np.random.default_rng(0)
         bits = np.concatenate([rng.integers(0, 2 ** 32, 1 << 16, dtype=np.uint32),
-                               _CAST_EDGES])
+                               FP16_EDGES])
         sample = bits.view(np.float32)
         sample = sample[~np.isnan(sample)]
         with np.errstate(all="ignore"):
@@ -540,13 +540,15 @@ def _make_cast_rounding() -> Callable[[np.ndarray, np.ndarray], None] | None:
     return cast if np.array_equal(got.view(np.uint32), want.view(np.uint32)) else None
 
 
-#: float32 bits around fp16's rounding edges (ties, the subnormal boundary, the largest finite
-#: value, the infinities, both zeros), which `cast_rounding` is checked on
-_CAST_EDGES = np.array([0x00000000, 0x80000000, 0x33000000, 0x33000001, 0x337FFFFF,
-                        0x38800000, 0x387FFFFF, 0x387FF000, 0x387FEFFF, 0x3F801000,
-                        0x3F803000, 0x3F800FFF, 0x477FE000, 0x477FEFFF, 0x477FF000,
-                        0x477FF001, 0x47800000, 0x7F7FFFFF, 0x7F800000, 0xFF800000,
-                        0x00000001, 0x807FFFFF, 0xC77FF000, 0xB3800000], dtype=np.uint32)
+#: float32 bits around every edge of fp16's rounding: ties, the subnormal boundary, the largest
+#: finite value and the infinities, NaNs with and without payload, both zeros (what
+#: `cast_rounding` is checked on, its NaNs left out, and the tests)
+FP16_EDGES = np.array([0x00000000, 0x80000000, 0x33000000, 0x33000001, 0x337FFFFF,
+                       0x38800000, 0x387FFFFF, 0x387FF000, 0x387FEFFF, 0x3F801000,
+                       0x3F803000, 0x3F800FFF, 0x477FE000, 0x477FEFFF, 0x477FF000,
+                       0x477FF001, 0x47800000, 0x7F7FFFFF, 0x7F800000, 0xFF800000,
+                       0x7FC00000, 0x7F800001, 0xFFC00001, 0x7F802000, 0x00000001,
+                       0x807FFFFF, 0xC77FF000, 0xB3800000], dtype=np.uint32)
 
 
 #: float32 bits: the exponent field, and 2^15 (from where a value may round

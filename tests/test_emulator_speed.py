@@ -160,14 +160,7 @@ def test_fast_emulator_equals_reference(graph: tuple[tuple[int, ...], list[tuple
     assert timeline.host_bytes > 0
 
 
-#: float32 values around every edge of fp16's rounding: ties, the subnormal boundary, the
-#: largest finite value and the infinities, NaNs with and without payload, both zeros
-EDGES = np.array([0x00000000, 0x80000000, 0x33000000, 0x33000001, 0x337FFFFF, 0x38800000,
-                  0x387FFFFF, 0x387FF000, 0x387FEFFF, 0x3F801000, 0x3F803000, 0x3F800FFF,
-                  0x477FE000, 0x477FEFFF, 0x477FF000, 0x477FF001, 0x47800000, 0x7F7FFFFF,
-                  0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC00001, 0x7F802000,
-                  0x00000001, 0x807FFFFF, 0xC77FF000, 0xB3800000],
-                 dtype=np.uint32)
+EDGES = kernels.FP16_EDGES
 
 
 @settings(max_examples=30, deadline=None)
@@ -203,13 +196,7 @@ def test_round_fp16_by_the_adder_is_numpys_cast(seed: int, n: int, big: int) -> 
     bits[:len(small_edges)] = small_edges[:n]
     for at in rng.integers(0, n, big):  # a block that goes by bits
         bits[at] = rng.choice(EDGES[(EDGES & np.uint32(0x7FFFFFFF)) >= 0x47000000])
-    values = bits.view(np.float32)
-    with np.errstate(all="ignore"):
-        want = values.astype(np.float16).astype(np.float32)
-    assert np.array_equal(round_fp16(values).view(np.uint32), want.view(np.uint32))
-    inplace = values.copy()
-    assert np.array_equal(round_fp16(inplace, out=inplace).view(np.uint32),
-                          want.view(np.uint32))
+    assert_rounds_as_numpy(bits.view(np.float32))
 
 
 @settings(max_examples=20, deadline=None)
@@ -222,8 +209,13 @@ def test_round_fp16_by_the_cast_is_numpys_cast(seed: int, n: int) -> None:
     bits = np.random.default_rng(seed).integers(0, 2 ** 32, n, dtype=np.uint32)
     bits[(bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)] &= np.uint32(0xFF800000)
     bits[:len(EDGES)] = np.where(np.isnan(EDGES.view(np.float32)), 0, EDGES)[:n]
-    values = bits.view(np.float32)
-    assert not np.isnan(values).any()
+    assert not np.isnan(bits.view(np.float32)).any()
+    assert_rounds_as_numpy(bits.view(np.float32))
+
+
+def assert_rounds_as_numpy(values: np.ndarray) -> None:
+    """`round_fp16` of ``values``, into a new array and in place, is numpy's cast bit for
+    bit."""
     with np.errstate(all="ignore"):
         want = values.astype(np.float16).astype(np.float32)
     assert np.array_equal(round_fp16(values).view(np.uint32), want.view(np.uint32))
