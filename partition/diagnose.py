@@ -19,17 +19,12 @@ except ImportError:  # pragma: no cover - numpy 1.x
     from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 from t10c.chips import Chip
-from t10c.dtypes import ceil_div, dtype_bytes
+from t10c.dtypes import ceil_div, dtype_bytes, fmt_bytes
 from t10c.ir import Graph
 
 from .chosen import DoesNotFitError
 from .plan import OpPlan
 from .solve import SolverOptions, least_peak
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes as KiB below 10 MiB (one decimal: SRAM sizes differ by KiB), MiB above."""
-    return f"{n / 1024:.1f} KiB" if n < 10 * 1024 ** 2 else f"{n / 1024 ** 2:.2f} MiB"
 
 
 def _exact(n: int) -> str:

@@ -502,7 +502,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_mesh_compare(args: argparse.Namespace) -> int:
+    from t10c.codegen import CodegenError
+    from t10c.emulator import EmulatorError
+    from t10c.frontend import FrontendError
     from t10c.meshcompare import mesh_compare, table
+    from t10c.partition import PlanError
 
     chip = load_chip(args.chip)
     gemm, gemv = "x".join(map(str, args.gemm)), "x".join(map(str, args.gemv))
@@ -516,7 +520,7 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
                             _base_options(args),
                             args.timing_only, log=lambda m: print(m, file=sys.stderr),
                             progress=StageProgress)
-    except ValueError as exc:
+    except (FrontendError, PlanError, CodegenError, EmulatorError, ValueError) as exc:
         return _error(str(exc).splitlines()[0], EXIT_FAIL)
     print(f"{chip.name}: {chip.rows} x {chip.cols} {chip.topology}; ratio = all-to-all-"
           "assumption latency / mesh-aware latency, both emulated on the mesh")

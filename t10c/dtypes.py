@@ -48,3 +48,8 @@ def ceil_div(a: Any, b: Any) -> Any:
     """``ceil(a / b)`` for integers (or integer numpy arrays, elementwise), without floats:
     the one rounding-up division every stage uses."""
     return -(-a // b)
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes as KiB below 10 MiB (one decimal: SRAM sizes differ by KiB), MiB above."""
+    return f"{n / 1024:.1f} KiB" if n < 10 * 1024 ** 2 else f"{n / 1024 ** 2:.2f} MiB"
