@@ -268,14 +268,13 @@ def test_an_exchange_too_large_to_route_is_refused_in_one_line(tmp_path, capsys,
     toml.write_text('name = "mesh8"\nbase = "wse2"\ngrid = [8, 8]\ncores = 64\n'
                     'sram_bytes_per_core = 262144\n')
     monkeypatch.setattr(pattern, "physical_memory", lambda: 1 << 16)
-    assert main(["compile", "bert-tiny", "--chip", str(toml), "--timing-only",
-                 "--no-table"]) == 1
+    assert main(["compile", "mlp", "--chip", str(toml), "--timing-only", "--no-table"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and "(core, source core) pairs" in err[0], err
     assert "more than half of this machine's 64.0 KiB" in err[0] and "mesh-aware strategy" in err[0]
     # mesh-compare says the same in one line (no internal error)
     assert main(["mesh-compare", "--chip", str(toml), "--rows", "model", "--model",
-                 "bert-tiny"]) == 1
+                 "mlp"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and "(core, source core) pairs" in err[0], err
     assert "internal error" not in err[0]
