@@ -174,7 +174,11 @@ def test_embedding_rows_are_split_when_the_table_is_too_big() -> None:
     assert r.ok, r.max_rel_err
 
 
-@pytest.mark.parametrize("model", ["bert-tiny", "llama-tiny"])
+@pytest.mark.parametrize("model", [
+    "bert-tiny",
+    # the slowest default test (27 s on a loaded machine); llama-tiny's decode step on a
+    # 64 x 64 mesh stays in the default run (tests/test_multicast.py)
+    pytest.param("llama-tiny", marks=pytest.mark.slow)])
 def test_models_on_a_64x64_mesh_match_onnxruntime(model: str) -> None:
     c = compile_model(model, MESH64)
     for op, p in zip(c.graph.ops, c.plan.ops):
