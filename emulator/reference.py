@@ -84,6 +84,13 @@ class Reference:
     def cores(self) -> range:
         return range(len(self.mem))
 
+    @staticmethod
+    def core(ins: Instr, row: int) -> int:
+        """The physical core of table row ``row`` (`t10c.codegen.program`: an instruction with
+        a ``cores`` array lists its rows' cores; without one, row c is core c)."""
+        cores = getattr(ins, "cores", None)
+        return row if cores is None else int(cores[row])
+
     def alloc(self, ins: Alloc) -> None:
         b = self.prog.buffers[ins.buf]
         for c in self.cores:
@@ -105,17 +112,17 @@ class Reference:
             elems, valid = ins.elements()
             table = np.where(valid, elems, -1)
         for c in range(ins.ncores):
+            buf = mem[self.core(ins, c)][ins.buf]
             if table is not None:
                 idx = table[c]
-                mem[c][ins.buf][:] = to_storage(np.where(idx >= 0, flat[np.maximum(idx, 0)], 0),
-                                                mem[c][ins.buf].dtype)
+                buf[:] = to_storage(np.where(idx >= 0, flat[np.maximum(idx, 0)], 0), buf.dtype)
                 continue
             # the tile at origin[c], cut at the tensor's edge, zero beyond it
-            block = np.zeros(ins.tile, dtype=mem[c][ins.buf].dtype)
+            block = np.zeros(ins.tile, dtype=buf.dtype)
             start = ins.origin[c]
             part = value[tuple(slice(int(s), int(s) + t) for s, t in zip(start, ins.tile))]
             block[tuple(slice(0, n) for n in part.shape)] = to_storage(part, block.dtype)
-            mem[c][ins.buf][:] = block.reshape(-1)
+            buf[:] = block.reshape(-1)
 
     def dma_load(self, ins: Load) -> None:
         self.load(ins)  # the values are the same; when they land is the timing's business
@@ -129,7 +136,7 @@ class Reference:
 
     def fill(self, ins: Fill) -> None:
         for c in range(ins.ncores):
-            buf = self.mem[c][ins.buf]
+            buf = self.mem[self.core(ins, c)][ins.buf]
             buf[:] = to_storage(np.asarray(float(ins.value)), buf.dtype)
 
     def exchange(self, ins: Exchange) -> None:
@@ -140,14 +147,14 @@ class Reference:
         new = []
         src_core, src_off = ins.table()  # a pattern means its table
         for c in range(len(src_core)):
-            vals = np.zeros_like(mem[c][ins.dst])
+            vals = np.zeros_like(mem[self.core(ins, c)][ins.dst])
             for s in np.unique(src_core[c]):
                 if s >= 0:
                     here = src_core[c] == s
                     vals[here] = to_storage(mem[s][ins.src][src_off[c][here]], vals.dtype)
             new.append(vals)
         for c, vals in enumerate(new):
-            mem[c][ins.dst][:] = vals
+            mem[self.core(ins, c)][ins.dst][:] = vals
 
     def multicast(self, ins: Exchange) -> None:
         """A multicast exchange as the chip runs it: every (distinct row pattern, source
@@ -167,15 +174,16 @@ class Reference:
                     mine.append((at, mem[int(s)][ins.src][off[u][at]].copy()))
             packets.append(mine)
         for c, u in enumerate(p.pat):
-            vals = np.zeros_like(mem[c][ins.dst])
+            dst = mem[self.core(ins, c)][ins.dst]
+            vals = np.zeros_like(dst)
             for at, packet in packets[int(u)]:
                 vals[at] = to_storage(packet, vals.dtype)
-            mem[c][ins.dst][:] = vals
+            dst[:] = vals
 
     def shift(self, ins: Shift) -> None:
         new = [self.mem[s][ins.src].copy() for s in ins.src_core]
         for c, vals in enumerate(new):
-            dst = self.mem[c][ins.dst]
+            dst = self.mem[self.core(ins, c)][ins.dst]
             dst[:] = to_storage(vals, dst.dtype)
 
     def reduce(self, ins: Reduce) -> None:
@@ -192,7 +200,7 @@ class Reference:
                 total = combine.ufunc(total, part)
             new.append(total)
         for c, vals in enumerate(new):
-            dst = self.mem[c][ins.dst]
+            dst = self.mem[self.core(ins, c)][ins.dst]
             dst[:] = to_storage(vals, dst.dtype)
 
     def compute(self, ins: Compute) -> None:
@@ -203,7 +211,7 @@ class Reference:
 
         def block(c: int, k: int) -> tuple[np.ndarray, tuple[slice, ...]]:
             """Core c's operand k as its tile (a view), and the slices of its sub-task."""
-            tile = mem[c][buffers[k]].reshape(ins.tiles[k])
+            tile = mem[self.core(ins, c)][buffers[k]].reshape(ins.tiles[k])
             sizes = operand_sizes(expr, k, sub, tile.shape)
             region = tuple(slice(int(o), int(o) + s) for o, s in zip(ins.offsets[k][c], sizes))
             if tile[region].shape != tuple(sizes):

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from t10c.chips import PRESETS, Chip
+from t10c.chips import PRESETS, Chip, chip_from_dict
 from t10c.codegen.pattern import from_table
 from t10c.codegen.pattern import width as pattern_width
 from t10c.codegen.program import (
@@ -42,6 +42,7 @@ from t10c.driver import (
 from t10c.emulator import EmulatorError, emulate
 from t10c.emulator.reference import run_reference
 from t10c.ir import Operand, TensorExpr
+from t10c.partition import SearchOptions
 
 MIB = 1024 * 1024
 
@@ -253,3 +254,21 @@ def test_patterns_mean_their_tables(table, mesh) -> None:
     for name in ("y", "z"):
         np.testing.assert_array_equal(a[name], b[name])
     assert ta == tb and ha == hb
+
+
+def test_reference_runs_each_table_row_on_its_listed_core() -> None:
+    """On a mesh an op's table rows name their physical cores (``cores``): a 2 x 2 grid on a
+    2 x 3 mesh fills a 2 x 2 square, cores 0, 1, 3 and 4, and the reference puts row 2's
+    tile on core 3, as the emulator does (it had put it on core 2, and left core 4's element
+    unwritten)."""
+    chip = chip_from_dict({"base": "test16", "name": "mesh2x3", "cores": 6,
+                           "topology": "mesh2d", "grid": [2, 3]})
+    c = compile_model("matmul-2x2x2", chip, CompileOptions(search=SearchOptions(max_steps=1)))
+    loads = [ins for ins in c.program.instrs if isinstance(ins, Load)]
+    assert any(ins.cores is not None and ins.cores.tolist() == [0, 1, 3, 4] for ins in loads)
+    inputs = make_inputs(c.graph, seed=0)
+    got, _, _ = emulate(c.program, c.chip, inputs, c.graph.constants)
+    want = run_reference(c.program, c.chip, inputs, c.graph.constants)
+    for name in want:
+        assert np.isfinite(want[name]).all(), name
+    assert max_rel_err(got, want) <= 1e-3
