@@ -775,10 +775,13 @@ class _Builder:
             self.instrs.extend(restore)
         # a reduce-scatter after the restore shares its superstep (and barrier): the buffers
         # the restore reads stay allocated until the reduce has been emitted, so that the
-        # reduce's result cannot take their addresses while they are being sent
+        # reduce's result cannot take their addresses while they are being sent (the other
+        # receive buffers go now, as the cost model counts: `partition.cost`)
         shared = bool(restore) and geo.reduce_group > 1
-        if not shared:
-            for i in recv:
+        sending = {i for i in recv if any(recv[i] == r.src for r in restore)} if shared \
+            else set()
+        for i in recv:
+            if i not in sending:
                 self.free(recv[i], op.name)
         for i in range(nin):
             if owned[i] and (n, i) in self.keeps:  # the next op reads this copy
@@ -792,9 +795,8 @@ class _Builder:
                 if self.placement[root].buf in self.alloc.live:
                     self.free(self.placement[root].buf, op.name)
         place = self.finish_output(op, geo, cur[nin], barrier=not shared, key=key)
-        if shared:
-            for i in recv:
-                self.free(recv[i], op.name)
+        for i in sending:
+            self.free(recv[i], op.name)
         if n + 1 in self.hoisted:
             self.prefetch(n + 1, op.name)
         self.placement[op.output.tensor] = place

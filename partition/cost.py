@@ -217,10 +217,13 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
     # while computing: every operand's tile and a receive buffer per rotating one; during the
     # reduce-scatter the activation inputs and receive buffers are gone, and the weights, the
     # partial sums and the chunk remain
+    # (a reduce that shares the restore shift's superstep keeps the buffers the restore
+    # sends from, one tile per rotated weight, until it is done: codegen's ``shared``)
     cold = sum(tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
     hot = sum(tile_bytes) + sum(tile_bytes[i] for i in range(nops) if rot_axis[i] is not None)
     if group > 1:
-        hot = max(hot, cold + tile_bytes[out] + first)
+        sending = sum(tile_bytes[i] for i in homing) if not weights_home else 0
+        hot = max(hot, cold + tile_bytes[out] + first + sending)
     hot += epi.hot  # the epilogue's operands live through the whole op
     if weights_home:
         cold = home_bytes(op, geo.shapes, chip, dtype, const_tensors)

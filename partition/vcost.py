@@ -273,8 +273,9 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
                np.zeros(n, dtype=np.int64))
     hot = sum(tile_bytes) + sum((tile_bytes[i] for i in range(nops) if rot_axis[i] is not None),
                                 np.zeros(n, dtype=np.int64))
-    hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + first * out_elem),
-                   hot)
+    sending = home if homing else 0  # the restore's sources, kept through a shared reduce
+    hot = np.where(group > 1, np.maximum(hot, cold + tile_bytes[out_index] + first * out_elem
+                                         + sending), hot)
     hot = hot + epi.hot
     if weights_home:
         cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
