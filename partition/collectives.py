@@ -37,7 +37,7 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.dtypes import ceil_div
 
-from .place import group_tile
+from .place import Embedding, group_tile, region_width
 
 if TYPE_CHECKING:
     from .plan import Geometry
@@ -161,7 +161,9 @@ def group_shape(chip: Chip, ncores: int, group: int, col_ring: int, row_ring: in
     `place.physical_cores` lays them (one member per block; `place.group_tile`). Where no
     rectangle tiles the chip the groups straddle rows and are priced as lines (optimistic)."""
     nblocks = ceil_div(ncores, col_ring * row_ring)
-    tile = group_tile(chip.cols // col_ring, chip.rows // row_ring, nblocks, group)
+    width = region_width(Embedding(chip.rows, chip.cols, "", col_ring, "", row_ring), nblocks,
+                         group)
+    tile = group_tile(width, chip.rows // row_ring, nblocks, group)
     return (1, group) if tile is None else tile
 
 
@@ -232,12 +234,14 @@ def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring
     if group <= 1:
         return 0, elems
     nblocks = ceil_div(ncores, col_ring * row_ring)
-    if group_tile(chip.cols // col_ring, chip.rows // row_ring, nblocks, group) is None:
-        # no rectangle tiles the chip: one level over groups that straddle rows' ends, their
-        # transfers crossing the chip's width (codegen's fallback)
+    width = region_width(Embedding(chip.rows, chip.cols, "", col_ring, "", row_ring), nblocks,
+                         group)
+    if group_tile(width, chip.rows // row_ring, nblocks, group) is None:
+        # no rectangle tiles the region: one level over groups that straddle rows' ends,
+        # their transfers crossing the region's width (codegen's fallback)
         unit = ceil_div(elems, group)
         sizes = np.clip(elems - unit * np.arange(group), 0, unit)
-        hops = chip.cols - 1 + ceil_div(group * col_ring, chip.cols)
+        hops = width * col_ring - 1 + ceil_div(group, width)
         return (chip.hop_latency_cycles * hops
                 + ceil_div(_line_busiest(sizes) * elem_bytes * col_ring,
                            chip.link_bytes_per_cycle)

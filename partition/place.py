@@ -15,7 +15,9 @@ The mesh-aware embedding (`Embedding`) gives each ring driver its own physical d
   the wrap-around included, is at most 2 hops (WaferLLM's MeshGEMM does the same);
 - the rest of a core's coordinates (non-driver axes, and driver coordinates divided by the ring
   length) form one mixed-radix index, reduction axes innermost so that cores holding partial
-  sums of the same block sit close; blocks are filled row-major with it.
+  sums of the same block sit close; blocks are filled row-major with it over the op's region,
+  the squarest rectangle of blocks from the mesh's first core that holds them
+  (`region_width`), so that all ops overlap around one corner.
 
 With this embedding a ring edge is at most 2 hops and each link of a line of rings carries one
 message per ring and direction, so a shift step costs ``hop latency x hops + busiest link bytes
@@ -182,7 +184,7 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     # a rectangle of blocks that tiles the chip (`group_tile`) so that it never straddles the
     # end of a row; row-major over the blocks when no rectangle tiles it
     group = math.prod(d for (j, d) in zip(order, rest_dims) if axes[j] in reduction)
-    per_row = embed.cols // embed.col_ring
+    per_row = region_width(embed, math.prod(rest_dims), group)
     tile = group_tile(per_row, embed.rows // embed.row_ring, math.prod(rest_dims), group)
     if tile is None:
         brow, bcol = np.divmod(rest, per_row)
@@ -231,8 +233,8 @@ def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: se
     order = [j for j, a in enumerate(axes) if a not in reduction] + [
         j for j, a in enumerate(axes) if a in reduction]
     dims = [F[j] // ring[j] for j in order]
-    per_row = embed.cols // embed.col_ring
     group = math.prod(d for j, d in zip(order, dims) if axes[j] in reduction)
+    per_row = region_width(embed, math.prod(dims), group)
     split = None
     if all(F[j] % ring[j] == 0 for j in order) and full > 1:
         if group_tile(per_row, embed.rows // embed.row_ring, math.prod(dims), group):
@@ -250,6 +252,27 @@ def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: se
     out = parts[0] + parts[1]
     out -= zero[0]
     return out.reshape(full)
+
+
+def region_width(embed: Embedding, nblocks: int, group: int) -> int:
+    """Blocks per row of the region an op's ``nblocks`` blocks fill from the mesh's first
+    core: the squarest in cores that holds them (and in which its reduction groups of
+    ``group`` blocks tile, `group_tile`), not the mesh's whole width. Every op's region then
+    grows from the same corner, so a re-layout between two ops crosses at most the larger
+    one's extent: on a wafer a few thousand cores span 45 x 45, where row-major over the
+    chip's width they span 2 x 996 and data between two such ops crosses the wafer."""
+    per_row, block_rows = embed.cols // embed.col_ring, embed.rows // embed.row_ring
+    if per_row < 1 or block_rows < 1:  # (a grid that does not embed: priced, never placed)
+        return max(per_row, 1)
+    # the least W with W x W x col_ring >= nblocks x row_ring: W blocks of col_ring cores per
+    # row, nblocks / W block rows of row_ring cores
+    side = math.isqrt(ceil_div(nblocks * embed.row_ring, embed.col_ring) - 1) + 1 \
+        if nblocks > 1 else 1
+    width = min(per_row, max(side, ceil_div(nblocks, block_rows)))
+    if group > 1 and width < per_row and group_tile(width, block_rows, nblocks, group) is None \
+            and group_tile(per_row, block_rows, nblocks, group) is not None:
+        return per_row
+    return width
 
 
 def group_tile(blocks_per_row: int, block_rows: int, nblocks: int, group: int
