@@ -5,7 +5,9 @@ The pipeline, as `to_graph` runs it:
 1. `load_model`: an ONNX path or a ModelProto (zoo names are resolved by the driver);
 2. `check_and_infer`: pin dynamic input dimensions (``--shape``), check, infer every shape;
 3. `fold_batchnorm` (`rewrite.py`): BatchNormalization after a Conv with constant weights is
-   folded into the Conv;
+   folded into the Conv; `fold_repeat_kv`: grouped-query attention's keys and values,
+   repeated to every query head (Expand, Reshape), are read unrepeated by matmuls whose rows
+   are the query heads of a group;
 4. `lower`, node by node in order: a node whose inputs are all constant is evaluated with the
    ONNX reference evaluator (shape arithmetic, masks, RoPE tables: Shape and Size of any tensor
    are constants too, since shapes are static); the others go through the op table, one
@@ -41,7 +43,7 @@ from . import shapes as _shapes  # noqa: F401
 from .context import REGISTRY, Context, Unsupported, attrs, pick
 from .fuse import fuse_elementwise, prune
 from .loader import FrontendError, ModelNotFoundError, check_and_infer, load_model
-from .rewrite import fold_batchnorm
+from .rewrite import fold_batchnorm, fold_repeat_kv
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
            "Lowered", "device_graph", "load_model", "lower", "to_graph", "supported_ops",
@@ -192,6 +194,8 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 
     outputs = {o.name for o in model.graph.output}
     nodes = fold_batchnorm(list(model.graph.node), ctx.constants, outputs)
+    if opset >= 5:  # (Reshape takes its shape as an input from opset 5)
+        nodes = fold_repeat_kv(nodes, ctx.constants, ctx.shapes, outputs)
     poisoned: set[str] = set()
     used_names: set[str] = set()
     for index, node in enumerate(nodes):

@@ -56,3 +56,154 @@ def fold_batchnorm(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
         merged[i] = folded
         dropped.add(j)
     return [merged.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
+
+
+
+def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                   shapes: dict[str, tuple[int, ...]], outputs: set[str]
+                   ) -> list[onnx.NodeProto]:
+    """``nodes`` with grouped-query attention's repeated keys and values folded into the
+    matmuls that read them.
+
+    A LLaMA export repeats each of ``kv`` key/value heads to ``rep`` query heads before the
+    attention matmuls (HF's ``repeat_kv``): ``B = Reshape(Expand(X))`` from ``[.., kv, 1, s,
+    d]`` through ``[.., kv, rep, s, d]`` to ``[.., kv * rep, s, d]``, read by ``MatMul(A, B)``
+    or ``MatMul(A, Transpose(B))`` (last two axes swapped) with ``A`` of shape ``[.., kv * rep,
+    m, k]``. The same product is ``Reshape(MatMul(Reshape(A, [.., kv, rep * m, k]), X'))``
+    with ``X'`` the unrepeated ``[.., kv, s, d]`` (transposed as B was): the query heads of a
+    group become rows of one matmul that reads its key/value head once, so the cache is
+    neither copied ``rep`` times nor re-laid out from the copy (on a wafer that re-layout was
+    a quarter of a decode step). The reshapes are views; the matmul keeps its name, and a
+    scale by a scalar that alone reads its result moves before the view (`_scalar_scale`).
+    The repeat nodes nothing reads any more are dropped; the new tensors' shapes and reshape
+    targets are added to ``shapes`` and ``constants``."""
+    producer = {out: n for n in nodes for out in n.output}
+    reader_nodes: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for name in n.input:
+            reader_nodes.setdefault(name, []).append(n)
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    chains: list[onnx.NodeProto] = []
+    absorbed: list[onnx.NodeProto] = []
+    for j, mm in enumerate(nodes):
+        if mm.op_type == "MatMul" and mm.domain in ("", "ai.onnx"):
+            scale = None if mm.output[0] in outputs else _scalar_scale(
+                reader_nodes.get(mm.output[0], []), constants, outputs)
+            found = _folded_matmul(mm, producer, constants, shapes, scale)
+            if found is not None:
+                replaced[j], chain = found
+                chains.extend(chain)
+                absorbed.extend([scale] if scale is not None else [])
+    out = [n for j, mm in enumerate(nodes) for n in replaced.get(j, [mm])
+           if not any(n is a for a in absorbed)]
+    readers = Counter(name for n in out for name in n.input if name)
+    dead = True
+    while dead:  # a chain's nodes go once nothing reads them, the Transpose before the Reshape
+        dead = [n for n in chains if any(n is m for m in out)
+                and not any(readers[o] or o in outputs for o in n.output)]
+        for n in dead:
+            out = [m for m in out if m is not n]
+            readers.subtract(i for i in n.input if i)
+    return out
+
+
+def _scalar_scale(readers: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                  outputs: set[str]) -> onnx.NodeProto | None:
+    """The one reader of a matmul's result when it is a Mul or Div by a scalar constant (the
+    attention scores' ``1 / sqrt(d)``): the folded matmul scales its result before the view,
+    so that the scale still fuses into it as an epilogue (`fuse.fuse_epilogue` does not look
+    through views)."""
+    if len(readers) != 1 or readers[0].op_type not in ("Mul", "Div") \
+            or readers[0].domain not in ("", "ai.onnx") or readers[0].output[0] in outputs:
+        return None
+    node = readers[0]
+    other = node.input[1] if node.op_type == "Div" else next(
+        (i for i in node.input if i in constants), "")
+    if other not in constants or constants[other].size != 1 or len(set(node.input)) != 2:
+        return None
+    return node
+
+
+def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
+                   constants: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
+                   scale: onnx.NodeProto | None
+                   ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | None:
+    """The nodes that replace ``mm`` (`fold_repeat_kv`), with ``scale`` (`_scalar_scale`)
+    applied before the view when given, and the repeat chain it read; None when its B
+    operand is not a repeat."""
+    a, b = mm.input[0], mm.input[1]
+    chain = []
+    transpose = producer.get(b)
+    if transpose is not None and transpose.op_type == "Transpose":
+        rank = len(shapes.get(b, ()))
+        perm = list(_attr(transpose, "perm", []))
+        if rank < 3 or perm != [*range(rank - 2), rank - 1, rank - 2]:
+            return None
+        chain.append(transpose)
+        b = transpose.input[0]
+    else:
+        transpose = None
+    reshape, expand = producer.get(b), None
+    if reshape is not None and reshape.op_type == "Reshape":
+        expand = producer.get(reshape.input[0])
+    if expand is None or expand.op_type != "Expand" or not all(
+            t in shapes for t in (a, b, mm.output[0], expand.input[0], expand.output[0])):
+        return None
+    chain += [reshape, expand]
+    src, big = shapes[expand.input[0]], shapes[expand.output[0]]
+    grown = [i for i, (x, y) in enumerate(zip(src, big)) if x != y]
+    if len(src) != len(big) or len(grown) != 1 or src[grown[0]] != 1 or grown[0] == 0:
+        return None
+    axis = grown[0]  # the repeat axis, merged into the head axis before it
+    rep, merged = big[axis], big[:axis - 1] + (big[axis - 1] * big[axis],) + big[axis + 1:]
+    a_shape, out_shape = shapes[a], shapes[mm.output[0]]
+    if shapes[b] != merged or len(merged) < 3 or axis - 1 != len(merged) - 3 \
+            or len(a_shape) != len(merged) or a_shape[:-2] != merged[:-2]:
+        return None  # the heads must be the axis before a matrix of A and of B
+    lead, kv = a_shape[:-3], big[axis - 1]
+    name = mm.name or mm.output[0]
+
+    def reshape_to(tensor: str, shape: tuple[int, ...], tag: str) -> onnx.NodeProto:
+        target = f"{name}/gqa/{tag}.shape"
+        constants[target] = np.array(shape, dtype=np.int64)
+        shapes[target] = (len(shape),)
+        shapes[f"{name}/gqa/{tag}"] = shape
+        return helper.make_node("Reshape", [tensor, target], [f"{name}/gqa/{tag}"],
+                                name=f"{name}/gqa/{tag}")
+
+    rows = reshape_to(a, lead + (kv, rep * a_shape[-2], a_shape[-1]), "rows")
+    heads = reshape_to(expand.input[0], src[:axis] + src[axis + 1:], "heads")
+    new = [rows, heads]
+    operand = heads.output[0]
+    if transpose is not None:
+        t_shape = shapes[operand][:-2] + shapes[operand][-2:][::-1]
+        shapes[f"{name}/gqa/transposed"] = t_shape
+        new.append(helper.make_node("Transpose", [operand], [f"{name}/gqa/transposed"],
+                                    name=f"{name}/gqa/Transpose",
+                                    perm=[*range(len(t_shape) - 2), len(t_shape) - 1,
+                                          len(t_shape) - 2]))
+        operand = new[-1].output[0]
+    product = f"{name}/gqa/product"
+    shapes[product] = lead + (kv, rep * a_shape[-2], out_shape[-1])
+    new.append(helper.make_node("MatMul", [rows.output[0], operand], [product], name=mm.name))
+    result = mm.output[0]
+    if scale is not None:  # the scale, applied to the product as the model applied it
+        scaled = f"{name}/gqa/scaled"
+        shapes[scaled] = shapes[product]
+        new.append(helper.make_node(
+            scale.op_type, [product if i == mm.output[0] else i for i in scale.input], [scaled],
+            name=scale.name))
+        product, result = scaled, scale.output[0]
+    target = f"{name}/gqa/out.shape"
+    constants[target] = np.array(out_shape, dtype=np.int64)
+    shapes[target] = (len(out_shape),)
+    new.append(helper.make_node("Reshape", [product, target], [result],
+                                name=f"{name}/gqa/out"))
+    return new, chain
+
+
+def _attr(node: onnx.NodeProto, name: str, default: object) -> object:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default

@@ -4,6 +4,8 @@ pipeline (several graph outputs) on the emulator against onnxruntime."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -123,3 +125,71 @@ def test_cli_compiles_and_runs_the_decode_step(capsys: pytest.CaptureFixture[str
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "model llama-tiny-decode" in out and ": OK" in out
+
+
+def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with `fold_repeat_kv` applied to its nodes, as the frontend applies it."""
+    from t10c.frontend.rewrite import fold_repeat_kv
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {v.name: tuple(_dims(v)) for v in [*inferred.graph.value_info,
+                                                 *inferred.graph.input, *inferred.graph.output]}
+    constants: dict[str, np.ndarray] = {}
+    outputs = {o.name for o in model.graph.output}
+    nodes = fold_repeat_kv(list(model.graph.node), constants, shapes, outputs)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in constants.items())
+    return out
+
+
+@pytest.mark.parametrize("name, batch", [("llama-tiny-decode", 2), ("llama-tiny", 1)])
+def test_grouped_query_attention_reads_each_kv_head_once(name: str, batch: int) -> None:
+    """The repeated keys and values fold into the attention matmuls (`fold_repeat_kv`): the
+    folded ONNX model computes what the model does (onnxruntime on both), no Expand is left,
+    the device graph's attention matmuls read the cache with its kv heads, not a copy per
+    query head, and the scores' scale still fuses into its matmul."""
+    model = build(name, seq_len=8, batch=batch)
+    folded = _folded(model)
+    onnx.checker.check_model(folded, full_check=True)
+    assert "Expand" not in {n.op_type for n in folded.graph.node}
+    assert sum(n.op_type == "MatMul" for n in folded.graph.node) == \
+        sum(n.op_type == "MatMul" for n in model.graph.node)
+    rng = np.random.default_rng(2)
+    feeds = {"input_ids": rng.integers(0, TINY.vocab, (batch, _dims(model.graph.input[0])[1]))}
+    feeds |= {i.name: rng.standard_normal(_dims(i)).astype(np.float32)
+              for i in model.graph.input[1:]}
+    for want, got in zip(_session(model).run(None, feeds), _session(folded).run(None, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    graph = to_graph(model)
+    keys = 8 + name.endswith("-decode")  # the cache and the new token
+    attention = [op for op in graph.ops if op.name.endswith(("scores/MatMul", "context/MatMul"))]
+    assert len(attention) == 2 * TINY.layers
+    assert not any(op.name.endswith("scores/Mul") for op in graph.ops)  # fused: an epilogue
+    for op in attention:
+        cache = graph.tensors[graph.root(op.inputs[1].tensor)].shape
+        assert math.prod(cache) == batch * TINY.kv_heads * keys * (TINY.hidden // TINY.heads)
+
+
+def test_a_broadcast_that_is_no_head_repeat_is_left_alone() -> None:
+    """Graphs without a head repeat before a matmul's matrix are not touched: BERT's, and a
+    MatMul whose operand's Reshape merges the repeated axis with a size-1 one too."""
+    from onnx import helper
+
+    bert = build("bert-tiny")
+    assert [n.name for n in _folded(bert).graph.node] == [n.name for n in bert.graph.node]
+    f = onnx.TensorProto.FLOAT
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["e"], name="e"),
+             helper.make_node("Reshape", ["e", "merged"], ["r"], name="r"),
+             helper.make_node("MatMul", ["a", "r"], ["y"], name="mm")]
+    graph = helper.make_graph(
+        nodes, "not-a-repeat", [helper.make_tensor_value_info("x", f, [2, 1, 1, 4, 8]),
+                            helper.make_tensor_value_info("a", f, [6, 3, 4])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [onnx.numpy_helper.from_array(np.array([2, 3, 1, 4, 8]), "shape"),
+         onnx.numpy_helper.from_array(np.array([6, 4, 8]), "merged")])
+    two = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert [n.name for n in _folded(two).graph.node] == ["e", "r", "mm"]
