@@ -8,7 +8,9 @@ BatchNormalization's output and the BatchNormalization node disappears.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 import onnx
@@ -68,8 +70,9 @@ def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
     A LLaMA export repeats each of ``kv`` key/value heads to ``rep`` query heads before the
     attention matmuls (HF's ``repeat_kv``): ``B = Reshape(Expand(X))`` from ``[.., kv, 1, s,
     d]`` through ``[.., kv, rep, s, d]`` to ``[.., kv * rep, s, d]``, read by ``MatMul(A, B)``
-    or ``MatMul(A, Transpose(B))`` (last two axes swapped) with ``A`` of shape ``[.., kv * rep,
-    m, k]``. The same product is ``Reshape(MatMul(Reshape(A, [.., kv, rep * m, k]), X'))``
+    or by ``MatMul(A, B^T)`` (last two axes swapped), B^T written as any chain of Reshapes and
+    Transposes that amounts to it (`_views_as`), with ``A`` of shape ``[.., kv * rep, m,
+    k]``. The same product is ``Reshape(MatMul(Reshape(A, [.., kv, rep * m, k]), X'))``
     with ``X'`` the unrepeated ``[.., kv, s, d]`` (transposed as B was): the query heads of a
     group become rows of one matmul that reads its key/value head once, so the cache is
     neither copied ``rep`` times nor re-laid out from the copy (on a wafer that re-layout was
@@ -98,6 +101,9 @@ def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
            if not any(n is a for a in absorbed)]
     readers = Counter(name for n in out for name in n.input if name)
     dead = True
+    # a Shape or Size of a chain's tensor does not keep it: shapes are static, and the
+    # frontend evaluates those nodes from the shape alone
+    readers.subtract(i for n in out if n.op_type in ("Shape", "Size") for i in n.input)
     while dead:  # a chain's nodes go once nothing reads them, the Transpose before the Reshape
         dead = [n for n in chains if any(n is m for m in out)
                 and not any(readers[o] or o in outputs for o in n.output)]
@@ -107,21 +113,25 @@ def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
     return out
 
 
+def _scalar_operand(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> str | None:
+    """The scalar constant a Mul multiplies by, or a Div divides by; None for other nodes."""
+    if node.op_type not in ("Mul", "Div") or node.domain not in ("", "ai.onnx") \
+            or len(node.input) != 2 or node.input[0] == node.input[1]:
+        return None
+    candidates = node.input[1:] if node.op_type == "Div" else node.input
+    return next((c for c in candidates if c in constants and constants[c].size == 1), None)
+
+
 def _scalar_scale(readers: list[onnx.NodeProto], constants: dict[str, np.ndarray],
                   outputs: set[str]) -> onnx.NodeProto | None:
     """The one reader of a matmul's result when it is a Mul or Div by a scalar constant (the
     attention scores' ``1 / sqrt(d)``): the folded matmul scales its result before the view,
     so that the scale still fuses into it as an epilogue (`fuse.fuse_epilogue` does not look
     through views)."""
-    if len(readers) != 1 or readers[0].op_type not in ("Mul", "Div") \
-            or readers[0].domain not in ("", "ai.onnx") or readers[0].output[0] in outputs:
+    if len(readers) != 1 or readers[0].output[0] in outputs \
+            or _scalar_operand(readers[0], constants) is None:
         return None
-    node = readers[0]
-    other = node.input[1] if node.op_type == "Div" else next(
-        (i for i in node.input if i in constants), "")
-    if other not in constants or constants[other].size != 1 or len(set(node.input)) != 2:
-        return None
-    return node
+    return readers[0]
 
 
 def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
@@ -132,24 +142,25 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     applied before the view when given, and the repeat chain it read; None when its B
     operand is not a repeat."""
     a, b = mm.input[0], mm.input[1]
-    chain = []
-    transpose = producer.get(b)
-    if transpose is not None and transpose.op_type == "Transpose":
-        rank = len(shapes.get(b, ()))
-        perm = list(_attr(transpose, "perm", []))
-        if rank < 3 or perm != [*range(rank - 2), rank - 1, rank - 2]:
-            return None
-        chain.append(transpose)
-        b = transpose.input[0]
-    else:
-        transpose = None
-    reshape, expand = producer.get(b), None
-    if reshape is not None and reshape.op_type == "Reshape":
-        expand = producer.get(reshape.input[0])
-    if expand is None or expand.op_type != "Expand" or not all(
-            t in shapes for t in (a, b, mm.output[0], expand.input[0], expand.output[0])):
+    chain = []  # the views (and scales by a scalar) from B back to the Expand
+    scales: list[onnx.NodeProto] = []
+    node = producer.get(b)
+    while node is not None and len(chain) < 8:
+        if node.op_type in ("Reshape", "Transpose"):
+            data = node.input[0]
+        elif _scalar_operand(node, constants) is not None:
+            scales.append(node)
+            data = next(i for i in node.input if i != _scalar_operand(node, constants))
+        else:
+            break
+        chain.append(node)
+        node = producer.get(data)
+    expand = node
+    if expand is None or expand.op_type != "Expand" or not chain or not all(
+            t in shapes for t in (a, b, mm.output[0], expand.input[0], expand.output[0],
+                                  *(n.output[0] for n in chain))):
         return None
-    chain += [reshape, expand]
+    chain.append(expand)
     src, big = shapes[expand.input[0]], shapes[expand.output[0]]
     grown = [i for i, (x, y) in enumerate(zip(src, big)) if x != y]
     if len(src) != len(big) or len(grown) != 1 or src[grown[0]] != 1 or grown[0] == 0:
@@ -157,9 +168,14 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     axis = grown[0]  # the repeat axis, merged into the head axis before it
     rep, merged = big[axis], big[:axis - 1] + (big[axis - 1] * big[axis],) + big[axis + 1:]
     a_shape, out_shape = shapes[a], shapes[mm.output[0]]
-    if shapes[b] != merged or len(merged) < 3 or axis - 1 != len(merged) - 3 \
-            or len(a_shape) != len(merged) or a_shape[:-2] != merged[:-2]:
+    if len(merged) < 3 or axis - 1 != len(merged) - 3 or len(a_shape) != len(merged) \
+            or a_shape[:-2] != merged[:-2]:
         return None  # the heads must be the axis before a matrix of A and of B
+    transposed = _views_as(big, merged, tuple(
+        (n.op_type, shapes[n.output[0]], tuple(_attr(n, "perm", ())))  # type: ignore[arg-type]
+        for n in reversed(chain[:-1]) if n.op_type in ("Reshape", "Transpose")))
+    if transposed is None:
+        return None
     lead, kv = a_shape[:-3], big[axis - 1]
     name = mm.name or mm.output[0]
 
@@ -175,7 +191,7 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     heads = reshape_to(expand.input[0], src[:axis] + src[axis + 1:], "heads")
     new = [rows, heads]
     operand = heads.output[0]
-    if transpose is not None:
+    if transposed:
         t_shape = shapes[operand][:-2] + shapes[operand][-2:][::-1]
         shapes[f"{name}/gqa/transposed"] = t_shape
         new.append(helper.make_node("Transpose", [operand], [f"{name}/gqa/transposed"],
@@ -186,6 +202,12 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     product = f"{name}/gqa/product"
     shapes[product] = lead + (kv, rep * a_shape[-2], out_shape[-1])
     new.append(helper.make_node("MatMul", [rows.output[0], operand], [product], name=mm.name))
+    for k, sc in enumerate(scales):  # B's scale by a scalar, applied to the product instead
+        scaled = f"{name}/gqa/scaled_b{k}"  # (where it fuses into the matmul, an epilogue)
+        shapes[scaled] = shapes[product]
+        const = _scalar_operand(sc, constants)
+        new.append(helper.make_node(sc.op_type, [product, const], [scaled], name=sc.name))
+        product = scaled
     result = mm.output[0]
     if scale is not None:  # the scale, applied to the product as the model applied it
         scaled = f"{name}/gqa/scaled"
@@ -200,6 +222,26 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     new.append(helper.make_node("Reshape", [product, target], [result],
                                 name=f"{name}/gqa/out"))
     return new, chain
+
+
+@lru_cache(maxsize=64)
+def _views_as(big: tuple[int, ...], merged: tuple[int, ...],
+              views: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]) -> bool | None:
+    """Whether the Reshape and Transpose ``views`` (op type, output shape, perm), applied in
+    order to a tensor of shape ``big``, give its reshape to ``merged`` (False) or that with
+    its last two axes swapped (True); None when they give anything else. Decided on the
+    elements' positions, so any chain of views that amounts to one of the two is seen
+    through (a torch.dynamo export flattens the heads into the batch and back)."""
+    x = np.arange(math.prod(big), dtype=np.int32).reshape(big)
+    for op_type, shape, perm in views:
+        x = x.reshape(shape) if op_type == "Reshape" else x.transpose(perm or None)
+    plain = np.arange(math.prod(big), dtype=np.int32).reshape(merged)
+    if x.shape == plain.shape and np.array_equal(x, plain):
+        return False
+    swapped = plain.swapaxes(-1, -2)
+    if x.shape == swapped.shape and np.array_equal(x, swapped):
+        return True
+    return None
 
 
 def _attr(node: onnx.NodeProto, name: str, default: object) -> object:

@@ -193,3 +193,17 @@ def test_a_broadcast_that_is_no_head_repeat_is_left_alone() -> None:
          onnx.numpy_helper.from_array(np.array([6, 4, 8]), "merged")])
     two = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     assert [n.name for n in _folded(two).graph.node] == ["e", "r", "mm"]
+
+
+def test_the_repeat_folds_through_a_dynamo_exports_views_and_scale() -> None:
+    """torch.dynamo's export of HF LLaMA flattens the repeated keys' heads into the batch,
+    transposes, reshapes back and scales them by a scalar before the scores' MatMul: that
+    chain amounts to ``k^T`` times a scalar, so the repeat still folds (the scale moves to
+    the product) and no Expand is left on chip; test_fixtures checks its outputs."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "llama-hf-mask-dynamic.onnx"
+    model = onnx.load(path)
+    assert sum(n.op_type == "Expand" and "expand" in n.name for n in model.graph.node) == 4
+    graph = to_graph(model, pinned={"input_ids": (2, 16), "attention_mask": (2, 16)})
+    assert not any("expand" in op.source for op in graph.ops)
