@@ -224,6 +224,11 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     return new, chain
 
 
+#: the largest repeated tensor whose view chain `_views_as` checks position by position (two
+#: int32 copies of it: 256 MB)
+VIEW_CHECK_ELEMENTS = 2**25
+
+
 @lru_cache(maxsize=64)
 def _views_as(big: tuple[int, ...], merged: tuple[int, ...],
               views: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]) -> bool | None:
@@ -231,7 +236,19 @@ def _views_as(big: tuple[int, ...], merged: tuple[int, ...],
     order to a tensor of shape ``big``, give its reshape to ``merged`` (False) or that with
     its last two axes swapped (True); None when they give anything else. Decided on the
     elements' positions, so any chain of views that amounts to one of the two is seen
-    through (a torch.dynamo export flattens the heads into the batch and back)."""
+    through (a torch.dynamo export flattens the heads into the batch and back). The chain
+    the zoo writes (that reshape, then that swap or nothing) is known without arrays; other
+    chains are decided on positions when the tensor has at most `VIEW_CHECK_ELEMENTS`
+    elements, and not folded otherwise."""
+    rank = len(merged)
+    swap = (*range(rank - 2), rank - 1, rank - 2)
+    if views == (("Reshape", merged, ()),):
+        return False
+    if views[:1] == (("Reshape", merged, ()),) and len(views) == 2 \
+            and views[1][0] == "Transpose" and views[1][2] == swap:
+        return True
+    if math.prod(big) > VIEW_CHECK_ELEMENTS:
+        return None
     x = np.arange(math.prod(big), dtype=np.int32).reshape(big)
     for op_type, shape, perm in views:
         x = x.reshape(shape) if op_type == "Reshape" else x.transpose(perm or None)

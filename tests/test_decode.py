@@ -207,3 +207,24 @@ def test_the_repeat_folds_through_a_dynamo_exports_views_and_scale() -> None:
     assert sum(n.op_type == "Expand" and "expand" in n.name for n in model.graph.node) == 4
     graph = to_graph(model, pinned={"input_ids": (2, 16), "attention_mask": (2, 16)})
     assert not any("expand" in op.source for op in graph.ops)
+
+
+def test_view_chains_are_told_apart_by_where_the_elements_go() -> None:
+    """`_views_as`: the zoo's chain by its shapes alone (any size), a dynamo-style chain by
+    the elements' positions; a chain that moves elements otherwise, or one too large to
+    check position by position, is not folded."""
+    from t10c.frontend.rewrite import VIEW_CHECK_ELEMENTS, _views_as
+
+    big, merged = (2, 2, 3, 5, 4), (2, 6, 5, 4)
+    assert _views_as(big, merged, (("Reshape", merged, ()),)) is False
+    assert _views_as(big, merged, (("Reshape", merged, ()),
+                                   ("Transpose", (2, 6, 4, 5), (0, 1, 3, 2)))) is True
+    dynamo = (("Reshape", (12, 5, 4), ()), ("Transpose", (12, 4, 5), (0, 2, 1)),
+              ("Reshape", (2, 6, 4, 5), ()))
+    assert _views_as(big, merged, dynamo) is True
+    assert _views_as(big, merged, (("Reshape", (2, 6, 4, 5), ()),)) is None  # not a swap
+    huge = (1, 8, 4, VIEW_CHECK_ELEMENTS // 32 + 1, 1)
+    flat = (1, 32, huge[3], 1)
+    assert _views_as(huge, flat, (("Reshape", flat, ()),)) is False
+    assert _views_as(huge, flat, (("Reshape", (32, huge[3], 1), ()),
+                                  ("Reshape", flat, ()))) is None
