@@ -60,7 +60,6 @@ def fold_batchnorm(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
     return [merged.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
 
 
-
 def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
                    shapes: dict[str, tuple[int, ...]], outputs: set[str]
                    ) -> list[onnx.NodeProto]:
@@ -97,20 +96,21 @@ def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
                 replaced[j], chain = found
                 chains.extend(chain)
                 absorbed.extend([scale] if scale is not None else [])
-    out = [n for j, mm in enumerate(nodes) for n in replaced.get(j, [mm])
-           if not any(n is a for a in absorbed)]
+    gone = {id(n) for n in absorbed}
+    out = [n for j, mm in enumerate(nodes) for n in replaced.get(j, [mm]) if id(n) not in gone]
     readers = Counter(name for n in out for name in n.input if name)
-    dead = True
     # a Shape or Size of a chain's tensor does not keep it: shapes are static, and the
     # frontend evaluates those nodes from the shape alone
     readers.subtract(i for n in out if n.op_type in ("Shape", "Size") for i in n.input)
-    while dead:  # a chain's nodes go once nothing reads them, the Transpose before the Reshape
-        dead = [n for n in chains if any(n is m for m in out)
-                and not any(readers[o] or o in outputs for o in n.output)]
-        for n in dead:
-            out = [m for m in out if m is not n]
-            readers.subtract(i for i in n.input if i)
-    return out
+    dropped = True
+    while dropped:  # a chain's nodes go once nothing reads them (the Transpose, then the
+        dropped = False  # Reshape it read, ...; chains may share nodes)
+        for n in chains:
+            if id(n) not in gone and not any(readers[o] or o in outputs for o in n.output):
+                gone.add(id(n))
+                readers.subtract(i for i in n.input if i)
+                dropped = True
+    return [n for n in out if id(n) not in gone]
 
 
 def _scalar_operand(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> str | None:
@@ -146,11 +146,12 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     scales: list[onnx.NodeProto] = []
     node = producer.get(b)
     while node is not None and len(chain) < 8:
+        const = _scalar_operand(node, constants)
         if node.op_type in ("Reshape", "Transpose"):
             data = node.input[0]
-        elif _scalar_operand(node, constants) is not None:
+        elif const is not None:
             scales.append(node)
-            data = next(i for i in node.input if i != _scalar_operand(node, constants))
+            data = next(i for i in node.input if i != const)
         else:
             break
         chain.append(node)
@@ -179,13 +180,18 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     lead, kv = a_shape[:-3], big[axis - 1]
     name = mm.name or mm.output[0]
 
-    def reshape_to(tensor: str, shape: tuple[int, ...], tag: str) -> onnx.NodeProto:
-        target = f"{name}/gqa/{tag}.shape"
+    def reshape_to(tensor: str, shape: tuple[int, ...], tag: str, out: str = "") -> onnx.NodeProto:
+        target, out = f"{name}/gqa/{tag}.shape", out or f"{name}/gqa/{tag}"
         constants[target] = np.array(shape, dtype=np.int64)
-        shapes[target] = (len(shape),)
-        shapes[f"{name}/gqa/{tag}"] = shape
-        return helper.make_node("Reshape", [tensor, target], [f"{name}/gqa/{tag}"],
-                                name=f"{name}/gqa/{tag}")
+        shapes[target], shapes[out] = (len(shape),), shape
+        return helper.make_node("Reshape", [tensor, target], [out], name=f"{name}/gqa/{tag}")
+
+    def scaled_by(node: onnx.NodeProto, product: str, tag: str) -> onnx.NodeProto:
+        """``node``'s scale by its scalar, applied to ``product``."""
+        const = _scalar_operand(node, constants)
+        shapes[f"{name}/gqa/{tag}"] = shapes[product]
+        return helper.make_node(node.op_type, [product, const], [f"{name}/gqa/{tag}"],
+                                name=node.name)  # (a Div's scalar is its divisor)
 
     rows = reshape_to(a, lead + (kv, rep * a_shape[-2], a_shape[-1]), "rows")
     heads = reshape_to(expand.input[0], src[:axis] + src[axis + 1:], "heads")
@@ -202,25 +208,14 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     product = f"{name}/gqa/product"
     shapes[product] = lead + (kv, rep * a_shape[-2], out_shape[-1])
     new.append(helper.make_node("MatMul", [rows.output[0], operand], [product], name=mm.name))
-    for k, sc in enumerate(scales):  # B's scale by a scalar, applied to the product instead
-        scaled = f"{name}/gqa/scaled_b{k}"  # (where it fuses into the matmul, an epilogue)
-        shapes[scaled] = shapes[product]
-        const = _scalar_operand(sc, constants)
-        new.append(helper.make_node(sc.op_type, [product, const], [scaled], name=sc.name))
-        product = scaled
-    result = mm.output[0]
-    if scale is not None:  # the scale, applied to the product as the model applied it
-        scaled = f"{name}/gqa/scaled"
-        shapes[scaled] = shapes[product]
-        new.append(helper.make_node(
-            scale.op_type, [product if i == mm.output[0] else i for i in scale.input], [scaled],
-            name=scale.name))
-        product, result = scaled, scale.output[0]
-    target = f"{name}/gqa/out.shape"
-    constants[target] = np.array(out_shape, dtype=np.int64)
-    shapes[target] = (len(out_shape),)
-    new.append(helper.make_node("Reshape", [product, target], [result],
-                                name=f"{name}/gqa/out"))
+    # B's scales by a scalar apply to the product instead (where they fuse into the matmul
+    # as epilogues), and so does the one reader's scale (as the model applied it)
+    tagged = [(sc, f"scaled_b{k}") for k, sc in enumerate(scales)]
+    for sc, tag in tagged + ([(scale, "scaled")] if scale is not None else []):
+        new.append(scaled_by(sc, product, tag))
+        product = new[-1].output[0]
+    new.append(reshape_to(product, out_shape, "out",
+                          scale.output[0] if scale is not None else mm.output[0]))
     return new, chain
 
 

@@ -160,11 +160,19 @@ def group_shape(chip: Chip, ncores: int, group: int, col_ring: int, row_ring: in
     """(rows, cols) of the members of a reduction group of ``group`` consecutive blocks as
     `place.physical_cores` lays them (one member per block; `place.group_tile`). Where no
     rectangle tiles the chip the groups straddle rows and are priced as lines (optimistic)."""
+    tile = _group_tile(chip, ncores, group, col_ring, row_ring)[0]
+    return (1, group) if tile is None else tile
+
+
+def _group_tile(chip: Chip, ncores: int, group: int, col_ring: int, row_ring: int
+                ) -> tuple[tuple[int, int] | None, int]:
+    """(`place.group_tile` of the op's region, the region's width in blocks), as
+    `place.physical_cores` lays an op of ``ncores`` cores in blocks of ``row_ring x
+    col_ring``."""
     nblocks = ceil_div(ncores, col_ring * row_ring)
     width = region_width(Embedding(chip.rows, chip.cols, "", col_ring, "", row_ring), nblocks,
                          group)
-    tile = group_tile(width, chip.rows // row_ring, nblocks, group)
-    return (1, group) if tile is None else tile
+    return group_tile(width, chip.rows // row_ring, nblocks, group), width
 
 
 def _digit_values(digits: tuple[Digit, ...], height: int, width: int
@@ -233,10 +241,8 @@ def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring
     not included)."""
     if group <= 1:
         return 0, elems
-    nblocks = ceil_div(ncores, col_ring * row_ring)
-    width = region_width(Embedding(chip.rows, chip.cols, "", col_ring, "", row_ring), nblocks,
-                         group)
-    if group_tile(width, chip.rows // row_ring, nblocks, group) is None:
+    tile, width = _group_tile(chip, ncores, group, col_ring, row_ring)
+    if tile is None:
         # no rectangle tiles the region: one level over groups that straddle rows' ends,
         # their transfers crossing the region's width (codegen's fallback)
         unit = ceil_div(elems, group)
@@ -246,7 +252,7 @@ def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring
                 + ceil_div(_line_busiest(sizes) * elem_bytes * col_ring,
                            chip.link_bytes_per_cycle)
                 + chip.vector_cycles((group - 1) * unit, dtype)), unit
-    rows, cols = group_shape(chip, ncores, group, col_ring, row_ring)
+    rows, cols = tile
     digits = choose_levels(rows, cols, row_ring, col_ring, elems)
     first = ceil_div(elems, group) * (group // digits[0].size)
     cycles = sum(chip.hop_latency_cycles * hops + ceil_div(most, chip.link_bytes_per_cycle)
