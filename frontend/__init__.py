@@ -7,7 +7,8 @@ The pipeline, as `to_graph` runs it:
 3. `fold_batchnorm` (`rewrite.py`): BatchNormalization after a Conv with constant weights is
    folded into the Conv; `fold_repeat_kv`: grouped-query attention's keys and values,
    repeated to every query head (Expand, Reshape), are read unrepeated by matmuls whose rows
-   are the query heads of a group;
+   are the query heads of a group; on mesh chips `split_cache_concat`: attention matmuls
+   read a decode step's cache input itself, not its Concat with the new entries;
 4. `lower`, node by node in order: a node whose inputs are all constant is evaluated with the
    ONNX reference evaluator (shape arithmetic, masks, RoPE tables: Shape and Size of any tensor
    are constants too, since shapes are static); the others go through the op table, one
@@ -43,7 +44,7 @@ from . import shapes as _shapes  # noqa: F401
 from .context import REGISTRY, Context, Unsupported, attrs, pick
 from .fuse import fuse_elementwise, prune
 from .loader import FrontendError, ModelNotFoundError, check_and_infer, load_model
-from .rewrite import fold_batchnorm, fold_repeat_kv
+from .rewrite import fold_batchnorm, fold_repeat_kv, split_cache_concat
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
            "Lowered", "device_graph", "load_model", "lower", "to_graph", "supported_ops",
@@ -164,10 +165,11 @@ class Lowered:
 
 
 def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = None,
-          weights: Mapping[str, np.ndarray] | None = None) -> Lowered:
+          weights: Mapping[str, np.ndarray] | None = None, split_cache: bool = False
+          ) -> Lowered:
     """Lower every node that can be lowered, collecting the ones that cannot (no exception
     for unsupported nodes; `to_graph` raises them all at once). ``weights``: the values of
-    shape-only initializers, by name (`to_graph`)."""
+    shape-only initializers, by name (`to_graph`); ``split_cache``: `split_cache_concat`."""
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
     opsets = _opsets(model)
@@ -196,6 +198,8 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
     nodes = fold_batchnorm(list(model.graph.node), ctx.constants, outputs)
     if opset >= 5:  # (Reshape takes its shape as an input from opset 5)
         nodes = fold_repeat_kv(nodes, ctx.constants, ctx.shapes, outputs)
+    if split_cache and opset >= 10:  # (Slice takes its bounds as inputs from opset 10)
+        nodes = split_cache_concat(nodes, ctx.constants, ctx.shapes, set(inputs), outputs)
     poisoned: set[str] = set()
     used_names: set[str] = set()
     for index, node in enumerate(nodes):
@@ -253,8 +257,8 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
              name: str | None = None, fuse: bool = True, epilogues: bool = True,
-             prologues: bool = False, weights: Mapping[str, np.ndarray] | None = None
-             ) -> Graph:
+             prologues: bool = False, weights: Mapping[str, np.ndarray] | None = None,
+             split_cache: bool = False) -> Graph:
     """Lower a model (an ONNX path or a ModelProto) to the device graph.
 
     ``weights`` gives the values of shape-only initializers by name (a zoo model built apart,
@@ -264,10 +268,15 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
     and, with ``epilogues`` too, elementwise consumers fold into the reduction or contraction
     before them, and with ``prologues`` as well elementwise producers into the contractions
     that read them (`fuse.py`).
+
+    With ``split_cache``, attention matmuls read a decode step's key/value cache input
+    itself, not its Concat with the step's new entries (`rewrite.split_cache_concat`): the
+    compiler asks for it on mesh chips, where re-laying the cache out every step costs its
+    distance; on an all-to-all chip the two more ops cost more than the re-layout saves.
     Raises `UnsupportedModelError` listing every node that cannot be lowered.
     """
     model = load_model(source)
-    low = lower(model, pinned, weights)
+    low = lower(model, pinned, weights, split_cache)
     if low.problems:
         raise UnsupportedModelError(low.problems)
     return device_graph(low, name, fuse, epilogues, prologues)

@@ -4,6 +4,11 @@
 constant weights is folded into that Conv: ``W' = W * s`` per output channel and
 ``B' = (B - mean) * s + bias`` with ``s = scale / sqrt(var + eps)``. The Conv then writes the
 BatchNormalization's output and the BatchNormalization node disappears.
+
+`fold_repeat_kv`: grouped-query attention's repeated keys and values are read unrepeated.
+
+`split_cache_concat`: an attention matmul over ``Concat(past cache, new entries)`` becomes
+one matmul per part, so that the one over the past reads the graph input itself.
 """
 
 from __future__ import annotations
@@ -98,19 +103,7 @@ def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
                 absorbed.extend([scale] if scale is not None else [])
     gone = {id(n) for n in absorbed}
     out = [n for j, mm in enumerate(nodes) for n in replaced.get(j, [mm]) if id(n) not in gone]
-    readers = Counter(name for n in out for name in n.input if name)
-    # a Shape or Size of a chain's tensor does not keep it: shapes are static, and the
-    # frontend evaluates those nodes from the shape alone
-    readers.subtract(i for n in out if n.op_type in ("Shape", "Size") for i in n.input)
-    dropped = True
-    while dropped:  # a chain's nodes go once nothing reads them (the Transpose, then the
-        dropped = False  # Reshape it read, ...; chains may share nodes)
-        for n in chains:
-            if id(n) not in gone and not any(readers[o] or o in outputs for o in n.output):
-                gone.add(id(n))
-                readers.subtract(i for i in n.input if i)
-                dropped = True
-    return [n for n in out if id(n) not in gone]
+    return _without_unread(out, chains, outputs)
 
 
 def _scalar_operand(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> str | None:
@@ -217,6 +210,169 @@ def _folded_matmul(mm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
     new.append(reshape_to(product, out_shape, "out",
                           scale.output[0] if scale is not None else mm.output[0]))
     return new, chain
+
+
+def split_cache_concat(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                       shapes: dict[str, tuple[int, ...]], inputs: set[str],
+                       outputs: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` with every matmul that reads a key/value cache through the Concat that
+    appends a step's new entries split over the Concat's parts.
+
+    A decode step attends over ``Concat(past, new)`` along the cache's sequence axis, with
+    ``past`` a graph input. Read whole, the concatenated cache is a new tensor that the
+    attention matmuls must have re-laid into their own layouts every step (on a wafer, two
+    thirds of the attention's time). Split, each matmul reads ``past`` itself, which is
+    loaded in the matmul's own layout as any graph input is (the cache stays where attention
+    reads it, as WaferLLM keeps it), and the few new entries in a matmul of their own:
+
+    - where the sequence axis is B's column axis (the scores ``q K^T``), ``MatMul(A, B)`` is
+      the Concat of the parts' products along the result's last axis, each part's product
+      scaled first by a scalar that alone reads the result (so that the scale still fuses
+      into the matmuls as an epilogue);
+    - where it is B's row axis (the context ``p V``), it is the sum of the parts' products
+      with the matching columns of ``A`` (Slices).
+
+    B may be the Concat seen through views that leave its shape whole (an Unsqueeze and a
+    Reshape back, as `fold_repeat_kv` leaves them) and Transposes. The Concat itself stays
+    only while something else reads it (the ``present`` output). Sums are in a different
+    order than the matmul over the whole cache, by at most a rounding per part."""
+    producer = {out: n for n in nodes for out in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    absorbed: set[int] = set()  # the scales applied to the parts instead
+    chains: list[onnx.NodeProto] = []  # the views and Concats the split matmuls read
+    for j, mm in enumerate(nodes):
+        if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") \
+                or not all(t in shapes for t in (mm.input[0], mm.output[0])):
+            continue
+        found = _cache_operand(mm.input[1], producer, shapes, inputs)
+        if found is None:
+            continue
+        concat, perm, views = found
+        rank, axis = len(perm), _int_attr(concat, "axis", 0) % len(perm)
+        seq = perm.index(axis)  # where the sequence axis is in B
+        if seq < rank - 2 or len(shapes[mm.input[0]]) != rank \
+                or len(shapes[mm.output[0]]) != rank:  # (batch axes broadcast: left alone)
+            continue
+        chains.extend([*views, concat])
+        columns = seq == rank - 1  # the scores' case; else the context's
+        scale = _scalar_scale(readers.get(mm.output[0], []), constants, outputs) \
+            if columns and mm.output[0] not in outputs else None
+        name = mm.name or mm.output[0]
+        new: list[onnx.NodeProto] = []
+        parts: list[str] = []
+        offset = 0
+        for k, part in enumerate(concat.input):
+            tag, width = f"{name}/cache{k}", shapes[part][axis]
+            b = part
+            if perm != tuple(range(rank)):
+                b = f"{tag}/B"
+                shapes[b] = tuple(shapes[part][p] for p in perm)
+                new.append(helper.make_node("Transpose", [part], [b], perm=list(perm),
+                                            name=f"{tag}/Transpose"))
+            a = mm.input[0]
+            if not columns:  # the columns of A that meet this part's rows
+                a = f"{tag}/A"
+                bounds = [f"{a}.starts", f"{a}.ends", f"{a}.axes"]
+                for c, v in zip(bounds, (offset, offset + width, rank - 1)):
+                    constants[c], shapes[c] = np.array([v], dtype=np.int64), (1,)
+                shapes[a] = shapes[mm.input[0]][:-1] + (width,)
+                new.append(helper.make_node("Slice", [mm.input[0], *bounds], [a],
+                                            name=f"{tag}/Slice"))
+            shapes[tag] = shapes[a][:-1] + (shapes[b][-1],)
+            new.append(helper.make_node("MatMul", [a, b], [tag], name=tag))
+            product = tag
+            if scale is not None:  # each part scaled (where the scale fuses into its matmul)
+                product = f"{tag}/scaled"
+                shapes[product] = shapes[tag]
+                new.append(helper.make_node(scale.op_type,
+                                            [tag, str(_scalar_operand(scale, constants))],
+                                            [product], name=f"{tag}/scale"))
+            parts.append(product)
+            offset += width
+        if columns:
+            done = scale.output[0] if scale is not None else mm.output[0]
+            new.append(helper.make_node("Concat", parts, [done], axis=rank - 1,
+                                        name=f"{name}/cache"))
+        else:
+            total = parts[0]
+            for k, product in enumerate(parts[1:], 1):
+                total_next = mm.output[0] if k == len(parts) - 1 else f"{name}/cache/sum{k}"
+                shapes[total_next] = shapes[mm.output[0]]
+                new.append(helper.make_node("Add", [total, product], [total_next],
+                                            name=f"{name}/cache/Add{k}"))
+                total = total_next
+        replaced[j] = new
+        if scale is not None:
+            absorbed.add(id(scale))
+    if not replaced:
+        return nodes
+    out = [n for j, n in enumerate(nodes) for n in replaced.get(j, [n]) if id(n) not in absorbed]
+    return _without_unread(out, chains, outputs)
+
+
+def _cache_operand(b: str, producer: dict[str, onnx.NodeProto],
+                   shapes: dict[str, tuple[int, ...]], inputs: set[str]
+                   ) -> tuple[onnx.NodeProto, tuple[int, ...], list[onnx.NodeProto]] | None:
+    """The Concat that ``b`` views (`split_cache_concat`), the permutation of its axes that
+    ``b`` is, and the views between them, when ``b`` is a cache: a Concat of at least one
+    graph input, seen through Transposes and views that leave its shape whole; else None."""
+    views: list[onnx.NodeProto] = []
+    node = producer.get(b)
+    while node is not None and node.op_type in ("Transpose", "Reshape", "Unsqueeze",
+                                                "Squeeze") and len(views) < 8:
+        views.append(node)
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx") \
+            or not any(i in inputs for i in node.input) \
+            or not all(t in shapes for t in (*node.input, node.output[0],
+                                             *(v.output[0] for v in views))):
+        return None
+    shape = shapes[node.output[0]]
+    perm = tuple(range(len(shape)))
+    current = shape  # the tensor's shape as the views go, from the Concat's
+    for v in reversed(views):
+        if v.op_type == "Transpose":
+            if current != tuple(shape[p] for p in perm):  # the reshapes before it are not whole
+                return None
+            order = _ints_attr(v, "perm") or list(range(len(current)))[::-1]
+            perm = tuple(perm[x] for x in order)
+        current = shapes[v.output[0]]
+    if current != tuple(shape[p] for p in perm):
+        return None
+    return node, perm, views
+
+
+def _int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    value = _attr(node, name, default)
+    return int(value) if isinstance(value, (int, np.integer)) else default
+
+
+def _ints_attr(node: onnx.NodeProto, name: str) -> list[int]:
+    value = _attr(node, name, ())
+    return [int(x) for x in value] if isinstance(value, (list, tuple)) else []
+
+
+def _without_unread(nodes: list[onnx.NodeProto], chains: list[onnx.NodeProto],
+                    outputs: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` without the nodes of ``chains`` that nothing reads any more (a Shape or Size
+    reader does not count: shapes are static), dropped in turn (a view, then what it read;
+    chains may share nodes)."""
+    readers = Counter(name for n in nodes for name in n.input if name)
+    readers.subtract(i for n in nodes if n.op_type in ("Shape", "Size") for i in n.input)
+    gone: set[int] = set()
+    dropped = True
+    while dropped:
+        dropped = False
+        for n in chains:
+            if id(n) not in gone and not any(readers[o] or o in outputs for o in n.output):
+                gone.add(id(n))
+                readers.subtract(i for i in n.input if i)
+                dropped = True
+    return [n for n in nodes if id(n) not in gone]
 
 
 #: the largest repeated tensor whose view chain `_views_as` checks position by position (two

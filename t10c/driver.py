@@ -180,7 +180,8 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name),
                               fuse=options.fuse != "none",
                               epilogues=options.fuse in ("all", "prologues"),
-                              prologues=options.fuse == "prologues", weights=weights)
+                              prologues=options.fuse == "prologues", weights=weights,
+                              split_cache=chip.is_mesh)
     if options.check:
         verify_graph(graph)
     if options.constraints:  # what is wrong with them is said before any search

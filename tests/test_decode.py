@@ -127,9 +127,10 @@ def test_cli_compiles_and_runs_the_decode_step(capsys: pytest.CaptureFixture[str
     assert "model llama-tiny-decode" in out and ": OK" in out
 
 
-def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with `fold_repeat_kv` applied to its nodes, as the frontend applies it."""
-    from t10c.frontend.rewrite import fold_repeat_kv
+def _folded(model: onnx.ModelProto, split: bool = False) -> onnx.ModelProto:
+    """``model`` with `fold_repeat_kv` applied to its nodes, and `split_cache_concat` after it
+    with ``split``, as the frontend applies them."""
+    from t10c.frontend.rewrite import fold_repeat_kv, split_cache_concat
 
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: tuple(_dims(v)) for v in [*inferred.graph.value_info,
@@ -137,12 +138,22 @@ def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
     constants: dict[str, np.ndarray] = {}
     outputs = {o.name for o in model.graph.output}
     nodes = fold_repeat_kv(list(model.graph.node), constants, shapes, outputs)
+    if split:
+        inputs = {i.name for i in model.graph.input}
+        nodes = split_cache_concat(nodes, constants, shapes, inputs, outputs)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     out.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in constants.items())
     return out
+
+
+def _feeds(model: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    feeds = {"input_ids": rng.integers(0, TINY.vocab, (batch, _dims(model.graph.input[0])[1]))}
+    return feeds | {i.name: rng.standard_normal(_dims(i)).astype(np.float32)
+                    for i in model.graph.input[1:]}
 
 
 @pytest.mark.parametrize("name, batch", [("llama-tiny-decode", 2), ("llama-tiny", 1)])
@@ -157,10 +168,7 @@ def test_grouped_query_attention_reads_each_kv_head_once(name: str, batch: int) 
     assert "Expand" not in {n.op_type for n in folded.graph.node}
     assert sum(n.op_type == "MatMul" for n in folded.graph.node) == \
         sum(n.op_type == "MatMul" for n in model.graph.node)
-    rng = np.random.default_rng(2)
-    feeds = {"input_ids": rng.integers(0, TINY.vocab, (batch, _dims(model.graph.input[0])[1]))}
-    feeds |= {i.name: rng.standard_normal(_dims(i)).astype(np.float32)
-              for i in model.graph.input[1:]}
+    feeds = _feeds(model, batch)
     for want, got in zip(_session(model).run(None, feeds), _session(folded).run(None, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -172,6 +180,37 @@ def test_grouped_query_attention_reads_each_kv_head_once(name: str, batch: int) 
     for op in attention:
         cache = graph.tensors[graph.root(op.inputs[1].tensor)].shape
         assert math.prod(cache) == batch * TINY.kv_heads * keys * (TINY.hidden // TINY.heads)
+
+
+def test_attention_reads_the_cache_input_itself_when_split() -> None:
+    """With the cache split (`split_cache_concat`, on mesh chips): the rewritten ONNX model
+    computes what the model does (onnxruntime on both), every attention matmul over the past
+    reads a ``past_key_values`` graph input itself (loaded in its own layout, not re-laid
+    from the Concat), the scores' scale still fuses into both parts' matmuls, and the
+    Concats stay for the ``present`` outputs. The prefill model, with no cache input, and the
+    graph built without the split are untouched."""
+    model = build("llama-tiny-decode", seq_len=8, batch=2)
+    split = _folded(model, split=True)
+    onnx.checker.check_model(split, full_check=True)
+    feeds = _feeds(model, 2)
+    for want, got in zip(_session(model).run(None, feeds), _session(split).run(None, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    prefill = build("llama-tiny", seq_len=8)
+    assert [n.name for n in _folded(prefill, split=True).graph.node] == \
+        [n.name for n in _folded(prefill).graph.node]
+
+    graph = to_graph(model, split_cache=True)
+    past = [op for op in graph.ops if op.name.endswith(("scores/MatMul/cache0",
+                                                        "context/MatMul/cache0"))]
+    assert len(past) == 2 * TINY.layers
+    for op in past:
+        roots = [graph.root(i.tensor) for i in op.inputs]
+        assert any(r.startswith("past_key_values.") and r in graph.inputs for r in roots), \
+            (op.name, roots)
+    assert not any(op.name.endswith("scale") for op in graph.ops)  # fused: epilogues
+    assert sum(op.name.endswith("_cache/Concat") for op in graph.ops) == 2 * TINY.layers
+    whole = to_graph(model)
+    assert not any("/cache0" in op.name for op in whole.ops)
 
 
 def test_a_broadcast_that_is_no_head_repeat_is_left_alone() -> None:
