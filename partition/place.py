@@ -16,8 +16,9 @@ The mesh-aware embedding (`Embedding`) gives each ring driver its own physical d
 - the rest of a core's coordinates (non-driver axes, and driver coordinates divided by the ring
   length) form one mixed-radix index, reduction axes innermost so that cores holding partial
   sums of the same block sit close; blocks are filled row-major with it over the op's region,
-  the squarest rectangle of blocks from the mesh's first core that holds them
-  (`region_width`), so that all ops overlap around one corner.
+  the squarest rectangle of blocks that holds them (`region_width`), centred on the mesh, so
+  that all ops' regions are concentric: data moving between two ops crosses about half of
+  each one's extent (from a common corner it crossed up to the whole larger one).
 
 With this embedding a ring edge is at most 2 hops and each link of a line of rings carries one
 message per ring and direction, so a shift step costs ``hop latency x hops + busiest link bytes
@@ -184,8 +185,9 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     # a rectangle of blocks that tiles the chip (`group_tile`) so that it never straddles the
     # end of a row; row-major over the blocks when no rectangle tiles it
     group = math.prod(d for (j, d) in zip(order, rest_dims) if axes[j] in reduction)
-    per_row = region_width(embed, math.prod(rest_dims), group)
-    tile = group_tile(per_row, embed.rows // embed.row_ring, math.prod(rest_dims), group)
+    nblocks = math.prod(rest_dims)
+    per_row = region_width(embed, nblocks, group)
+    tile = group_tile(per_row, embed.rows // embed.row_ring, nblocks, group)
     if tile is None:
         brow, bcol = np.divmod(rest, per_row)
     else:
@@ -194,8 +196,11 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
         band, slot = np.divmod(gi, per_row // width)
         mr, mc = np.divmod(member, width)
         brow, bcol = band * height + mr, slot * width + mc
-    col = bcol * embed.col_ring
-    row = brow * embed.row_ring
+    used_rows, used_cols = region_extent(per_row, nblocks, group, tile)
+    row0, col0 = (embed.rows - used_rows * embed.row_ring) // 2, \
+        (embed.cols - used_cols * embed.col_ring) // 2
+    col = col0 + bcol * embed.col_ring
+    row = row0 + brow * embed.row_ring
     if embed.col_driver:
         col = col + interleave(ring_pos[embed.col_driver], embed.col_ring)
     if embed.row_driver:
@@ -255,12 +260,12 @@ def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: se
 
 
 def region_width(embed: Embedding, nblocks: int, group: int) -> int:
-    """Blocks per row of the region an op's ``nblocks`` blocks fill from the mesh's first
-    core: the squarest in cores that holds them (and in which its reduction groups of
-    ``group`` blocks tile, `group_tile`), not the mesh's whole width. Every op's region then
-    grows from the same corner, so a re-layout between two ops crosses at most the larger
-    one's extent: on a wafer a few thousand cores span 45 x 45, where row-major over the
-    chip's width they span 2 x 996 and data between two such ops crosses the wafer."""
+    """Blocks per row of the region an op's ``nblocks`` blocks fill: the squarest in cores
+    that holds them (and in which its reduction groups of ``group`` blocks tile,
+    `group_tile`), not the mesh's whole width. Every op's region is centred on the mesh
+    (`physical_cores`), so a re-layout between two ops crosses about half of each one's
+    extent: on a wafer a few thousand cores span 45 x 45, where row-major over the chip's
+    width they span 2 x 996 and data between two such ops crosses the wafer."""
     per_row, block_rows = embed.cols // embed.col_ring, embed.rows // embed.row_ring
     if per_row < 1 or block_rows < 1:  # (a grid that does not embed: priced, never placed)
         return max(per_row, 1)
@@ -273,6 +278,18 @@ def region_width(embed: Embedding, nblocks: int, group: int) -> int:
             and group_tile(per_row, block_rows, nblocks, group) is not None:
         return per_row
     return width
+
+
+def region_extent(per_row: int, nblocks: int, group: int, tile: tuple[int, int] | None
+                  ) -> tuple[int, int]:
+    """(block rows, blocks per row) an op's ``nblocks`` blocks take when laid ``per_row``
+    blocks a row (`region_width`), reduction groups of ``group`` as rectangles ``tile``
+    (`group_tile`) or row-major (None): the region `physical_cores` centres on the mesh."""
+    if tile is None:
+        return ceil_div(nblocks, per_row), min(per_row, nblocks)
+    height, width = tile
+    groups, per_band = ceil_div(nblocks, group), per_row // width
+    return ceil_div(groups, per_band) * height, min(per_band, groups) * width
 
 
 def group_tile(blocks_per_row: int, block_rows: int, nblocks: int, group: int

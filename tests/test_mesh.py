@@ -129,30 +129,38 @@ def test_grid_placement_from_sub_grids_equals_the_core_by_core_one() -> None:
                 assert (geo.phys == want).all(), p
 
 
-def test_every_op_fills_the_squarest_region_from_the_first_core() -> None:
-    """An op's blocks fill the squarest rectangle from the mesh's first core that holds them
-    (`place.region_width`), not rows of the whole mesh: on wse2 2,048 cores without rings
-    span 46 x 45, not 3 x 996; ops of other sizes grow from the same corner; rings keep their
-    blocks whole, and reduction groups their rectangles."""
+def _extent(phys: np.ndarray, cols: int) -> tuple[int, int, int, int]:
+    """(columns, rows, first column, first row) of the rectangle around some cores."""
+    r, c = np.divmod(phys, cols)
+    return int(np.ptp(c)) + 1, int(np.ptp(r)) + 1, int(c.min()), int(r.min())
+
+
+def test_every_op_fills_the_squarest_region_centred_on_the_mesh() -> None:
+    """An op's blocks fill the squarest rectangle that holds them (`place.region_width`), not
+    rows of the whole mesh, centred on the mesh: on wse2 (757 x 996) 2,048 cores without
+    rings span 46 x 45, not 3 x 996; ops of every size share the mesh's centre; rings keep
+    their blocks whole, and reduction groups their rectangles."""
     wse2 = PRESETS["wse2"]
     e = Embedding(wse2.rows, wse2.cols)
     for ncores, side in ((2048, 46), (4096, 64), (100, 10), (1, 1)):
-        r, c = np.divmod(physical_cores(grid_coords((ncores,)), (ncores,), ("a",), set(), e),
-                         wse2.cols)
-        assert (c.max() + 1, r.max() + 1) == (side, -(-ncores // side)), ncores
-        assert len(set((r * wse2.cols + c).tolist())) == ncores
+        phys = physical_cores(grid_coords((ncores,)), (ncores,), ("a",), set(), e)
+        rows = -(-ncores // side)
+        assert _extent(phys, wse2.cols) == (side, rows, (996 - side) // 2, (757 - rows) // 2)
+        assert len(set(phys.tolist())) == ncores
     tall = Embedding(wse2.rows, wse2.cols, "", 1, "a", 4)  # blocks of 4 x 1 cores
-    r, c = np.divmod(physical_cores(grid_coords((4096,)), (4096,), ("a",), set(), tall),
-                     wse2.cols)
-    assert (c.max() + 1, r.max() + 1) == (64, 64)  # 64 blocks a row, 16 rows of blocks
+    phys = physical_cores(grid_coords((4096,)), (4096,), ("a",), set(), tall)
+    # 64 blocks a row, 16 rows of blocks of 4 cores
+    assert _extent(phys, wse2.cols) == (64, 64, (996 - 64) // 2, (757 - 64) // 2)
     F, axes = (64, 16), ("n", "k")  # 64 groups of 16 partial sums
-    r, c = np.divmod(physical_cores(grid_coords(F), F, axes, {"k"}, e), wse2.cols)
+    phys = physical_cores(grid_coords(F), F, axes, {"k"}, e)
+    r, c = np.divmod(phys, wse2.cols)
     groups = r.reshape(F), c.reshape(F)
     assert all(np.ptp(g, axis=1).max() == 3 for g in groups)  # each group 4 x 4
-    assert (c.max() + 1, r.max() + 1) == (32, 32)
-    r, c = np.divmod(physical_cores(grid_coords((64,)), (64,), ("a",), set(),
-                                    Embedding(2, 64)), 64)
-    assert (c.max() + 1, r.max() + 1) == (32, 2)  # as square as a mesh of two rows allows
+    assert _extent(phys, wse2.cols)[:2] == (32, 32)
+    phys = physical_cores(grid_coords((64,)), (64,), ("a",), set(), Embedding(2, 64))
+    assert _extent(phys, 64) == (32, 2, 16, 0)  # as square as a mesh of two rows allows
+    whole = physical_cores(grid_coords((8, 8)), (8, 8), ("a", "b"), set(), Embedding(8, 8))
+    assert sorted(whole.tolist()) == list(range(64))  # an op of the whole mesh is the mesh
 
 
 def test_vectorised_mesh_costs_equal_the_scalar_definition() -> None:
