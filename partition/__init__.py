@@ -152,7 +152,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
     # (the second solve re-derives plans with their weights resident: not on DRAM chips)
     fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
-    if search.align and not chip.is_mesh and solver.planner != "greedy" and not chip.has_dram:
+    if _aligns(chip, search) and solver.planner != "greedy" and not chip.has_dram:
         chosen, relayout = _realign(graph, keys, chosen, relayout, chip, dtype, ints, consts,
                                     search, solver, views, fixed, spent)
     if solver.planner != "greedy" and not chip.is_mesh and not chip.has_dram:
@@ -163,7 +163,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         for given in starts:
             other = tuple(front[k] for front, k in zip(fronts, given))
             again = relayout_cycles(graph, other, chip, dtype, ints, views)
-            if search.align:
+            if _aligns(chip, search):
                 other, again = _realign(graph, keys, other, again, chip, dtype, ints, consts,
                                         search, solver, views, fixed)
             other, again = _share_copies(graph, keys, other, again, chip, dtype, ints, solver,
@@ -275,6 +275,12 @@ def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]
     return result.choice
 
 
+def _aligns(chip: Chip, search: SearchOptions) -> bool:
+    """Whether the second solve offers aligned plans (`align.py`): on a mesh only to a
+    mesh-aware search (the all-to-all assumption's plans are T10's, as published)."""
+    return bool(search.align) and (search.mesh_aware or not chip.is_mesh)
+
+
 def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayout: list[int],
              chip: Chip, dtype: str, ints: frozenset[str], consts: frozenset[str],
              search: SearchOptions, solver: SolverOptions, views: Views,
@@ -374,7 +380,7 @@ def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], c
                   search: SearchOptions) -> list[list[OpPlan]]:
     """Every op's front plus the plans aligned to its producers' (`align.py`), in
     topological order so that alignment carries along chains; repeated layers share them."""
-    if not search.align or chip.is_mesh:
+    if not _aligns(chip, search):
         return fronts
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     fronts = list(fronts)

@@ -21,12 +21,20 @@ the solver pairs an aligned plan only with the producer plans that leave its lay
 (`solve.py`, (C3)). Aligned plans leave a box grid themselves, so chains of elementwise ops
 align transitively. At most ``SearchOptions.align`` of them are added per op.
 
-Only ops with a single moving input (the others weights) get aligned plans: an op with two
-moving inputs pays its barrier unless both arrive aligned, and offering them plans aligned to
-one input made the relaxation of the whole-graph model weak (diamonds such as a LayerNorm's
-mean, variance and normalisation all reading one tensor). Offering aligned plans beside whole
-fronts in the first solve stalled CP-SAT on bert-large (docs/planner.md). Mesh chips are left
-out: there a core's position decides what its transfers cost (`place.py`).
+On an all-to-all chip only ops with a single moving input (the others weights) get aligned
+plans: an op with two moving inputs pays its barrier unless both arrive aligned, and offering
+them plans aligned to one input made the relaxation of the whole-graph model weak (diamonds
+such as a LayerNorm's mean, variance and normalisation all reading one tensor). Offering
+aligned plans beside whole fronts in the first solve stalled CP-SAT on bert-large
+(docs/planner.md).
+
+On a mesh a re-layout costs the distance its data travels, so an input that stays where its
+producer left it saves its whole route even when another input moves: ops with several
+moving inputs get plans aligned to each. There an aligned plan must not reduce (its cores
+are wherever the producer's boxes lie, so no reduction group would sit in its rectangle,
+`place.group_tile`): it runs on the producer's cores, computes, and rotates nothing, so its
+own cycles are placement-free and its re-layouts are priced by routing
+(`meshmove.py`), as every mesh plan's.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip
     ``j`` leaves, on the cores holding them; None when there is none."""
     op = graph.ops[i]
     operand = op.inputs[slot]
-    if operand.tensor != graph.ops[j].output.tensor or chip.is_mesh:
+    if operand.tensor != graph.ops[j].output.tensor:
         return None
     names = op.axis_names
     if any(not isinstance(d, str) or d not in names for d in operand.axes) or \
@@ -111,6 +119,8 @@ def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip
     else:
         placed_or_none = placed
     geo = Geometry(op, tuple(F), T, rot, drivers, shapes, chain, None, placed_or_none)
+    if chip.is_mesh and geo.reduce_group > 1:
+        return None  # see the module doc
     cycles, hot, cold, out = plan_cost(geo, chip, dtype, ints, consts, weights_home)
     if hot > chip.sram_bytes_per_core:
         return None
@@ -130,7 +140,7 @@ def aligned_variants(graph: Graph, i: int, fronts: list[list[OpPlan]], chip: Chi
                      weights_home: bool = False) -> list[OpPlan]:
     """Up to ``limit`` plans of op ``i`` aligned to plans on its producers' fronts (earlier
     ops' fronts, aligned variants included), not already on its own front."""
-    if limit <= 0 or chip.is_mesh:
+    if limit <= 0:
         return []
     op = graph.ops[i]
     producer = {o.output.tensor: j for j, o in enumerate(graph.ops[:i])}
@@ -138,8 +148,8 @@ def aligned_variants(graph: Graph, i: int, fronts: list[list[OpPlan]], chip: Chi
     # round-robin over the inputs, each producer's plans in front order (fastest first)
     candidates = []
     made = {o.output.tensor for o in graph.ops}
-    if sum(graph.root(o.tensor) in made for o in op.inputs) != 1:
-        return []  # see the module doc: one moving input only
+    if not chip.is_mesh and sum(graph.root(o.tensor) in made for o in op.inputs) != 1:
+        return []  # see the module doc: one moving input only, off meshes
     for slot, operand in enumerate(op.inputs):
         j = producer.get(operand.tensor)
         if j is not None:
@@ -149,7 +159,10 @@ def aligned_variants(graph: Graph, i: int, fronts: list[list[OpPlan]], chip: Chi
             if tier >= len(c) or len(found) >= limit:
                 continue
             slot, j, p = c[tier]
-            q = aligned_plan(graph, i, slot, j, p, chip, dtype, ints, consts, weights_home)
+            # (on a mesh a warm-up's fetch onto scattered cores is not priced by routing:
+            # an aligned plan keeps its weights, an elementwise op's few, resident there)
+            q = aligned_plan(graph, i, slot, j, p, chip, dtype, ints, consts,
+                             weights_home and not chip.is_mesh)
             if q is not None and not any(_same(q, f) for f in (*fronts[i], *found)):
                 found.append(q)
     return found

@@ -590,7 +590,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     have_keys = list(seen)  # in the order of ``have_plans``
     # on a mesh, mesh-aware plans price the exchange by its routes (an estimate); plans made
     # under the all-to-all assumption price it as that assumption says
-    aware = chip.is_mesh and any(q.embed is not None for q in consumer)
+    aware = any(routed_on(chip, q) for q in consumer)
     columns: dict[bytes, np.ndarray] = {}
     wanted: dict[bytes, int | None] = {}  # a pod: the most distinct bytes a chip wants
     cols = []
@@ -759,6 +759,13 @@ def _moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip:
         yield (slot, j, *views.moved(i, slot, j, plans[i], plans[j], chip))
 
 
+def routed_on(chip: Chip, plan: OpPlan) -> bool:
+    """Whether ``plan``'s re-layouts are priced by routing: on a mesh, a plan placed for it,
+    mesh-aware (embedded) or aligned to the cores its producer left (`align.py`); plans made
+    under the all-to-all assumption keep that assumption's estimate."""
+    return chip.is_mesh and (plan.embed is not None or plan.cores is not None)
+
+
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
                     dtype: str, int_tensors: frozenset[str], views: Views | None = None
                     ) -> list[int]:
@@ -783,7 +790,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
             nbytes = element_bytes(op, slot, dtype, int_tensors)
             if chip.is_pod and remote.any():
                 wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
-            if chip.is_mesh and plans[i].embed is not None:
+            if routed_on(chip, plans[i]):
                 if remote.max(initial=0):
                     tensor = op.inputs[slot].tensor
                     want = consumer_want(graph, i, slot, plans[i])
@@ -797,7 +804,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
                 np.add.at(received, phys, remote * nbytes)
         most = int(received.max(initial=0))
         cross = received_cross(chip, received, wanted if chip.is_pod else None)
-        if chip.is_mesh and plans[i].embed is not None:  # activations the epilogue reads
+        if routed_on(chip, plans[i]):  # activations the epilogue reads
             for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
                 source = producer.get(graph.root(operand.tensor))
                 if source is not None:

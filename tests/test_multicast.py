@@ -20,6 +20,7 @@ from t10c.emulator.reference import Reference
 from t10c.emulator.routing import hops, route
 from t10c.emulator.timing import TimingMachine
 from t10c.multicast import phase_cycles, prefer_multicast, route_trees, waves
+from t10c.partition.plan import geometry
 
 M3 = chip_from_dict({"base": "wse2", "name": "tiny3x3", "grid": [3, 3], "cores": 9})
 TINY = chip_from_dict({"base": "wse2", "name": "tiny2x4", "grid": [2, 4], "cores": 8})
@@ -169,3 +170,25 @@ def test_multicast_matches_onnxruntime_and_the_planner_op_by_op(chip, model) -> 
     # every shift of the embedded plans is still at most 2 hops
     shifts = [i for i in c.program.instrs if isinstance(i, Shift)]
     assert all(hops(chip, s.src_core, s.cores).max() <= 2 for s in shifts)
+
+
+def test_aligned_plans_on_a_mesh_are_routed_and_exact() -> None:
+    """On a mesh the second solve offers plans aligned to the cores a producer leaves
+    (`partition/align.py`): llama-tiny on 64 x 64 takes some, none reduces, each runs on its
+    producer's cores, and their re-layouts are routed like every mesh plan's, so the predicted
+    re-layout still equals the emulated one op by op, and the result matches onnxruntime."""
+    c = compile_model("llama-tiny", MESH64)
+    aligned = [(i, p) for i, p in enumerate(c.plan.ops) if p.aligned >= 0]
+    assert aligned
+    producer = {op.output.tensor: j for j, op in enumerate(c.graph.ops)}
+    for i, p in aligned:
+        op = c.graph.ops[i]
+        assert p.cores is not None and p.embed is None
+        geo = geometry(c.graph, op, p)
+        assert geo.reduce_group == 1
+        j = producer[op.inputs[p.aligned].tensor]
+        left = geometry(c.graph, c.graph.ops[j], c.plan.ops[j]).phys
+        assert set(geo.phys.tolist()) <= set(left.tolist())
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    assert list(c.plan.relayout_cycles) == _emulated_relayout(c, r)
