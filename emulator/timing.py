@@ -42,6 +42,7 @@ from t10c.codegen.program import (
 )
 from t10c.costs import compute_cycles
 from t10c.dtypes import ceil_div
+from t10c.multicast import exchange_trees
 
 from .routing import Routed, route_phase
 
@@ -419,7 +420,8 @@ class TimingMachine:
         size = self.itemsize(ins.dst)
         if self.chip.is_mesh and ins.multicast:
             tree, src, dst, count = tree_pairs(ins.pattern(), here)
-            self.receive_trees(ins.op, ins.phase, tree, src, dst, count * size)
+            self.receive_trees(ins.op, ins.phase,
+                               *exchange_trees(self.chip, tree, src, dst, count * size))
         elif self.chip.is_mesh:
             self.receive(ins.op, ins.phase, *_pairs(src_core, here, size))
         else:  # received bytes per core: a remote element counts wherever it comes from
@@ -448,7 +450,8 @@ class TimingMachine:
         size = self.itemsize(ins.dst)
         if self.chip.is_mesh and ins.multicast:  # a tree per (distinct row, source core)
             tree, src, dst, count = tree_pairs(p, here)
-            self.receive_trees(ins.op, ins.phase, tree, src, dst, count * size)
+            self.receive_trees(ins.op, ins.phase,
+                               *exchange_trees(self.chip, tree, src, dst, count * size))
             return
         # repeated layers exchange by the same patterns: their counts are worked out once
         key = (ins.pat.tobytes(), p.start.tobytes(), p.runs.tobytes(),

@@ -4,7 +4,7 @@ For the chosen plans (`transitions.relayout_cycles`) every moving input of an op
 exchange codegen emits (`codegen.lower.moved_elements`): consumer cores whose tiles start at
 the same place read the same elements, so each (distinct tile, producer core holding some of
 it) is one multicast tree to the cores of that tile; where multicast is not faster than the
-unicasts (the colours' waves, `t10c.multicast.prefer_multicast`, the rule codegen follows)
+unicasts (the colours' waves, `t10c.multicast.multicast_trees`, the rule codegen follows)
 the input goes as one unicast per (producer core, consumer core). All of an op's inputs move
 in one phase after one barrier: their trees and unicasts are routed together, link by link,
 as the emulator routes them. The prediction is exact, short of two distinct tile origins
@@ -28,7 +28,7 @@ from t10c.chips import Chip
 from t10c.costs import INDEX_BYTES
 from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph
-from t10c.multicast import phase_cycles, prefer_multicast, route_trees
+from t10c.multicast import multicast_trees, phase_cycles, route_trees
 
 from .collectives import chunk_elements, scatter_of
 from .epilogue import extra_elements
@@ -162,7 +162,10 @@ def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,
     pos = np.arange(len(tree)) - np.repeat(np.cumsum(n) - n, n)
     dst = phys.astype(np.int64)[order[start[k_row][tree] + pos]]
     src_t, bytes_t = k_src[tree], count[tree] * nbytes
-    return Moved(tree, src_t, dst, bytes_t, prefer_multicast(chip, tree, src_t, dst, bytes_t))
+    trees = multicast_trees(chip, tree, src_t, dst, bytes_t)
+    if trees is None:
+        return Moved(tree, src_t, dst, bytes_t, False)
+    return Moved(*trees, True)
 
 
 def phase(chip: Chip, pending: list[Pending]) -> int:

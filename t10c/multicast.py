@@ -19,9 +19,18 @@ wave, and the busiest link's bytes once (every byte is carried once, whatever th
 
     cycles = hop_latency x hops x waves + ceil(busiest link's bytes / link bandwidth)
 
-``routes_per_core = 0`` means no limit (one wave). Where the waves would cost more than
-sending every copy on its own, an exchange falls back to unicast (`prefer_multicast`, the
-one rule codegen and the planner both follow); unicasts take no colours in this model.
+``routes_per_core = 0`` means no limit (one wave).
+
+An exchange's trees are grouped one of two ways, whichever is faster (`exchange_trees`):
+one tree per (group of destinations that read alike, source core), each carrying what that
+group reads, or one tree per source core to every core that reads any of its elements,
+carrying all of them once (each destination keeps the elements it reads and drops the
+others, as a core takes the wavelets of a colour it needs). The second sends more bytes
+but takes far fewer colours where a source feeds many groups a little each, as when a
+vector is broadcast into a GEMV's tiles: there the waves, not the bytes, set the time.
+Where the waves would cost more than sending every copy on its own, an exchange falls back
+to unicast (`prefer_multicast`). Codegen, the emulator and the planner follow these rules
+alike; unicasts take no colours in this model.
 """
 
 from __future__ import annotations
@@ -172,8 +181,49 @@ def unicast_cycles(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndar
     return 0 if routed is None else phase_cycles(chip, int(routed.loads.max()), routed.hops)
 
 
+def by_source(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The trees of an exchange (`route_trees`' arguments) merged into one per source core:
+    to every destination of any of that source's trees, carrying the bytes of all of them
+    (an upper bound where two trees of a source carry the same element). Numbered by the
+    source core."""
+    tree, src, dst, nbytes = (np.asarray(a, dtype=np.int64).ravel()
+                              for a in np.broadcast_arrays(tree, src, dst, nbytes))
+    _, first = np.unique(tree, return_index=True)
+    total = np.bincount(src[first], weights=nbytes[first]).astype(np.int64)
+    base = int(dst.max(initial=0)) + 1
+    pair = np.unique(src * base + dst)
+    s, d = pair // base, pair % base
+    return s, s, d, total[s]
+
+
+def exchange_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                   nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The trees an exchange sends when it goes as multicast: its trees as given (one per
+    group of destinations and source, `route_trees`' arguments) or merged per source core
+    (`by_source`), whichever phase is faster on its own (the given ones on a tie)."""
+    tree, src = np.asarray(tree).ravel(), np.asarray(src).ravel()
+    if len(np.unique(tree)) == len(np.unique(src)):  # one tree per source already
+        return tree, src, np.asarray(dst), np.asarray(nbytes)
+    merged = by_source(tree, src, dst, nbytes)
+    if tree_cycles(chip, *merged) < tree_cycles(chip, tree, src, dst, nbytes):
+        return merged
+    return tree, src, np.asarray(dst), np.asarray(nbytes)
+
+
+def multicast_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                    nbytes: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The trees an exchange of these trees (`route_trees`' arguments) sends
+    (`exchange_trees`) when it goes as multicast, None when it goes as unicasts: multicast
+    only where it is faster, waves included (on its own phase)."""
+    chosen = exchange_trees(chip, tree, src, dst, nbytes)
+    if 0 < tree_cycles(chip, *chosen) < unicast_cycles(chip, src, dst, nbytes):
+        return chosen
+    return None
+
+
 def prefer_multicast(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
                      nbytes: np.ndarray) -> bool:
-    """Whether an exchange of these trees (`route_trees`' arguments) goes as multicast: only
-    where that is faster than its unicasts, waves included (on its own phase)."""
-    return 0 < tree_cycles(chip, tree, src, dst, nbytes) < unicast_cycles(chip, src, dst, nbytes)
+    """Whether an exchange of these trees goes as multicast (`multicast_trees`)."""
+    return multicast_trees(chip, tree, src, dst, nbytes) is not None

@@ -19,7 +19,15 @@ from t10c.emulator.machine import Machine
 from t10c.emulator.reference import Reference
 from t10c.emulator.routing import hops, route
 from t10c.emulator.timing import TimingMachine
-from t10c.multicast import phase_cycles, prefer_multicast, route_trees, waves
+from t10c.multicast import (
+    by_source,
+    exchange_trees,
+    phase_cycles,
+    prefer_multicast,
+    route_trees,
+    tree_cycles,
+    waves,
+)
 from t10c.partition.plan import geometry
 
 M3 = chip_from_dict({"base": "wse2", "name": "tiny3x3", "grid": [3, 3], "cores": 9})
@@ -89,6 +97,27 @@ def test_colours_cap_the_trees_on_a_link() -> None:
     # one tree each, so no byte is saved: the waves make multicast slower, unicast it is
     assert not prefer_multicast(line, np.arange(3), np.zeros(3), np.full(3, 3), np.full(3, 4))
     assert waves(dataclasses.replace(line, routes_per_core=0), 3) == 1
+
+
+def test_a_source_feeding_many_groups_sends_one_tree() -> None:
+    """Core 4 of a 3 x 3 mesh with one colour per router: cores 0 and 2 read its element a,
+    cores 6 and 8 its element b (2 bytes each). As two trees both cross row 1's links: two
+    waves, 2 x 2 hops + 1 cycle of bytes. Merged into one tree of both elements per source
+    (`by_source`): one wave, 2 hops + 1 cycle; so the exchange sends that (`exchange_trees`).
+    Where the groups lie apart (core 3 reads a, core 5 reads b, no colour limit) the merged
+    tree would carry both elements both ways: the two trees are kept."""
+    one = dataclasses.replace(M3, routes_per_core=1)
+    tree, src, dst, nbytes = (np.array([0, 0, 1, 1]), np.full(4, 4), np.array([0, 2, 6, 8]),
+                              np.full(4, 2))
+    merged = by_source(tree, src, dst, nbytes)
+    assert [m.tolist() for m in merged] == [[4] * 4, [4] * 4, [0, 2, 6, 8], [4] * 4]
+    assert tree_cycles(one, tree, src, dst, nbytes) == 2 * 2 + 1
+    assert tree_cycles(one, *merged) == 2 + 1
+    assert all((a == b).all() for a, b in zip(exchange_trees(one, tree, src, dst, nbytes),
+                                              merged))
+    apart = (np.array([0, 1]), np.full(2, 4), np.array([3, 5]), np.full(2, 40))
+    assert tree_cycles(M3, *apart) == 1 + 10 < tree_cycles(M3, *by_source(*apart)) == 1 + 20
+    assert all((a == b).all() for a, b in zip(exchange_trees(M3, *apart), apart))
 
 
 def _broadcast_program(multicast: bool) -> Program:
