@@ -357,6 +357,10 @@ def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPla
 _MOVED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 #: at most this many per-core figures kept (8 bytes each: 128 MiB)
 _MOVED_LIMIT = 1 << 24
+#: on meshes, by the same key: the most elements a consumer core receives, all the routed
+#: pricing asks of `Views.moved` there (a wafer's 32 layers compute it once, not 32 times)
+_MOST_MOVED: dict[tuple, int] = {}
+_MOST_MOVED_LIMIT = 1 << 16
 #: `consumer_want(...).digest()` by (op, input, layout), and `producer_have(...).digest()` by
 #: (op, view chain, layout, cores): an edge's prices look its layouts up by these digests
 #: (`_MOST`), and build the layouts only for the pairs not yet counted
@@ -469,6 +473,21 @@ class Views:
                 if (len(_MOVED) + 1) * 2 * chip.cores > _MOVED_LIMIT:
                     _MOVED.clear()
                 _MOVED[key] = got
+        return got
+
+    def most_moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
+                   chip: Chip) -> int:
+        """The most elements of input ``slot`` of op ``i`` that one of its cores receives
+        (`moved`), remembered per process by (ops, input, view chain, layouts, chip grid)."""
+        operand = self.graph.ops[i].inputs[slot]
+        key = (self.op_key(i), slot, self.op_key(j), self.chain(operand.tensor),
+               layout_key(consumer), layout_key(producer), chip.cores, chip.grid)
+        got = _MOST_MOVED.get(key)
+        if got is None:
+            got = int(self.moved(i, slot, j, consumer, producer, chip)[1].max(initial=0))
+            if len(_MOST_MOVED) >= _MOST_MOVED_LIMIT:
+                _MOST_MOVED.clear()
+            _MOST_MOVED[key] = got
         return got
 
     def have(self, j: int, plan: OpPlan, tensor: str, cores: int) -> Have:
@@ -759,6 +778,18 @@ def _moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip:
         yield (slot, j, *views.moved(i, slot, j, plans[i], plans[j], chip))
 
 
+def _mesh_moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+                views: Views, producer: dict[str, int]) -> Iterator[tuple[int, int]]:
+    """On a mesh (no shared copies there): op i's inputs that an op produced and that some
+    core of op i receives elements of, as (slot, producer)."""
+    if not chip.is_mesh:
+        return
+    for slot, operand in enumerate(graph.ops[i].inputs):
+        j = producer.get(graph.root(operand.tensor))
+        if j is not None and views.most_moved(i, slot, j, plans[i], plans[j], chip):
+            yield slot, j
+
+
 def routed_on(chip: Chip, plan: OpPlan) -> bool:
     """Whether ``plan``'s re-layouts are priced by routing: on a mesh, a plan placed for it,
     mesh-aware (embedded) or aligned to the cores its producer left (`align.py`); plans made
@@ -786,22 +817,23 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
         wanted = np.zeros(max(chip.chips, 1), dtype=np.int64)  # a pod: distinct bytes
         mesh_cycles = 0
         routed = []  # on a mesh, a mesh-aware plan's inputs as routed (`meshmove`)
-        for slot, j, phys, remote in _moves(graph, i, plans, chip, views, producer, shared):
+        for slot, j in _mesh_moves(graph, i, plans, chip, views, producer):
+            nbytes = element_bytes(op, slot, dtype, int_tensors)
+            if routed_on(chip, plans[i]):
+                tensor = op.inputs[slot].tensor
+                want = consumer_want(graph, i, slot, plans[i])
+                routed.append(moved_input(chip, views.owner(j, plans[j]), want,
+                                          graph.tensors[tensor].shape,
+                                          views.to_root(tensor), nbytes))
+            else:  # the all-to-all assumption's estimate: each input on its own
+                most = views.most_moved(i, slot, j, plans[i], plans[j], chip)
+                mesh_cycles += chip.transfer_cycles(most * nbytes)
+        for slot, _j, phys, remote in (() if chip.is_mesh else _moves(
+                graph, i, plans, chip, views, producer, shared)):
             nbytes = element_bytes(op, slot, dtype, int_tensors)
             if chip.is_pod and remote.any():
                 wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
-            if routed_on(chip, plans[i]):
-                if remote.max(initial=0):
-                    tensor = op.inputs[slot].tensor
-                    want = consumer_want(graph, i, slot, plans[i])
-                    routed.append(moved_input(chip, views.owner(j, plans[j]), want,
-                                              graph.tensors[tensor].shape,
-                                              views.to_root(tensor), nbytes))
-            elif chip.is_mesh:  # the all-to-all assumption's estimate: each input on its own
-                if remote.max(initial=0):
-                    mesh_cycles += chip.transfer_cycles(int(remote.max()) * nbytes)
-            else:
-                np.add.at(received, phys, remote * nbytes)
+            np.add.at(received, phys, remote * nbytes)
         most = int(received.max(initial=0))
         cross = received_cross(chip, received, wanted if chip.is_pod else None)
         if routed_on(chip, plans[i]):  # activations the epilogue reads
