@@ -13,7 +13,10 @@ and emulates both on the mesh, where the emulator routes every transfer dimensio
 charges the busiest link. The ratio is the all-to-all plan's latency over the mesh-aware one's;
 a decode step's row also reads in tokens per second (one token per step, batch 1).
 Functional runs (checked against onnxruntime) are used where the chip is small enough, timing-only
-runs otherwise.
+runs otherwise. A side that cannot be compiled (its plans do not fit the chip, or an exchange
+would not fit this machine's memory: the all-to-all assumption's row-major reductions on a
+wafer) is recorded with the reason, and the other rows still run; a result that does not
+match onnxruntime stops the run.
 """
 
 from __future__ import annotations
@@ -54,11 +57,18 @@ class Side:
 
 
 @dataclass(frozen=True)
+class Failed:
+    """A side that could not be compiled, and why (the error's first line)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Row:
     workload: str
     label: str
-    aware: Side
-    assumed: Side
+    aware: Side | Failed
+    assumed: Side | Failed
 
     @property
     def decode(self) -> bool:
@@ -66,9 +76,35 @@ class Row:
         return self.label.startswith("decode step")
 
     @property
-    def ratio(self) -> float:
-        """How many times longer the all-to-all-assumption plan runs on the mesh."""
+    def ratio(self) -> float | None:
+        """How many times longer the all-to-all-assumption plan runs on the mesh (None
+        when a side failed)."""
+        if isinstance(self.aware, Failed) or isinstance(self.assumed, Failed):
+            return None
         return self.assumed.timeline.cycles / max(self.aware.timeline.cycles, 1)
+
+    def summary(self) -> str:
+        """The row in one line, as logged when it is done."""
+        ratio = self.ratio
+        return (f"{self.label}: mesh-aware {_us(self.aware)}, all-to-all assumed "
+                f"{_us(self.assumed)}" + (f": {ratio:.2f}x" if ratio is not None else ""))
+
+
+def _us(side: Side | Failed) -> str:
+    if isinstance(side, Failed):
+        return f"failed ({side.reason})"
+    return f"{side.timeline.latency_s * 1e6:.1f} us"
+
+
+def _failure_types() -> tuple[type[BaseException], ...]:
+    """The errors that make a side's result "failed", not the run's: its plans do not fit
+    (`PlanError`), codegen or the emulator cannot hold it (`CodegenError` wrapping a
+    `MemoryError`, `EmulatorError`), or the machine runs out of memory."""
+    from t10c.codegen import CodegenError
+    from t10c.emulator import EmulatorError
+    from t10c.partition import PlanError
+
+    return PlanError, CodegenError, EmulatorError, MemoryError
 
 
 def run_side(model: str, chip: Chip, strategy: str, base: CompileOptions, timing_only: bool,
@@ -106,20 +142,26 @@ def mesh_compare(workloads: list[tuple[str, str]] | list[tuple[str, str, int | N
     rows = []
     for label, model, *rest in workloads:
         options = dataclasses.replace(base, seq_len=rest[0]) if rest and rest[0] else base
-        sides = {}
+        sides: dict[str, Side | Failed] = {}
         for strategy in ("t10", "all-to-all"):
             if log:
                 log(f"[{label}: {model} on {chip.name}, {strategy}"
                     f"{', timing only' if timing_only else ''}]")
-            with progress() if progress else contextlib.nullcontext() as report:
-                sides[strategy] = run_side(model, chip, strategy, options, timing_only,
-                                           report)
+            try:
+                with progress() if progress else contextlib.nullcontext() as report:
+                    sides[strategy] = run_side(model, chip, strategy, options, timing_only,
+                                               report)
+            except _failure_types() as exc:
+                sides[strategy] = Failed((str(exc).splitlines() or [type(exc).__name__])[0])
         rows.append(Row(model, label, sides["t10"], sides["all-to-all"]))
         if log:  # each row as it is done (a long run's later rows may take hours)
-            r = rows[-1]
-            log(f"{label}: mesh-aware {r.aware.timeline.latency_s * 1e6:.1f} us, all-to-all "
-                f"assumed {r.assumed.timeline.latency_s * 1e6:.1f} us: {r.ratio:.2f}x")
+            log(rows[-1].summary())
     return rows
+
+
+def _cell(sides: tuple[Side | Failed, ...], value: Callable[[Side], str]) -> str:
+    """One figure of both sides, "mesh-aware / all-to-all"."""
+    return " / ".join(value(x) if isinstance(x, Side) else "failed" for x in sides)
 
 
 def table(rows: list[Row], chip: Chip) -> str:
@@ -127,15 +169,23 @@ def table(rows: list[Row], chip: Chip) -> str:
     head = ["workload", "model", "mesh-aware (us)", "all-to-all assumed (us)", "ratio",
             "tokens/s", "longest shift (hops)", "busiest link (bytes)", "checked"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
     for r in rows:
-        a, b = r.aware, r.assumed
-        checked = "timing only" if a.max_rel_err is None else \
-            f"onnxruntime {max(a.max_rel_err, b.max_rel_err or 0):.1e}"
+        sides = (r.aware, r.assumed)
+        ok = [x for x in sides if isinstance(x, Side)]
+        errs = [x.max_rel_err for x in ok if x.max_rel_err is not None]
+        checked = f"onnxruntime {max(errs):.1e}" if errs else "timing only"
+
+        for name, x in zip(("mesh-aware", "all-to-all assumed"), sides):
+            if isinstance(x, Failed):
+                notes.append(f"{r.label}, {name}: {x.reason}")
         lines.append("| " + " | ".join([
-            r.label, r.workload, f"{a.timeline.latency_s * 1e6:.1f}",
-            f"{b.timeline.latency_s * 1e6:.1f}", f"{r.ratio:.2f}x",
-            (f"{1 / a.timeline.latency_s:,.0f} / {1 / b.timeline.latency_s:,.0f}"
-             if r.decode else "-"),
-            f"{a.longest_shift} / {b.longest_shift}",
-            f"{a.busiest_link} / {b.busiest_link}", checked]) + " |")
-    return "\n".join(lines)
+            r.label, r.workload,
+            *(f"{x.timeline.latency_s * 1e6:.1f}" if isinstance(x, Side) else "failed"
+              for x in sides),
+            f"{r.ratio:.2f}x" if r.ratio is not None else "-",
+            _cell(sides, lambda x: f"{1 / x.timeline.latency_s:,.0f}") if r.decode else "-",
+            _cell(sides, lambda x: str(x.longest_shift)),
+            _cell(sides, lambda x: str(x.busiest_link)),
+            checked]) + " |")
+    return "\n".join(lines + [""] * bool(notes) + [f"- failed: {n}" for n in notes])

@@ -287,6 +287,38 @@ def test_cli_timing_only_and_mesh_compare(tmp_path, capsys) -> None:
     assert main(["mesh-compare", "--chip", "ipu-mk2"]) == 1
 
 
+def test_mesh_compare_records_a_side_that_fails(tmp_path, capsys, monkeypatch) -> None:
+    """A side that cannot be compiled (here the all-to-all assumption's, made to run out of
+    memory as a wafer's row-major exchange does) is a row's result, not the run's end: the
+    other rows still run, and the table says which side failed and why."""
+    import t10c.meshcompare as mc
+    from t10c.cli import main
+    from t10c.codegen import CodegenError
+
+    real = mc.run_side
+
+    def run_side(model, chip, strategy, *args, **kwargs):
+        if strategy == "all-to-all" and model == "mlp":
+            raise CodegenError("while generating op fc1: an exchange of 9 pairs needs 1 TB")
+        return real(model, chip, strategy, *args, **kwargs)
+
+    monkeypatch.setattr(mc, "run_side", run_side)
+    toml = tmp_path / "mesh8.toml"
+    toml.write_text('name = "mesh8"\nbase = "wse2"\ngrid = [8, 8]\ncores = 64\n'
+                    'sram_bytes_per_core = 262144\n')
+    assert main(["mesh-compare", "--chip", str(toml), "--gemv", "128x128", "--model", "mlp",
+                 "--rows", "gemv,model"]) == 0
+    captured = capsys.readouterr()
+    rows = [line.split(" | ") for line in captured.out.splitlines() if line.startswith("| ")]
+    gemv, model = rows[1], rows[2]
+    assert gemv[4].endswith("x") and float(gemv[3]) > 0
+    assert model[3] == "failed" and model[4] == "-" and float(model[2]) > 0
+    assert model[6].endswith(" / failed")
+    assert "- failed: model, all-to-all assumed: while generating op fc1: an exchange of 9 " \
+        "pairs needs 1 TB" in captured.out
+    assert "model: mesh-aware " in captured.err and "all-to-all assumed failed (" in captured.err
+
+
 @pytest.mark.parametrize("chip", ["wormhole-n150", "blackhole-p150"])
 def test_bert_tiny_on_the_tenstorrent_tori(chip: str) -> None:
     r = run_compiled(compile_model("bert-tiny", PRESETS[chip]))
