@@ -65,6 +65,18 @@ def fold_batchnorm(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
     return [merged.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
 
 
+def _producers_and_readers(nodes: list[onnx.NodeProto]
+                           ) -> tuple[dict[str, onnx.NodeProto],
+                                      dict[str, list[onnx.NodeProto]]]:
+    """(the node that makes each tensor, the nodes that read each tensor, in order)."""
+    producer = {out: n for n in nodes for out in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    return producer, readers
+
+
 def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
                    shapes: dict[str, tuple[int, ...]], outputs: set[str]
                    ) -> list[onnx.NodeProto]:
@@ -84,11 +96,7 @@ def fold_repeat_kv(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
     scale by a scalar that alone reads its result moves before the view (`_scalar_scale`).
     The repeat nodes nothing reads any more are dropped; the new tensors' shapes and reshape
     targets are added to ``shapes`` and ``constants``."""
-    producer = {out: n for n in nodes for out in n.output}
-    reader_nodes: dict[str, list[onnx.NodeProto]] = {}
-    for n in nodes:
-        for name in n.input:
-            reader_nodes.setdefault(name, []).append(n)
+    producer, reader_nodes = _producers_and_readers(nodes)
     replaced: dict[int, list[onnx.NodeProto]] = {}
     chains: list[onnx.NodeProto] = []
     absorbed: list[onnx.NodeProto] = []
@@ -236,11 +244,7 @@ def split_cache_concat(nodes: list[onnx.NodeProto], constants: dict[str, np.ndar
     Reshape back, as `fold_repeat_kv` leaves them) and Transposes. The Concat itself stays
     only while something else reads it (the ``present`` output). Sums are in a different
     order than the matmul over the whole cache, by at most a rounding per part."""
-    producer = {out: n for n in nodes for out in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in nodes:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
+    producer, readers = _producers_and_readers(nodes)
     replaced: dict[int, list[onnx.NodeProto]] = {}
     absorbed: set[int] = set()  # the scales applied to the parts instead
     chains: list[onnx.NodeProto] = []  # the views and Concats the split matmuls read
