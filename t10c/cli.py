@@ -505,7 +505,7 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
     from t10c.codegen import CodegenError
     from t10c.emulator import EmulatorError
     from t10c.frontend import FrontendError
-    from t10c.meshcompare import mesh_compare, table
+    from t10c.meshcompare import Failed, mesh_compare, table
     from t10c.partition import PlanError
 
     chip = load_chip(args.chip)
@@ -522,6 +522,9 @@ def cmd_mesh_compare(args: argparse.Namespace) -> int:
                             progress=StageProgress)
     except (FrontendError, PlanError, CodegenError, EmulatorError, ValueError) as exc:
         return _error(str(exc).splitlines()[0], EXIT_FAIL)
+    failed = [x for r in rows for x in (r.aware, r.assumed) if isinstance(x, Failed)]
+    if len(failed) == 2 * len(rows):  # nothing to compare: the first reason is the answer
+        return _error(failed[0].reason, EXIT_FAIL)
     print(f"{chip.name}: {chip.rows} x {chip.cols} {chip.topology}; ratio = all-to-all-"
           "assumption latency / mesh-aware latency, both emulated on the mesh")
     print(table(rows, chip))

@@ -15,8 +15,9 @@ a decode step's row also reads in tokens per second (one token per step, batch 1
 Functional runs (checked against onnxruntime) are used where the chip is small enough, timing-only
 runs otherwise. A side that cannot be compiled (its plans do not fit the chip, or an exchange
 would not fit this machine's memory: the all-to-all assumption's row-major reductions on a
-wafer) is recorded with the reason, and the other rows still run; a result that does not
-match onnxruntime stops the run.
+wafer) is recorded with the reason, and the other rows still run (`t10c mesh-compare` fails,
+with the first reason, only when every side failed); a result that does not match
+onnxruntime stops the run.
 """
 
 from __future__ import annotations

@@ -342,7 +342,7 @@ def test_an_exchange_too_large_to_route_is_refused_in_one_line(tmp_path, capsys,
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and "(core, source core) pairs" in err[0], err
     assert "more than half of this machine's 64.0 KiB" in err[0] and "mesh-aware strategy" in err[0]
-    # mesh-compare says the same in one line (no internal error)
+    # mesh-compare, where every side fails so, says the same in one line (no internal error)
     assert main(["mesh-compare", "--chip", str(toml), "--rows", "model", "--model",
                  "mlp"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
