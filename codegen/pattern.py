@@ -26,12 +26,12 @@ without expanding.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from t10c.dtypes import ceil_div, fmt_bytes
+from t10c.dtypes import ceil_div
+from t10c.multicast import check_pairs
 
 
 @dataclass(frozen=True)
@@ -292,33 +292,6 @@ def tree_pairs(p: Pattern, here: np.ndarray
     out; a destination that is its tree's source is kept (it receives nothing)."""
     src, row, count, tree = _row_pairs(p, with_tree=True)
     return tree, src, np.asarray(here, dtype=np.int64)[row], count
-
-
-#: bytes of working memory one (row, source core) pair of an exchange takes while its counts
-#: and routes are worked out (measured: 75 M pairs of one wse2 exchange peaked at 24 GB)
-PAIR_BYTES = 320
-
-
-def physical_memory() -> int:
-    """This machine's physical memory in bytes (0 where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def check_pairs(pairs: int, rows: int) -> None:
-    """Refuse an exchange whose (row, source core) pairs cannot be counted in half this
-    machine's memory (the compile's other state is held beside them), naming how much they
-    need, rather than be killed by the system partway."""
-    need, have = pairs * PAIR_BYTES, physical_memory()
-    if have and 2 * need > have:
-        raise MemoryError(
-            f"an exchange of {pairs:,} (core, source core) pairs (each of {rows:,} cores "
-            f"reads from {pairs / max(rows, 1):.0f} cores on average) needs about "
-            f"{fmt_bytes(need)} to count and route, more than half of this machine's "
-            f"{fmt_bytes(have)}; a plan whose cores read from fewer cores (the mesh-aware "
-            f"strategy, t10) or a smaller chip would fit")
 
 
 def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:

@@ -28,7 +28,7 @@ from t10c.chips import Chip
 from t10c.costs import INDEX_BYTES
 from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph
-from t10c.multicast import multicast_trees, phase_cycles, route_trees
+from t10c.multicast import check_pairs, multicast_trees, phase_cycles, route_trees
 
 from .collectives import chunk_elements, scatter_of
 from .epilogue import extra_elements
@@ -158,6 +158,8 @@ def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,
     per_row = np.bincount(inverse, minlength=len(flat))
     start = np.concatenate([[0], np.cumsum(per_row)])
     n = per_row[k_row]
+    check_pairs(int(n.sum()), len(phys), "the planner cannot price its re-layout on this "
+                "machine; a shorter --seq-len or a smaller --batch needs fewer")
     tree = np.repeat(np.arange(len(keys), dtype=np.int64), n)
     pos = np.arange(len(tree)) - np.repeat(np.cumsum(n) - n, n)
     dst = phys.astype(np.int64)[order[start[k_row][tree] + pos]]

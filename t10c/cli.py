@@ -241,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `t10c chips | head`: the reader left; nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
-    except MemoryError:
-        return _error("out of memory: the model (or the chip) is too large for this machine; "
+    except MemoryError as exc:  # a refusal says what it needs (`multicast.check_pairs`)
+        return _error(str(exc).splitlines()[0] if str(exc) else
+                      "out of memory: the model (or the chip) is too large for this machine; "
                       "a smaller --batch or --seq-len, or compile --timing-only, needs less",
                       EXIT_FAIL)
     except OSError as exc:

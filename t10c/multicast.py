@@ -35,12 +35,40 @@ alike; unicasts take no colours in this model.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import ceil_div
+from t10c.dtypes import ceil_div, fmt_bytes
+
+#: bytes of working memory one (core, source core) pair of an exchange takes while its counts
+#: and routes are worked out (measured: 75 M pairs of one wse2 exchange peaked at 24 GB)
+PAIR_BYTES = 320
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_pairs(pairs: int, rows: int, hint: str = "a plan whose cores read from fewer "
+                "cores (the mesh-aware strategy, t10) or a smaller chip would fit") -> None:
+    """Refuse an exchange whose (core, source core) pairs cannot be counted and routed in
+    half this machine's memory (the compile's other state is held beside them), naming how
+    much they need and ``hint``, what would fit, rather than be killed by the system partway
+    (codegen's exchanges, and the planner's routed pricing of them, `partition/meshmove.py`)."""
+    need, have = pairs * PAIR_BYTES, physical_memory()
+    if have and 2 * need > have:
+        raise MemoryError(
+            f"an exchange of {pairs:,} (core, source core) pairs (each of {rows:,} cores "
+            f"reads from {pairs / max(rows, 1):.0f} cores on average) needs about "
+            f"{fmt_bytes(need)} to count and route, more than half of this machine's "
+            f"{fmt_bytes(have)}; {hint}")
 
 
 def leg(start: np.ndarray, end: np.ndarray, size: int, torus: bool

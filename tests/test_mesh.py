@@ -331,17 +331,28 @@ def test_an_exchange_too_large_to_route_is_refused_in_one_line(tmp_path, capsys,
     """An exchange whose (core, source core) pairs would not fit this machine's memory is
     refused at once, saying how much it needs and what would fit, not killed partway by the
     system (here the machine is made to have 64 KiB)."""
+    from t10c import multicast
     from t10c.cli import main
-    from t10c.codegen import pattern
 
     toml = tmp_path / "mesh8.toml"
     toml.write_text('name = "mesh8"\nbase = "wse2"\ngrid = [8, 8]\ncores = 64\n'
                     'sram_bytes_per_core = 262144\n')
-    monkeypatch.setattr(pattern, "physical_memory", lambda: 1 << 16)
+    from t10c.partition import meshmove
+
+    monkeypatch.setattr(multicast, "physical_memory", lambda: 1 << 16)
+    monkeypatch.setattr(meshmove, "_PHASES", {})  # (a phase priced before needs no memory)
+    # the planner, pricing the mesh-aware plan's re-layouts by their routes, refuses first
     assert main(["compile", "mlp", "--chip", str(toml), "--timing-only", "--no-table"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and "(core, source core) pairs" in err[0], err
-    assert "more than half of this machine's 64.0 KiB" in err[0] and "mesh-aware strategy" in err[0]
+    assert "more than half of this machine's 64.0 KiB" in err[0]
+    assert "the planner cannot price its re-layout" in err[0] and "--seq-len" in err[0]
+    # codegen refuses an exchange the planner does not route (the all-to-all assumption's)
+    assert main(["compile", "mlp", "--chip", str(toml), "--timing-only", "--no-table",
+                 "--strategy", "all-to-all"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "(core, source core) pairs" in err[0], err
+    assert "mesh-aware strategy" in err[0]
     # mesh-compare, where every side fails so, says the same in one line (no internal error)
     assert main(["mesh-compare", "--chip", str(toml), "--rows", "model", "--model",
                  "mlp"]) == 1
