@@ -455,9 +455,7 @@ class Views:
         receives (remembered in `_MOVED` off meshes)."""
         graph = self.graph
         operand = graph.ops[i].inputs[slot]
-        key = None if chip.is_mesh else (
-            self.op_key(i), slot, self.op_key(j), self.chain(operand.tensor),
-            layout_key(consumer), layout_key(producer), chip.cores)
+        key = None if chip.is_mesh else self.moved_key(i, slot, j, consumer, producer, chip)
         got = _MOVED.get(key) if key else None
         if got is None:
             shape = graph.tensors[operand.tensor].shape
@@ -475,13 +473,18 @@ class Views:
                 _MOVED[key] = got
         return got
 
+    def moved_key(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
+                  chip: Chip) -> tuple:
+        """What `moved` depends on: (ops, input, view chain, layouts, chip cores and grid)."""
+        return (self.op_key(i), slot, self.op_key(j),
+                self.chain(self.graph.ops[i].inputs[slot].tensor), layout_key(consumer),
+                layout_key(producer), chip.cores, chip.grid)
+
     def most_moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
                    chip: Chip) -> int:
         """The most elements of input ``slot`` of op ``i`` that one of its cores receives
-        (`moved`), remembered per process by (ops, input, view chain, layouts, chip grid)."""
-        operand = self.graph.ops[i].inputs[slot]
-        key = (self.op_key(i), slot, self.op_key(j), self.chain(operand.tensor),
-               layout_key(consumer), layout_key(producer), chip.cores, chip.grid)
+        (`moved`), remembered per process by `moved_key`."""
+        key = self.moved_key(i, slot, j, consumer, producer, chip)
         got = _MOST_MOVED.get(key)
         if got is None:
             got = int(self.moved(i, slot, j, consumer, producer, chip)[1].max(initial=0))
@@ -753,8 +756,8 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
             continue
         if geometry(graph, graph.ops[i - 1], plans[i - 1]).reduce_group <= 1:
             continue
-        if any(remote.any() for *_, remote in _moves(graph, i, plans, chip, views, producer,
-                                                     shared)):
+        if any(views.moved(i, slot, j, p, plans[j], chip)[1].any()
+               for slot, j in _moved_inputs(graph, i, producer, shared)):
             continue
         geo = geometry(graph, op, p)
         share = ceil_div(math.prod(geo.tile_shape(len(op.inputs))), geo.reduce_group)
@@ -766,27 +769,13 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     return frozenset(out)
 
 
-def _moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-           views: Views, producer: dict[str, int], shared: dict[tuple[int, int], int]
-           ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+def _moved_inputs(graph: Graph, i: int, producer: dict[str, int],
+                  shared: dict[tuple[int, int], int]) -> Iterator[tuple[int, int]]:
     """Op i's inputs that an op produced and that do not read the previous op's copy, each
-    as (slot, producer, the consumer cores' physical cores, elements each one receives)."""
+    as (slot, producer)."""
     for slot, operand in enumerate(graph.ops[i].inputs):
         j = producer.get(graph.root(operand.tensor))
-        if j is None or (i, slot) in shared:
-            continue
-        yield (slot, j, *views.moved(i, slot, j, plans[i], plans[j], chip))
-
-
-def _mesh_moves(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-                views: Views, producer: dict[str, int]) -> Iterator[tuple[int, int]]:
-    """On a mesh (no shared copies there): op i's inputs that an op produced and that some
-    core of op i receives elements of, as (slot, producer)."""
-    if not chip.is_mesh:
-        return
-    for slot, operand in enumerate(graph.ops[i].inputs):
-        j = producer.get(graph.root(operand.tensor))
-        if j is not None and views.most_moved(i, slot, j, plans[i], plans[j], chip):
+        if j is not None and (i, slot) not in shared:
             yield slot, j
 
 
@@ -817,20 +806,22 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
         wanted = np.zeros(max(chip.chips, 1), dtype=np.int64)  # a pod: distinct bytes
         mesh_cycles = 0
         routed = []  # on a mesh, a mesh-aware plan's inputs as routed (`meshmove`)
-        for slot, j in _mesh_moves(graph, i, plans, chip, views, producer):
+        for slot, j in _moved_inputs(graph, i, producer, shared):
             nbytes = element_bytes(op, slot, dtype, int_tensors)
-            if routed_on(chip, plans[i]):
-                tensor = op.inputs[slot].tensor
-                want = consumer_want(graph, i, slot, plans[i])
-                routed.append(moved_input(chip, views.owner(j, plans[j]), want,
-                                          graph.tensors[tensor].shape,
-                                          views.to_root(tensor), nbytes))
-            else:  # the all-to-all assumption's estimate: each input on its own
+            if chip.is_mesh:  # (only the most a core receives: kept per process)
                 most = views.most_moved(i, slot, j, plans[i], plans[j], chip)
-                mesh_cycles += chip.transfer_cycles(most * nbytes)
-        for slot, _j, phys, remote in (() if chip.is_mesh else _moves(
-                graph, i, plans, chip, views, producer, shared)):
-            nbytes = element_bytes(op, slot, dtype, int_tensors)
+                if not most:
+                    continue
+                if routed_on(chip, plans[i]):
+                    tensor = op.inputs[slot].tensor
+                    want = consumer_want(graph, i, slot, plans[i])
+                    routed.append(moved_input(chip, views.owner(j, plans[j]), want,
+                                              graph.tensors[tensor].shape,
+                                              views.to_root(tensor), nbytes))
+                else:  # the all-to-all assumption's estimate: each input on its own
+                    mesh_cycles += chip.transfer_cycles(most * nbytes)
+                continue
+            phys, remote = views.moved(i, slot, j, plans[i], plans[j], chip)
             if chip.is_pod and remote.any():
                 wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
             np.add.at(received, phys, remote * nbytes)
