@@ -18,7 +18,13 @@ through a window, and must not be an embedding lookup) when:
    ``1/sqrt(var + eps)`` recomputed for every element of the row, as the LayerNormalization
    lowering does), and P may have several such readers when it is a normalising step, i.e. it
    reads a computed tensor broadcast along some of its axes (``x - mean``, ``exp(x - max)``);
-   each reader then recomputes it instead of P being materialised.
+   each reader then recomputes it instead of P being materialised;
+4. C reads P through shifts (one-axis, unit-stride windows: a Concat's pieces), P is cheap, has
+   C as its only reader and gives zero on zeros, and every input of P is read along each
+   shifted dimension by a shift too, such that wherever C's read leaves P's output (and reads
+   its zero padding) the composed read leaves that input as well (`_shifted_read_exact`): the
+   windows compose (`_rename`) and C computes the same values. rotate_half's Slice and Neg
+   (LLaMA's rotary embedding) thus fold into the rotary Add, one op instead of three.
 
 A producer that is not cheap is not inlined where the reader's body reads it several times
 (``where(isnan(p), 0, p)``): the body has no shared subexpressions. Never into a contraction
@@ -68,7 +74,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from t10c.elementwise import body_cost
+import numpy as np
+
+from t10c.elementwise import FNS, body_cost
 from t10c.ir import Body, Dim, Graph, Operand, TensorExpr, Window, is_contraction, prologue_of
 
 #: vector operations per point up to which a producer counts as cheap (rule 3)
@@ -94,18 +102,94 @@ def _uses(body: Body, slot: int) -> int:
     return sum(_uses(arg, slot) for arg in body[1:])
 
 
-def _rename(d: Dim, rename: dict[str, str]) -> Dim:
+def _rename(d: Dim, rename: dict[str, Dim]) -> Dim:
+    """Dimension ``d`` of a producer's operand in its reader's axes (``rename``: each producer
+    output axis as the reader indexes it, a plain axis or a window): windows compose, their
+    terms and offsets substituted."""
     if not isinstance(d, Window):
         return rename[d]
     coefs: dict[str, int] = {}
+    offset = d.offset
     for a, c in d.terms:
-        coefs[rename[a]] = coefs.get(rename[a], 0) + c
-    return Window(tuple(coefs.items()), d.offset)
+        r = rename[a]
+        for b, cb in (r.terms if isinstance(r, Window) else ((r, 1),)):
+            coefs[b] = coefs.get(b, 0) + c * cb
+        offset += c * r.offset if isinstance(r, Window) else 0
+    return Window(tuple(coefs.items()), offset)
+
+
+def _shift(d: Dim) -> tuple[str, int] | None:
+    """(axis, offset) of a plain axis or a one-axis unit-stride window; None otherwise."""
+    if not isinstance(d, Window):
+        return d, 0
+    if len(d.terms) == 1 and d.terms[0][1] == 1:
+        return d.terms[0][0], d.offset
+    return None
+
+
+def _zero_preserving(body: Body) -> bool:
+    """Whether the body gives 0 where every input reads 0 (the padding of a window)."""
+    def at_zero(node: Body) -> float:
+        if node[0] == "in":
+            return 0.0
+        if node[0] == "const":
+            return float(node[1])
+        return float(FNS[node[0]].numpy(*(np.float64(at_zero(a)) for a in node[1:])))
+
+    if _has(body, "take"):
+        return False
+    with np.errstate(all="ignore"):
+        return at_zero(body) == 0.0
+
+
+def _has(body: Body, head: str) -> bool:
+    if body[0] == head:
+        return True
+    if body[0] in ("in", "const"):
+        return False
+    return any(_has(arg, head) for arg in body[1:])
+
+
+def _shifted_read_exact(producer: TensorExpr, consumer: TensorExpr, slot: int,
+                        shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether the consumer's shifted (windowed) read of an elementwise producer may read the
+    producer's inputs through the composed windows instead (`_inline`): every windowed
+    dimension is a unit shift of one axis, and where the read leaves the producer's output
+    (reading the padding, zero: a Concat's pieces are such reads) the composed reads leave
+    every input of the producer too, whose body gives zero on zeros. A rotate-half (Slice,
+    Neg, Concat) then costs its reader nothing."""
+    read = consumer.inputs[slot]
+    if not _zero_preserving(producer.body):
+        return False
+    for k, d in enumerate(read.axes):
+        s = _shift(d)
+        if s is None:
+            return False
+        axis, offset = s
+        lo, hi = offset, offset + consumer.extents[axis] - 1  # positions read of dimension k
+        pa = str(producer.output.axes[k])  # (output dimensions are plain axes)
+        extent = producer.extents[pa]
+        if 0 <= lo and hi < extent:
+            continue  # within the producer's output: nothing read from the padding
+        for o in producer.inputs:
+            at = [j for j, e in enumerate(o.axes) if pa in (e.axes if isinstance(e, Window)
+                                                            else (e,))]
+            if len(at) != 1:
+                return False  # broadcast along it (no padding to read), or read twice
+            t = _shift(o.axes[at[0]])
+            if t is None or t[0] != pa:
+                return False
+            size = shapes[o.tensor][at[0]]
+            if lo < 0 and not (t[1] - 1 < 0 or lo + t[1] >= size):
+                return False  # reads before the output that would land inside the input
+            if hi >= extent and not (extent + t[1] >= size or hi + t[1] < 0):
+                return False  # reads past the output that would land inside the input
+    return True
 
 
 def _inline(producer: TensorExpr, consumer: TensorExpr, slot: int) -> TensorExpr:
     read = consumer.inputs[slot]
-    rename = dict(zip(producer.output.axes, read.axes))
+    rename: dict[str, Dim] = {str(a): d for a, d in zip(producer.output.axes, read.axes)}
     inputs = [o for k, o in enumerate(consumer.inputs) if k != slot]
     leaves: dict[int, Body] = {}
     for k, o in enumerate(producer.inputs):
@@ -130,10 +214,17 @@ def _normalising(op: TensorExpr, computed: set[str]) -> bool:
 
 
 def _may_inline(producer: TensorExpr, consumer: TensorExpr, slot: int, readers: int,
-                computed: set[str], max_inputs: int) -> bool:
+                computed: set[str], max_inputs: int, shapes: dict[str, tuple[int, ...]]
+                ) -> bool:
     read = consumer.inputs[slot]
-    if consumer.body[0] == "take" or not all(isinstance(d, str) for d in read.axes):
-        return False  # read through a window: inlining would recompute the halo
+    if consumer.body[0] == "take":
+        return False
+    if not all(isinstance(d, str) for d in read.axes):
+        # read through a window: inlining would recompute the halo, but for a cheap producer
+        # read by one op through shifts (rule 4 of the module doc)
+        if (readers != 1 or is_contraction(consumer) or body_cost(producer.body) > CHEAP_OPS
+                or not _shifted_read_exact(producer, consumer, slot, shapes)):
+            return False
     if consumer.prologue:
         return False  # its inputs are a prologue's as well as the body's
     if len(set(read.axes)) != len(read.axes):
@@ -371,7 +462,8 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True,
             if not sites or len({ci for ci, _ in sites}) != len(sites):
                 continue  # one reader reading it twice
             if not all(slot < len(ops[ci].inputs)
-                       and _may_inline(producer, ops[ci], slot, len(sites), computed, max_inputs)
+                       and _may_inline(producer, ops[ci], slot, len(sites), computed, max_inputs,
+                                       shapes)
                        for ci, slot in sites):
                 continue
             for ci, slot in sites:

@@ -272,3 +272,39 @@ def test_compile_fuse_options(capsys) -> None:
     assert main(["compile", "bert-tiny", "--fuse", "some"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("t10c: error:")
+
+
+def _halves(g, x: str, lo: tuple[int, int], hi: tuple[int, int], neg: str = "Neg") -> str:
+    """``Concat(f(x[..., hi]), x[..., lo]) * 1 + x``: a rotate-half (``f`` = Neg) when ``lo``
+    and ``hi`` are the two halves of the last axis, read by one elementwise op."""
+    a = g.node("Slice", x, g.ints(lo[0]), g.ints(lo[1]), g.ints(-1))
+    b = g.node(neg, g.node("Slice", x, g.ints(hi[0]), g.ints(hi[1]), g.ints(-1)))
+    return g.node("Add", g.node("Concat", b, a, axis=-1), x)
+
+
+ROTATE_CASES = [
+    # LLaMA's rotate_half: both Slices and the Neg fold into the Add, one op
+    ("rotate half", (0, 4), (4, 8), "Neg", (4, 8), 1),
+    # Exp(0) is 1: reading past the Exp's output would not give the Concat's zero padding
+    ("exp piece", (0, 4), (4, 8), "Exp", (4, 8), 2),
+    # pieces from the middle: around each piece lies more of x, so the Concat's reads past a
+    # piece, composed, would read x where they read zero: neither folds
+    ("middle pieces", (1, 5), (3, 7), "Neg", (4, 8), 3),
+]
+
+
+@pytest.mark.parametrize("case", ROTATE_CASES, ids=lambda c: c[0])
+def test_shifted_reads_of_cheap_producers_fold_only_where_exact(case) -> None:
+    """Rule 4 of `frontend/fuse.py`: a Concat's pieces read through shifts inline into their
+    reader only where reading past a piece reads every input's padding too, and the body
+    gives zero on zeros; the emulated result equals onnxruntime's either way."""
+    from ophelpers import make_model
+
+    from t10c.frontend import to_graph
+
+    name, lo, hi, neg, shape, nops = case
+    model = make_model(name.replace(" ", "-"),
+                       lambda g, xs: _halves(g, xs[0], lo, hi, neg), (shape,))
+    assert len(to_graph(model).ops) == nops
+    result = run_compiled(compile_model(model, BASE, CompileOptions(dtype="fp32")))
+    assert result.ok, f"{name}: {result.max_rel_err:.3g}"

@@ -223,10 +223,10 @@ def test_case_names_are_unique() -> None:
 
 @pytest.mark.parametrize("name,ops", [
     ("Slice-Relu", 1), ("Slice-MatMul", 1), ("Concat-Relu", 1), ("GLU", 1), ("Expand-Mul", 1),
-    # the halves are cut (slice, and slice + Neg) and the concatenation is read by the RoPE
-    # sum through windows: a read through a window of a copy cannot fold, since outside the
-    # slice the window must read zero, not the neighbouring elements of x
-    ("rotate-half", 3),
+    # the halves (a slice, and a slice + Neg) concatenated and read by the RoPE sum through
+    # windows fold into it: where a window reads past its half (zero), the composed window
+    # reads past x too, and Neg(0) = 0 (rule 4 of frontend/fuse.py)
+    ("rotate-half", 1),
 ])
 def test_copies_fold_into_their_reader(name: str, ops: int) -> None:
     case = next(c for c in FP32_CASES if c.name == name)
