@@ -41,7 +41,7 @@ from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import idle_cores
 from t10c.partition.dram import appended, dram_operands, store_waits
 from t10c.partition.space import tensor_sets
-from t10c.partition.transitions import Views, hoisted_fetches, shared_inputs
+from t10c.partition.transitions import Views, hoisted_fetches, merged_phases, shared_inputs
 
 from .epilogue import epilogue_index, extra_elements, program_exprs
 from .memory import ALIGN, Layout, Rect, aligned, layout
@@ -107,6 +107,9 @@ class _Cached:
     cores: np.ndarray  # the cores holding the result
     records: list = dataclasses.field(default_factory=list)  # the op's timeline records
     link_bytes: object = None  # the link loads the op added (the emulator's, sparse)
+    #: the inputs of later ops it received early (`merged_phases`): (ops ahead, input,
+    #: elements, dtype) of each buffer, None for an input read in place
+    early: tuple[tuple[int, int, int | None, str], ...] = ()
 
 
 class _Allocator:
@@ -217,6 +220,14 @@ class _Builder:
         self.hoisted = hoisted_fetches(graph, plan.ops, chip, plan.dtype, ints)
         self.prefetched: dict[tuple[int, int], tuple[int, bool]] = {}
         self.hoisting = False  # allocating the buffers of a hoisted fetch (`prefetch`)
+        #: ops whose inputs move in an earlier op's re-layout phase
+        #: (`transitions.merged_phases`): per carrying op the ops it carries, and the buffers
+        #: received early by (op, input)
+        self.merged = merged_phases(graph, plan.ops, chip, plan.dtype, ints)
+        self.carries: dict[int, list[int]] = {}
+        for m, by in sorted(self.merged.items()):
+            self.carries.setdefault(by, []).append(m)
+        self.early: dict[tuple[int, int], tuple[int, bool]] = {}
         #: repeated layers: what an op's instructions are computed from (its geometry, the
         #: placement and layout of what it reads) gives the same tables, computed once
         self.memo: dict[tuple, object] = {}
@@ -524,7 +535,19 @@ class _Builder:
         return (op.signature(), plan, tuple(sources),
                 tuple((n, i) in self.shared for i in range(nin)),
                 tuple((n, i) in self.keeps for i in range(nin)), n in self.hoisted,
-                n + 1 in self.hoisted)
+                n + 1 in self.hoisted, n in self.merged,
+                tuple((m - n, self.early_key(m)) for m in self.carries.get(n, ())))
+
+    def early_key(self, m: int) -> tuple:
+        """What the inputs of op m that an earlier op brings depend on (`op_key`'s terms)."""
+        op = self.graph.ops[m]
+        sources = []
+        for i in self.early_inputs(m):
+            operand = op.inputs[i]
+            root = self.graph.root(operand.tensor)
+            view = self.view_digest(operand.tensor) if root != operand.tensor else b""
+            sources.append((i, self.keys.get(root), view))
+        return (op.signature(), dataclasses.replace(self.plan.ops[m], op=""), tuple(sources))
 
     def replay(self, n: int, op: TensorExpr, cached: _Cached) -> None:
         """Op n's timing is that of an earlier op with the same key: take its records and
@@ -534,6 +557,7 @@ class _Builder:
         self.sink.replay(op.name, cached)  # type: ignore[union-attr]
         self.sink.written(out, cached.cores)  # type: ignore[union-attr]
         self.replay_kept(n, op)
+        self.replay_early(n, op, cached)
         self.free_dram(n)
         for operand in op.reads:
             root = self.graph.root(operand.tensor)
@@ -542,6 +566,29 @@ class _Builder:
                 if self.pending[root] == 0:
                     self.free(self.placement[root].buf, op.name)
         self.placement[op.output.tensor] = Placement(out, cached.core, cached.off)
+
+    def replay_early(self, n: int, op: TensorExpr, cached: _Cached) -> None:
+        """A replayed op's share of the merged phases (`merged_phases`): the buffers it
+        received early are freed, and those it brings for later ops are allocated, as
+        written, where its own instructions would have left them."""
+        for i in range(len(op.inputs)):
+            took = self.early.pop((n, i), None)
+            if took is not None and took[1]:
+                self.free(took[0], op.name)
+        for ahead, i, elems, dtype in cached.early:
+            m = n + ahead
+            later = self.graph.ops[m]
+            if elems is None:  # read in place
+                self.early[m, i] = (self.placement[self.graph.root(later.inputs[i].tensor)].buf,
+                                    False)
+                continue
+            self.hoisting = True  # where `bring_early` put it
+            bid = self.new_buffer(f"{later.name}.in{i}", elems, dtype, later.name, "relayout")
+            self.hoisting = False
+            self.drain()
+            geo_m = geometry(self.graph, later, self.plan.ops[m])
+            self.sink.written(bid, geo_m.phys)  # type: ignore[union-attr]
+            self.early[m, i] = (bid, True)
 
     def replay_kept(self, n: int, op: TensorExpr) -> None:
         """A replayed op's share of the kept copies (`transitions.shared_inputs`): the copy it
@@ -677,8 +724,15 @@ class _Builder:
         self.drain()
         place = self.placement[op.output.tensor]
         buf = self.buffers[place.buf]
+        early = []
+        for m in self.carries.get(n, ()):
+            for i in self.early_inputs(m):
+                bid, own = self.early[m, i]
+                early.append((m - n, i, self.buffers[bid].elems if own else None,
+                              self.buffers[bid].dtype))
         self.cache[key] = self.sink.since(mark, _Cached(  # type: ignore[union-attr]
-            buf.elems, buf.dtype, place.core, place.off, np.unique(place.core)))
+            buf.elems, buf.dtype, place.core, place.off, np.unique(place.core),
+            early=tuple(early)))
 
     def generate_op(self, n: int, op: TensorExpr) -> None:
         geo = geometry(self.graph, op, self.plan.ops[n])
@@ -698,6 +752,8 @@ class _Builder:
                 bid, own = self.dma[n, i], False
             elif (n, i) in self.kept:  # the previous op's copy, in this layout already
                 bid, own = self.kept.pop((n, i)), True
+            elif (n, i) in self.early:  # received in an earlier op's phase
+                bid, own = self.early.pop((n, i))
             else:
                 bid, own = self.bring_input(op, geo, i, moves, self.plan.ops[n].home, key)
             cur.append(bid)
@@ -712,9 +768,12 @@ class _Builder:
                     extra.append(self.prefetched.pop((n, k)))
                 else:
                     extra.append(self.bring_extra(op, geo, k, flat, valid, moves, key))
+        early = [mv for m in self.carries.get(n, ()) for mv in self.bring_early(m, op.name)]
         # one barrier before the exchange phase, unless every copy stays on its core
-        if any(received(m.pattern(), geo.phys).any() for m in moves):
+        if any(received(m.pattern(), geo.phys).any() for m in moves) or \
+                any(received(mv.pattern(), phys).any() for mv, phys in early):
             self.instrs.append(Sync(op.name, "relayout"))
+        moves += [mv for mv, _ in early]
         if self.chip.is_mesh:  # the re-layouts together, as one phase of routes (the
             # planner's `meshmove` prices them so), then the fetches
             moves.sort(key=lambda m: m.phase != "relayout")
@@ -805,6 +864,29 @@ class _Builder:
         for xb, own in extra:
             if own:
                 self.free(xb, op.name)
+
+    def bring_early(self, m: int, by: str) -> list[tuple[Exchange, np.ndarray]]:
+        """Bring op m's activation inputs now, in the re-layout phase of op ``by``
+        (`transitions.merged_phases`), into buffers that live until op m (placed high, as a
+        hoisted fetch's): the exchanges, as op ``by``'s (so that repeated layers replay them
+        with it), each with the cores it writes."""
+        op = self.graph.ops[m]
+        geo = geometry(self.graph, op, self.plan.ops[m])
+        moves: list[Exchange] = []
+        self.hoisting = True
+        for i in self.early_inputs(m):
+            self.early[m, i] = self.bring_input(op, geo, i, moves, False, self.geo_key(m, op))
+        self.hoisting = False
+        return [(dataclasses.replace(mv, op=by), geo.phys) for mv in moves]
+
+    def early_inputs(self, m: int) -> list[int]:
+        """The inputs of op m that an earlier op's phase brings (`bring_early`): those an
+        op computes."""
+        op = self.graph.ops[m]
+        return [i for i, operand in enumerate(op.inputs)
+                if self.graph.root(operand.tensor) not in self.graph.constants
+                and self.graph.root(operand.tensor) not in self.graph.inputs
+                and (m, i) not in self.dma and (m, i) not in self.kept]
 
     def prefetch(self, m: int, by: str) -> None:
         """Fetch op m's epilogue weights now, in the reduce-scatter superstep op ``by`` just

@@ -697,10 +697,7 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
         return {}, [0] * len(plans)
     const_tensors = views.const_tensors()
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    cap = int(chip.sram_bytes_per_core * (1 - SolverOptions().reserve_fraction))
-    used = memory_use(views.terms(), _Arrays([[p] for p in plans], [[0] for _ in plans]),
-                      [0] * len(plans))
-    slack = [cap - int(u) for u in used]
+    slack = _slack(plans, chip, views)
     out: dict[tuple[int, int], int] = {}
     for i in range(1, len(graph.ops)):
         op, prev = graph.ops[i], graph.ops[i - 1]
@@ -726,6 +723,14 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
     return out, slack
 
 
+def _slack(plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, views: Views) -> list[int]:
+    """The SRAM per op that the chosen plans leave, short of the solver's reserve ((C2))."""
+    cap = int(chip.sram_bytes_per_core * (1 - SolverOptions().reserve_fraction))
+    used = memory_use(views.terms(), _Arrays([[p] for p in plans], [[0] for _ in plans]),
+                      [0] * len(plans))
+    return [cap - int(u) for u in used]
+
+
 def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
                     dtype: str, int_tensors: frozenset[str], views: Views | None = None,
                     sharing: tuple[dict[tuple[int, int], int], list[int]] | None = None
@@ -741,11 +746,18 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     where the SRAM the chosen plans leave there holds them. `relayout_cycles` prices the
     barrier saved, codegen follows the same set. (``sharing``: `_sharing` of the same plans,
     when the caller has it.)"""
-    views = views or Views(graph)
+    return _hoisting(graph, plans, chip, dtype, int_tensors, views or Views(graph), sharing)[0]
+
+
+def _hoisting(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
+              int_tensors: frozenset[str], views: Views,
+              sharing: tuple[dict[tuple[int, int], int], list[int]] | None = None
+              ) -> tuple[frozenset[int], list[int]]:
+    """`hoisted_fetches`, and the SRAM per op left after the kept copies and the fetches."""
     shared, slack = sharing or _sharing(graph, plans, chip, dtype, int_tensors, views)
     slack = list(slack)
     if chip.is_mesh or chip.has_dram:
-        return frozenset()
+        return frozenset(), slack
     const_tensors = views.const_tensors()
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     out = set()
@@ -766,7 +778,7 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
         if fetched <= slack[i - 1]:
             slack[i - 1] -= fetched
             out.add(i)
-    return frozenset(out)
+    return frozenset(out), slack
 
 
 def _moved_inputs(graph: Graph, i: int, producer: dict[str, int],
@@ -786,67 +798,170 @@ def routed_on(chip: Chip, plan: OpPlan) -> bool:
     return chip.is_mesh and (plan.embed is not None or plan.cores is not None)
 
 
+@dataclass
+class _Phase:
+    """What an op's re-layout phase moves: per core the bytes it receives and per chip the
+    distinct bytes it wants (all-to-all chips, pods); on a mesh the exchanges as routed
+    (`meshmove.Pending`) or, for plans made under the all-to-all assumption, the estimate."""
+
+    received: np.ndarray
+    wanted: np.ndarray
+    routed: list
+    estimate: int = 0
+
+    def with_(self, other: _Phase) -> _Phase:
+        return _Phase(self.received + other.received, self.wanted + other.wanted,
+                      [*self.routed, *other.routed], self.estimate + other.estimate)
+
+
+def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+              dtype: str, int_tensors: frozenset[str], views: Views, producer: dict[str, int],
+              shared: dict[tuple[int, int], int]) -> _Phase:
+    """Op i's re-layout phase under ``plans``: its moved inputs and, on a mesh, the
+    activations its epilogue reads (codegen moves them in the same phase)."""
+    from .meshmove import element_bytes_of, moved_extra, moved_input  # (builds on this)
+
+    op = graph.ops[i]
+    got = _Phase(np.zeros(chip.cores, dtype=np.int64),
+                 np.zeros(max(chip.chips, 1), dtype=np.int64), [])  # a pod: distinct bytes
+    for slot, j in _moved_inputs(graph, i, producer, shared):
+        nbytes = element_bytes(op, slot, dtype, int_tensors)
+        if chip.is_mesh:  # (only the most a core receives: kept per process)
+            most = views.most_moved(i, slot, j, plans[i], plans[j], chip)
+            if not most:
+                continue
+            if routed_on(chip, plans[i]):
+                tensor = op.inputs[slot].tensor
+                want = consumer_want(graph, i, slot, plans[i])
+                got.routed.append(moved_input(chip, views.owner(j, plans[j]), want,
+                                              graph.tensors[tensor].shape,
+                                              views.to_root(tensor), nbytes))
+            else:  # the all-to-all assumption's estimate: each input on its own
+                got.estimate += chip.transfer_cycles(most * nbytes)
+            continue
+        phys, remote = views.moved(i, slot, j, plans[i], plans[j], chip)
+        if chip.is_pod and remote.any():
+            got.wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
+        np.add.at(got.received, phys, remote * nbytes)
+    if routed_on(chip, plans[i]):  # activations the epilogue reads
+        for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
+            source = producer.get(graph.root(operand.tensor))
+            if source is not None:
+                got.routed.append(moved_extra(chip, graph, i, k, plans[i],
+                                              views.owner(source, plans[source]),
+                                              views.to_root(operand.tensor),
+                                              element_bytes_of(operand.tensor, dtype,
+                                                               int_tensors)))
+    return got
+
+
+def _phase_cycles(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+                  part: _Phase, hoisted: frozenset[int]) -> int:
+    """Cycles of op i's re-layout phase moving ``part``, its barrier included (the barrier of
+    a plan that fetches weights is the plan's own, `cost.plan_cost`)."""
+    from .meshmove import phase  # (builds on this)
+
+    if chip.is_mesh:
+        mesh_cycles = phase(chip, part.routed) if part.routed else part.estimate
+        return barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0
+    most = int(part.received.max(initial=0))
+    cross = received_cross(chip, part.received, part.wanted if chip.is_pod else None)
+    if fetches(graph, i, plans[i], chip):  # the barrier is the plan's (its fetch's),
+        # unless the fetch rides in the previous op's reduce-scatter superstep
+        return chip.exchange_cycles(most, cross) - (chip.sync_cycles if i in hoisted else 0)
+    return chip.sync_cycles + chip.exchange_cycles(most, cross) if most else 0
+
+
+def _moves(part: _Phase) -> bool:
+    return bool(part.routed) or part.estimate > 0 or bool(part.received.any())
+
+
+def merged_phases(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
+                  dtype: str, int_tensors: frozenset[str], views: Views | None = None
+                  ) -> dict[int, int]:
+    """Ops whose inputs move in an earlier op's re-layout phase: ``{op: the op whose phase
+    carries them}``.
+
+    Every re-layout phase costs a barrier and its own latency (on a wafer, the longest
+    route's hundreds of hops), so an op whose moved inputs were all computed before an
+    earlier op's phase may receive them in that phase (the first such that opens one) and
+    open none itself: LLaMA's k projection beside q's, k's rotary beside q's, the value
+    cache's Concat beside them. It does so only where the merged phase costs less than the
+    two apart (on a mesh, more trees on a link can mean more waves: q, k and v together cost
+    more than apart on a wafer), and where the SRAM the chosen plans leave at every op from
+    the carrier to it holds the buffers received early. Not for ops that fetch weights,
+    whose epilogue reads other operands, or that read or keep a copy beside the next op
+    (`shared_inputs`), nor on chips with DRAM or in pods. `relayout_cycles` prices it,
+    codegen follows the same map."""
+    return _merging(graph, plans, chip, dtype, int_tensors, views or Views(graph))[0]
+
+
+def _merging(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
+             int_tensors: frozenset[str], views: Views
+             ) -> tuple[dict[int, int], list[_Phase], frozenset[int]]:
+    """`merged_phases`, every op's own phase and the hoisted fetches."""
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    sharing = _sharing(graph, plans, chip, dtype, int_tensors, views)
+    shared = sharing[0]
+    # (through the module's name, which a test may switch off; the SRAM left is _hoisting's)
+    hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views, sharing)
+    slack = _hoisting(graph, plans, chip, dtype, int_tensors, views, sharing)[1]
+    parts = [_phase_of(graph, i, plans, chip, dtype, int_tensors, views, producer, shared)
+             for i in range(len(graph.ops))]
+    merged: dict[int, int] = {}
+    if chip.has_dram or chip.is_pod:
+        return merged, parts, hoisted
+    if chip.is_mesh:
+        slack = _slack(plans, chip, views)
+    keeping = {i for i, _ in shared} | {i - 1 for i, _ in shared}
+    carried: dict[int, _Phase] = {}  # each carrier's phase with what it carries so far
+
+    def alone(i: int) -> bool:
+        return (not fetches(graph, i, plans[i], chip) and not graph.ops[i].extra
+                and i not in hoisted and i not in keeping and _moves(parts[i])
+                and (not chip.is_mesh or routed_on(chip, plans[i])))
+
+    candidates = [i for i in range(len(graph.ops)) if alone(i)]
+    for m in candidates:
+        sources = [j for _, j in _moved_inputs(graph, m, producer, shared)]
+        after = max(sources, default=-1)
+        n = next((c for c in candidates if after < c < m and c not in merged), None)
+        if n is None:
+            continue
+        op = graph.ops[m]
+        geo = geometry(graph, op, plans[m])
+        early = sum(math.prod(geo.tile_shape(slot)) * element_bytes(op, slot, dtype, int_tensors)
+                    for slot, _ in _moved_inputs(graph, m, producer, shared))
+        if any(slack[k] < early for k in range(n, m)):
+            continue
+        both = carried.get(n, parts[n]).with_(parts[m])
+        if (_phase_cycles(graph, n, plans, chip, both, hoisted)
+                >= _phase_cycles(graph, n, plans, chip, carried.get(n, parts[n]), hoisted)
+                + _phase_cycles(graph, m, plans, chip, parts[m], hoisted)):
+            continue
+        carried[n] = both
+        merged[m] = n
+        for k in range(n, m):
+            slack[k] -= early
+    for n, part in carried.items():
+        parts[n] = part
+    for m in merged:
+        parts[m] = _Phase(np.zeros(chip.cores, dtype=np.int64), parts[m].wanted * 0, [])
+    return merged, parts, hoisted
+
+
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
                     dtype: str, int_tensors: frozenset[str], views: Views | None = None
                     ) -> list[int]:
     """The re-layout cycles before every op for one choice of plans, all inputs of an op in
     one phase (exactly what the emulator measures on an all-to-all chip); an input that reads
-    the previous op's copy (`shared_inputs`) moves nothing. On a mesh, mesh-aware plans'
-    exchanges are routed as codegen emits them, multicast trees and all (`meshmove`)."""
-    from .meshmove import element_bytes_of, moved_extra, moved_input, phase  # (builds on this)
-
+    the previous op's copy (`shared_inputs`) moves nothing, and an op whose inputs move in an
+    earlier op's phase (`merged_phases`) has none: they are priced in that phase. On a mesh,
+    mesh-aware plans' exchanges are routed as codegen emits them, multicast trees and all
+    (`meshmove`)."""
     views = views or Views(graph)
-    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    sharing = _sharing(graph, plans, chip, dtype, int_tensors, views)
-    shared = sharing[0]
-    hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views, sharing)
-    out = []
-    for i, op in enumerate(graph.ops):
-        received = np.zeros(chip.cores, dtype=np.int64)
-        wanted = np.zeros(max(chip.chips, 1), dtype=np.int64)  # a pod: distinct bytes
-        mesh_cycles = 0
-        routed = []  # on a mesh, a mesh-aware plan's inputs as routed (`meshmove`)
-        for slot, j in _moved_inputs(graph, i, producer, shared):
-            nbytes = element_bytes(op, slot, dtype, int_tensors)
-            if chip.is_mesh:  # (only the most a core receives: kept per process)
-                most = views.most_moved(i, slot, j, plans[i], plans[j], chip)
-                if not most:
-                    continue
-                if routed_on(chip, plans[i]):
-                    tensor = op.inputs[slot].tensor
-                    want = consumer_want(graph, i, slot, plans[i])
-                    routed.append(moved_input(chip, views.owner(j, plans[j]), want,
-                                              graph.tensors[tensor].shape,
-                                              views.to_root(tensor), nbytes))
-                else:  # the all-to-all assumption's estimate: each input on its own
-                    mesh_cycles += chip.transfer_cycles(most * nbytes)
-                continue
-            phys, remote = views.moved(i, slot, j, plans[i], plans[j], chip)
-            if chip.is_pod and remote.any():
-                wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
-            np.add.at(received, phys, remote * nbytes)
-        most = int(received.max(initial=0))
-        cross = received_cross(chip, received, wanted if chip.is_pod else None)
-        if routed_on(chip, plans[i]):  # activations the epilogue reads
-            for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
-                source = producer.get(graph.root(operand.tensor))
-                if source is not None:
-                    routed.append(moved_extra(chip, graph, i, k, plans[i],
-                                              views.owner(source, plans[source]),
-                                              views.to_root(operand.tensor),
-                                              element_bytes_of(operand.tensor, dtype,
-                                                               int_tensors)))
-        if routed:
-            mesh_cycles = phase(chip, routed)
-        if chip.is_mesh:
-            out.append(barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0)
-        elif fetches(graph, i, plans[i], chip):  # the barrier is the plan's (its fetch's),
-            # unless the fetch rides in the previous op's reduce-scatter superstep
-            out.append(chip.exchange_cycles(most, cross)
-                       - (chip.sync_cycles if i in hoisted else 0))
-        else:
-            out.append(chip.sync_cycles + chip.exchange_cycles(most, cross) if most else 0)
-    return out
+    _, parts, hoisted = _merging(graph, plans, chip, dtype, int_tensors, views)
+    return [_phase_cycles(graph, i, plans, chip, part, hoisted) for i, part in enumerate(parts)]
 
 
 def replication(op, slot: int, plan: OpPlan) -> int:
