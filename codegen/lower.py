@@ -519,35 +519,31 @@ class _Builder:
         op with the same expression and plan, read through the same view: where a result
         lies depends only on its producer's plan). Repeated layers share keys."""
         plan = dataclasses.replace(self.plan.ops[n], op="")
-        sources: list[tuple] = []
-        for operand in op.reads:
-            root = self.graph.root(operand.tensor)
-            view = b""
-            if root != operand.tensor:
-                view = self.view_digest(operand.tensor)
-            if root in self.graph.constants:
-                sources.append(("weight", view))
-            elif root in self.graph.inputs:
-                sources.append(("input", self.graph.tensors[root].shape, view))
-            else:
-                sources.append(("act", self.keys.get(root), view))
+        sources = tuple(self.read_key(operand.tensor) for operand in op.reads)
         nin = len(op.inputs)
-        return (op.signature(), plan, tuple(sources),
+        return (op.signature(), plan, sources,
                 tuple((n, i) in self.shared for i in range(nin)),
                 tuple((n, i) in self.keeps for i in range(nin)), n in self.hoisted,
                 n + 1 in self.hoisted, n in self.merged,
                 tuple((m - n, self.early_key(m)) for m in self.carries.get(n, ())))
 
+    def read_key(self, tensor: str) -> tuple:
+        """Where an op's read of ``tensor`` comes from, buffer numbers aside: a weight, a graph
+        input, or the output of an op with the same expression and plan (its key), each
+        through the same view."""
+        root = self.graph.root(tensor)
+        view = self.view_digest(tensor) if root != tensor else b""
+        if root in self.graph.constants:
+            return ("weight", view)
+        if root in self.graph.inputs:
+            return ("input", self.graph.tensors[root].shape, view)
+        return ("act", self.keys.get(root), view)
+
     def early_key(self, m: int) -> tuple:
         """What the inputs of op m that an earlier op brings depend on (`op_key`'s terms)."""
         op = self.graph.ops[m]
-        sources = []
-        for i in self.early_inputs(m):
-            operand = op.inputs[i]
-            root = self.graph.root(operand.tensor)
-            view = self.view_digest(operand.tensor) if root != operand.tensor else b""
-            sources.append((i, self.keys.get(root), view))
-        return (op.signature(), dataclasses.replace(self.plan.ops[m], op=""), tuple(sources))
+        return (op.signature(), dataclasses.replace(self.plan.ops[m], op=""),
+                tuple((i, self.read_key(op.inputs[i].tensor)) for i in self.early_inputs(m)))
 
     def replay(self, n: int, op: TensorExpr, cached: _Cached) -> None:
         """Op n's timing is that of an earlier op with the same key: take its records and

@@ -746,18 +746,11 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     where the SRAM the chosen plans leave there holds them. `relayout_cycles` prices the
     barrier saved, codegen follows the same set. (``sharing``: `_sharing` of the same plans,
     when the caller has it.)"""
-    return _hoisting(graph, plans, chip, dtype, int_tensors, views or Views(graph), sharing)[0]
-
-
-def _hoisting(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
-              int_tensors: frozenset[str], views: Views,
-              sharing: tuple[dict[tuple[int, int], int], list[int]] | None = None
-              ) -> tuple[frozenset[int], list[int]]:
-    """`hoisted_fetches`, and the SRAM per op left after the kept copies and the fetches."""
+    views = views or Views(graph)
     shared, slack = sharing or _sharing(graph, plans, chip, dtype, int_tensors, views)
     slack = list(slack)
     if chip.is_mesh or chip.has_dram:
-        return frozenset(), slack
+        return frozenset()
     const_tensors = views.const_tensors()
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     out = set()
@@ -778,7 +771,7 @@ def _hoisting(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip
         if fetched <= slack[i - 1]:
             slack[i - 1] -= fetched
             out.add(i)
-    return frozenset(out), slack
+    return frozenset(out)
 
 
 def _moved_inputs(graph: Graph, i: int, producer: dict[str, int],
@@ -809,6 +802,14 @@ class _Phase:
     routed: list
     estimate: int = 0
 
+    @staticmethod
+    def empty(chip: Chip) -> _Phase:
+        return _Phase(np.zeros(chip.cores, dtype=np.int64),
+                      np.zeros(max(chip.chips, 1), dtype=np.int64), [])  # a pod: per chip
+
+    def moves(self) -> bool:
+        return bool(self.routed) or self.estimate > 0 or bool(self.received.any())
+
     def with_(self, other: _Phase) -> _Phase:
         return _Phase(self.received + other.received, self.wanted + other.wanted,
                       [*self.routed, *other.routed], self.estimate + other.estimate)
@@ -822,8 +823,7 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
     from .meshmove import element_bytes_of, moved_extra, moved_input  # (builds on this)
 
     op = graph.ops[i]
-    got = _Phase(np.zeros(chip.cores, dtype=np.int64),
-                 np.zeros(max(chip.chips, 1), dtype=np.int64), [])  # a pod: distinct bytes
+    got = _Phase.empty(chip)
     for slot, j in _moved_inputs(graph, i, producer, shared):
         nbytes = element_bytes(op, slot, dtype, int_tensors)
         if chip.is_mesh:  # (only the most a core receives: kept per process)
@@ -872,10 +872,6 @@ def _phase_cycles(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan]
     return chip.sync_cycles + chip.exchange_cycles(most, cross) if most else 0
 
 
-def _moves(part: _Phase) -> bool:
-    return bool(part.routed) or part.estimate > 0 or bool(part.received.any())
-
-
 def merged_phases(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
                   dtype: str, int_tensors: frozenset[str], views: Views | None = None
                   ) -> dict[int, int]:
@@ -903,36 +899,35 @@ def _merging(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     sharing = _sharing(graph, plans, chip, dtype, int_tensors, views)
     shared = sharing[0]
-    # (through the module's name, which a test may switch off; the SRAM left is _hoisting's)
     hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views, sharing)
-    slack = _hoisting(graph, plans, chip, dtype, int_tensors, views, sharing)[1]
     parts = [_phase_of(graph, i, plans, chip, dtype, int_tensors, views, producer, shared)
              for i in range(len(graph.ops))]
     merged: dict[int, int] = {}
     if chip.has_dram or chip.is_pod:
         return merged, parts, hoisted
-    if chip.is_mesh:
-        slack = _slack(plans, chip, views)
+    # the SRAM left after the kept copies; an op whose superstep takes the next op's fetch
+    # (`hoisted_fetches`) is not spanned by an early buffer, so that the two never compete
+    slack = _slack(plans, chip, views) if chip.is_mesh else list(sharing[1])
     keeping = {i for i, _ in shared} | {i - 1 for i, _ in shared}
     carried: dict[int, _Phase] = {}  # each carrier's phase with what it carries so far
 
     def alone(i: int) -> bool:
         return (not fetches(graph, i, plans[i], chip) and not graph.ops[i].extra
-                and i not in hoisted and i not in keeping and _moves(parts[i])
+                and i not in hoisted and i not in keeping and parts[i].moves()
                 and (not chip.is_mesh or routed_on(chip, plans[i])))
 
     candidates = [i for i in range(len(graph.ops)) if alone(i)]
     for m in candidates:
-        sources = [j for _, j in _moved_inputs(graph, m, producer, shared)]
-        after = max(sources, default=-1)
+        moved = list(_moved_inputs(graph, m, producer, shared))
+        after = max((j for _, j in moved), default=-1)
         n = next((c for c in candidates if after < c < m and c not in merged), None)
         if n is None:
             continue
         op = graph.ops[m]
         geo = geometry(graph, op, plans[m])
         early = sum(math.prod(geo.tile_shape(slot)) * element_bytes(op, slot, dtype, int_tensors)
-                    for slot, _ in _moved_inputs(graph, m, producer, shared))
-        if any(slack[k] < early for k in range(n, m)):
+                    for slot, _ in moved)
+        if any(slack[k] < early or k + 1 in hoisted for k in range(n, m)):
             continue
         both = carried.get(n, parts[n]).with_(parts[m])
         if (_phase_cycles(graph, n, plans, chip, both, hoisted)
@@ -946,7 +941,7 @@ def _merging(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
     for n, part in carried.items():
         parts[n] = part
     for m in merged:
-        parts[m] = _Phase(np.zeros(chip.cores, dtype=np.int64), parts[m].wanted * 0, [])
+        parts[m] = _Phase.empty(chip)
     return merged, parts, hoisted
 
 
