@@ -38,7 +38,7 @@ from t10c.ir import Graph, TensorExpr, map_to_root
 from t10c.multicast import prefer_multicast
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
-from t10c.partition.cost import idle_cores
+from t10c.partition.cost import idle_cores, spread_owner
 from t10c.partition.dram import appended, dram_operands, store_waits
 from t10c.partition.space import tensor_sets
 from t10c.partition.transitions import Views, hoisted_fetches, merged_phases, shared_inputs
@@ -508,7 +508,7 @@ class _Builder:
         key = (numel, over.start, over.stop)
         if key not in self.spread:
             idx = np.arange(numel)
-            self.spread[key] = (_frozen((over.start + idx // chunk).astype(np.int32)),
+            self.spread[key] = (_frozen(spread_owner(numel, over).astype(np.int32)),
                                 _frozen((idx % chunk).astype(np.int32)))
         return Placement(bid, *self.spread[key])
 

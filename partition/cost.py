@@ -177,14 +177,10 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
 
     epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
                         geo.shapes)
-    fetched = epi.fetched
-    if weights_home:
-        fetched += sum(tile_bytes[i] for i, o in enumerate(op.inputs)
-                       if o.tensor in const_tensors)
-    if fetched:
-        shift += (exchange_estimate(chip, fetched) if geo.embed is not None
-                  else chip.exchange_cycles(fetched, spread_cross(chip, geo.ncores, fetched)))
-        sync += chip.sync_cycles
+    fetch_shift, fetch_sync = fetch_estimate(geo, chip, dtype, int_tensors, const_tensors,
+                                             weights_home, epi)
+    shift += fetch_shift
+    sync += fetch_sync
 
     reduce = 0
     group = geo.reduce_group
@@ -230,6 +226,36 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         hot += cold
     cold += epi.cold
     return Cycles(compute, shift, sync, reduce), hot, cold, out_bytes
+
+
+def fetch_estimate(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
+                   const_tensors: frozenset[str], weights_home: bool,
+                   epi: EpilogueCost | None = None) -> tuple[int, int]:
+    """(shift, sync) cycles `plan_cost` counts for fetching the plan's weights from their idle
+    layouts (warmed-up weights with ``weights_home``, and epilogue weights): one barrier and
+    the fetched bytes, estimated (`place.exchange_estimate` on a mesh). After the solve, a
+    mesh plan's fetch is routed as codegen emits it instead (`transitions.route_fetches`)."""
+    op = geo.op
+    if epi is None:
+        epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
+                            geo.shapes)
+    fetched = epi.fetched
+    if weights_home:
+        fetched += sum(element_bytes(op, i, dtype, int_tensors) * math.prod(geo.tile_shape(i))
+                       for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
+    if not fetched:
+        return 0, 0
+    shift = (exchange_estimate(chip, fetched) if geo.embed is not None
+             else chip.exchange_cycles(fetched, spread_cross(chip, geo.ncores, fetched)))
+    return shift, chip.sync_cycles
+
+
+def spread_owner(numel: int, over: range) -> np.ndarray:
+    """(numel,): the core holding each element of a tensor spread evenly over the cores
+    ``over``, ``ceil(numel / len(over))`` a core in order (a weight's idle layout,
+    `home_bytes` and `epilogue_cost`; codegen's ``load_home``)."""
+    chunk = ceil_div(numel, len(over))
+    return over.start + np.arange(numel, dtype=np.int64) // chunk
 
 
 def kept_bytes(geo: Geometry, slot: int, hot_bytes: int, chip: Chip, dtype: str,

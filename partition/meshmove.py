@@ -7,8 +7,11 @@ it) is one multicast tree to the cores of that tile; where multicast is not fast
 unicasts (the colours' waves, `t10c.multicast.multicast_trees`, the rule codegen follows)
 the input goes as one unicast per (producer core, consumer core). All of an op's inputs move
 in one phase after one barrier: their trees and unicasts are routed together, link by link,
-as the emulator routes them. The prediction is exact, short of two distinct tile origins
-whose element tables are equal (codegen then merges their trees; only padding does that).
+as the emulator routes them; the weights a plan fetches from their idle layouts follow, as a
+phase of their own behind the same barrier (`transitions.route_fetches`). The prediction is
+exact, short of two distinct input tile origins whose element tables are equal (codegen then
+merges their trees; only padding does that); an epilogue operand's trees are per distinct
+table already (a bias broadcast over the result's rows is read alike by every row).
 
 Routing every pair of plans this way would be too slow for the solver's edges, which keep
 their estimate (`place.exchange_estimate`); this prices the choice the solver made.
@@ -31,6 +34,7 @@ from t10c.ir import Graph
 from t10c.multicast import check_pairs, multicast_trees, phase_cycles, route_trees
 
 from .collectives import chunk_elements, scatter_of
+from .cost import spread_owner
 from .epilogue import extra_elements
 from .plan import OpPlan, geometry
 
@@ -73,7 +77,23 @@ def _key(*arrays: np.ndarray | None) -> bytes:
     return h.digest()
 
 
-def moved_input(chip: Chip, owner: np.ndarray, want: Want, shape: tuple[int, ...],
+@dataclass(frozen=True)
+class Spread:
+    """A tensor of ``numel`` elements spread evenly over the cores ``over`` (a weight's idle
+    layout, `cost.spread_owner`), as an exchange's owner: its per-element cores are made
+    only when the exchange is built (a wafer's weights: hundreds of MB each)."""
+
+    numel: int
+    over: range
+
+    def owner(self) -> np.ndarray:
+        return spread_owner(self.numel, self.over)
+
+    def key(self) -> np.ndarray:
+        return np.asarray([self.numel, self.over.start, self.over.stop], dtype=np.int64)
+
+
+def moved_input(chip: Chip, owner: np.ndarray | Spread, want: Want, shape: tuple[int, ...],
                 to_root: np.ndarray | None, nbytes: int) -> Pending:
     """The exchange that brings a tensor of ``shape`` (through the view ``to_root``, None
     for a root) whose root element e lies on physical core ``owner[e]`` into the tiles
@@ -84,9 +104,11 @@ def moved_input(chip: Chip, owner: np.ndarray, want: Want, shape: tuple[int, ...
         flat, valid = _whole_tiles(uniq, tuple(int(s) for s in want.shape), shape)
         if to_root is not None:
             flat = to_root[flat]
-        return _moved(chip, owner, flat, valid, inverse, want.phys, nbytes)
+        cores = owner.owner() if isinstance(owner, Spread) else owner
+        return _moved(chip, cores, flat, valid, inverse, want.phys, nbytes)
 
-    return Pending(_key(owner, want.origin, want.shape, want.phys, np.asarray(shape), to_root,
+    held = owner.key() if isinstance(owner, Spread) else owner
+    return Pending(_key(held, want.origin, want.shape, want.phys, np.asarray(shape), to_root,
                         np.asarray([nbytes])), make)
 
 
@@ -113,7 +135,11 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan, owner: n
         idx = extra_elements(graph, op, k, flat, valid)
         if to_root is not None:
             idx = np.where(idx >= 0, to_root[np.maximum(idx, 0)], -1)
-        return _moved(chip, owner, np.maximum(idx, 0), idx >= 0, inverse, geo.phys, nbytes)
+        # tiles that start apart may read the same elements (a bias broadcast over the rows
+        # of the result): codegen's trees are per distinct table, so these share theirs
+        idx, again = _distinct_rows(idx)
+        return _moved(chip, owner, np.maximum(idx, 0), idx >= 0, again[inverse], geo.phys,
+                      nbytes)
 
     return Pending(_key(owner, origin, pos, np.asarray(tile), geo.phys, np.asarray(shape),
                       to_root, np.frombuffer(repr((op.extra[k].axes, op.output.axes,

@@ -47,7 +47,14 @@ from t10c.ir import Graph, map_to_root
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
 from .collectives import chunk_elements, scatter_of
-from .cost import element_bytes, epilogue_cost, idle_cores, kept_bytes
+from .cost import (
+    element_bytes,
+    epilogue_cost,
+    fetch_estimate,
+    idle_cores,
+    kept_bytes,
+    spread_owner,
+)
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
 from .pod import chip_wanted, received_cross, spread_cross
@@ -801,6 +808,9 @@ class _Phase:
     wanted: np.ndarray
     routed: list
     estimate: int = 0
+    #: on a mesh, the weights fetched from their idle layouts, routed (`route_fetches`):
+    #: codegen sends them after the re-layouts, as a phase of their own after the same barrier
+    fetched: list = dataclasses.field(default_factory=list)
 
     @staticmethod
     def empty(chip: Chip) -> _Phase:
@@ -808,18 +818,21 @@ class _Phase:
                       np.zeros(max(chip.chips, 1), dtype=np.int64), [])  # a pod: per chip
 
     def moves(self) -> bool:
-        return bool(self.routed) or self.estimate > 0 or bool(self.received.any())
+        return bool(self.routed) or bool(self.fetched) or self.estimate > 0 or \
+            bool(self.received.any())
 
     def with_(self, other: _Phase) -> _Phase:
         return _Phase(self.received + other.received, self.wanted + other.wanted,
-                      [*self.routed, *other.routed], self.estimate + other.estimate)
+                      [*self.routed, *other.routed], self.estimate + other.estimate,
+                      [*self.fetched, *other.fetched])
 
 
 def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
               dtype: str, int_tensors: frozenset[str], views: Views, producer: dict[str, int],
-              shared: dict[tuple[int, int], int]) -> _Phase:
+              shared: dict[tuple[int, int], int], fetch: bool = False) -> _Phase:
     """Op i's re-layout phase under ``plans``: its moved inputs and, on a mesh, the
-    activations its epilogue reads (codegen moves them in the same phase)."""
+    activations its epilogue reads (codegen moves them in the same phase); with ``fetch``,
+    a mesh plan's weight fetches routed (`route_fetches`)."""
     from .meshmove import element_bytes_of, moved_extra, moved_input  # (builds on this)
 
     op = graph.ops[i]
@@ -852,7 +865,37 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
                                               views.to_root(operand.tensor),
                                               element_bytes_of(operand.tensor, dtype,
                                                                int_tensors)))
+    if fetch and routed_on(chip, plans[i]) and fetches(graph, i, plans[i], chip):
+        got.fetched = _fetched(graph, i, plans[i], chip, dtype, int_tensors, views)
     return got
+
+
+def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
+             int_tensors: frozenset[str], views: Views) -> list:
+    """The exchanges that bring op i's weights from their idle layouts (`cost.spread_owner`)
+    into ``plan``'s tiles, as codegen emits them: warmed-up weights (`OpPlan.home`, spread
+    over every core) into their input tiles, epilogue weights (spread over `idle_cores`)
+    beside the finished result."""
+    from .meshmove import Spread, element_bytes_of, moved_extra, moved_input  # (builds on this)
+
+    op = graph.ops[i]
+    out = []
+    for slot, operand in enumerate(op.inputs):
+        root = graph.root(operand.tensor)
+        if plan.home and root in graph.constants:
+            spread = Spread(graph.tensors[root].numel, range(chip.cores))
+            out.append(moved_input(chip, spread, consumer_want(graph, i, slot, plan),
+                                   graph.tensors[operand.tensor].shape,
+                                   views.to_root(operand.tensor),
+                                   element_bytes(op, slot, dtype, int_tensors)))
+    idle = idle_cores(chip)
+    for k, operand in enumerate(op.extra):
+        root = graph.root(operand.tensor)
+        if root in graph.constants and len(idle) > 1:
+            owner = spread_owner(graph.tensors[root].numel, idle)
+            out.append(moved_extra(chip, graph, i, k, plan, owner, views.to_root(operand.tensor),
+                                   element_bytes_of(operand.tensor, dtype, int_tensors)))
+    return out
 
 
 def _phase_cycles(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
@@ -863,6 +906,7 @@ def _phase_cycles(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan]
 
     if chip.is_mesh:
         mesh_cycles = phase(chip, part.routed) if part.routed else part.estimate
+        mesh_cycles += phase(chip, part.fetched) if part.fetched else 0
         return barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0
     most = int(part.received.max(initial=0))
     cross = received_cross(chip, part.received, part.wanted if chip.is_pod else None)
@@ -893,15 +937,16 @@ def merged_phases(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
 
 
 def _merging(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
-             int_tensors: frozenset[str], views: Views
+             int_tensors: frozenset[str], views: Views, fetch: bool = False
              ) -> tuple[dict[int, int], list[_Phase], frozenset[int]]:
-    """`merged_phases`, every op's own phase and the hoisted fetches."""
+    """`merged_phases`, every op's own phase (with ``fetch``, its routed weight fetches:
+    `route_fetches`) and the hoisted fetches."""
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     sharing = _sharing(graph, plans, chip, dtype, int_tensors, views)
     shared = sharing[0]
     hoisted = hoisted_fetches(graph, plans, chip, dtype, int_tensors, views, sharing)
-    parts = [_phase_of(graph, i, plans, chip, dtype, int_tensors, views, producer, shared)
-             for i in range(len(graph.ops))]
+    parts = [_phase_of(graph, i, plans, chip, dtype, int_tensors, views, producer, shared,
+                       fetch) for i in range(len(graph.ops))]
     merged: dict[int, int] = {}
     if chip.has_dram or chip.is_pod:
         return merged, parts, hoisted
@@ -946,8 +991,8 @@ def _merging(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
 
 
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-                    dtype: str, int_tensors: frozenset[str], views: Views | None = None
-                    ) -> list[int]:
+                    dtype: str, int_tensors: frozenset[str], views: Views | None = None,
+                    fetch: bool = False) -> list[int]:
     """The re-layout cycles before every op for one choice of plans, all inputs of an op in
     one phase (exactly what the emulator measures on an all-to-all chip); an input that reads
     the previous op's copy (`shared_inputs`) moves nothing, and an op whose inputs move in an
@@ -955,8 +1000,36 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     mesh-aware plans' exchanges are routed as codegen emits them, multicast trees and all
     (`meshmove`)."""
     views = views or Views(graph)
-    _, parts, hoisted = _merging(graph, plans, chip, dtype, int_tensors, views)
+    _, parts, hoisted = _merging(graph, plans, chip, dtype, int_tensors, views, fetch)
     return [_phase_cycles(graph, i, plans, chip, part, hoisted) for i, part in enumerate(parts)]
+
+
+def route_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
+                  int_tensors: frozenset[str], views: Views | None = None
+                  ) -> tuple[tuple[OpPlan, ...], list[int]]:
+    """The chosen plans with their weight fetches routed, and the re-layout cycles with them.
+
+    The solver prices a mesh plan's fetch from its weights' idle layout by an estimate, in
+    the plan's own shift and sync (`cost.fetch_estimate`; the emulator routes it, and on a
+    wafer the estimate was 41% over). Codegen sends the fetch after the re-layout, behind the
+    same barrier. So for each routed plan (`routed_on`) that fetches, the estimate leaves the
+    plan's cycles, and the fetch, routed as codegen emits it (`_fetched`), joins its
+    re-layout phase: exact, as the re-layouts are. Plans under the all-to-all assumption, and
+    chips with DRAM, keep the estimate."""
+    views = views or Views(graph)
+    if not chip.is_mesh or chip.has_dram:
+        return plans, relayout_cycles(graph, plans, chip, dtype, int_tensors, views)
+    consts = views.const_tensors()
+    out = []
+    for i, p in enumerate(plans):
+        if routed_on(chip, p) and fetches(graph, i, p, chip):
+            shift, sync = fetch_estimate(geometry(graph, graph.ops[i], p), chip, dtype,
+                                         int_tensors, consts, p.home)
+            p = dataclasses.replace(p, cycles=dataclasses.replace(
+                p.cycles, shift=p.cycles.shift - shift, sync=p.cycles.sync - sync))
+        out.append(p)
+    chosen = tuple(out)
+    return chosen, relayout_cycles(graph, chosen, chip, dtype, int_tensors, views, fetch=True)
 
 
 def replication(op, slot: int, plan: OpPlan) -> int:

@@ -32,6 +32,7 @@ TIERS: dict[str, str] = {
     "test_emulator_speed": "unit", "test_expressions": "unit", "test_fixtures": "e2e",
     "test_fusion": "e2e", "test_graphcheck": "unit",
     "test_layers": "unit",
+    "test_routed_fetches": "e2e",
     "test_light_models": "e2e", "test_loader": "unit", "test_memory": "unit",
     "test_merged_phases": "e2e", "test_mesh": "e2e", "test_models": "unit",
     "test_multicast": "e2e", "test_onnx_backend": "ops",

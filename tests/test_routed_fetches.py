@@ -1,0 +1,52 @@
+"""Weight fetches on a mesh priced as routed (`partition.transitions.route_fetches`): a
+mesh plan that fetches its weights from their idle layouts (vgm's warm-up of every weight, an
+epilogue's bias) has the fetch out of its own cycles and in its re-layout phase, routed as
+codegen emits it (a bias broadcast over the result's rows travels one tree per distinct
+table); the prediction equals the emulated cycles, and the outputs are onnxruntime's."""
+
+from __future__ import annotations
+
+import pytest
+
+from t10c.chips import chip_from_dict
+from t10c.driver import CompileOptions, compile_model, run_compiled
+from t10c.models.bert import build_bert
+from t10c.models.llama import build_llama_decode
+from t10c.partition.plan import geometry
+from t10c.partition.space import tensor_sets
+from t10c.partition.transitions import Views, fetch_estimate, fetches
+from t10c.strategies import search_options
+
+MESH = chip_from_dict({"base": "wse2", "name": "mesh8x12", "grid": [8, 12], "cores": 96})
+
+MODELS = {
+    # every weight warmed up from its idle layout
+    "vgm-decode": (lambda: build_llama_decode(64, 2, 4, 2, 128, vocab=50, tied=False,
+                                              past_len=16, name="decode2"), "vgm"),
+    # biases (epilogue weights) fetched beside the result
+    "t10-bert": (lambda: build_bert(32, 1, 2, 64, vocab=40, max_pos=16, seq_len=8,
+                                    name="bert-small"), "t10"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MODELS))
+def test_fetches_are_routed_and_priced_as_emulated(case: str) -> None:
+    build, strategy = MODELS[case]
+    opts = CompileOptions(dtype="fp32", search=search_options(strategy))
+    compiled = compile_model(build(), MESH, opts)
+    graph, plan = compiled.graph, compiled.plan
+    ints = tensor_sets(graph)[0]
+    fetching = [i for i, p in enumerate(plan.ops) if fetches(graph, i, p, MESH)]
+    assert fetching, "the case has ops that fetch weights"
+    consts = Views(graph).const_tensors()
+    for i in fetching:  # the estimate left the plan's cycles; the fetch is in its phase
+        p = plan.ops[i]
+        shift, sync = fetch_estimate(geometry(graph, graph.ops[i], p), MESH, "fp32", ints,
+                                     consts, p.home)
+        assert shift > 0 and sync == MESH.sync_cycles
+        assert plan.relayout_cycles[i] > 0
+    result = run_compiled(compiled)
+    assert result.ok, result.max_rel_err
+    fetched = {r.op for r in result.timeline.records if r.phase == "fetch" and r.cycles}
+    assert {graph.ops[i].name for i in fetching} <= fetched
+    assert result.timeline.cycles == plan.total_cycles
