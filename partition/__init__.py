@@ -43,7 +43,7 @@ from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, _Arrays, choose_plans, liveness, memory_use
 from .space import Space, baseline_options, op_keys, space_of, tensor_sets, union
-from .transitions import Views, edge_cost, fetches, relayout_cycles, route_fetches, routed_on
+from .transitions import Views, edge_cost, relayout_cycles, route_fetches
 from .verify import verify_plan
 
 __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
@@ -170,9 +170,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                          views, fixed)
             if _total(other, again) < _total(chosen, relayout):
                 chosen, relayout = other, again
-    if chip.is_mesh and not chip.has_dram and any(
-            routed_on(chip, p) and fetches(graph, i, p, chip) for i, p in enumerate(chosen)):
-        chosen, relayout = route_fetches(graph, chosen, chip, dtype, ints, views)
+    fetched = route_fetches(graph, chosen, chip, dtype, ints, views)
+    if fetched is not None:
+        chosen, relayout = fetched
     gap = result.objective_cycles - result.bound_cycles
     dram = (_dram_schedule(graph, chosen, relayout, chip, dtype, ints, solver,
                            search.dram_schedule) if chip.has_dram else None)

@@ -93,6 +93,16 @@ class Spread:
         return np.asarray([self.numel, self.over.start, self.over.stop], dtype=np.int64)
 
 
+def _cores(owner: np.ndarray | Spread) -> np.ndarray:
+    """Each root element's core."""
+    return owner.owner() if isinstance(owner, Spread) else owner
+
+
+def _held(owner: np.ndarray | Spread) -> np.ndarray:
+    """What an owner contributes to an exchange's digest."""
+    return owner.key() if isinstance(owner, Spread) else owner
+
+
 def moved_input(chip: Chip, owner: np.ndarray | Spread, want: Want, shape: tuple[int, ...],
                 to_root: np.ndarray | None, nbytes: int) -> Pending:
     """The exchange that brings a tensor of ``shape`` (through the view ``to_root``, None
@@ -104,16 +114,14 @@ def moved_input(chip: Chip, owner: np.ndarray | Spread, want: Want, shape: tuple
         flat, valid = _whole_tiles(uniq, tuple(int(s) for s in want.shape), shape)
         if to_root is not None:
             flat = to_root[flat]
-        cores = owner.owner() if isinstance(owner, Spread) else owner
-        return _moved(chip, cores, flat, valid, inverse, want.phys, nbytes)
+        return _moved(chip, _cores(owner), flat, valid, inverse, want.phys, nbytes)
 
-    held = owner.key() if isinstance(owner, Spread) else owner
-    return Pending(_key(held, want.origin, want.shape, want.phys, np.asarray(shape), to_root,
-                        np.asarray([nbytes])), make)
+    return Pending(_key(_held(owner), want.origin, want.shape, want.phys, np.asarray(shape),
+                        to_root, np.asarray([nbytes])), make)
 
 
-def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan, owner: np.ndarray,
-                to_root: np.ndarray | None, nbytes: int) -> Pending:
+def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan,
+                owner: np.ndarray | Spread, to_root: np.ndarray | None, nbytes: int) -> Pending:
     """The exchange that puts activation ``extra[k]`` of op i (its root element e on core
     ``owner[e]``, read through ``to_root``) beside each core's finished result, element for
     element (`codegen.lower.bring_extra`): in the op's re-layout phase too."""
@@ -138,10 +146,10 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan, owner: n
         # tiles that start apart may read the same elements (a bias broadcast over the rows
         # of the result): codegen's trees are per distinct table, so these share theirs
         idx, again = _distinct_rows(idx)
-        return _moved(chip, owner, np.maximum(idx, 0), idx >= 0, again[inverse], geo.phys,
-                      nbytes)
+        return _moved(chip, _cores(owner), np.maximum(idx, 0), idx >= 0, again[inverse],
+                      geo.phys, nbytes)
 
-    return Pending(_key(owner, origin, pos, np.asarray(tile), geo.phys, np.asarray(shape),
+    return Pending(_key(_held(owner), origin, pos, np.asarray(tile), geo.phys, np.asarray(shape),
                       to_root, np.frombuffer(repr((op.extra[k].axes, op.output.axes,
                                                    graph.tensors[op.extra[k].tensor].shape,
                                                    geo.reduce_group, nbytes)).encode(),

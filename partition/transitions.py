@@ -53,7 +53,6 @@ from .cost import (
     fetch_estimate,
     idle_cores,
     kept_bytes,
-    spread_owner,
 )
 from .place import exchange_estimate
 from .plan import Geometry, OpPlan, geometry
@@ -892,8 +891,9 @@ def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
     for k, operand in enumerate(op.extra):
         root = graph.root(operand.tensor)
         if root in graph.constants and len(idle) > 1:
-            owner = spread_owner(graph.tensors[root].numel, idle)
-            out.append(moved_extra(chip, graph, i, k, plan, owner, views.to_root(operand.tensor),
+            spread = Spread(graph.tensors[root].numel, idle)
+            out.append(moved_extra(chip, graph, i, k, plan, spread,
+                                   views.to_root(operand.tensor),
                                    element_bytes_of(operand.tensor, dtype, int_tensors)))
     return out
 
@@ -1006,28 +1006,30 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
 
 def route_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
                   int_tensors: frozenset[str], views: Views | None = None
-                  ) -> tuple[tuple[OpPlan, ...], list[int]]:
+                  ) -> tuple[tuple[OpPlan, ...], list[int]] | None:
     """The chosen plans with their weight fetches routed, and the re-layout cycles with them.
 
     The solver prices a mesh plan's fetch from its weights' idle layout by an estimate, in
-    the plan's own shift and sync (`cost.fetch_estimate`; the emulator routes it, and on a
-    wafer the estimate was 41% over). Codegen sends the fetch after the re-layout, behind the
-    same barrier. So for each routed plan (`routed_on`) that fetches, the estimate leaves the
-    plan's cycles, and the fetch, routed as codegen emits it (`_fetched`), joins its
-    re-layout phase: exact, as the re-layouts are. Plans under the all-to-all assumption, and
-    chips with DRAM, keep the estimate."""
-    views = views or Views(graph)
+    the plan's own shift and sync (`cost.fetch_estimate`), which the emulator routes.
+    Codegen sends the fetch after the re-layout, behind the same barrier. So for each routed
+    plan (`routed_on`) that fetches, the estimate leaves the plan's cycles, and the fetch,
+    routed as codegen emits it (`_fetched`), joins its re-layout phase: exact, as the
+    re-layouts are. Plans under the all-to-all assumption, and chips with DRAM, keep the
+    estimate; None when no plan's fetch is routed (``relayout`` stands)."""
     if not chip.is_mesh or chip.has_dram:
-        return plans, relayout_cycles(graph, plans, chip, dtype, int_tensors, views)
+        return None
+    routed = [i for i, p in enumerate(plans) if routed_on(chip, p) and fetches(graph, i, p, chip)]
+    if not routed:
+        return None
+    views = views or Views(graph)
     consts = views.const_tensors()
-    out = []
-    for i, p in enumerate(plans):
-        if routed_on(chip, p) and fetches(graph, i, p, chip):
-            shift, sync = fetch_estimate(geometry(graph, graph.ops[i], p), chip, dtype,
-                                         int_tensors, consts, p.home)
-            p = dataclasses.replace(p, cycles=dataclasses.replace(
-                p.cycles, shift=p.cycles.shift - shift, sync=p.cycles.sync - sync))
-        out.append(p)
+    out = list(plans)
+    for i in routed:
+        p = plans[i]
+        shift, sync = fetch_estimate(geometry(graph, graph.ops[i], p), chip, dtype, int_tensors,
+                                     consts, p.home)
+        out[i] = dataclasses.replace(p, cycles=dataclasses.replace(
+            p.cycles, shift=p.cycles.shift - shift, sync=p.cycles.sync - sync))
     chosen = tuple(out)
     return chosen, relayout_cycles(graph, chosen, chip, dtype, int_tensors, views, fetch=True)
 
