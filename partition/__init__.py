@@ -150,6 +150,10 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
+    if (chip.is_mesh and not chip.has_dram and solver.planner != "greedy"
+            and chip.cores <= RECALIBRATE_CORES):
+        chosen, relayout = _recalibrated(graph, fronts, extra, edges, result.choice, chosen,
+                                         relayout, chip, dtype, ints, solver, views, spent)
     # (the second solve re-derives plans with their weights resident: not on DRAM chips)
     fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
     if _aligns(chip, search) and solver.planner != "greedy" and not chip.has_dram:
@@ -314,6 +318,60 @@ def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayo
     if _total(picked, again) < _total(chosen, relayout):
         return picked, again
     return chosen, relayout
+
+
+#: the most cores a mesh may have for its edges to be recalibrated (`_recalibrated`): on a
+#: 64 x 64 mesh the second solve made llama-tiny-decode 10% faster, bert-mini and llama-tiny
+#: 2% (2026-12-03); on WSE-2 it kept LLaMA-3-8B decode's first plan after 150 s more of
+#: routing and a 6.5 GB higher peak
+RECALIBRATE_CORES = 1 << 16
+
+
+def _recalibrated(graph: Graph, fronts: list[list[OpPlan]], extra: list[list[int]],
+                  edges: list[Edge], choice: tuple[int, ...], chosen: tuple[OpPlan, ...],
+                  relayout: list[int], chip: Chip, dtype: str, ints: frozenset[str],
+                  solver: SolverOptions, views: Views, spent: list[float]
+                  ) -> tuple[tuple[OpPlan, ...], list[int]]:
+    """A mesh's second look at the edges: the solver priced each re-layout by the closed-form
+    estimate (`place.exchange_estimate`), which on a wafer is 10x to 150x the routed phase and
+    off by different factors on different edges, so it weighs re-layouts against the plans'
+    own cycles blindly. Each consumer op's edges are scaled by what routing the first choice
+    found (its phase's routed cycles over the estimates of its chosen pairs), the model is
+    solved again from the first choice, and the choice whose routed cycles (fetches routed
+    too, `route_fetches`) are fewer is kept: never slower than the first. Meshes of at most
+    `RECALIBRATE_CORES` cores only."""
+    estimated = [0] * len(graph.ops)
+    for e in edges:
+        estimated[e.dst] += e.cost[choice[e.src]][choice[e.dst]] or 0
+    if not any(estimated):
+        return chosen, relayout
+
+    def scaled(cost: int | None, i: int) -> int | None:
+        if cost is None or not estimated[i]:
+            return cost
+        return -(-cost * relayout[i] // estimated[i])
+
+    again = [Edge(e.src, e.dst, e.slot,
+                  tuple(tuple(scaled(c, e.dst) for c in row) for row in e.cost))
+             for e in edges]
+    result, _ = choose_plans(graph, fronts, extra, again, chip.sram_bytes_per_core, solver,
+                             starts=[choice])
+    if result is None or result.choice == choice:
+        return chosen, relayout
+    spent.append(result.deterministic_s)
+    picked = tuple(front[k] for front, k in zip(fronts, result.choice))
+    picked_relayout = relayout_cycles(graph, picked, chip, dtype, ints, views)
+    if _routed_total(graph, picked, picked_relayout, chip, dtype, ints, views) < \
+            _routed_total(graph, chosen, relayout, chip, dtype, ints, views):
+        return picked, picked_relayout
+    return chosen, relayout
+
+
+def _routed_total(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
+                  dtype: str, ints: frozenset[str], views: Views) -> int:
+    """A mesh choice's cycles with its weight fetches routed (`route_fetches`)."""
+    fetched = route_fetches(graph, plans, chip, dtype, ints, views)
+    return _total(*fetched) if fetched is not None else _total(plans, relayout)
 
 
 def _total(plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int]) -> int:

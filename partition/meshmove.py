@@ -14,7 +14,9 @@ merges their trees; only padding does that); an epilogue operand's trees are per
 table already (a bias broadcast over the result's rows is read alike by every row).
 
 Routing every pair of plans this way would be too slow for the solver's edges, which keep
-their estimate (`place.exchange_estimate`); this prices the choice the solver made.
+their estimate (`place.exchange_estimate`); this prices the choice the solver made, and that
+choice's routed phases rescale each consumer op's edges for a second solve
+(`partition._recalibrated`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ TIERS: dict[str, str] = {
     "test_planner": "unit", "test_program_files": "e2e", "test_progress": "e2e",
     "test_prologue": "e2e",
     "test_reference_executor": "unit", "test_registry": "unit",
-    "test_relayout": "e2e", "test_report": "e2e",
+    "test_recalibrated": "e2e", "test_relayout": "e2e", "test_report": "e2e",
     "test_reduced": "unit", "test_run_dir": "e2e", "test_solver": "unit",
     "test_strategies": "unit", "test_sweep": "e2e",
     "test_trace": "e2e", "test_wafer_collectives": "e2e", "test_zoo": "e2e",
