@@ -150,10 +150,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     chosen = tuple(front[k] for front, k in zip(fronts, result.choice))
     # the solver priced each input's move on its own; the chosen plans' inputs move together
     relayout = relayout_cycles(graph, chosen, chip, dtype, ints, views)
-    if (chip.is_mesh and not chip.has_dram and solver.planner != "greedy"
-            and chip.cores <= RECALIBRATE_CORES):
-        chosen, relayout = _recalibrated(graph, fronts, extra, edges, result.choice, chosen,
-                                         relayout, chip, dtype, ints, solver, views, spent)
+    chosen, relayout = _recalibrated(graph, fronts, extra, edges, result.choice, chosen,
+                                     relayout, chip, dtype, ints, solver, views, spent)
     # (the second solve re-derives plans with their weights resident: not on DRAM chips)
     fixed = frozenset(i for i, c in enumerate(match_ops(graph, constraints)) if c)
     if _aligns(chip, search) and solver.planner != "greedy" and not chip.has_dram:
@@ -320,10 +318,8 @@ def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayo
     return chosen, relayout
 
 
-#: the most cores a mesh may have for its edges to be recalibrated (`_recalibrated`): on a
-#: 64 x 64 mesh the second solve made llama-tiny-decode 10% faster, bert-mini and llama-tiny
-#: 2% (2026-12-03); on WSE-2 it kept LLaMA-3-8B decode's first plan after 150 s more of
-#: routing and a 6.5 GB higher peak
+#: the most cores a mesh may have for its edges to be recalibrated (`_recalibrated`): it
+#: gains on 64 x 64 and cost the wafer minutes for no gain (the README's Meshes section)
 RECALIBRATE_CORES = 1 << 16
 
 
@@ -333,13 +329,16 @@ def _recalibrated(graph: Graph, fronts: list[list[OpPlan]], extra: list[list[int
                   solver: SolverOptions, views: Views, spent: list[float]
                   ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """A mesh's second look at the edges: the solver priced each re-layout by the closed-form
-    estimate (`place.exchange_estimate`), which on a wafer is 10x to 150x the routed phase and
-    off by different factors on different edges, so it weighs re-layouts against the plans'
-    own cycles blindly. Each consumer op's edges are scaled by what routing the first choice
-    found (its phase's routed cycles over the estimates of its chosen pairs), the model is
-    solved again from the first choice, and the choice whose routed cycles (fetches routed
-    too, `route_fetches`) are fewer is kept: never slower than the first. Meshes of at most
-    `RECALIBRATE_CORES` cores only."""
+    estimate (`place.exchange_estimate`), many times the routed phase and off by different
+    factors on different edges, so it weighs re-layouts against the plans' own cycles
+    blindly. Each consumer op's edges are scaled by what routing the first choice found (its
+    phase's routed cycles over the estimates of its chosen pairs), the model is solved again
+    from the first choice, and the choice whose routed cycles (fetches routed too,
+    `route_fetches`) are fewer is kept: never slower than the first. Decides for itself
+    where it applies: meshes of at most `RECALIBRATE_CORES` cores without DRAM, under CP-SAT."""
+    if (not chip.is_mesh or chip.has_dram or solver.planner == "greedy"
+            or chip.cores > RECALIBRATE_CORES):
+        return chosen, relayout
     estimated = [0] * len(graph.ops)
     for e in edges:
         estimated[e.dst] += e.cost[choice[e.src]][choice[e.dst]] or 0

@@ -12,6 +12,7 @@ import pytest
 import t10c.partition as partition
 from t10c.chips import chip_from_dict
 from t10c.driver import CompileOptions, compile_model, run_compiled
+from t10c.partition.solve import SolverOptions
 
 MESH64 = chip_from_dict({"base": "wse2", "name": "mesh64", "grid": [64, 64], "cores": 4096})
 
@@ -55,6 +56,10 @@ def test_a_recalibrated_decode_step_runs_and_checks() -> None:
 
 def test_a_wafer_sized_mesh_keeps_the_first_choice(monkeypatch) -> None:
     # above `RECALIBRATE_CORES` (the wafers) the second solve is not tried
+    compiled = compile_model("llama-tiny-decode", MESH64, CompileOptions(timing_only=True))
+    plans, relayout = compiled.plan.ops, list(compiled.plan.relayout_cycles)
     monkeypatch.setattr(partition, "RECALIBRATE_CORES", MESH64.cores - 1)
-    monkeypatch.setattr(partition, "_recalibrated", lambda *a: pytest.fail("recalibrated"))
-    compile_model("llama-tiny-decode", MESH64, CompileOptions(timing_only=True))
+    monkeypatch.setattr(partition, "choose_plans", lambda *a, **k: pytest.fail("solved"))
+    got = partition._recalibrated(compiled.graph, [], [], [], (), plans, relayout, MESH64,
+                                  "fp16", frozenset(), SolverOptions(), None, [])
+    assert got == (plans, relayout)
