@@ -31,7 +31,7 @@ from .chosen import Plan, PlanError
 from .cost import plan_cost
 from .plan import OpPlan, geometry, operand_shapes
 from .search import SearchOptions, _factor_grids, _feasible, _plan, _templates
-from .transitions import relayout_cycles
+from .transitions import relayout_cycles, route_fetches
 from .vcost import CostArrays, costs_for
 
 WEIGHTS = ("resident", "warmed-up")
@@ -289,26 +289,36 @@ def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: fro
                             f"{op.name} has axes {there} there, {here} here (--seq-len, "
                             "--batch, --shape)")
     cache: dict[tuple, tuple] = {}
+    derived = []
     for op, p in zip(graph.ops, plan.ops):
         if p.home and not any(o.tensor in consts for o in op.inputs):
             raise PlanError(f"op {op.name}: the plan warms up weights it does not have")
+        if math.prod(p.F) > chip.cores or any(f < 1 for f in p.F):
+            raise PlanError(f"op {op.name}: the plan uses {math.prod(p.F)} cores, "
+                            f"{chip.name} has {chip.cores}")
         key = (op.signature(), dataclasses.replace(p, op=""))
         if key not in cache:
-            if math.prod(p.F) > chip.cores or any(f < 1 for f in p.F):
-                raise PlanError(f"op {op.name}: the plan uses {math.prod(p.F)} cores, "
-                                f"{chip.name} has {chip.cores}")
             cache[key] = plan_cost(geometry(graph, op, p), chip, dtype, ints, consts,
                                    weights_home=p.home)
         cycles, hot, cold, out = cache[key]
-        if (cycles, hot, cold, out) != (p.cycles, p.hot_bytes_per_core,
-                                        p.cold_bytes_per_core, p.out_bytes_per_core):
+        derived.append(dataclasses.replace(p, cycles=cycles, hot_bytes_per_core=hot,
+                                           cold_bytes_per_core=cold, out_bytes_per_core=out))
+    # priced as the planner prices a chosen plan: all of an op's inputs in one phase, and on
+    # a mesh the weight fetches routed (their estimate out of the plans' cycles)
+    routed = route_fetches(graph, tuple(derived), chip, dtype, ints)
+    if routed is None:
+        relayout = relayout_cycles(graph, derived, chip, dtype, ints)
+    else:
+        derived, relayout = list(routed[0]), routed[1]
+    for op, p, d in zip(graph.ops, plan.ops, derived):
+        if (d.cycles, d.hot_bytes_per_core, d.cold_bytes_per_core, d.out_bytes_per_core) != (
+                p.cycles, p.hot_bytes_per_core, p.cold_bytes_per_core, p.out_bytes_per_core):
             raise PlanError(
                 f"op {op.name}: the plan predicts {p.cycles.total} cycles and "
                 f"{p.hot_bytes_per_core} bytes per core, this model on {chip.name} gives "
-                f"{cycles.total} and {hot}: it was made for another shape (--seq-len, --batch, "
-                "--shape), chip file or t10c version; compile without --plan")
-    # priced as the planner prices a chosen plan: all of an op's inputs in one phase
-    relayout = relayout_cycles(graph, plan.ops, chip, dtype, ints)
+                f"{d.cycles.total} and {d.hot_bytes_per_core}: it was made for another shape "
+                "(--seq-len, --batch, --shape), chip file or t10c version; compile without "
+                "--plan")
     for op, want, have in zip(graph.ops, relayout, plan.relayout_cycles):
         if want != have:
             raise PlanError(f"op {op.name}: the plan's re-layout takes {have} cycles, this "

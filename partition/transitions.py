@@ -54,7 +54,7 @@ from .cost import (
     idle_cores,
     kept_bytes,
 )
-from .place import exchange_estimate
+from .place import exchange_estimate, region_span
 from .plan import Geometry, OpPlan, geometry
 from .pod import chip_wanted, received_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, _Arrays, liveness, memory_use
@@ -632,18 +632,18 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                            if chip.is_pod else None)
         cols.append(columns[key])
         wants.append(wanted[key])
-    # on a mesh a producer core that feeds many consumer cores is a hot spot too: it sends its
-    # tile once per consumer core that reads each element (the operand's replication)
-    fanout = [replication(op, slot, q) for q in consumer]
     # a consumer plan that warms its weights up has paid the barrier (not the latency)
     shared = [fetches(graph, i, q, chip) and not chip.is_mesh for q in consumer]
     barrier = barrier_cycles(chip)
+    if aware:  # each pair's exchange crosses the union of the two ops' regions
+        have_region = [_region(graph, j, p, chip) for p in producer]
+        want_region = [_region(graph, i, q, chip) for q in consumer]
     rows = []
-    for p, at in zip(producer, have_index):
+    for n, (p, at) in enumerate(zip(producer, have_index)):
         row: list[int | None] = []
-        for col, copies, q_aligned, q_shared, ncores, chip_want in zip(
-                cols, fanout, (q.aligned == slot for q in consumer), shared,
-                (math.prod(q.F) for q in consumer), wants):
+        for m, (col, q_aligned, q_shared, ncores, chip_want) in enumerate(zip(
+                cols, (q.aligned == slot for q in consumer), shared,
+                (math.prod(q.F) for q in consumer), wants)):
             remote = int(col[at])
             cyc: int | None
             if q_aligned and remote:
@@ -654,9 +654,10 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                 cyc = chip.exchange_cycles(remote * nbytes,
                                            spread_cross(chip, ncores, remote * nbytes,
                                                         chip_want))
-            elif aware:
-                sent = p.out_bytes_per_core * copies
-                cyc = barrier + exchange_estimate(chip, remote * nbytes, sent)
+            elif aware:  # the producer's tile leaves once (multicast trees)
+                (hp, wp), (hq, wq) = have_region[n], want_region[m]
+                cyc = barrier + exchange_estimate(chip, remote * nbytes, p.out_bytes_per_core,
+                                                  (max(hp, hq), max(wp, wq)))
             elif chip.is_mesh:
                 cyc = barrier + chip.transfer_cycles(remote * nbytes)
             else:
@@ -666,6 +667,15 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
             row.append(cyc)
         rows.append(tuple(row))
     return tuple(rows)
+
+
+def _region(graph: Graph, k: int, plan: OpPlan, chip: Chip) -> tuple[int, int]:
+    """(rows, cols) of the mesh region op ``k`` runs on under ``plan`` (the whole chip for a
+    plan made under the all-to-all assumption)."""
+    if plan.embed is None:
+        return chip.rows, chip.cols
+    op = graph.ops[k]
+    return region_span(plan.F, op.axis_names, set(op.reduction_axes), plan.embed)
 
 
 def _chip_want(graph: Graph, i: int, slot: int, plan: OpPlan, chip: Chip) -> np.ndarray:
@@ -794,7 +804,8 @@ def routed_on(chip: Chip, plan: OpPlan) -> bool:
     """Whether ``plan``'s re-layouts are priced by routing: on a mesh, a plan placed for it,
     mesh-aware (embedded) or aligned to the cores its producer left (`align.py`); plans made
     under the all-to-all assumption keep that assumption's estimate."""
-    return chip.is_mesh and (plan.embed is not None or plan.cores is not None)
+    return chip.is_mesh and (plan.embed is not None or plan.cores is not None
+                             or plan.aligned >= 0)  # (aligned on row-major cores: None)
 
 
 @dataclass
@@ -1032,14 +1043,3 @@ def route_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: st
             p.cycles, shift=p.cycles.shift - shift, sync=p.cycles.sync - sync))
     chosen = tuple(out)
     return chosen, relayout_cycles(graph, chosen, chip, dtype, int_tensors, views, fetch=True)
-
-
-def replication(op, slot: int, plan: OpPlan) -> int:
-    """How many cores hold each element of input ``slot`` (one copy per ring when it
-    rotates): the product of F over the op axes the operand does not index."""
-    own = set(op.inputs[slot].axis_set)
-    copies = 1
-    for (axis, _), f in zip(op.axes, plan.F):
-        if axis not in own:
-            copies *= f
-    return max(copies // plan.chain[slot], 1)

@@ -63,3 +63,22 @@ def test_a_wafer_sized_mesh_keeps_the_first_choice(monkeypatch) -> None:
     got = partition._recalibrated(compiled.graph, [], [], [], (), plans, relayout, MESH64,
                                   "fp16", frozenset(), SolverOptions(), None, [])
     assert got == (plans, relayout)
+
+
+def test_a_mesh_plan_with_routed_fetches_replays(tmp_path) -> None:
+    """plan.json keeps a routed plan's cycles without its fetch estimate (the fetch is in its
+    re-layout): replaying it re-derives both and gives the same plan file."""
+    from t10c.cli import main
+
+    chip = tmp_path / "mesh64.toml"
+    chip.write_text('name = "mesh64"\nbase = "wse2"\ngrid = [64, 64]\ncores = 4096\n')
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    assert main(["compile", "bert-tiny", "--chip", str(chip), "--timing-only", "-o", str(a),
+                 "--no-table"]) == 0
+    doc = (a / "plan.json").read_text()
+    assert '"fetch"' in (a / "run.json").read_text()  # some plan fetches its weights
+    assert main(["compile", "bert-tiny", "--chip", str(chip), "--timing-only", "-o", str(b),
+                 "--no-table", "--plan", str(a / "plan.json")]) == 0
+    assert (b / "plan.json").read_text() == doc
