@@ -329,9 +329,9 @@ def _recalibrated(graph: Graph, fronts: list[list[OpPlan]], extra: list[list[int
                   solver: SolverOptions, views: Views, spent: list[float]
                   ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """A mesh's second look at the edges: the solver priced each re-layout by the closed-form
-    estimate (`place.exchange_estimate`), many times the routed phase and off by different
-    factors on different edges, so it weighs re-layouts against the plans' own cycles
-    blindly. Each consumer op's edges are scaled by what routing the first choice found (its
+    estimate (`place.exchange_estimate`), off from the routed phase by different factors on
+    different edges, so it weighs re-layouts against the plans' own cycles roughly. Each
+    consumer op's edges are scaled by what routing the first choice found (its
     phase's routed cycles over the estimates of its chosen pairs), the model is solved again
     from the first choice, and the choice whose routed cycles (fetches routed too,
     `route_fetches`) are fewer is kept: never slower than the first. Decides for itself

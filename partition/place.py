@@ -170,10 +170,9 @@ def physical_cores(coords: np.ndarray, F: tuple[int, ...], axes: tuple[str, ...]
     rest_dims = []
     order = [j for j, a in enumerate(axes) if a not in reduction] + [
         j for j, a in enumerate(axes) if a in reduction]
+    ring = ring_lengths(embed, axes)
     for j in order:
-        a = axes[j]
-        t = embed.col_ring if a == embed.col_driver else (
-            embed.row_ring if a == embed.row_driver else 1)
+        a, t = axes[j], ring[j]
         if t > 1:
             ring_pos[a] = coords[:, j] % t
         rest_cols.append(coords[:, j] // t)
@@ -233,8 +232,7 @@ def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: se
     is r_P // q and its column (r_P % q) D_S + r_S. A ring position depends on its own axis
     alone. So phys(c) = phys(c_P, 0) + phys(0, c_S) - phys(0, 0)."""
     full = math.prod(F)
-    ring = [embed.col_ring if a == embed.col_driver else (
-        embed.row_ring if a == embed.row_driver else 1) for a in axes]
+    ring = ring_lengths(embed, axes)
     order = [j for j, a in enumerate(axes) if a not in reduction] + [
         j for j, a in enumerate(axes) if a in reduction]
     dims = [F[j] // ring[j] for j in order]
@@ -280,13 +278,17 @@ def region_width(embed: Embedding, nblocks: int, group: int) -> int:
     return width
 
 
+def ring_lengths(embed: Embedding, axes: tuple[str, ...]) -> list[int]:
+    """Per axis, the ring it runs along on the mesh (1 for an axis that drives none)."""
+    return [embed.col_ring if a == embed.col_driver else (
+        embed.row_ring if a == embed.row_driver else 1) for a in axes]
+
+
 def region_span(F: tuple[int, ...], axes: tuple[str, ...], reduction: set[str],
                 embed: Embedding) -> tuple[int, int]:
     """(rows, cols) of cores of the region an op's grid ``F`` takes on the mesh
     (`physical_cores` centres it there)."""
-    ring = [embed.col_ring if a == embed.col_driver else (
-        embed.row_ring if a == embed.row_driver else 1) for a in axes]
-    dims = [f // t for f, t in zip(F, ring)]
+    dims = [f // t for f, t in zip(F, ring_lengths(embed, axes))]
     nblocks = math.prod(dims)
     group = math.prod(d for d, a in zip(dims, axes) if a in reduction)
     per_row = region_width(embed, nblocks, group)
@@ -363,9 +365,9 @@ def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0,
     link of a line of ``L`` cores with about ``L / 4`` times what each core receives and
     crosses half the region on average. A tile that many cores read leaves its sender once
     (the routes are multicast trees, `t10c.multicast`), so ``sent_bytes`` is the tile, not
-    its copies. Fitted on 64 x 64 against the routed phases of the chosen plans (mean
-    factor 1.5 either way), the emulator routes the real thing; the figures are in the
-    README (Meshes and tori)."""
+    its copies. Fitted on 64 x 64 against the routed phases of the chosen plans (a mean
+    factor of 1.5 too high or too low, README: Performance, Meshes); the emulator routes the
+    real thing."""
     if remote_bytes <= 0:
         return 0
     if not chip.is_mesh:
@@ -391,5 +393,6 @@ def describe(embed: Embedding | None, ncores: int) -> str:
 
 __all__ = ["Embedding", "choose", "embed_rows", "grid_coords", "grid_physical_cores",
            "physical_cores", "shift_cycles", "group_tile",
-           "exchange_estimate", "region_span", "interleave", "ring_drivers", "hops_of_ring", "fits",
+           "exchange_estimate", "region_span", "ring_lengths", "interleave", "ring_drivers",
+           "hops_of_ring", "fits",
            "ROUTES_PER_RING"]
