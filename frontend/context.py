@@ -169,7 +169,13 @@ class Context:
             # a scalar result: one-dimensional, [1], on a unit axis of its own
             unit = "u"
             axes = [(unit, 1), *axes]
-            inputs = [self._lifted(o, unit) if not o.axes else o for o in inputs]
+            # a rank-0 input, or one indexed by unit axes only (a ``keepdims`` statistic):
+            # read on the unit axis, through the views down to the [1] tensor that holds it,
+            # so that a chain of scalar steps (``1/sqrt(mean + eps)``) reads its producer
+            # point by point and folds into it as an epilogue
+            inputs = [self._lifted(o, unit)
+                      if all(isinstance(d, str) and d in ones for d in o.axes) else o
+                      for o in inputs]
             output = Operand(self.fresh(full.tensor), (unit,))
         if ones:
             axes = [(a, e) for a, e in axes if a not in ones]

@@ -229,7 +229,7 @@ def test_schedule_with_stores_by_hand() -> None:
 def test_store_waits_follow_the_last_reader() -> None:
     """A result is held through its last reader and one op more (over which its store runs),
     and waited for at the op after; at the end of the step if there is none; under basic at
-    the next op. In llama-tiny-decode the KV caches' Concat (op 11) is read by op 13."""
+    the next op. In llama-tiny-decode the KV caches' Concat (op 8) is read by op 10."""
     from t10c.driver import load_source
     from t10c.frontend import to_graph
     from t10c.partition.solve import liveness
@@ -241,10 +241,10 @@ def test_store_waits_follow_the_last_reader() -> None:
     kv = sorted(i for i, op in enumerate(graph.ops) if op.output.tensor in present)
     last = max(i for i, op in enumerate(graph.ops)
                if any(graph.root(o.tensor) == graph.ops[kv[0]].output.tensor for o in op.reads))
-    assert (kv[0], last) == (11, 13)
+    assert (kv[0], last) == (8, 10)
     assert waits[kv[0]] == last + 2 and waits[n - 1] == n
     assert store_waits(graph, basic=True)[kv[0]] == kv[0] + 1
-    # held to the end without write-back, until op 15 with it
+    # held to the end without write-back, until op 12 with it
     assert kv[0] in liveness(graph).live_after[n - 1]
     back = liveness(graph, write_back=True)
     assert kv[0] in back.live_after[last + 1] and kv[0] not in back.live_after[last + 2]

@@ -308,3 +308,29 @@ def test_shifted_reads_of_cheap_producers_fold_only_where_exact(case) -> None:
     assert len(to_graph(model).ops) == nops
     result = run_compiled(compile_model(model, BASE, CompileOptions(dtype="fp32")))
     assert result.ok, f"{name}: {result.max_rel_err:.3g}"
+
+
+def _rmsnorm(g, xs) -> str:
+    """LLaMA's RMSNorm as exported: ``x * (1 / sqrt(mean(x^2, keepdims) + eps)) * w``."""
+    x = xs[0]
+    mean = g.node("ReduceMean", g.node("Mul", x, x), axes=[-1], keepdims=1)
+    scale = g.node("Reciprocal", g.node("Sqrt", g.node("Add", mean, g.const(1e-5))))
+    return g.node("Mul", g.node("Mul", x, scale), g.weight(16))
+
+
+@pytest.mark.parametrize("chip", ["test16", "wormhole-n150"])
+def test_a_scalar_statistic_folds_its_scalar_steps(chip: str) -> None:
+    """At one token (decode), RMSNorm's statistic is one element kept as ``(1, 1, 1)``: the
+    eps Add, the Sqrt and the Reciprocal read it through unit views and still fold into the
+    mean as its epilogue (two ops, not five), and the result equals onnxruntime's."""
+    from ophelpers import make_model
+
+    from t10c.frontend import to_graph
+
+    model = make_model("rmsnorm-1", _rmsnorm, ((1, 1, 16),))
+    ops = to_graph(model).ops
+    assert len(ops) == 2, [op.name for op in ops]
+    assert ops[0].combine == "sum"
+    assert ops[0].epilogue == ("recip", ("sqrt", ("add", ("acc",), ("const", pytest.approx(1e-5)))))
+    result = run_compiled(compile_model(model, PRESETS[chip], CompileOptions(dtype="fp32")))
+    assert result.ok, f"{chip}: {result.max_rel_err:.3g}"
