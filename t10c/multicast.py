@@ -3,12 +3,17 @@ they take (shared by the emulator, which times codegen's exchanges, and by the p
 prices the re-layouts of a choice of plans).
 
 A tree carries ``b`` bytes from one source core to a set of destination cores, routed
-dimension-order as unicasts are (`emulator/routing.py`): along the source's row to every
-destination column, then along each such column to the destination rows; on a torus each
-leg goes the shorter way round (a tie the way that does not wrap). The tree is the union of
-the unicast routes to its destinations, and each of its links carries the bytes once: a
-router copies a wavelet onto every outgoing link of the tree. A tree of one destination is
-that destination's unicast route.
+dimension-order one of two ways, whichever takes fewer links (X first on a tie): X first,
+as unicasts go (`emulator/routing.py`), along the source's row to every destination column,
+then along each such column to the destination rows; or Y first, along the source's column
+to every destination row, then along each such row. On a torus each leg goes the shorter way
+round (a tie the way that does not wrap). The tree is the union of those routes to its
+destinations, and each of its links carries the bytes once: a router copies a wavelet onto
+every outgoing link of the tree. A tree of one destination is that destination's unicast
+route. A colour's route on the WSE is whatever its routers are configured to forward, so
+either order is one tree; Y first is what a chunk of a vector broadcast into one row of a
+GEMV's tiles wants (up one column, then along the row, not along the source's row and up
+every column), the layout WaferLLM's MeshGEMV keeps.
 
 Routing resources: on the WSE a route is a colour configured on every router it passes, and
 a router holds 24 of them (Cerebras SDK documentation, sdk.cerebras.net: "24 routable
@@ -123,8 +128,14 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     tree (any integers; entries of a tree share its source and bytes), ``src`` its source
     core, ``dst`` the destination core, ``nbytes`` the tree's bytes. A destination that is
     its tree's source receives nothing over the mesh. None when nothing moves.
-    ``counts=False``: every entry is a tree of its own (unicasts), and the trees per link are
-    not counted (``Trees.counts`` is all zeros)."""
+
+    Each tree goes X first (along the source's row, then along each destination column) or
+    Y first (along the source's column, then along each destination row), whichever takes
+    fewer links (X first on a tie): a vector chunk broadcast into one row of a GEMV's tiles
+    climbs one column and runs along that row, instead of running along the source's row and
+    climbing every column (module doc). ``counts=False``: every entry is a tree of its own
+    (unicasts, always X first), and the trees per link are not counted (``Trees.counts`` is
+    all zeros)."""
     tree, src, dst, nbytes = (np.asarray(a, dtype=np.int64).ravel()
                               for a in np.broadcast_arrays(tree, src, dst, nbytes))
     keep = (src != dst) & (nbytes > 0)
@@ -135,44 +146,111 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     torus = chip.topology == "torus2d"
     sr, sc = np.divmod(src, cols)
     dr, dc = np.divmod(dst, cols)
-    dx, hx = leg(sc, dc, cols, torus)
-    dy, hy = leg(sr, dr, rows, torus)
-    if counts:
-        # the source's row: as far east and as far west as any destination column
-        _, first, t_of = np.unique(tree, return_index=True, return_inverse=True)
-        t_of = t_of.reshape(-1)
-        east = np.zeros(len(first), dtype=np.int64)
-        west = np.zeros(len(first), dtype=np.int64)
-        np.maximum.at(east, t_of, np.maximum(dx, 0))
-        np.maximum.at(west, t_of, np.maximum(-dx, 0))
-        # each destination column: as far south and as far north as any destination row
-        _, cfirst, c_of = np.unique(t_of * cols + dc, return_index=True, return_inverse=True)
-        c_of = c_of.reshape(-1)
-        south = np.zeros(len(cfirst), dtype=np.int64)
-        north = np.zeros(len(cfirst), dtype=np.int64)
-        np.maximum.at(south, c_of, np.maximum(dy, 0))
-        np.maximum.at(north, c_of, np.maximum(-dy, 0))
-    else:  # one destination a tree: its legs are its route's (no sort, no scatter)
-        first = cfirst = np.arange(len(src))
-        east, west = np.maximum(dx, 0), np.maximum(-dx, 0)
-        south, north = np.maximum(dy, 0), np.maximum(-dy, 0)
-    row_line = np.concatenate([sr[first], sr[first]])
-    row_start = np.concatenate([sc[first], sc[first]])
-    row_delta = np.concatenate([east, -west])
-    col_line = np.concatenate([dc[cfirst], dc[cfirst]])
-    col_start = np.concatenate([sr[cfirst], sr[cfirst]])
-    col_delta = np.concatenate([south, -north])
-    out = []
-    weights = [(nbytes[first], nbytes[cfirst])]
-    if counts:
-        weights.append((np.ones(len(first)), np.ones(len(cfirst))))
-    for w_row, w_col in weights:
-        e, w = line_loads(row_line, row_start, row_delta,
-                          np.concatenate([w_row, w_row]).astype(np.float64), rows, cols)
-        s, n = line_loads(col_line, col_start, col_delta,
-                          np.concatenate([w_col, w_col]).astype(np.float64), cols, rows)
-        out.append(np.stack([e, w, s.T, n.T]))
-    return Trees(out[0], out[1] if counts else np.zeros_like(out[0]), int((hx + hy).max()))
+    hops = int((leg(sc, dc, cols, torus)[1] + leg(sr, dr, rows, torus)[1]).max())
+    if not counts:  # one destination a tree: its legs are its route's (no sort, no scatter)
+        xy = _Legs.of(None, sr, sc, dr, dc, rows, cols, torus)
+        loads = xy.loads(nbytes, rows, cols)
+        return Trees(np.stack(loads), np.zeros((4, rows, cols), dtype=np.int64), hops)
+    _, t_of = np.unique(tree, return_inverse=True)
+    t_of = t_of.reshape(-1)
+    xy = _Legs.of(t_of, sr, sc, dr, dc, rows, cols, torus)
+    yx = _Legs.of(t_of, sc, sr, dc, dr, cols, rows, torus)
+    flip = yx.links < xy.links  # per tree: Y first
+    total = np.zeros((2, 4, rows, cols), dtype=np.int64)
+    for legs, chosen, transposed in ((xy, ~flip, False), (yx, flip, True)):
+        if not chosen.any():
+            continue
+        sub = legs.subset(chosen)
+        for k, weights in enumerate((nbytes, np.ones(len(nbytes), dtype=np.int64))):
+            first, second = sub.loads_split(weights, cols if transposed else rows,
+                                            rows if transposed else cols)
+            if transposed:  # the first legs run along columns, the second along rows
+                total[k] += np.stack([second[0], second[1], first[0].T, first[1].T])
+            else:
+                total[k] += np.stack([first[0], first[1], second[0].T, second[1].T])
+    return Trees(total[0], total[1], hops)
+
+
+@dataclass(frozen=True)
+class _Legs:
+    """A phase's trees routed one dimension first: per tree the legs along its source's
+    line (``a``: its row when X goes first), per (tree, destination line ``b``) the legs
+    along that line; each leg's start, signed lengths and the entry it stands for."""
+
+    line: np.ndarray  # per tree: the source's line
+    start: np.ndarray  # per tree: the source's position along it
+    pos: np.ndarray  # per tree: how far the tree runs the positive way along the line
+    neg: np.ndarray
+    entry: np.ndarray  # per tree: one of its entries (its bytes)
+    cline: np.ndarray  # per (tree, destination line): that line
+    cstart: np.ndarray  # the source's position along it
+    cpos: np.ndarray
+    cneg: np.ndarray
+    centry: np.ndarray
+    ctree: np.ndarray  # the tree of each (tree, destination line)
+    links: np.ndarray  # per tree: the links it takes
+
+    @staticmethod
+    def of(t_of: np.ndarray | None, sa: np.ndarray, sb: np.ndarray, da: np.ndarray,
+           db: np.ndarray, na: int, nb: int, torus: bool) -> _Legs:
+        """The legs when the trees first run along lines ``a`` (positions ``b``, ``nb`` of
+        them) then along lines ``b``; ``t_of`` numbers each entry's tree (0 .. trees - 1),
+        None: every entry its own tree."""
+        delta_b = leg(sb, db, nb, torus)[0]
+        delta_a = leg(sa, da, na, torus)[0]
+        if t_of is None:
+            first = cfirst = ctree = np.arange(len(sa))
+            pos, neg = np.maximum(delta_b, 0), np.maximum(-delta_b, 0)
+            cpos, cneg = np.maximum(delta_a, 0), np.maximum(-delta_a, 0)
+            links = pos + neg + cpos + cneg
+        else:
+            ntrees = int(t_of.max()) + 1
+            first = np.zeros(ntrees, dtype=np.int64)
+            first[t_of[::-1]] = np.arange(len(t_of))[::-1]  # each tree's first entry
+            pos = np.zeros(ntrees, dtype=np.int64)
+            neg = np.zeros(ntrees, dtype=np.int64)
+            np.maximum.at(pos, t_of, np.maximum(delta_b, 0))
+            np.maximum.at(neg, t_of, np.maximum(-delta_b, 0))
+            # each destination line: as far either way as any destination on it
+            _, cfirst, c_of = np.unique(t_of * nb + db, return_index=True, return_inverse=True)
+            c_of = c_of.reshape(-1)
+            cpos = np.zeros(len(cfirst), dtype=np.int64)
+            cneg = np.zeros(len(cfirst), dtype=np.int64)
+            np.maximum.at(cpos, c_of, np.maximum(delta_a, 0))
+            np.maximum.at(cneg, c_of, np.maximum(-delta_a, 0))
+            ctree = t_of[cfirst]
+            links = pos + neg + np.bincount(ctree, weights=cpos + cneg,
+                                            minlength=ntrees).astype(np.int64)
+        return _Legs(sa[first], sb[first], pos, neg, first, db[cfirst], sa[cfirst], cpos,
+                     cneg, cfirst, ctree, links)
+
+    def subset(self, trees: np.ndarray) -> _Legs:
+        """The legs of the trees ``trees`` (a mask over the trees) only."""
+        c = trees[self.ctree]
+        return _Legs(self.line[trees], self.start[trees], self.pos[trees], self.neg[trees],
+                     self.entry[trees], self.cline[c], self.cstart[c], self.cpos[c],
+                     self.cneg[c], self.centry[c], self.ctree[c], self.links[trees])
+
+    def loads_split(self, weights: np.ndarray, na: int, nb: int
+                    ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """(positive, negative) link loads of the first legs ((na, nb) each) and of the
+        second legs ((nb, na) each), each leg carrying its entry's ``weights``."""
+        w1 = weights[self.entry].astype(np.float64)
+        w2 = weights[self.centry].astype(np.float64)
+        first = line_loads(np.concatenate([self.line, self.line]),
+                           np.concatenate([self.start, self.start]),
+                           np.concatenate([self.pos, -self.neg]),
+                           np.concatenate([w1, w1]), na, nb)
+        second = line_loads(np.concatenate([self.cline, self.cline]),
+                            np.concatenate([self.cstart, self.cstart]),
+                            np.concatenate([self.cpos, -self.cneg]),
+                            np.concatenate([w2, w2]), nb, na)
+        return first, second
+
+    def loads(self, weights: np.ndarray, rows: int, cols: int) -> list[np.ndarray]:
+        """East, west, south, north loads of X-first legs."""
+        (e, w), (s, n) = self.loads_split(weights, rows, cols)
+        return [e, w, s.T, n.T]
 
 
 def waves(chip: Chip, most_trees: int) -> int:
