@@ -42,6 +42,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import ceil_div
+from t10c.multicast import waves
 
 #: routing resources one rotating operand takes on every core of its rings: one route (a
 #: Cerebras "colour") per direction of the interleaved ring
@@ -357,7 +358,7 @@ def hops_of_ring(t: int) -> int:
 
 
 def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0,
-                      region: tuple[int, int] | None = None) -> int:
+                      region: tuple[int, int] | None = None, trees: int = 0) -> int:
     """Estimated cycles of a re-layout in which the busiest core receives ``remote_bytes``
     from cores anywhere in ``region`` (rows, cols: the union of the two ops' regions, which
     `physical_cores` centres on the mesh; the whole chip if None) and the busiest sender puts
@@ -366,7 +367,9 @@ def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0,
     crosses half the region on average. A tile that many cores read leaves its sender once
     (the routes are multicast trees, `t10c.multicast`), so ``sent_bytes`` is the tile, not
     its copies. Fitted on 64 x 64 against the routed phases of the chosen plans (a mean
-    factor of 1.5 too high or too low, README: Performance, Meshes); the emulator routes the
+    factor of 1.5 too high or too low, README: Performance, Meshes). Where ``trees`` route
+    trees share the busiest link (`transitions.broadcast_trees`), the routing colours run
+    them in waves that each pay the hops (`t10c.multicast.waves`). The emulator routes the
     real thing."""
     if remote_bytes <= 0:
         return 0
@@ -375,7 +378,8 @@ def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0,
     rows, cols = region or (chip.rows, chip.cols)
     hops = (rows + cols) // 2
     load = max(remote_bytes * max(1, max(rows, cols) // 4), sent_bytes)
-    return chip.hop_latency_cycles * hops + ceil_div(load, chip.link_bytes_per_cycle)
+    return (chip.hop_latency_cycles * hops * waves(chip, trees)
+            + ceil_div(load, chip.link_bytes_per_cycle))
 
 
 def describe(embed: Embedding | None, ncores: int) -> str:

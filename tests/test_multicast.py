@@ -15,6 +15,7 @@ from t10c.codegen.pattern import from_table
 from t10c.codegen.program import Alloc, Buffer, Exchange, Fill, Program, Shift, Sync
 from t10c.codegen.program import exchange as make_exchange
 from t10c.driver import compile_model, run_compiled
+from t10c.dtypes import ceil_div
 from t10c.emulator.machine import Machine
 from t10c.emulator.reference import Reference
 from t10c.emulator.routing import hops, route
@@ -230,3 +231,39 @@ def test_aligned_plans_on_a_mesh_are_routed_and_exact() -> None:
     r = run_compiled(c)
     assert r.ok, r.max_rel_err
     assert list(c.plan.relayout_cycles) == _emulated_relayout(c, r)
+
+
+def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None:
+    """A vector scaled on 4096 cores (64 x 64 on wse2) and broadcast into a 4096 x 4096
+    GEMV's tiles: every scaling core's tree spans the GEMV's region, the trees of one side of
+    the 64 x 64 share links, and 24 colours run them in waves. The solver's edge estimate
+    counts them (`transitions.broadcast_trees`: one tree per core of the longer side, at most
+    one per copy of an element), so it picks a GEMV that the routed, emulated step shows to be
+    faster than the choice it makes blind to the waves."""
+    from ophelpers import make_model
+
+    from t10c.chips import PRESETS
+    from t10c.driver import CompileOptions
+    from t10c.partition import transitions
+    from t10c.partition.place import exchange_estimate
+
+    wse2 = PRESETS["wse2"]
+    assert transitions.broadcast_trees(64, 64, 4096, 2, 262144, 8) == 64
+    assert transitions.broadcast_trees(64, 64, 4096, 2, 8192, 2) == 2  # two copies each
+    # 64 trees on 24 colours: three waves of the 64 hops of a 64 x 64 region
+    assert exchange_estimate(wse2, 8, 2, (64, 64), 64) == 3 * 64 + ceil_div(8 * 16, 4)
+    assert exchange_estimate(wse2, 8, 2, (64, 64), 24) == exchange_estimate(wse2, 8, 2,
+                                                                             (64, 64))
+
+    def build(g, xs):
+        return g.node("MatMul", g.node("Mul", xs[0], g.weight(4096)), g.weight(4096, 4096))
+
+    model = make_model("scaled-gemv", build, ((1, 4096),))
+    options = CompileOptions(timing_only=True)
+    seen = compile_model(model, wse2, options)
+    monkeypatch.setattr(transitions, "broadcast_trees", lambda *args: 0)
+    blind = compile_model(model, wse2, options)
+    assert seen.timeline is not None and blind.timeline is not None
+    assert [p.F for p in seen.plan.ops] != [p.F for p in blind.plan.ops]
+    assert seen.timeline.cycles < blind.timeline.cycles
+    assert seen.plan.total_cycles == seen.timeline.cycles  # routed, as the emulator does
