@@ -42,7 +42,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import ceil_div
-from t10c.multicast import waves
+from t10c.multicast import phase_cycles
 
 #: routing resources one rotating operand takes on every core of its rings: one route (a
 #: Cerebras "colour") per direction of the interleaved ring
@@ -378,8 +378,7 @@ def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0,
     rows, cols = region or (chip.rows, chip.cols)
     hops = (rows + cols) // 2
     load = max(remote_bytes * max(1, max(rows, cols) // 4), sent_bytes)
-    return (chip.hop_latency_cycles * hops * waves(chip, trees)
-            + ceil_div(load, chip.link_bytes_per_cycle))
+    return phase_cycles(chip, load, hops, trees)
 
 
 def describe(embed: Embedding | None, ncores: int) -> str:

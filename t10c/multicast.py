@@ -148,27 +148,21 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     dr, dc = np.divmod(dst, cols)
     hops = int((leg(sc, dc, cols, torus)[1] + leg(sr, dr, rows, torus)[1]).max())
     if not counts:  # one destination a tree: its legs are its route's (no sort, no scatter)
-        xy = _Legs.of(None, sr, sc, dr, dc, rows, cols, torus)
-        loads = xy.loads(nbytes, rows, cols)
-        return Trees(np.stack(loads), np.zeros((4, rows, cols), dtype=np.int64), hops)
-    _, t_of = np.unique(tree, return_inverse=True)
+        xy = _Legs.of(None, None, sr, sc, dr, dc, rows, cols, torus)
+        return Trees(xy.loads(nbytes, False), np.zeros((4, rows, cols), dtype=np.int64), hops)
+    _, first, t_of = np.unique(tree, return_index=True, return_inverse=True)
     t_of = t_of.reshape(-1)
-    xy = _Legs.of(t_of, sr, sc, dr, dc, rows, cols, torus)
-    yx = _Legs.of(t_of, sc, sr, dc, dr, cols, rows, torus)
+    xy = _Legs.of(t_of, first, sr, sc, dr, dc, rows, cols, torus)
+    yx = _Legs.of(t_of, first, sc, sr, dc, dr, cols, rows, torus)
     flip = yx.links < xy.links  # per tree: Y first
-    total = np.zeros((2, 4, rows, cols), dtype=np.int64)
+    loads = np.zeros((4, rows, cols), dtype=np.int64)
+    trees = np.zeros((4, rows, cols), dtype=np.int64)
     for legs, chosen, transposed in ((xy, ~flip, False), (yx, flip, True)):
-        if not chosen.any():
-            continue
-        sub = legs.subset(chosen)
-        for k, weights in enumerate((nbytes, np.ones(len(nbytes), dtype=np.int64))):
-            first, second = sub.loads_split(weights, cols if transposed else rows,
-                                            rows if transposed else cols)
-            if transposed:  # the first legs run along columns, the second along rows
-                total[k] += np.stack([second[0], second[1], first[0].T, first[1].T])
-            else:
-                total[k] += np.stack([first[0], first[1], second[0].T, second[1].T])
-    return Trees(total[0], total[1], hops)
+        if chosen.any():
+            sub = legs.subset(chosen)
+            loads += sub.loads(nbytes, transposed)
+            trees += sub.loads(np.ones(len(nbytes), dtype=np.int64), transposed)
+    return Trees(loads, trees, hops)
 
 
 @dataclass(frozen=True)
@@ -189,26 +183,25 @@ class _Legs:
     centry: np.ndarray
     ctree: np.ndarray  # the tree of each (tree, destination line)
     links: np.ndarray  # per tree: the links it takes
+    na: int  # lines ``a``
+    nb: int  # positions along each (lines ``b``)
 
     @staticmethod
-    def of(t_of: np.ndarray | None, sa: np.ndarray, sb: np.ndarray, da: np.ndarray,
-           db: np.ndarray, na: int, nb: int, torus: bool) -> _Legs:
+    def of(t_of: np.ndarray | None, first: np.ndarray | None, sa: np.ndarray, sb: np.ndarray,
+           da: np.ndarray, db: np.ndarray, na: int, nb: int, torus: bool) -> _Legs:
         """The legs when the trees first run along lines ``a`` (positions ``b``, ``nb`` of
-        them) then along lines ``b``; ``t_of`` numbers each entry's tree (0 .. trees - 1),
-        None: every entry its own tree."""
+        them) then along lines ``b``; ``t_of`` numbers each entry's tree (0 .. trees - 1)
+        and ``first`` is each tree's first entry; both None: every entry its own tree."""
         delta_b = leg(sb, db, nb, torus)[0]
         delta_a = leg(sa, da, na, torus)[0]
-        if t_of is None:
+        if t_of is None or first is None:
             first = cfirst = ctree = np.arange(len(sa))
             pos, neg = np.maximum(delta_b, 0), np.maximum(-delta_b, 0)
             cpos, cneg = np.maximum(delta_a, 0), np.maximum(-delta_a, 0)
             links = pos + neg + cpos + cneg
         else:
-            ntrees = int(t_of.max()) + 1
-            first = np.zeros(ntrees, dtype=np.int64)
-            first[t_of[::-1]] = np.arange(len(t_of))[::-1]  # each tree's first entry
-            pos = np.zeros(ntrees, dtype=np.int64)
-            neg = np.zeros(ntrees, dtype=np.int64)
+            pos = np.zeros(len(first), dtype=np.int64)
+            neg = np.zeros(len(first), dtype=np.int64)
             np.maximum.at(pos, t_of, np.maximum(delta_b, 0))
             np.maximum.at(neg, t_of, np.maximum(-delta_b, 0))
             # each destination line: as far either way as any destination on it
@@ -220,37 +213,32 @@ class _Legs:
             np.maximum.at(cneg, c_of, np.maximum(-delta_a, 0))
             ctree = t_of[cfirst]
             links = pos + neg + np.bincount(ctree, weights=cpos + cneg,
-                                            minlength=ntrees).astype(np.int64)
+                                            minlength=len(first)).astype(np.int64)
         return _Legs(sa[first], sb[first], pos, neg, first, db[cfirst], sa[cfirst], cpos,
-                     cneg, cfirst, ctree, links)
+                     cneg, cfirst, ctree, links, na, nb)
 
     def subset(self, trees: np.ndarray) -> _Legs:
         """The legs of the trees ``trees`` (a mask over the trees) only."""
         c = trees[self.ctree]
         return _Legs(self.line[trees], self.start[trees], self.pos[trees], self.neg[trees],
                      self.entry[trees], self.cline[c], self.cstart[c], self.cpos[c],
-                     self.cneg[c], self.centry[c], self.ctree[c], self.links[trees])
+                     self.cneg[c], self.centry[c], self.ctree[c], self.links[trees],
+                     self.na, self.nb)
 
-    def loads_split(self, weights: np.ndarray, na: int, nb: int
-                    ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-        """(positive, negative) link loads of the first legs ((na, nb) each) and of the
-        second legs ((nb, na) each), each leg carrying its entry's ``weights``."""
-        w1 = weights[self.entry].astype(np.float64)
-        w2 = weights[self.centry].astype(np.float64)
-        first = line_loads(np.concatenate([self.line, self.line]),
-                           np.concatenate([self.start, self.start]),
-                           np.concatenate([self.pos, -self.neg]),
-                           np.concatenate([w1, w1]), na, nb)
-        second = line_loads(np.concatenate([self.cline, self.cline]),
+    def loads(self, weights: np.ndarray, transposed: bool) -> np.ndarray:
+        """East, west, south, north loads ((4, rows, cols)) of the legs, each carrying its
+        entry's ``weights``; ``transposed``: lines ``a`` are the mesh's columns (Y first)."""
+        w1 = np.concatenate([weights[self.entry]] * 2).astype(np.float64)
+        w2 = np.concatenate([weights[self.centry]] * 2).astype(np.float64)
+        p1, n1 = line_loads(np.concatenate([self.line, self.line]),
+                            np.concatenate([self.start, self.start]),
+                            np.concatenate([self.pos, -self.neg]), w1, self.na, self.nb)
+        p2, n2 = line_loads(np.concatenate([self.cline, self.cline]),
                             np.concatenate([self.cstart, self.cstart]),
-                            np.concatenate([self.cpos, -self.cneg]),
-                            np.concatenate([w2, w2]), nb, na)
-        return first, second
-
-    def loads(self, weights: np.ndarray, rows: int, cols: int) -> list[np.ndarray]:
-        """East, west, south, north loads of X-first legs."""
-        (e, w), (s, n) = self.loads_split(weights, rows, cols)
-        return [e, w, s.T, n.T]
+                            np.concatenate([self.cpos, -self.cneg]), w2, self.nb, self.na)
+        if transposed:  # the first legs run along columns, the second along rows
+            return np.stack([p2, n2, p1.T, n1.T])
+        return np.stack([p1, n1, p2.T, n2.T])
 
 
 def waves(chip: Chip, most_trees: int) -> int:
