@@ -172,6 +172,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                          views, fixed)
             if _total(other, again) < _total(chosen, relayout):
                 chosen, relayout = other, again
+    if solver.planner != "greedy" and chip.is_mesh and not chip.has_dram:
+        chosen, relayout = _share_layouts(graph, chosen, relayout, chip, dtype, ints, solver,
+                                          views, fronts, fixed)
     fetched = route_fetches(graph, chosen, chip, dtype, ints, views)
     if fetched is not None:
         chosen, relayout = fetched
@@ -411,6 +414,75 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
                 best, relayout, cost = trial, again, total
                 break
     return tuple(best), relayout
+
+
+def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
+                   dtype: str, ints: frozenset[str], solver: SolverOptions, views: Views,
+                   fronts: list[list[OpPlan]], fixed: frozenset[int] = frozenset()
+                   ) -> tuple[tuple[OpPlan, ...], list[int]]:
+    """On a mesh, after the solve: two consecutive ops over the same axes that read the same
+    activation in different layouts try the other's plan, costed for themselves, so that the
+    second reads the first's re-laid copy (`transitions.shared_inputs`), which the solver's
+    per-edge prices cannot see. LLaMA's gate and up projections: the gate rotates the
+    normalised vector, the up plan does not; with the up plan the gate keeps its received
+    copy for the up projection, whose re-layout then moves nothing (its epilogue reads the
+    gate's result, now in its own layout, in place). The plan copied must not rotate that
+    input. Repeated layers try as one: the pairs of equal fronts and equal chosen plans take
+    the same swap. A swap is kept when the plans' cycles and the routed re-layouts together
+    drop and every op's memory stays within the solver's limit; ops named by `--plan`
+    constraints keep theirs. (Off meshes `_share_copies` swaps the plans of alike ops.)"""
+    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    terms = liveness(graph)
+    ids = _front_ids(fronts)
+    consts = views.const_tensors()
+    best = list(chosen)
+    cost = _total(best, relayout)
+    groups: dict[tuple, list[int]] = {}
+    for i in range(1, len(graph.ops)):
+        key = (ids[i - 1], ids[i], _rename(best[i - 1], ""), _rename(best[i], ""))
+        groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        i = members[0]
+        a, b = graph.ops[i - 1], graph.ops[i]
+        if a.axes != b.axes or [o.axes for o in a.operands] != [o.axes for o in b.operands]:
+            continue
+        slots = [s for s, (x, y) in enumerate(zip(a.inputs, b.inputs)) if x.tensor == y.tensor
+                 and views.want_digest(i - 1, s, best[i - 1]) != views.want_digest(i, s, best[i])]
+        # back = 0: op i takes op i - 1's plan; back = 1: the other way round
+        for back in (0, 1):
+            if not any(not best[i - 1 + back].rot[s] for s in slots):
+                continue
+            trial = _copied(graph, best, members, back, chip, dtype, ints, consts, cap, fixed)
+            if trial is None or \
+                    int(memory_use(terms, _Arrays([[p] for p in trial], [[0] for _ in trial]),
+                                   [0] * len(trial)).max(initial=0)) > cap:
+                continue
+            again = relayout_cycles(graph, trial, chip, dtype, ints, views)
+            if _total(trial, again) < cost:
+                best, relayout, cost = trial, again, _total(trial, again)
+                break
+    return tuple(best), relayout
+
+
+def _copied(graph: Graph, plans: list[OpPlan], members: list[int], back: int, chip: Chip,
+            dtype: str, ints: frozenset[str], consts: frozenset[str], cap: int,
+            fixed: frozenset[int]) -> list[OpPlan] | None:
+    """``plans`` with, for every op i of ``members``, op i - ``back`` taking the plan of op
+    i - 1 + ``back`` (its neighbour), costed for itself (`cost.plan_cost`); None where a copy
+    needs more SRAM than ``cap``."""
+    trial = list(plans)
+    for i in members:
+        k, src = i - back, i - 1 + back
+        if k in fixed:
+            continue
+        plan = _rename(plans[src], graph.ops[k].name)
+        cycles, hot, cold, out = plan_cost(geometry(graph, graph.ops[k], plan), chip, dtype,
+                                           ints, consts, plan.home)
+        if hot > cap:
+            return None
+        trial[k] = dataclasses.replace(plan, cycles=cycles, hot_bytes_per_core=hot,
+                                       cold_bytes_per_core=cold, out_bytes_per_core=out)
+    return trial
 
 
 def _alike_reads(graph: Graph, a: TensorExpr, b: TensorExpr) -> bool:

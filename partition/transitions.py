@@ -715,9 +715,10 @@ def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
     nothing for that input (bert-base's q, k and v read the LayerNorm's result alike). The
     buffer then lives through the first op's reduce-scatter and epilogue: where the first
     plan's hot bytes do not cover it there (`cost.kept_bytes`), only if the SRAM the chosen
-    plans leave at that op (the solver's (C2) with its default reserve) does. All-to-all
-    chips without DRAM only (mesh exchanges are estimates, and DRAM preloads are placed
-    beside the op buffers). Codegen follows this map (`codegen.lower`), and
+    plans leave at that op (the solver's (C2) with its default reserve) does. Chips without
+    DRAM only (DRAM preloads are placed beside the op buffers); on a mesh the copy is kept
+    on the cores that received it, and the routed pricing of the chosen plans
+    (`meshmove`) sees the phase it saves. Codegen follows this map (`codegen.lower`), and
     `relayout_cycles` prices it."""
     return _sharing(graph, plans, chip, dtype, int_tensors, views or Views(graph))[0]
 
@@ -726,7 +727,7 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
              int_tensors: frozenset[str], views: Views
              ) -> tuple[dict[tuple[int, int], int], list[int]]:
     """`shared_inputs`, and the SRAM per op the chosen plans and the kept copies leave."""
-    if chip.is_mesh or chip.has_dram:
+    if chip.has_dram:
         return {}, [0] * len(plans)
     const_tensors = views.const_tensors()
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}

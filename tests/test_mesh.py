@@ -360,3 +360,27 @@ def test_an_exchange_too_large_to_route_is_refused_in_one_line(tmp_path, capsys,
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and "(core, source core) pairs" in err[0], err
     assert "internal error" not in err[0]
+
+
+def test_neighbours_on_a_mesh_read_one_received_copy(monkeypatch) -> None:
+    """After the solve, two neighbours over the same axes that read one activation in two
+    layouts try each other's plan (`partition._share_layouts`), so that the second reads the
+    first one's received copy: llama-tiny-decode's k projection takes a plan that reads
+    the normalised vector as the q projection (left by the solve) does. The copy is kept on
+    a mesh, the routed prices see the phase it saves, and the run matches onnxruntime."""
+    import t10c.partition as planner
+    from t10c.partition.space import tensor_sets
+    from t10c.partition.transitions import shared_inputs
+
+    c = compile_model("llama-tiny-decode", MESH64)
+    ints = tensor_sets(c.graph)[0]
+    shared = shared_inputs(c.graph, c.plan.ops, MESH64, c.plan.dtype, ints)
+    names = {c.graph.ops[i].name for i, _ in shared}
+    assert any(n.endswith("k_proj/MatMul") for n in names), names
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    assert r.timeline.cycles == c.plan.total_cycles
+    # without the swap the same compile is slower
+    monkeypatch.setattr(planner, "_share_layouts", lambda graph, chosen, relayout, *a, **k:
+                        (chosen, relayout))
+    assert compile_model("llama-tiny-decode", MESH64).plan.total_cycles > c.plan.total_cycles
