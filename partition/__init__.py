@@ -41,7 +41,7 @@ from .dram import (
 from .epilogue import extra_edge_cost
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
-from .solve import Edge, SolverOptions, _Arrays, choose_plans, liveness, memory_use
+from .solve import Edge, SolverOptions, choose_plans, chosen_memory, liveness
 from .space import Space, baseline_options, op_keys, space_of, tensor_sets, union
 from .transitions import Views, edge_cost, relayout_cycles, route_fetches
 from .verify import verify_plan
@@ -218,8 +218,7 @@ def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave and
     ``margin`` times the solve's SRAM reserve, and what the graph outputs' write-backs make
     the cores wait."""
-    arrays = _Arrays([[p] for p in chosen], [[0] for _ in chosen])
-    memory = memory_use(liveness(graph, write_back=True), arrays, [0] * len(chosen))
+    memory = chosen_memory(liveness(graph, write_back=True), chosen)
     stores = [(n, w, store_cycles(graph, n, chosen[n], chip, dtype, ints))
               for n, w in sorted(store_waits(graph, mode == "basic").items())]
     on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
@@ -392,7 +391,6 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
     the exact re-layouts together drop and every op's memory stays within the solver's
     limit; ops named by `--plan` constraints keep theirs."""
     cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
-    terms = liveness(graph)
     best = list(chosen)
     cost = _total(best, relayout)
     for i in range(1, len(graph.ops)):
@@ -405,13 +403,9 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
                 continue
             trial = list(best)
             trial[k] = _rename(best[src], graph.ops[k].name)
-            arrays = _Arrays([[p] for p in trial], [[0] for _ in trial])
-            if int(memory_use(terms, arrays, [0] * len(trial)).max(initial=0)) > cap:
-                continue
-            again = relayout_cycles(graph, trial, chip, dtype, ints, views)
-            total = _total(trial, again)
-            if total < cost:
-                best, relayout, cost = trial, again, total
+            better = _faster(graph, trial, cost, cap, chip, dtype, ints, views)
+            if better is not None:
+                best, relayout, cost = trial, *better
                 break
     return tuple(best), relayout
 
@@ -432,7 +426,6 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     drop and every op's memory stays within the solver's limit; ops named by `--plan`
     constraints keep theirs. (Off meshes `_share_copies` swaps the plans of alike ops.)"""
     cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
-    terms = liveness(graph)
     ids = _front_ids(fronts)
     consts = views.const_tensors()
     best = list(chosen)
@@ -453,13 +446,10 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
             if not any(not best[i - 1 + back].rot[s] for s in slots):
                 continue
             trial = _copied(graph, best, members, back, chip, dtype, ints, consts, cap, fixed)
-            if trial is None or \
-                    int(memory_use(terms, _Arrays([[p] for p in trial], [[0] for _ in trial]),
-                                   [0] * len(trial)).max(initial=0)) > cap:
-                continue
-            again = relayout_cycles(graph, trial, chip, dtype, ints, views)
-            if _total(trial, again) < cost:
-                best, relayout, cost = trial, again, _total(trial, again)
+            better = None if trial is None else _faster(graph, trial, cost, cap, chip, dtype,
+                                                        ints, views)
+            if better is not None:
+                best, relayout, cost = trial, *better  # type: ignore[assignment]
                 break
     return tuple(best), relayout
 
@@ -483,6 +473,17 @@ def _copied(graph: Graph, plans: list[OpPlan], members: list[int], back: int, ch
         trial[k] = dataclasses.replace(plan, cycles=cycles, hot_bytes_per_core=hot,
                                        cold_bytes_per_core=cold, out_bytes_per_core=out)
     return trial
+
+
+def _faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, dtype: str,
+            ints: frozenset[str], views: Views) -> tuple[list[int], int] | None:
+    """A trial choice's exact re-layouts and total where every op's memory stays within
+    ``cap`` and the total is below ``cost``; None otherwise (the shared-copy passes)."""
+    if int(chosen_memory(views.terms(), trial).max(initial=0)) > cap:
+        return None
+    again = relayout_cycles(graph, trial, chip, dtype, ints, views)
+    total = _total(trial, again)
+    return (again, total) if total < cost else None
 
 
 def _alike_reads(graph: Graph, a: TensorExpr, b: TensorExpr) -> bool:

@@ -170,6 +170,12 @@ def live_matrix(terms: MemoryTerms) -> np.ndarray:
     return live
 
 
+def chosen_memory(terms: MemoryTerms, plans: tuple[OpPlan, ...] | list[OpPlan]) -> np.ndarray:
+    """`memory_use` at every op for a choice made: one plan per op."""
+    return memory_use(terms, _Arrays([[p] for p in plans], [[0] for _ in plans]),
+                      [0] * len(plans))
+
+
 def memory_use(terms: MemoryTerms, arrays: _Arrays, choice: list[int] | tuple[int, ...],
                live: np.ndarray | None = None) -> np.ndarray:
     """(C2)'s left-hand side at every op for one choice of plans (``live``: `live_matrix`

@@ -57,7 +57,7 @@ from .cost import (
 from .place import exchange_estimate, region_span
 from .plan import Geometry, OpPlan, geometry
 from .pod import chip_wanted, received_cross, spread_cross
-from .solve import MemoryTerms, SolverOptions, _Arrays, liveness, memory_use
+from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
 
 
 @dataclass(frozen=True)
@@ -760,9 +760,7 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
 def _slack(plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, views: Views) -> list[int]:
     """The SRAM per op that the chosen plans leave, short of the solver's reserve ((C2))."""
     cap = int(chip.sram_bytes_per_core * (1 - SolverOptions().reserve_fraction))
-    used = memory_use(views.terms(), _Arrays([[p] for p in plans], [[0] for _ in plans]),
-                      [0] * len(plans))
-    return [cap - int(u) for u in used]
+    return [cap - int(u) for u in chosen_memory(views.terms(), plans)]
 
 
 def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
