@@ -446,10 +446,11 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
             if not any(not best[i - 1 + back].rot[s] for s in slots):
                 continue
             trial = _copied(graph, best, members, back, chip, dtype, ints, consts, cap, fixed)
-            better = None if trial is None else _faster(graph, trial, cost, cap, chip, dtype,
-                                                        ints, views)
+            if trial is None:
+                continue
+            better = _faster(graph, trial, cost, cap, chip, dtype, ints, views)
             if better is not None:
-                best, relayout, cost = trial, *better  # type: ignore[assignment]
+                best, relayout, cost = trial, *better
                 break
     return tuple(best), relayout
 
