@@ -810,15 +810,20 @@ class _Builder:
 
         # resident weights that rotated go back to where they started, into their own buffer,
         # so that the program leaves them as it found them (one more ring shift)
-        # (weights loaded from DRAM too: the cost model prices every rotated weight's return)
+        # (weights loaded from DRAM too: the cost model prices every rotated weight's return);
+        # so do rotated inputs kept for the next op (`transitions.shared_inputs`), into their
+        # receive buffer
         kept = {**self.weights, **{key: b for key, b in self.dma.items() if key[0] == n
                                    and self.graph.root(op.inputs[key[1]].tensor)
                                    in self.graph.constants}}
         restore = []
         for i in recv:
-            if (n, i) not in kept:
+            if (n, i) in kept:
+                home = kept[n, i]
+            elif i < nin and owned[i] and (n, i) in self.keeps:
+                home = recv[i]
+            else:
                 continue
-            home = kept[n, i]
             source = geo.phys[geo.restore_source(i)].astype(np.int32)
             if cur[i] == home and (source == geo.phys).all():
                 continue  # already home: nothing moves, no shift, no barrier

@@ -43,7 +43,7 @@ from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans, chosen_memory, liveness
 from .space import Space, baseline_options, op_keys, space_of, tensor_sets, union
-from .transitions import Views, edge_cost, relayout_cycles, route_fetches
+from .transitions import Views, edge_cost, kept_restores, relayout_cycles, route_fetches
 from .verify import verify_plan
 
 __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
@@ -170,7 +170,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                         search, solver, views, fixed)
             other, again = _share_copies(graph, keys, other, again, chip, dtype, ints, solver,
                                          views, fixed)
-            if _total(other, again) < _total(chosen, relayout):
+            if (_total(graph, other, again, chip, dtype, ints, views)
+                    < _total(graph, chosen, relayout, chip, dtype, ints, views)):
                 chosen, relayout = other, again
     if solver.planner != "greedy" and chip.is_mesh and not chip.has_dram:
         chosen, relayout = _share_layouts(graph, chosen, relayout, chip, dtype, ints, solver,
@@ -178,6 +179,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     fetched = route_fetches(graph, chosen, chip, dtype, ints, views)
     if fetched is not None:
         chosen, relayout = fetched
+    chosen = kept_restores(graph, chosen, chip, dtype, ints, views)
     gap = result.objective_cycles - result.bound_cycles
     dram = (_dram_schedule(graph, chosen, relayout, chip, dtype, ints, solver,
                            search.dram_schedule) if chip.has_dram else None)
@@ -315,7 +317,8 @@ def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayo
         spent.append(result.deterministic_s)
     picked = tuple(f[k] for f, k in zip(fronts, result.choice))
     again = relayout_cycles(graph, picked, chip, dtype, ints, views)
-    if _total(picked, again) < _total(chosen, relayout):
+    if _total(graph, picked, again, chip, dtype, ints, views) < \
+            _total(graph, chosen, relayout, chip, dtype, ints, views):
         return picked, again
     return chosen, relayout
 
@@ -372,12 +375,16 @@ def _routed_total(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], 
                   dtype: str, ints: frozenset[str], views: Views) -> int:
     """A mesh choice's cycles with its weight fetches routed (`route_fetches`)."""
     fetched = route_fetches(graph, plans, chip, dtype, ints, views)
-    return _total(*fetched) if fetched is not None else _total(plans, relayout)
+    plans, relayout = fetched if fetched is not None else (plans, relayout)
+    return _total(graph, plans, relayout, chip, dtype, ints, views)
 
 
-def _total(plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int]) -> int:
-    """A choice's exact cycles: its plans' own and the re-layouts before them."""
-    return sum(p.cycles.total for p in plans) + sum(relayout)
+def _total(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int],
+           chip: Chip, dtype: str, ints: frozenset[str], views: Views) -> int:
+    """A choice's exact cycles: its plans' own, the return of the rotated copies they keep
+    (`transitions.kept_restores`) and the re-layouts before the ops."""
+    kept = kept_restores(graph, tuple(plans), chip, dtype, ints, views)
+    return sum(p.cycles.total for p in kept) + sum(relayout)
 
 
 def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
@@ -392,7 +399,7 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
     limit; ops named by `--plan` constraints keep theirs."""
     cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
     best = list(chosen)
-    cost = _total(best, relayout)
+    cost = _total(graph, best, relayout, chip, dtype, ints, views)
     for i in range(1, len(graph.ops)):
         a, b = graph.ops[i - 1], graph.ops[i]
         if keys[i] != keys[i - 1] or not _alike_reads(graph, a, b) or \
@@ -420,8 +427,9 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     per-edge prices cannot see. LLaMA's gate and up projections: the gate rotates the
     normalised vector, the up plan does not; with the up plan the gate keeps its received
     copy for the up projection, whose re-layout then moves nothing (its epilogue reads the
-    gate's result, now in its own layout, in place). The plan copied must not rotate that
-    input. Repeated layers try as one: the pairs of equal fronts and equal chosen plans take
+    gate's result, now in its own layout, in place). (A copied plan that rotates the input
+    returns it home for the next op: `transitions.kept_restores`.) Repeated layers try as
+    one: the pairs of equal fronts and equal chosen plans take
     the same swap. A swap is kept when the plans' cycles and the routed re-layouts together
     drop and every op's memory stays within the solver's limit; ops named by `--plan`
     constraints keep theirs. (Off meshes `_share_copies` swaps the plans of alike ops.)"""
@@ -429,7 +437,7 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     ids = _front_ids(fronts)
     consts = views.const_tensors()
     best = list(chosen)
-    cost = _total(best, relayout)
+    cost = _total(graph, best, relayout, chip, dtype, ints, views)
     groups: dict[tuple, list[int]] = {}
     for i in range(1, len(graph.ops)):
         key = (ids[i - 1], ids[i], _rename(best[i - 1], ""), _rename(best[i], ""))
@@ -439,12 +447,12 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
         a, b = graph.ops[i - 1], graph.ops[i]
         if a.axes != b.axes or [o.axes for o in a.operands] != [o.axes for o in b.operands]:
             continue
-        slots = [s for s, (x, y) in enumerate(zip(a.inputs, b.inputs)) if x.tensor == y.tensor
-                 and views.want_digest(i - 1, s, best[i - 1]) != views.want_digest(i, s, best[i])]
+        if not any(x.tensor == y.tensor and views.want_digest(i - 1, s, best[i - 1])
+                   != views.want_digest(i, s, best[i])
+                   for s, (x, y) in enumerate(zip(a.inputs, b.inputs))):
+            continue
         # back = 0: op i takes op i - 1's plan; back = 1: the other way round
         for back in (0, 1):
-            if not any(not best[i - 1 + back].rot[s] for s in slots):
-                continue
             trial = _copied(graph, best, members, back, chip, dtype, ints, consts, cap, fixed)
             if trial is None:
                 continue
@@ -483,7 +491,7 @@ def _faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, 
     if int(chosen_memory(views.terms(), trial).max(initial=0)) > cap:
         return None
     again = relayout_cycles(graph, trial, chip, dtype, ints, views)
-    total = _total(trial, again)
+    total = _total(graph, trial, again, chip, dtype, ints, views)
     return (again, total) if total < cost else None
 
 

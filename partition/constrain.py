@@ -31,7 +31,7 @@ from .chosen import Plan, PlanError
 from .cost import plan_cost
 from .plan import OpPlan, geometry, operand_shapes
 from .search import SearchOptions, _factor_grids, _feasible, _plan, _templates
-from .transitions import relayout_cycles, route_fetches
+from .transitions import kept_restores, relayout_cycles, route_fetches
 from .vcost import CostArrays, costs_for
 
 WEIGHTS = ("resident", "warmed-up")
@@ -310,6 +310,7 @@ def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: fro
         relayout = relayout_cycles(graph, derived, chip, dtype, ints)
     else:
         derived, relayout = list(routed[0]), routed[1]
+    derived = list(kept_restores(graph, tuple(derived), chip, dtype, ints))
     for op, p, d in zip(graph.ops, plan.ops, derived):
         if (d.cycles, d.hot_bytes_per_core, d.cold_bytes_per_core, d.out_bytes_per_core) != (
                 p.cycles, p.hot_bytes_per_core, p.cold_bytes_per_core, p.out_bytes_per_core):

@@ -116,14 +116,19 @@ def idle_cores(chip: Chip) -> range:
 
 
 def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
-              const_tensors: frozenset[str], weights_home: bool = False
-              ) -> tuple[Cycles, int, int, int]:
+              const_tensors: frozenset[str], weights_home: bool = False,
+              kept: frozenset[int] = frozenset()) -> tuple[Cycles, int, int, int]:
     """(cycles, hot bytes, cold bytes, output bytes) per core of one plan.
 
     With ``weights_home`` the weights stay in a compact idle layout, spread evenly over all
     cores (the cold bytes), and each run warms up the tiles it needs first: one barrier and the
     tiles' bytes, counted as shift; the fetched tiles are hot on top of the idle copy. (The vgm
     baseline does this for every op; t10 chooses it per op where SRAM is short.)
+
+    ``kept``: input slots whose buffer the plan keeps for the next op
+    (`transitions.shared_inputs`); one that rotates returns to its step-0 placement after the
+    last step, with the rotated weights (one more ring shift), and the kept buffers live
+    through the reduce-scatter (`kept_bytes`).
     """
     op = geo.op
     nops = len(op.operands)
@@ -168,10 +173,11 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         if sum(tile_bytes[i] for i in movers):
             shift += count * step_cycles(movers)
             sync += count * chip.sync_cycles
-    # rotated resident weights return home after the last step: one more shift of each
-    homing = [i for i, o in enumerate(op.inputs)
-              if rot_axis[i] is not None and o.tensor in const_tensors]
-    if sum(tile_bytes[i] for i in homing) and not weights_home:
+    # rotated resident weights return home after the last step, and so do rotated inputs
+    # kept for the next op: one more shift of each
+    homing = [i for i, o in enumerate(op.inputs) if rot_axis[i] is not None and (
+        i in kept if o.tensor not in const_tensors else not weights_home)]
+    if sum(tile_bytes[i] for i in homing):
         shift += step_cycles(homing)
         sync += chip.sync_cycles
 
@@ -205,7 +211,7 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
                                  geo.phys if geo.cores is not None else None)
             moving = chip.exchange_cycles((group - 1) * chunk_bytes, pairs * chunk_bytes)
             reduce = chip.sync_cycles + moving + chip.vector_cycles((group - 1) * chunk, dtype)
-        if sum(tile_bytes[i] for i in homing) and not weights_home:
+        if sum(tile_bytes[i] for i in homing):
             reduce -= chip.sync_cycles  # codegen: the reduce shares the restore's superstep
         out_bytes = chunk_bytes
     compute += epi.compute  # (the activations' re-layout is an edge: partition/epilogue.py)
@@ -214,12 +220,14 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
     # reduce-scatter the activation inputs and receive buffers are gone, and the weights, the
     # partial sums and the chunk remain
     # (a reduce that shares the restore shift's superstep keeps the buffers the restore
-    # sends from, one tile per rotated weight, until it is done: codegen's ``shared``)
+    # sends from, one tile per rotated weight or kept input, until it is done: codegen's
+    # ``shared``; and the kept inputs' buffers)
     cold = sum(tile_bytes[i] for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
     hot = sum(tile_bytes) + sum(tile_bytes[i] for i in range(nops) if rot_axis[i] is not None)
     if group > 1:
-        sending = sum(tile_bytes[i] for i in homing) if not weights_home else 0
-        hot = max(hot, cold + tile_bytes[out] + first + sending)
+        sending = sum(tile_bytes[i] for i in homing)
+        keeping = sum(tile_bytes[i] for i in kept)
+        hot = max(hot, cold + tile_bytes[out] + first + sending + keeping)
     hot += epi.hot  # the epilogue's operands live through the whole op
     if weights_home:
         cold = home_bytes(op, geo.shapes, chip, dtype, const_tensors)
@@ -258,27 +266,19 @@ def spread_owner(numel: int, over: range) -> np.ndarray:
     return over.start + np.arange(numel, dtype=np.int64) // chunk
 
 
-def kept_bytes(geo: Geometry, slot: int, hot_bytes: int, chip: Chip, dtype: str,
-               int_tensors: frozenset[str], const_tensors: frozenset[str]) -> int:
-    """Bytes per core beyond the plan's ``hot_bytes`` when input ``slot``'s buffer stays
-    allocated after the steps, through the reduce-scatter and the epilogue (`plan_cost`:
-    during the steps every input's tile is counted; during the reduce-scatter only the
-    weights, the partial sums and the chunk), so that the next op reads that copy instead of
-    receiving its own (`transitions.shared_inputs`)."""
-    if geo.reduce_group <= 1:
-        return 0  # no reduce phase: the tile is counted through the whole op
-    op = geo.op
-    out = len(op.inputs)
-
-    def tile(i: int) -> int:
-        return element_bytes(op, i, dtype, int_tensors) * math.prod(geo.tile_shape(i))
-
-    cold = sum(tile(i) for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
-    chunk = ceil_div(math.prod(geo.tile_shape(out)), geo.reduce_group) * element_bytes(
-        op, out, dtype, int_tensors)
-    epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
-                        geo.shapes)
-    return max(cold + tile(out) + chunk + tile(slot) + epi.hot - hot_bytes, 0)
+def kept_bytes(geo: Geometry, slots: frozenset[int], chip: Chip, dtype: str,
+               int_tensors: frozenset[str], const_tensors: frozenset[str],
+               weights_home: bool = False) -> int:
+    """Bytes per core beyond the plan's own hot bytes when the buffers of input ``slots``
+    stay allocated after the steps, through the reduce-scatter and the epilogue, so that
+    the next op reads those copies instead of receiving its own
+    (`transitions.shared_inputs`): `plan_cost` with ``kept`` against without (during the
+    steps every input's tile is counted; during the reduce-scatter only the weights, the
+    partial sums, the chunk, the restore's sources and the kept buffers)."""
+    if geo.reduce_group <= 1 or not slots:
+        return 0  # no reduce phase: the tiles are counted through the whole op
+    with_ = plan_cost(geo, chip, dtype, int_tensors, const_tensors, weights_home, slots)[1]
+    return with_ - plan_cost(geo, chip, dtype, int_tensors, const_tensors, weights_home)[1]
 
 
 def _final_share(geo: Geometry) -> int:

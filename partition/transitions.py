@@ -36,8 +36,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -53,9 +54,10 @@ from .cost import (
     fetch_estimate,
     idle_cores,
     kept_bytes,
+    plan_cost,
 )
 from .place import exchange_estimate, region_span
-from .plan import Geometry, OpPlan, geometry
+from .plan import Cycles, Geometry, OpPlan, geometry
 from .pod import chip_wanted, received_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
 
@@ -399,6 +401,8 @@ class Views:
         self._haves: dict[tuple, Have] = {}
         self._boxes: dict[tuple, BoxSet | None] = {}
         self._kept = 0  # box entries in ``_haves``
+        self._kept_costs: dict[tuple, Any] = {}  # `kept_bytes`, `kept_cycles`
+        self._kept_chip: Chip | None = None
 
     def const_tensors(self) -> frozenset[str]:
         """The tensors that are weights or views of weights."""
@@ -498,6 +502,36 @@ class Views:
                 _MOST_MOVED.clear()
             _MOST_MOVED[key] = got
         return got
+
+    def kept_bytes(self, i: int, plan: OpPlan, slots: frozenset[int], chip: Chip, dtype: str,
+                   int_tensors: frozenset[str]) -> int:
+        """`cost.kept_bytes` of op ``i`` under ``plan`` keeping ``slots``, once per (op
+        expression, plan, slots, dtype) while the chip stays the same."""
+        if not slots:
+            return 0
+        return self._keeping("bytes", i, plan, slots, chip, dtype, lambda geo: kept_bytes(
+            geo, slots, chip, dtype, int_tensors, self.const_tensors(), plan.home))
+
+    def kept_cycles(self, i: int, plan: OpPlan, slots: frozenset[int], chip: Chip, dtype: str,
+                    int_tensors: frozenset[str]) -> tuple[Cycles, Cycles]:
+        """`cost.plan_cost`'s cycles of op ``i`` under ``plan``, without and with keeping
+        ``slots`` for the next op, once per (op expression, plan, slots, dtype) while the
+        chip stays the same."""
+        def both(geo: Geometry) -> tuple[Cycles, Cycles]:
+            consts = self.const_tensors()
+            return (plan_cost(geo, chip, dtype, int_tensors, consts, plan.home)[0],
+                    plan_cost(geo, chip, dtype, int_tensors, consts, plan.home, slots)[0])
+        return self._keeping("cycles", i, plan, slots, chip, dtype, both)
+
+    def _keeping(self, what: str, i: int, plan: OpPlan, slots: frozenset[int], chip: Chip,
+                 dtype: str, make: Callable[[Geometry], Any]) -> Any:
+        if self._kept_chip is not chip:
+            self._kept_costs.clear()
+            self._kept_chip = chip
+        key = (what, self.op_key(i), dataclasses.replace(plan, op=""), slots, dtype)
+        if key not in self._kept_costs:
+            self._kept_costs[key] = make(geometry(self.graph, self.graph.ops[i], plan))
+        return self._kept_costs[key]
 
     def have(self, j: int, plan: OpPlan, tensor: str, cores: int) -> Have:
         """`producer_have` of op ``j``'s result read as ``tensor``: box against box where
@@ -710,9 +744,12 @@ def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
     ``{(op, slot): slot of op - 1}``.
 
     When two consecutive ops read the same activation (the same tensor, through the same
-    view) in the same layout (equal boxes on the same cores), and neither rotates it, the
-    first op's received buffer stays allocated and the second reads it: its re-layout moves
-    nothing for that input (bert-base's q, k and v read the LayerNorm's result alike). The
+    view) in the same layout at their first step (equal boxes on the same cores), the first
+    op's received buffer stays allocated and the second reads it: its re-layout moves
+    nothing for that input (bert-base's q, k and v read the LayerNorm's result alike). A
+    first op that rotates the input shifts it back to its step-0 placement after its last
+    step (one more ring shift, `kept_restores`), where the input would otherwise move (the
+    second op may rotate it again: LLaMA-3-8B's gate and up projections on a wafer). The
     buffer then lives through the first op's reduce-scatter and epilogue: where the first
     plan's hot bytes do not cover it there (`cost.kept_bytes`), only if the SRAM the chosen
     plans leave at that op (the solver's (C2) with its default reserve) does. Chips without
@@ -729,32 +766,70 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
     """`shared_inputs`, and the SRAM per op the chosen plans and the kept copies leave."""
     if chip.has_dram:
         return {}, [0] * len(plans)
-    const_tensors = views.const_tensors()
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     slack = _slack(plans, chip, views)
     out: dict[tuple[int, int], int] = {}
     for i in range(1, len(graph.ops)):
         op, prev = graph.ops[i], graph.ops[i - 1]
-        taken: set[int] = set()
+        taken: frozenset[int] = frozenset()  # the slots op i - 1 keeps
         for slot, operand in enumerate(op.inputs):
-            if producer.get(graph.root(operand.tensor)) is None or plans[i].rot[slot]:
+            j = producer.get(graph.root(operand.tensor))
+            if j is None:
                 continue
             want = None
             for s, o in enumerate(prev.inputs):
-                if o.tensor != operand.tensor or plans[i - 1].rot[s] or s in taken:
+                if o.tensor != operand.tensor or s in taken:
                     continue
                 want = want or views.want_digest(i, slot, plans[i])
                 if views.want_digest(i - 1, s, plans[i - 1]) != want:
                     continue
-                geo = geometry(graph, prev, plans[i - 1])
-                more = kept_bytes(geo, s, plans[i - 1].hot_bytes_per_core, chip, dtype,
-                                  int_tensors, const_tensors)
+                # a rotated copy returns home for the next op (one more ring shift): only
+                # where that input would move otherwise
+                if plans[i - 1].rot[s] and not _would_move(views, i, slot, j, plans, chip):
+                    break
+                more = (views.kept_bytes(i - 1, plans[i - 1], taken | {s}, chip, dtype,
+                                         int_tensors)
+                        - views.kept_bytes(i - 1, plans[i - 1], taken, chip, dtype,
+                                           int_tensors))
                 if more <= slack[i - 1]:
                     slack[i - 1] -= more
                     out[i, slot] = s
-                    taken.add(s)
+                    taken |= {s}
                     break
     return out, slack
+
+
+def _would_move(views: Views, i: int, slot: int, j: int,
+                plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip) -> bool:
+    """Whether input ``slot`` of op i, produced by op j, moves before op i runs."""
+    if chip.is_mesh:
+        return views.most_moved(i, slot, j, plans[i], plans[j], chip) > 0
+    return bool(views.moved(i, slot, j, plans[i], plans[j], chip)[1].any())
+
+
+def kept_restores(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
+                  int_tensors: frozenset[str], views: Views | None = None
+                  ) -> tuple[OpPlan, ...]:
+    """The chosen plans with the cycles of their kept copies' return (`shared_inputs`): a
+    plan that keeps an input it rotates for the next op shifts it back to its step-0
+    placement after the last step (`cost.plan_cost` with ``kept``), which codegen emits.
+    Applied once, to the final choice (the sharing does not depend on the plans' cycles)."""
+    views = views or Views(graph)
+    keeping: dict[int, set[int]] = {}
+    for (i, _), s in _sharing(graph, plans, chip, dtype, int_tensors, views)[0].items():
+        if plans[i - 1].rot[s]:
+            keeping.setdefault(i - 1, set()).add(s)
+    if not keeping:
+        return plans
+    out = list(plans)
+    for k, slots in sorted(keeping.items()):
+        p = plans[k]
+        base, more = views.kept_cycles(k, p, frozenset(slots), chip, dtype, int_tensors)
+        out[k] = dataclasses.replace(p, cycles=dataclasses.replace(
+            p.cycles, shift=p.cycles.shift + more.shift - base.shift,
+            sync=p.cycles.sync + more.sync - base.sync,
+            reduce=p.cycles.reduce + more.reduce - base.reduce))
+    return tuple(out)
 
 
 def _slack(plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, views: Views) -> list[int]:

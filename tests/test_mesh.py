@@ -11,8 +11,8 @@ from test_planner import matmul_graph, one_op_plan
 
 from t10c.chips import PRESETS, ChipError, chip_from_dict
 from t10c.codegen import generate
-from t10c.codegen.program import Shift
-from t10c.driver import compile_model, run_compiled
+from t10c.codegen.program import Compute, Shift
+from t10c.driver import CompileOptions, compile_model, run_compiled
 from t10c.emulator import emulate
 from t10c.emulator.routing import hops, route
 from t10c.partition import SearchOptions, geometry, plan_cost, search_op, verify_plan
@@ -384,3 +384,50 @@ def test_neighbours_on_a_mesh_read_one_received_copy(monkeypatch) -> None:
     monkeypatch.setattr(planner, "_share_layouts", lambda graph, chosen, relayout, *a, **k:
                         (chosen, relayout))
     assert compile_model("llama-tiny-decode", MESH64).plan.total_cycles > c.plan.total_cycles
+
+
+@pytest.mark.parametrize("chip", [MESH64, PRESETS["ipu-mk2"]], ids=["64x64", "ipu-mk2"])
+def test_a_rotated_copy_goes_home_for_the_next_op(chip, monkeypatch) -> None:
+    """LLaMA's gate and up projections held to one plan that rotates the normalised vector
+    (as the solve gives LLaMA-3-8B's decode on wse2): the gate keeps its copy, shifts it back
+    to its step-0 placement after the last step (one more ring shift, in the superstep of
+    its reduce-scatter: `transitions.kept_restores`), and the up projection reads it, with
+    no re-layout of its own. The run matches onnxruntime, the prediction equals the
+    emulated time, and the same compile that does not keep rotated copies is slower."""
+    import t10c.partition.transitions as transitions
+    from t10c.partition.space import tensor_sets
+    from t10c.planfile import constraints_from
+
+    held = {"F_op": {"k": 8, "n": 44}, "f_t": {"in0": {"k": 2}}}
+    options = CompileOptions(constraints=constraints_from({"op": [
+        {"name": "layers*/mlp/gate_proj/MatMul", **held},
+        {"name": "layers*/mlp/up_proj/MatMul", **held}]}, "test"))
+    c = compile_model("llama-tiny-decode", chip, options)
+    g, plan = c.graph, c.plan
+    shared = transitions.shared_inputs(g, plan.ops, chip, plan.dtype, tensor_sets(g)[0])
+    ups = [i for i, op in enumerate(g.ops) if op.name.endswith("up_proj/MatMul")]
+    assert len(ups) == 2
+    for i in ups:
+        assert g.ops[i - 1].name.endswith("gate_proj/MatMul")
+        assert plan.ops[i - 1].rot[0] and plan.ops[i].rot[0]  # both rotate the vector
+        assert shared.get((i, 0)) == 0 and plan.relayout_cycles[i] == 0
+        # the gate's cycles carry the return shift's superstep (its barrier, which the
+        # reduce-scatter then shares); codegen emits it into the kept buffer
+        gate = g.ops[i - 1].name
+        alone = plan_cost(geometry(g, g.ops[i - 1], plan.ops[i - 1]), chip, plan.dtype,
+                          frozenset(), frozenset(o.tensor for o in g.ops[i - 1].inputs[1:]))[0]
+        assert plan.ops[i - 1].cycles.sync == alone.sync + chip.sync_cycles
+        assert plan.ops[i - 1].cycles.total >= alone.total
+        first = next(ins for ins in c.program.instrs
+                     if isinstance(ins, Compute) and ins.op == g.ops[i].name)
+        assert c.program.buffers[first.ins[0]].name.startswith(gate + ".")
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    assert r.timeline.cycles == plan.total_cycles
+    # timing only, the second layer replays the first one's instructions, the copy included
+    timed = compile_model("llama-tiny-decode", chip, dataclasses.replace(options,
+                                                                           timing_only=True))
+    assert timed.timeline is not None and timed.timeline.cycles == plan.total_cycles
+    monkeypatch.setattr(transitions, "_would_move", lambda *a: False)
+    assert compile_model("llama-tiny-decode", chip, options).plan.total_cycles > \
+        plan.total_cycles
