@@ -748,8 +748,9 @@ def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
     op's received buffer stays allocated and the second reads it: its re-layout moves
     nothing for that input (bert-base's q, k and v read the LayerNorm's result alike). A
     first op that rotates the input shifts it back to its step-0 placement after its last
-    step (one more ring shift, `kept_restores`), where the input would otherwise move (the
-    second op may rotate it again: LLaMA-3-8B's gate and up projections on a wafer). The
+    step (one more ring shift, `kept_restores`, taken to cost less than the re-layout it
+    saves), where the input would otherwise move (the second op may rotate it again:
+    LLaMA-3-8B's gate and up projections on a wafer). The
     buffer then lives through the first op's reduce-scatter and epilogue: where the first
     plan's hot bytes do not cover it there (`cost.kept_bytes`), only if the SRAM the chosen
     plans leave at that op (the solver's (C2) with its default reserve) does. Chips without
