@@ -11,7 +11,7 @@ import time
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
 
-from .align import aligned_variants
+from .align import aligned_variants, plan_on_boxes
 from .bounds import Bounds, bounds
 from .chosen import DoesNotFitError, Plan, PlanError, SolverReport
 from .constrain import (
@@ -176,6 +176,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     if solver.planner != "greedy" and chip.is_mesh and not chip.has_dram:
         chosen, relayout = _share_layouts(graph, chosen, relayout, chip, dtype, ints, solver,
                                           views, fronts, fixed)
+        chosen, relayout = _match_reads(graph, chosen, relayout, chip, dtype, ints, solver,
+                                        views, fronts, fixed)
     fetched = route_fetches(graph, chosen, chip, dtype, ints, views)
     if fetched is not None:
         chosen, relayout = fetched
@@ -447,8 +449,8 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
         a, b = graph.ops[i - 1], graph.ops[i]
         if a.axes != b.axes or [o.axes for o in a.operands] != [o.axes for o in b.operands]:
             continue
-        if not any(x.tensor == y.tensor and views.want_digest(i - 1, s, best[i - 1])
-                   != views.want_digest(i, s, best[i])
+        if not any(views.same_read(x.tensor, y.tensor)
+                   and views.want_digest(i - 1, s, best[i - 1]) != views.want_digest(i, s, best[i])
                    for s, (x, y) in enumerate(zip(a.inputs, b.inputs))):
             continue
         # back = 0: op i takes op i - 1's plan; back = 1: the other way round
@@ -461,6 +463,68 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
                 best, relayout, cost = trial, *better
                 break
     return tuple(best), relayout
+
+
+def _match_reads(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
+                 dtype: str, ints: frozenset[str], solver: SolverOptions, views: Views,
+                 fronts: list[list[OpPlan]], fixed: frozenset[int] = frozenset()
+                 ) -> tuple[tuple[OpPlan, ...], list[int]]:
+    """On a mesh, after the solve: where two consecutive ops read one activation in two
+    layouts, the second tries the plan that computes on exactly the tiles the first reads,
+    on the same cores (`align.plan_on_boxes`: one step, nothing rotating, no reduction), so
+    that it reads the first one's received copy (`transitions.shared_inputs`) instead of
+    receiving its own. RMSNorm's scaling then reads the residual stream where its mean did:
+    on a wafer that stream lies wherever the last GEMV's reduce-scatter left it, across the
+    whole wafer, and each of the two reads crossed it. Repeated layers try as one (the
+    pairs of equal fronts and equal chosen plans); a trial is kept where the plans' cycles
+    and the routed re-layouts together drop and every op's memory stays within the
+    solver's limit; ops named by `--plan` constraints keep theirs."""
+    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    ids = _front_ids(fronts)
+    consts = views.const_tensors()
+    best = list(chosen)
+    cost = _total(graph, best, relayout, chip, dtype, ints, views)
+    groups: dict[tuple, list[int]] = {}
+    for i in range(1, len(graph.ops)):
+        key = (ids[i - 1], ids[i], _rename(best[i - 1], ""), _rename(best[i], ""))
+        groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        if any(i in fixed for i in members):
+            continue
+        i = members[0]
+        a, b = graph.ops[i - 1], graph.ops[i]
+        for slot, y in enumerate(b.inputs):
+            s = next((s for s, x in enumerate(a.inputs) if views.same_read(x.tensor, y.tensor)),
+                     None)
+            if s is None or graph.root(y.tensor) in consts or \
+                    views.want_digest(i - 1, s, best[i - 1]) == views.want_digest(i, slot,
+                                                                                 best[i]):
+                continue
+            trial = _on_read_tiles(graph, best, members, s, slot, chip, dtype, ints, views,
+                                   cap)
+            better = None if trial is None else _faster(graph, trial, cost, cap, chip, dtype,
+                                                        ints, views)
+            if trial is not None and better is not None:
+                best, relayout, cost = trial, *better
+                break
+    return tuple(best), relayout
+
+
+def _on_read_tiles(graph: Graph, plans: list[OpPlan], members: list[int], s: int, slot: int,
+                   chip: Chip, dtype: str, ints: frozenset[str], views: Views, cap: int
+                   ) -> list[OpPlan] | None:
+    """``plans`` with every op i of ``members`` computing on the tiles op i - 1 reads of its
+    input ``s``, as its input ``slot`` (`_match_reads`); None where one has no such plan
+    within ``cap``."""
+    trial = list(plans)
+    for i in members:
+        want = views.want(i - 1, s, plans[i - 1])
+        plan = plan_on_boxes(graph, i, slot, want.origin, want.shape, want.phys, chip, dtype,
+                             ints, views.const_tensors())
+        if plan is None or plan.hot_bytes_per_core > cap:
+            return None
+        trial[i] = plan
+    return trial
 
 
 def _copied(graph: Graph, plans: list[OpPlan], members: list[int], back: int, chip: Chip,

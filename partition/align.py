@@ -79,19 +79,30 @@ def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip
                  weights_home: bool = False) -> OpPlan | None:
     """The plan of op ``i`` whose input ``slot`` tiles are the boxes plan ``produced`` of op
     ``j`` leaves, on the cores holding them; None when there is none."""
-    op = graph.ops[i]
-    operand = op.inputs[slot]
-    if operand.tensor != graph.ops[j].output.tensor:
+    if graph.ops[i].inputs[slot].tensor != graph.ops[j].output.tensor:
         return None
-    names = op.axis_names
-    if any(not isinstance(d, str) or d not in names for d in operand.axes) or \
-            len(set(operand.axes)) != len(operand.axes):
-        return None  # windows and data-indexed dimensions have no simple tiles
     pgeo = geometry(graph, graph.ops[j], produced)
     boxes = result_boxes(pgeo)
     if boxes is None:
         return None
-    origin, shape = boxes
+    return plan_on_boxes(graph, i, slot, *boxes, pgeo.phys, chip, dtype, ints, consts,
+                         weights_home)
+
+
+def plan_on_boxes(graph: Graph, i: int, slot: int, origin: np.ndarray, shape: np.ndarray,
+                  phys: np.ndarray, chip: Chip, dtype: str, ints: frozenset[str],
+                  consts: frozenset[str], weights_home: bool = False) -> OpPlan | None:
+    """The plan of op ``i`` whose input ``slot`` tiles are the boxes ``origin`` (one row per
+    core) of ``shape``, core ``c``'s on physical core ``phys[c]`` (what a producer leaves,
+    `aligned_plan`, or what a neighbour reading the same activation wants of it,
+    `partition._match_reads`); None when the boxes are no regular grid, or the plan would
+    reduce on a mesh or not fit."""
+    op = graph.ops[i]
+    operand = op.inputs[slot]
+    names = op.axis_names
+    if any(not isinstance(d, str) or d not in names for d in operand.axes) or \
+            len(set(operand.axes)) != len(operand.axes):
+        return None  # windows and data-indexed dimensions have no simple tiles
     grid = _grid(origin, shape, graph.tensors[operand.tensor].shape)
     if grid is None:
         return None
@@ -103,7 +114,7 @@ def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip
         return None
     # logical core c (row-major over F) wants the box whose grid index its coordinates give
     holder = np.full(math.prod(per_dim), -1, dtype=np.int64)
-    holder[index[index >= 0]] = pgeo.phys[index >= 0]
+    holder[index[index >= 0]] = phys[index >= 0]
     coords = np.stack(np.unravel_index(np.arange(math.prod(F)), F), axis=1)
     dims = [names.index(a) for a in operand.axes]
     cores = holder[np.ravel_multi_index(tuple(coords[:, dims].T), per_dim)]

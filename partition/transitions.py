@@ -583,6 +583,13 @@ class Views:
             tensor = view.source
         return (tuple(links), self.graph.tensors[tensor].shape) if links else ()
 
+    def same_read(self, a: str, b: str) -> bool:
+        """Whether tensors ``a`` and ``b`` hold the same elements in the same places: one
+        tensor, or views of one root through the same chain (the frontend gives each reader
+        of a reshaped activation its own view tensor: Softmax's max and sum)."""
+        return a == b or (self.graph.root(a) == self.graph.root(b)
+                          and self.chain(a) == self.chain(b))
+
     def to_root(self, tensor: str) -> np.ndarray | None:
         """For a view, the flat root index of each of its elements (None for a root)."""
         key = self.chain(tensor)
@@ -743,21 +750,21 @@ def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
     """Inputs that read the previous op's re-laid copy instead of receiving their own:
     ``{(op, slot): slot of op - 1}``.
 
-    When two consecutive ops read the same activation (the same tensor, through the same
-    view) in the same layout at their first step (equal boxes on the same cores), the first
-    op's received buffer stays allocated and the second reads it: its re-layout moves
-    nothing for that input (bert-base's q, k and v read the LayerNorm's result alike). A
-    first op that rotates the input shifts it back to its step-0 placement after its last
-    step (one more ring shift, `kept_restores`, taken to cost less than the re-layout it
-    saves), where the input would otherwise move (the second op may rotate it again:
-    LLaMA-3-8B's gate and up projections on a wafer). The
-    buffer then lives through the first op's reduce-scatter and epilogue: where the first
-    plan's hot bytes do not cover it there (`cost.kept_bytes`), only if the SRAM the chosen
-    plans leave at that op (the solver's (C2) with its default reserve) does. Chips without
-    DRAM only (DRAM preloads are placed beside the op buffers); on a mesh the copy is kept
-    on the cores that received it, and the routed pricing of the chosen plans
-    (`meshmove`) sees the phase it saves. Codegen follows this map (`codegen.lower`), and
-    `relayout_cycles` prices it."""
+    When two consecutive ops read the same activation (the same tensor, or views of it
+    through the same chain, `Views.same_read`: Softmax's max and sum) in the same layout at
+    their first step (equal boxes on the same cores), the first op's received buffer stays
+    allocated and the second reads it: its re-layout moves nothing for that input
+    (bert-base's q, k and v read the LayerNorm's result alike). A first op that rotates the
+    input shifts it back to its step-0 placement after its last step (one more ring shift,
+    `kept_restores`, taken to cost less than the re-layout it saves), where the input would
+    otherwise move (the second op may rotate it again: LLaMA-3-8B's gate and up projections
+    on a wafer). The buffer then lives through the first op's reduce-scatter and epilogue:
+    where the first plan's hot bytes do not cover it there (`cost.kept_bytes`), only if the
+    SRAM the chosen plans leave at that op (the solver's (C2) with its default reserve)
+    does. Chips without DRAM only (DRAM preloads are placed beside the op buffers); on a
+    mesh the copy is kept on the cores that received it, and the routed pricing of the
+    chosen plans (`meshmove`) sees the phase it saves. Codegen follows this map
+    (`codegen.lower`), and `relayout_cycles` prices it."""
     return _sharing(graph, plans, chip, dtype, int_tensors, views or Views(graph))[0]
 
 
@@ -779,7 +786,7 @@ def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
                 continue
             want = None
             for s, o in enumerate(prev.inputs):
-                if o.tensor != operand.tensor or s in taken:
+                if s in taken or not views.same_read(o.tensor, operand.tensor):
                     continue
                 want = want or views.want_digest(i, slot, plans[i])
                 if views.want_digest(i - 1, s, plans[i - 1]) != want:

@@ -431,3 +431,61 @@ def test_a_rotated_copy_goes_home_for_the_next_op(chip, monkeypatch) -> None:
     monkeypatch.setattr(transitions, "_would_move", lambda *a: False)
     assert compile_model("llama-tiny-decode", chip, options).plan.total_cycles > \
         plan.total_cycles
+
+
+def test_an_op_computes_on_the_tiles_its_neighbour_read(monkeypatch) -> None:
+    """After the solve on a mesh, an op that reads the activation its predecessor read in
+    another layout tries the plan that computes on exactly the predecessor's tiles, on its
+    cores (`partition._match_reads`): llama-tiny-decode's RMSNorm scaling then reads the
+    residual stream from its mean's received copy and receives none of it. The run matches
+    onnxruntime, the prediction equals the emulated time, and the compile without the pass
+    is slower."""
+    import t10c.partition as planner
+    from t10c.partition.space import tensor_sets
+    from t10c.partition.transitions import shared_inputs
+
+    c = compile_model("llama-tiny-decode", MESH64)
+    g, plan = c.graph, c.plan
+    shared = shared_inputs(g, plan.ops, MESH64, plan.dtype, tensor_sets(g)[0])
+    scales = [i for i, op in enumerate(g.ops) if op.name.endswith("input_norm/Mul_1")]
+    assert len(scales) == 2
+    for i in scales:
+        assert g.ops[i - 1].name.endswith("input_norm/ReduceMean")
+        x = next(k for k, o in enumerate(g.ops[i].inputs)
+                 if g.root(o.tensor) == g.root(g.ops[i - 1].inputs[0].tensor))
+        assert shared.get((i, x)) == 0
+        assert plan.ops[i].aligned == x and plan.ops[i].F.count(1) == len(plan.ops[i].F) - 1
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    assert r.timeline.cycles == plan.total_cycles
+    monkeypatch.setattr(planner, "_match_reads", lambda graph, chosen, relayout, *a, **k:
+                        (chosen, relayout))
+    assert compile_model("llama-tiny-decode", MESH64).plan.total_cycles > plan.total_cycles
+
+
+def test_views_of_one_activation_share_a_received_copy() -> None:
+    """Softmax's max and sum read the scores through views of their own (the frontend gives
+    each reader of the reshaped scores a view tensor) along the same chain: held to one
+    layout, the sum reads the max's received copy (`Views.same_read`) and moves nothing
+    of it; the run matches onnxruntime and the prediction equals the emulated time."""
+    from t10c.partition.space import tensor_sets
+    from t10c.partition.transitions import shared_inputs
+    from t10c.planfile import constraints_from
+
+    held = {"F_op": {"d1": 4, "d3": 43}}
+    options = CompileOptions(constraints=constraints_from({"op": [
+        {"name": "layers*/attn/Softmax/max", **held},
+        {"name": "layers*/attn/Softmax/sum", **held}]}, "test"))
+    c = compile_model("llama-tiny-decode", MESH64, options)
+    g, plan = c.graph, c.plan
+    shared = shared_inputs(g, plan.ops, MESH64, plan.dtype, tensor_sets(g)[0])
+    sums = [i for i, op in enumerate(g.ops) if op.name.endswith("Softmax/sum")]
+    assert len(sums) == 2
+    for i in sums:
+        assert g.ops[i - 1].name.endswith("Softmax/max")
+        mine, theirs = g.ops[i].inputs[0].tensor, g.ops[i - 1].inputs[0].tensor
+        assert mine != theirs and g.root(mine) == g.root(theirs)
+        assert shared.get((i, 0)) == 0
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    assert r.timeline.cycles == plan.total_cycles
