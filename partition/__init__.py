@@ -476,17 +476,22 @@ def _match_reads(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], 
     receiving its own. RMSNorm's scaling then reads the residual stream where its mean did:
     on a wafer that stream lies wherever the last GEMV's reduce-scatter left it, across the
     whole wafer, and each of the two reads crossed it. Repeated layers try as one (the
-    pairs of equal fronts and equal chosen plans); a trial is kept where the plans' cycles
-    and the routed re-layouts together drop and every op's memory stays within the
-    solver's limit; ops named by `--plan` constraints keep theirs."""
+    pairs of equal fronts and equal chosen plans, followed by equal fronts); a trial is
+    kept where the plans' cycles and the routed re-layouts together drop and every op's
+    memory stays within the solver's limit; ops named by `--plan` constraints keep
+    theirs."""
     cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
     ids = _front_ids(fronts)
     consts = views.const_tensors()
     best = list(chosen)
     cost = _total(graph, best, relayout, chip, dtype, ints, views)
+    # (the op after each pair in the key too: plans on a reader's tiles crowd its cores, and
+    # the weights of alike pairs in two places of a layer, RMSNorm's before attention and
+    # before the MLP, may fit there for one place and not for both)
     groups: dict[tuple, list[int]] = {}
     for i in range(1, len(graph.ops)):
-        key = (ids[i - 1], ids[i], _rename(best[i - 1], ""), _rename(best[i], ""))
+        after = ids[i + 1] if i + 1 < len(ids) else -1
+        key = (ids[i - 1], ids[i], after, _rename(best[i - 1], ""), _rename(best[i], ""))
         groups.setdefault(key, []).append(i)
     for members in groups.values():
         if any(i in fixed for i in members):
