@@ -45,7 +45,8 @@ def _placement(p: OpPlan) -> str:
     if p.aligned < 0:
         return place.describe(p.embed, math.prod(p.F))
     cores = "its cores permuted to" if p.cores is not None else "row-major cores, matching"
-    return f"aligned to input {p.aligned}: {cores} the layout its producer leaves"
+    return (f"aligned to input {p.aligned}: {cores} the layout its producer leaves or the "
+            "previous op reads")
 
 
 def _runs(cores: tuple[int, ...]) -> list[list[int]]:
