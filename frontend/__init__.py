@@ -5,9 +5,11 @@ The pipeline, as `to_graph` runs it:
 1. `load_model`: an ONNX path or a ModelProto (zoo names are resolved by the driver);
 2. `check_and_infer`: pin dynamic input dimensions (``--shape``), check, infer every shape;
 3. `fold_batchnorm` (`rewrite.py`): BatchNormalization after a Conv with constant weights is
-   folded into the Conv; `fold_repeat_kv`: grouped-query attention's keys and values,
-   repeated to every query head (Expand, Reshape), are read unrepeated by matmuls whose rows
-   are the query heads of a group; on mesh chips `split_cache_concat`: attention matmuls
+   folded into the Conv; `fold_scale_into_matmuls`: a constant per-column scale read only
+   by matmuls with constant weights (RMSNorm's weight) is folded into them;
+   `fold_repeat_kv`: grouped-query attention's keys and values, repeated to every query head
+   (Expand, Reshape), are read unrepeated by matmuls whose rows are the query heads of a
+   group; on mesh chips `split_cache_concat`: attention matmuls
    read a decode step's cache input itself, not its Concat with the new entries;
 4. `lower`, node by node in order: a node whose inputs are all constant is evaluated with the
    ONNX reference evaluator (shape arithmetic, masks, RoPE tables: Shape and Size of any tensor
@@ -44,7 +46,7 @@ from . import shapes as _shapes  # noqa: F401
 from .context import REGISTRY, Context, Unsupported, attrs, pick
 from .fuse import fuse_elementwise, prune
 from .loader import FrontendError, ModelNotFoundError, check_and_infer, load_model
-from .rewrite import fold_batchnorm, fold_repeat_kv, split_cache_concat
+from .rewrite import fold_batchnorm, fold_repeat_kv, fold_scale_into_matmuls, split_cache_concat
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
            "Lowered", "device_graph", "load_model", "lower", "to_graph", "supported_ops",
@@ -196,6 +198,7 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 
     outputs = {o.name for o in model.graph.output}
     nodes = fold_batchnorm(list(model.graph.node), ctx.constants, outputs)
+    nodes = fold_scale_into_matmuls(nodes, ctx.constants, ctx.shapes, outputs)
     if opset >= 5:  # (Reshape takes its shape as an input from opset 5)
         nodes = fold_repeat_kv(nodes, ctx.constants, ctx.shapes, outputs)
     if split_cache and opset >= 10:  # (Slice takes its bounds as inputs from opset 10)

@@ -5,6 +5,10 @@ constant weights is folded into that Conv: ``W' = W * s`` per output channel and
 ``B' = (B - mean) * s + bias`` with ``s = scale / sqrt(var + eps)``. The Conv then writes the
 BatchNormalization's output and the BatchNormalization node disappears.
 
+`fold_scale_into_matmuls`: a constant per-column scale whose result only matmuls with
+constant weights read is folded into those weights (RMSNorm's weight before LLaMA's
+projections).
+
 `fold_repeat_kv`: grouped-query attention's repeated keys and values are read unrepeated.
 
 `split_cache_concat`: an attention matmul over ``Concat(past cache, new entries)`` becomes
@@ -63,6 +67,60 @@ def fold_batchnorm(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
         merged[i] = folded
         dropped.add(j)
     return [merged.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
+
+
+def fold_scale_into_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                            shapes: dict[str, tuple[int, ...]], outputs: set[str]
+                            ) -> list[onnx.NodeProto]:
+    """``nodes`` with every ``Mul(y, g)`` by a constant vector ``g`` along ``y``'s last axis,
+    whose result only ``MatMul(., W)`` nodes read, each with a constant matrix ``W`` that it
+    alone reads, folded into those weights: ``(y * g) @ W = y @ (g[:, None] * W)``. The
+    matmuls read ``y`` and the scaled weights (added to ``constants``, the unread ones
+    dropped), and the Mul disappears. LLaMA's RMSNorm weight then leaves the normalisation,
+    which becomes an op without weights of its own (on a wafer its copy of the residual can
+    stay on the cores of the mean's, `partition._match_reads`). Shape-only weights stay
+    shape-only."""
+    _, readers = _producers_and_readers(nodes)
+    count = Counter(name for n in nodes for name in n.input if name)
+    dropped: set[int] = set()
+    replaced: dict[int, onnx.NodeProto] = {}
+    for k, mul in enumerate(nodes):
+        if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2 \
+                or mul.output[0] in outputs:
+            continue
+        a, b = mul.input
+        g_name, y = (a, b) if a in constants else (b, a)
+        if g_name not in constants or y in constants or y not in shapes:
+            continue
+        g = constants[g_name]
+        if g.ndim != 1 or not shapes[y] or shapes[y][-1] != g.shape[0] \
+                or shapes.get(mul.output[0]) != shapes[y]:
+            continue
+        mms = readers.get(mul.output[0], [])
+        if not mms or any(m.op_type != "MatMul" or m.domain not in ("", "ai.onnx")
+                          or list(m.input).index(mul.output[0]) != 0 or m.input[1] == g_name
+                          or m.input[1] not in constants or count[m.input[1]] != 1
+                          or constants[m.input[1]].shape[:1] != g.shape
+                          or constants[m.input[1]].ndim != 2 for m in mms):
+            continue
+        for m in mms:
+            w_name = m.input[1]
+            scaled = f"{w_name}~scaled"
+            constants[scaled] = _scaled_rows(constants.pop(w_name), g)
+            folded = onnx.NodeProto()
+            folded.CopyFrom(m)
+            del folded.input[:]
+            folded.input.extend([y, scaled])
+            replaced[id(m)] = folded
+        dropped.add(k)
+    return [replaced.get(id(n), n) for k, n in enumerate(nodes) if k not in dropped]
+
+
+def _scaled_rows(w: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """``g[:, None] * w`` in ``w``'s dtype; shape-only (zero strides) if either is."""
+    if not all(w.strides) or not all(g.strides):  # a shape-only initializer's array
+        return np.broadcast_to(np.zeros((), dtype=w.dtype), w.shape)
+    return (g.astype(np.float64)[:, None] * w.astype(np.float64)).astype(w.dtype)
 
 
 def _producers_and_readers(nodes: list[onnx.NodeProto]

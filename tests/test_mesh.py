@@ -447,7 +447,7 @@ def test_an_op_computes_on_the_tiles_its_neighbour_read(monkeypatch) -> None:
     c = compile_model("llama-tiny-decode", MESH64)
     g, plan = c.graph, c.plan
     shared = shared_inputs(g, plan.ops, MESH64, plan.dtype, tensor_sets(g)[0])
-    scales = [i for i, op in enumerate(g.ops) if op.name.endswith("input_norm/Mul_1")]
+    scales = [i for i, op in enumerate(g.ops) if op.name.endswith("input_norm/Mul")]
     assert len(scales) == 2
     for i in scales:
         assert g.ops[i - 1].name.endswith("input_norm/ReduceMean")

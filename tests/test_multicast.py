@@ -234,8 +234,8 @@ def test_aligned_plans_on_a_mesh_are_routed_and_exact() -> None:
 
 
 def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None:
-    """A vector scaled on 4096 cores (64 x 64 on wse2) and broadcast into a 4096 x 4096
-    GEMV's tiles: every scaling core's tree spans the GEMV's region, the trees of one side of
+    """A vector squared on 4096 cores (64 x 64 on wse2) and broadcast into a 4096 x 4096
+    GEMV's tiles: every squaring core's tree spans the GEMV's region, the trees of one side of
     the 64 x 64 share links, and 24 colours run them in waves. The solver's edge estimate
     counts them (`transitions.broadcast_trees`: one tree per core of the longer side, at most
     one per copy of an element), so it picks a GEMV that the routed, emulated step shows to be
@@ -256,7 +256,8 @@ def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None
                                                                              (64, 64))
 
     def build(g, xs):
-        return g.node("MatMul", g.node("Mul", xs[0], g.weight(4096)), g.weight(4096, 4096))
+        # (x * x: a scale by a weight would fold into the GEMV's, `fold_scale_into_matmuls`)
+        return g.node("MatMul", g.node("Mul", xs[0], xs[0]), g.weight(4096, 4096))
 
     model = make_model("scaled-gemv", build, ((1, 4096),))
     options = CompileOptions(timing_only=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import ModelProto, TensorProto, helper
 from ophelpers import CHIPS, Build, Case, G, case_model, check_case, with_fp16
 
 from t10c.driver import CompileOptions, compile_model, make_inputs, run_compiled
@@ -242,6 +242,40 @@ def test_batchnorm_folds_into_conv() -> None:
     plain = to_graph(model, epilogues=False)
     assert [op.kind for op in plain.ops] == ["contraction", "elementwise", "reduce"]
     assert not any("BatchNormalization" in op.source for op in graph.ops)
+
+
+def _scaled_matmuls(also_added: bool) -> ModelProto:
+    """x * g read by two MatMuls with constant weights (RMSNorm's weight before q and k), and
+    with ``also_added`` by an Add as well."""
+    rng = np.random.default_rng(0)
+    init = [helper.make_tensor(n, TensorProto.FLOAT, v.shape, v.ravel()) for n, v in (
+        ("g", rng.normal(1, 0.1, 16).astype(np.float32)),
+        ("w1", rng.normal(0, 0.3, (16, 8)).astype(np.float32)),
+        ("w2", rng.normal(0, 0.3, (16, 12)).astype(np.float32)))]
+    nodes = [helper.make_node("Mul", ["x", "g"], ["s"]),
+             helper.make_node("MatMul", ["s", "w1"], ["y1"]),
+             helper.make_node("MatMul", ["s", "w2"], ["y2"])]
+    outs = [helper.make_tensor_value_info("y1", TensorProto.FLOAT, [4, 8]),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, [4, 12])]
+    if also_added:
+        nodes.append(helper.make_node("Add", ["s", "x"], ["z"]))
+        outs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 16]))
+    graph = helper.make_graph(nodes, "scaled", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [4, 16])], outs, init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_a_scale_read_only_by_matmuls_folds_into_their_weights(dtype: str) -> None:
+    """``(x * g) @ W = x @ (g[:, None] * W)`` (`rewrite.fold_scale_into_matmuls`): the Mul
+    disappears when only matmuls with constant weights read it, and stays when anything else
+    does; both compile to the outputs onnxruntime gives."""
+    folded, kept = _scaled_matmuls(False), _scaled_matmuls(True)
+    assert [op.kind for op in to_graph(folded).ops] == ["contraction", "contraction"]
+    assert "elementwise" in [op.kind for op in to_graph(kept).ops]
+    for model in (folded, kept):
+        result = run_compiled(compile_model(model, CHIPS["test16"], CompileOptions(dtype=dtype)))
+        assert result.ok, result.max_rel_err
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
