@@ -37,7 +37,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from t10c.ir import Graph, Operand
-from t10c.shape_only import SHAPE_ONLY_LOCATION, is_shape_only
+from t10c.shape_only import SHAPE_ONLY_LOCATION, has_values, is_shape_only, values_unknown
 
 from . import layout as _layout  # noqa: F401  (each module registers its lowerings)
 from . import nn as _nn  # noqa: F401
@@ -359,7 +359,7 @@ def _initializer(t: onnx.TensorProto, weights: Mapping[str, np.ndarray]) -> np.n
         dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
         value = weights.get(t.name)
         if value is None:
-            return np.broadcast_to(np.zeros((), dtype=dtype), tuple(t.dims))
+            return values_unknown(tuple(t.dims), dtype)
         if value.shape != tuple(t.dims) or value.dtype != dtype:
             raise FrontendError(f"the weights given for initializer {t.name!r} are {value.dtype}"
                                 f" {list(value.shape)}; the model declares {dtype} "
@@ -370,7 +370,7 @@ def _initializer(t: onnx.TensorProto, weights: Mapping[str, np.ndarray]) -> np.n
 
 def has_weights(graph: Graph) -> bool:
     """False when some constant is shape-only (its values were never drawn)."""
-    return all(v.strides != (0,) * v.ndim or v.size <= 1 for v in graph.constants.values())
+    return all(has_values(v) for v in graph.constants.values())
 
 
 def _renamed(node: onnx.NodeProto, name: str) -> onnx.NodeProto:

@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from t10c.shape_only import has_values, values_unknown
+
 
 def fold_batchnorm(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
                    outputs: set[str]) -> list[onnx.NodeProto]:
@@ -117,9 +119,9 @@ def fold_scale_into_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np
 
 
 def _scaled_rows(w: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """``g[:, None] * w`` in ``w``'s dtype; shape-only (zero strides) if either is."""
-    if not all(w.strides) or not all(g.strides):  # a shape-only initializer's array
-        return np.broadcast_to(np.zeros((), dtype=w.dtype), w.shape)
+    """``g[:, None] * w`` in ``w``'s dtype; shape-only if either is."""
+    if not (has_values(w) and has_values(g)):
+        return values_unknown(w.shape, w.dtype)
     return (g.astype(np.float64)[:, None] * w.astype(np.float64)).astype(w.dtype)
 
 

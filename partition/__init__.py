@@ -440,11 +440,7 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     consts = views.const_tensors()
     best = list(chosen)
     cost = _total(graph, best, relayout, chip, dtype, ints, views)
-    groups: dict[tuple, list[int]] = {}
-    for i in range(1, len(graph.ops)):
-        key = (ids[i - 1], ids[i], _rename(best[i - 1], ""), _rename(best[i], ""))
-        groups.setdefault(key, []).append(i)
-    for members in groups.values():
+    for members in _alike_pairs(ids, best):
         i = members[0]
         a, b = graph.ops[i - 1], graph.ops[i]
         if a.axes != b.axes or [o.axes for o in a.operands] != [o.axes for o in b.operands]:
@@ -463,6 +459,19 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
                 best, relayout, cost = trial, *better
                 break
     return tuple(best), relayout
+
+
+def _alike_pairs(ids: list[int], plans: list[OpPlan], by_next: bool = False
+                 ) -> list[list[int]]:
+    """The consecutive pairs (i - 1, i), by i, grouped where repeated layers repeat them:
+    equal fronts (``ids``, `_front_ids`) and equal chosen plans, and with ``by_next`` equal
+    fronts of the op after them too; groups in the order of their first pair."""
+    groups: dict[tuple, list[int]] = {}
+    for i in range(1, len(plans)):
+        after = (ids[i + 1] if i + 1 < len(ids) else -1) if by_next else None
+        key = (ids[i - 1], ids[i], after, _rename(plans[i - 1], ""), _rename(plans[i], ""))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
 
 
 def _match_reads(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
@@ -485,15 +494,10 @@ def _match_reads(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], 
     consts = views.const_tensors()
     best = list(chosen)
     cost = _total(graph, best, relayout, chip, dtype, ints, views)
-    # (the op after each pair in the key too: plans on a reader's tiles crowd its cores, and
-    # the weights of alike pairs in two places of a layer, RMSNorm's before attention and
-    # before the MLP, may fit there for one place and not for both)
-    groups: dict[tuple, list[int]] = {}
-    for i in range(1, len(graph.ops)):
-        after = ids[i + 1] if i + 1 < len(ids) else -1
-        key = (ids[i - 1], ids[i], after, _rename(best[i - 1], ""), _rename(best[i], ""))
-        groups.setdefault(key, []).append(i)
-    for members in groups.values():
+    # (the op after each pair too: plans on a reader's tiles crowd its cores, and the
+    # weights of alike pairs in two places of a layer, RMSNorm's before attention and before
+    # the MLP, may fit there for one place and not for both)
+    for members in _alike_pairs(ids, best, by_next=True):
         if any(i in fixed for i in members):
             continue
         i = members[0]

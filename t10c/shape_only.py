@@ -9,6 +9,7 @@ stages (the zoo that writes it, the frontend that reads it) share it.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 #: the external-data location that marks an initializer as shape-only
@@ -19,3 +20,14 @@ def is_shape_only(tensor: onnx.TensorProto) -> bool:
     """Whether ``tensor`` is a shape-only initializer (`SHAPE_ONLY_LOCATION`)."""
     return tensor.data_location == onnx.TensorProto.EXTERNAL and any(
         e.key == "location" and e.value == SHAPE_ONLY_LOCATION for e in tensor.external_data)
+
+
+def values_unknown(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """The array a shape-only weight stands for in a graph: its shape and dtype, no values
+    (zero strides: nothing is allocated)."""
+    return np.broadcast_to(np.zeros((), dtype=dtype), tuple(shape))
+
+
+def has_values(value: np.ndarray) -> bool:
+    """False for a `values_unknown` array (one element holds its value either way)."""
+    return value.strides != (0,) * value.ndim or value.size <= 1
