@@ -38,7 +38,8 @@ import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,6 +62,9 @@ from .plan import Cycles, Geometry, OpPlan, geometry
 from .pod import chip_wanted, received_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
 
+if TYPE_CHECKING:  # (meshmove builds on this module)
+    from .meshmove import Pending, Spread
+
 
 @dataclass(frozen=True)
 class Want:
@@ -82,20 +86,43 @@ class Want:
 @dataclass(frozen=True)
 class Have:
     """Where a producer plan leaves its result, in the consumer's operand's index space:
-    either boxes per physical core (``boxes``, `boxes.BoxSet`: a core that holds nothing has
-    only empty ones), or the owning physical core of every element (``owner``, flat; -1 for
-    none)."""
+    either boxes per producer core (``boxes``, `boxes.BoxSet` over the producer's logical
+    cores, and ``phys``, the physical core each runs on: a wafer's small plans use a few
+    hundred of its 850,000 cores), or the owning physical core of every element (``owner``,
+    flat; -1 for none)."""
 
     boxes: BoxSet | None = None
     owner: np.ndarray | None = None  # (numel,) int32
+    phys: np.ndarray | None = None  # (producer cores,), with ``boxes``
 
     def digest(self) -> bytes:
         h = hashlib.blake2b(digest_size=16)
-        parts = (self.boxes.lo, self.boxes.size) if self.boxes is not None else (None, None)
+        parts = (self.boxes.lo, self.boxes.size, self.phys) if self.boxes is not None \
+            else (None, None, None)
         for a in (*parts, self.owner):
             h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
             h.update(b"|")
         return h.digest()
+
+    def boxes_on(self, phys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The boxes (lo, size: (K, len(phys), ndim), fresh arrays) held on each of the
+        physical cores ``phys``: empty where no producer core runs."""
+        assert self.boxes is not None
+        where = self._where
+        at = where[np.minimum(phys, len(where) - 1)]
+        none = (at < 0) | (phys >= len(where))
+        at[none] = 0
+        lo, size = self.boxes.lo[:, at], self.boxes.size[:, at]
+        size[:, none] = 0
+        return lo, size
+
+    @cached_property
+    def _where(self) -> np.ndarray:
+        """The producer core on each physical core up to the last one used, -1 for none."""
+        assert self.phys is not None
+        where = np.full(int(self.phys.max(initial=0)) + 1, -1, dtype=np.int32)
+        where[self.phys] = np.arange(len(self.phys))
+        return where
 
 
 def _tile_flat(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
@@ -169,7 +196,7 @@ def result_boxes(geo: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
     return origin, shape
 
 
-def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
+def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str,
                   to_root: np.ndarray | None, views: Views | None = None,
                   by_box: bool = False) -> Have:
     """Where plan ``plan`` of op ``j`` leaves the elements of ``tensor``: its result, or a
@@ -188,9 +215,10 @@ def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
         # boxes cost their count times the cores, elements the tensor's size: boxes are
         # kept while fewer (one box per core always: a wafer's 850,000 cores hold a few
         # per-core boxes of a 32,000-element tensor less cheaply than its owner table)
-        limit = max(graph.tensors[tensor].numel, cores)
-        boxes = views.root_boxes(j, plan, cores, limit) if views is not None \
-            else result_box_set(graph, j, plan, cores, limit)
+        limit = max(graph.tensors[tensor].numel, math.prod(plan.F))
+        got = views.root_boxes(j, plan, limit) if views is not None \
+            else result_box_set(graph, j, plan, limit)
+        boxes = got[0] if got is not None else None
         for view in reversed(links):  # from the root up
             if boxes is None:
                 break
@@ -198,8 +226,8 @@ def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
                 boxes = transposed(boxes, view.perm)
             else:
                 boxes = reshaped(boxes, graph.tensors[view.source].shape, view.shape, limit)
-        if boxes is not None:
-            return Have(boxes=boxes)
+        if boxes is not None and got is not None:
+            return Have(boxes=boxes, phys=got[1])
     if to_root is None and links:
         to_root = views.to_root(tensor) if views is not None else \
             map_to_root(graph, tensor, np.arange(graph.tensors[tensor].numel))[1]
@@ -207,17 +235,18 @@ def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str, cores: int,
     return Have(owner=owner if to_root is None else owner[to_root])
 
 
-def result_box_set(graph: Graph, j: int, plan: OpPlan, cores: int, limit: int
-                   ) -> BoxSet | None:
-    """The boxes of its result each physical core holds after op ``j`` ran under ``plan``:
-    its tile, or after a reduce-scatter the row-major chunk of it it keeps (one box where the
-    chunks are whole rows, `result_boxes`), clipped to the tensor; None where a chunk's
-    boxes times the cores would pass ``limit``."""
+def result_box_set(graph: Graph, j: int, plan: OpPlan, limit: int
+                   ) -> tuple[BoxSet, np.ndarray] | None:
+    """The boxes of its result each of its cores holds after op ``j`` ran under ``plan``,
+    per logical core, and the physical core each runs on: its tile, or after a
+    reduce-scatter the row-major chunk of it it keeps (one box where the chunks are whole
+    rows, `result_boxes`), clipped to the tensor; None where a chunk's boxes times the
+    cores would pass ``limit``."""
     op = graph.ops[j]
     geo = geometry(graph, op, plan)
     shape = graph.tensors[op.output.tensor].shape
     box = result_boxes(geo)
-    if box is None and (2 ** len(shape) - 1) * cores > limit:  # `boxes.range_boxes`' count
+    if box is None and (2 ** len(shape) - 1) * len(geo.phys) > limit:  # `boxes.range_boxes`'
         return None
     if box is not None:
         origin, tile = box
@@ -229,12 +258,7 @@ def result_box_set(graph: Graph, j: int, plan: OpPlan, cores: int, limit: int
         _, pos, chunk = scatter_members(geo)
         logical = chunk_boxes(geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out), pos,
                               chunk, shape)
-    k, nd = logical.count, len(shape)
-    lo = np.zeros((k, cores, nd), dtype=np.int64)
-    size = np.zeros((k, cores, nd), dtype=np.int64)
-    lo[:, geo.phys] = logical.lo
-    size[:, geo.phys] = logical.size
-    return BoxSet(lo, size)
+    return logical, np.asarray(geo.phys)
 
 
 def consumer_want(graph: Graph, i: int, slot: int, plan: OpPlan) -> Want:
@@ -259,10 +283,8 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
         if have.owner is not None:
             owned.append(k)
             continue
-        assert have.boxes is not None
         # (the gathers are copies, for `overlap` to overwrite)
-        out[k] = wanted - overlap(have.boxes.lo[:, want.phys], have.boxes.size[:, want.phys],
-                                  w_lo, w_hi)
+        out[k] = wanted - overlap(*have.boxes_on(want.phys), w_lo, w_hi)
     if owned:
         assert coords is not None
         owners = [haves[k].owner for k in owned]
@@ -315,8 +337,13 @@ _BUILT_LIMIT = 1 << 29
 
 
 def _nbytes(have: Have) -> int:
-    parts = (have.boxes.lo, have.boxes.size) if have.boxes is not None else ()
-    return sum(a.nbytes for a in (*parts, have.owner) if a is not None)
+    """What ``have`` takes, its table of producer cores by physical core (`Have.boxes_on`)
+    counted whether built yet or not."""
+    if have.boxes is None:
+        return have.owner.nbytes if have.owner is not None else 0
+    assert have.phys is not None
+    return (have.boxes.lo.nbytes + have.boxes.size.nbytes + have.phys.nbytes
+            + 4 * (int(have.phys.max(initial=0)) + 1))
 
 
 class _Built(dict):
@@ -332,8 +359,8 @@ class _Built(dict):
 
 
 def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPlan],
-                 have_keys: list[bytes], consumer: OpPlan, want_key: bytes, cores: int,
-                 views: Views, built: _Built) -> np.ndarray:
+                 have_keys: list[bytes], consumer: OpPlan, want_key: bytes, views: Views,
+                 built: _Built) -> np.ndarray:
     """Per producer layout (``have_plans``, digests ``have_keys``), the most elements one
     consumer core of plan ``consumer`` must receive (`remote_counts`' maximum over the
     consumer cores), each computed once per process: the layouts are built only then, and
@@ -344,7 +371,7 @@ def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPla
     missing = [k for k, key in enumerate(keys) if key not in _MOST]
     if missing:
         todo = [built[have_keys[k]] if have_keys[k] in built else
-                built.keep(have_keys[k], views.have(j, have_plans[k], tensor, cores))
+                built.keep(have_keys[k], views.have(j, have_plans[k], tensor))
                 for k in missing]
         want = views.want(i, slot, consumer)
         coords = views.coords(shape) if any(h.owner is not None for h in todo) else None
@@ -370,7 +397,7 @@ _MOVED_LIMIT = 1 << 24
 _MOST_MOVED: dict[tuple, int] = {}
 _MOST_MOVED_LIMIT = 1 << 16
 #: `consumer_want(...).digest()` by (op, input, layout), and `producer_have(...).digest()` by
-#: (op, view chain, layout, cores): an edge's prices look its layouts up by these digests
+#: (op, view chain, layout): an edge's prices look its layouts up by these digests
 #: (`_MOST`), and build the layouts only for the pairs not yet counted
 _WANTS: dict[tuple, bytes] = {}
 _HAVES: dict[tuple, bytes] = {}
@@ -399,10 +426,11 @@ class Views:
         self._consts: frozenset[str] | None = None
         self._last_want: tuple[tuple | None, Want | None] = (None, None)
         self._haves: dict[tuple, Have] = {}
-        self._boxes: dict[tuple, BoxSet | None] = {}
+        self._boxes: dict[tuple, tuple[BoxSet, np.ndarray] | None] = {}
         self._kept = 0  # box entries in ``_haves``
         self._kept_costs: dict[tuple, Any] = {}  # `kept_bytes`, `kept_cycles`
         self._kept_chip: Chip | None = None
+        self._pending: dict[tuple, bytes] = {}
 
     def const_tensors(self) -> frozenset[str]:
         """The tensors that are weights or views of weights."""
@@ -443,16 +471,16 @@ class Views:
             _WANTS[key] = self.want(i, slot, plan).digest()
         return _WANTS[key]
 
-    def have_digest(self, j: int, plan: OpPlan, tensor: str, cores: int,
+    def have_digest(self, j: int, plan: OpPlan, tensor: str,
                     built: _Built | None = None) -> bytes:
         """`producer_have(...).digest()` of op ``j``'s result read as ``tensor``, once per
-        (op, view chain, layout, cores) in this process; a layout built for it is kept in
+        (op, view chain, layout) in this process; a layout built for it is kept in
         ``built``."""
-        key = (self.op_key(j), self.chain(tensor), layout_key(plan), cores)
+        key = (self.op_key(j), self.chain(tensor), layout_key(plan))
         if key not in _HAVES:
             if len(_HAVES) >= _DIGESTS_LIMIT:
                 _HAVES.clear()
-            have = self.have(j, plan, tensor, cores)
+            have = self.have(j, plan, tensor)
             _HAVES[key] = have.digest()
             if built is not None:
                 built.keep(_HAVES[key], have)
@@ -469,7 +497,7 @@ class Views:
         got = _MOVED.get(key) if key else None
         if got is None:
             shape = graph.tensors[operand.tensor].shape
-            have = self.have(j, producer, operand.tensor, chip.cores)
+            have = self.have(j, producer, operand.tensor)
             want = consumer_want(graph, i, slot, consumer)
             coords = self.coords(shape) if have.owner is not None else None
             remote = remote_counts([have], want, np.asarray(shape), coords)[0]
@@ -533,16 +561,32 @@ class Views:
             self._kept_costs[key] = make(geometry(self.graph, self.graph.ops[i], plan))
         return self._kept_costs[key]
 
-    def have(self, j: int, plan: OpPlan, tensor: str, cores: int) -> Have:
+    def pending(self, key: tuple, build: Callable[[], Pending]) -> Pending:
+        """``build()``, a routed exchange (`meshmove.Pending`), with its digest looked up by
+        ``key`` (what the exchange depends on: ops, inputs, layouts, views, element size and
+        chip) where it was built before in this compile. The digest hashes per-core tables
+        of the whole chip (a wafer's take milliseconds), and the passes after the solve price
+        hundreds of trial choices that differ from one another in a few ops; the exchange
+        itself is built only when its phase has not been routed yet."""
+        from .meshmove import Pending  # (builds on this)
+
+        digest = self._pending.get(key)
+        if digest is None:
+            got = build()
+            self._pending[key] = got.key
+            return got
+        return Pending(digest, lambda: build().make())
+
+    def have(self, j: int, plan: OpPlan, tensor: str) -> Have:
         """`producer_have` of op ``j``'s result read as ``tensor``: box against box where
         the boxes stay few through its views, element by element otherwise. Kept per (op,
-        view chain, layout, cores) while they take little memory (repeated layers, and the
+        view chain, layout) while they take little memory (repeated layers, and the
         digest and the count of one edge, ask for the same)."""
-        key = (self.op_key(j), self.chain(tensor), layout_key(plan), cores)
+        key = (self.op_key(j), self.chain(tensor), layout_key(plan))
         got = self._haves.get(key)
         if got is None:
-            got = producer_have(self.graph, j, plan, tensor, cores, None, self, by_box=True)
-            size = got.boxes.lo.size * 2 if got.boxes is not None else 0
+            got = producer_have(self.graph, j, plan, tensor, None, self, by_box=True)
+            size = _nbytes(got) // 8 if got.boxes is not None else 0
             if size and size <= _KEPT_LIMIT:
                 if self._kept + size > _KEPT_LIMIT:
                     self._haves.clear()
@@ -551,14 +595,15 @@ class Views:
                 self._kept += size
         return got
 
-    def root_boxes(self, j: int, plan: OpPlan, cores: int, limit: int) -> BoxSet | None:
+    def root_boxes(self, j: int, plan: OpPlan, limit: int
+                   ) -> tuple[BoxSet, np.ndarray] | None:
         """`result_box_set`, once per op expression and layout while they take little
-        memory (``limit`` follows from the op's shapes, in its key)."""
-        key = (self.op_key(j), layout_key(plan), cores)
+        memory (``limit`` follows from the op's shapes and layout, in its key)."""
+        key = (self.op_key(j), layout_key(plan))
         if key in self._boxes:
             return self._boxes[key]
-        got = result_box_set(self.graph, j, plan, cores, limit)
-        if got is None or got.lo.size * 2 <= _KEPT_LIMIT // 8:
+        got = result_box_set(self.graph, j, plan, limit)
+        if got is None or got[0].lo.size * 2 <= _KEPT_LIMIT // 8:
             if len(self._boxes) > 4096:
                 self._boxes.clear()
             self._boxes[key] = got
@@ -651,7 +696,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     seen: dict[bytes, int] = {}
     built = _Built()  # producer layouts, built once for every consumer layout
     for p in producer:
-        key = views.have_digest(j, p, operand.tensor, chip.cores, built)
+        key = views.have_digest(j, p, operand.tensor, built)
         if key not in seen:
             seen[key] = len(have_plans)
             have_plans.append(p)
@@ -668,7 +713,7 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
         key = views.want_digest(i, slot, q)
         if key not in columns:
             columns[key] = _most_remote(graph, j, i, slot, have_plans, have_keys, q, key,
-                                        chip.cores, views, built)
+                                        views, built)
             wanted[key] = (int(_chip_want(graph, i, slot, q, chip).max()) * nbytes
                            if chip.is_pod else None)
         cols.append(columns[key])
@@ -923,7 +968,9 @@ class _Phase:
 
     @staticmethod
     def empty(chip: Chip) -> _Phase:
-        return _Phase(np.zeros(chip.cores, dtype=np.int64),
+        # (a mesh's phases are routed: no per-core count, which on a wafer would be 7 MB
+        # per op and pricing)
+        return _Phase(np.zeros(0 if chip.is_mesh else chip.cores, dtype=np.int64),
                       np.zeros(max(chip.chips, 1), dtype=np.int64), [])  # a pod: per chip
 
     def moves(self) -> bool:
@@ -942,7 +989,7 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
     """Op i's re-layout phase under ``plans``: its moved inputs and, on a mesh, the
     activations its epilogue reads (codegen moves them in the same phase); with ``fetch``,
     a mesh plan's weight fetches routed (`route_fetches`)."""
-    from .meshmove import element_bytes_of, moved_extra, moved_input  # (builds on this)
+    from .meshmove import element_bytes_of  # (builds on this)
 
     op = graph.ops[i]
     got = _Phase.empty(chip)
@@ -953,11 +1000,10 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
             if not most:
                 continue
             if routed_on(chip, plans[i]):
-                tensor = op.inputs[slot].tensor
-                want = consumer_want(graph, i, slot, plans[i])
-                got.routed.append(moved_input(chip, views.owner(j, plans[j]), want,
-                                              graph.tensors[tensor].shape,
-                                              views.to_root(tensor), nbytes))
+                got.routed.append(views.pending(
+                    ("input", views.moved_key(i, slot, j, plans[i], plans[j], chip), nbytes),
+                    _moved_input(graph, i, slot, plans[i], views.owner(j, plans[j]), chip,
+                                 views, nbytes)))
             else:  # the all-to-all assumption's estimate: each input on its own
                 got.estimate += chip.transfer_cycles(most * nbytes)
             continue
@@ -969,11 +1015,13 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
         for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
             source = producer.get(graph.root(operand.tensor))
             if source is not None:
-                got.routed.append(moved_extra(chip, graph, i, k, plans[i],
-                                              views.owner(source, plans[source]),
-                                              views.to_root(operand.tensor),
-                                              element_bytes_of(operand.tensor, dtype,
-                                                               int_tensors)))
+                nbytes = element_bytes_of(operand.tensor, dtype, int_tensors)
+                got.routed.append(views.pending(
+                    ("extra", views.op_key(i), k, layout_key(plans[i]), views.op_key(source),
+                     layout_key(plans[source]), views.chain(operand.tensor), nbytes,
+                     chip.cores, chip.grid),
+                    _moved_extra(graph, i, k, plans[i], views.owner(source, plans[source]),
+                                 chip, views, nbytes)))
     if fetch and routed_on(chip, plans[i]) and fetches(graph, i, plans[i], chip):
         got.fetched = _fetched(graph, i, plans[i], chip, dtype, int_tensors, views)
     return got
@@ -985,7 +1033,7 @@ def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
     into ``plan``'s tiles, as codegen emits them: warmed-up weights (`OpPlan.home`, spread
     over every core) into their input tiles, epilogue weights (spread over `idle_cores`)
     beside the finished result."""
-    from .meshmove import Spread, element_bytes_of, moved_extra, moved_input  # (builds on this)
+    from .meshmove import Spread, element_bytes_of  # (builds on this)
 
     op = graph.ops[i]
     out = []
@@ -993,19 +1041,47 @@ def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
         root = graph.root(operand.tensor)
         if plan.home and root in graph.constants:
             spread = Spread(graph.tensors[root].numel, range(chip.cores))
-            out.append(moved_input(chip, spread, consumer_want(graph, i, slot, plan),
-                                   graph.tensors[operand.tensor].shape,
-                                   views.to_root(operand.tensor),
-                                   element_bytes(op, slot, dtype, int_tensors)))
+            nbytes = element_bytes(op, slot, dtype, int_tensors)
+            out.append(views.pending(
+                ("fetch", views.op_key(i), slot, layout_key(plan), views.chain(operand.tensor),
+                 spread, nbytes, chip.cores, chip.grid),
+                _moved_input(graph, i, slot, plan, spread, chip, views, nbytes)))
     idle = idle_cores(chip)
     for k, operand in enumerate(op.extra):
         root = graph.root(operand.tensor)
         if root in graph.constants and len(idle) > 1:
             spread = Spread(graph.tensors[root].numel, idle)
-            out.append(moved_extra(chip, graph, i, k, plan, spread,
-                                   views.to_root(operand.tensor),
-                                   element_bytes_of(operand.tensor, dtype, int_tensors)))
+            nbytes = element_bytes_of(operand.tensor, dtype, int_tensors)
+            out.append(views.pending(
+                ("fetch extra", views.op_key(i), k, layout_key(plan),
+                 views.chain(operand.tensor), spread, nbytes, chip.cores, chip.grid),
+                _moved_extra(graph, i, k, plan, spread, chip, views, nbytes)))
     return out
+
+
+def _moved_input(graph: Graph, i: int, slot: int, plan: OpPlan, owner: np.ndarray | Spread,
+                 chip: Chip, views: Views, nbytes: int) -> Callable[[], Pending]:
+    """How to build the exchange of input ``slot`` of op i under ``plan`` from ``owner``
+    (`meshmove.moved_input`), for `Views.pending`."""
+    from .meshmove import moved_input  # (builds on this)
+
+    def build() -> Pending:
+        tensor = graph.ops[i].inputs[slot].tensor
+        return moved_input(chip, owner, consumer_want(graph, i, slot, plan),
+                           graph.tensors[tensor].shape, views.to_root(tensor), nbytes)
+    return build
+
+
+def _moved_extra(graph: Graph, i: int, k: int, plan: OpPlan, owner: np.ndarray | Spread,
+                 chip: Chip, views: Views, nbytes: int) -> Callable[[], Pending]:
+    """How to build the exchange of epilogue operand ``k`` of op i under ``plan`` from
+    ``owner`` (`meshmove.moved_extra`), for `Views.pending`."""
+    from .meshmove import moved_extra  # (builds on this)
+
+    def build() -> Pending:
+        return moved_extra(chip, graph, i, k, plan, owner,
+                           views.to_root(graph.ops[i].extra[k].tensor), nbytes)
+    return build
 
 
 def _phase_cycles(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,

@@ -195,7 +195,7 @@ def test_predicted_relayout_equals_emulated_op_by_op(name: str) -> None:
         _check_relayout_emulated(graph, chosen, relayout, program, timeline)
         for i, _, slot, operand, j in _fed_inputs(graph):
             shape = graph.tensors[operand.tensor].shape
-            have = producer_have(graph, j, chosen[j], operand.tensor, CHIP.cores,
+            have = producer_have(graph, j, chosen[j], operand.tensor,
                                  views.to_root(operand.tensor))
             w = consumer_want(graph, i, slot, chosen[i])
             remote = remote_counts([have], w, np.asarray(shape), views.coords(shape))[0]
@@ -233,7 +233,7 @@ def test_box_and_element_paths_agree() -> None:
     consumers = search_op(graph, graph.ops[add], CHIP, "fp32")
     scattered = 0
     for p in boxes[::max(len(boxes) // 12, 1)]:
-        box = producer_have(graph, 0, p, graph.ops[0].output.tensor, CHIP.cores, None)
+        box = producer_have(graph, 0, p, graph.ops[0].output.tensor, None)
         assert box.owner is None
         scattered += geometry(graph, graph.ops[0], p).reduce_group > 1
         owner = dataclasses.replace(box, boxes=None, owner=result_owner(graph, 0, p))
@@ -305,7 +305,7 @@ def test_aligned_plans_need_no_relayout_and_compute_the_same() -> None:
                 assert max_rel_err(outputs, want) < 1e-4
                 emulated = _emulated_relayout(program, timeline, CHIP, _warm_ops(graph, chosen))
                 assert [emulated.get(o.name, 0) for o in graph.ops] == relayout
-                have = producer_have(graph, j, p, operand.tensor, CHIP.cores, None)
+                have = producer_have(graph, j, p, operand.tensor, None)
                 w = consumer_want(graph, i, slot, q)
                 shape = graph.tensors[operand.tensor].shape
                 assert not remote_counts([have], w, np.asarray(shape), None).any()
@@ -409,8 +409,7 @@ def test_consecutive_readers_share_one_copy() -> None:
             j = graph.ops.index(next(o for o in graph.ops
                                      if o.output.tensor == graph.root(graph.ops[i]
                                                                       .inputs[slot].tensor)))
-            have = producer_have(graph, j, chosen[j], graph.ops[i].inputs[slot].tensor,
-                                 CHIP.cores, None)
+            have = producer_have(graph, j, chosen[j], graph.ops[i].inputs[slot].tensor, None)
             w = consumer_want(graph, i, slot, chosen[i])
             shape = graph.tensors[graph.ops[i].inputs[slot].tensor].shape
             shared_seen += int(remote_counts([have], w, np.asarray(shape),
@@ -562,8 +561,8 @@ def test_views_are_priced_by_boxes() -> None:
                     != sorted(n for n in graph.tensors[view.source].shape if n != 1)
                 t = view.source
             for p in search_op_front(graph, graph.ops[j], chip, "fp16").front[:3]:
-                by_element = producer_have(graph, j, p, operand.tensor, chip.cores, flat)
-                by_box = producer_have(graph, j, p, operand.tensor, chip.cores, None,
+                by_element = producer_have(graph, j, p, operand.tensor, flat)
+                by_box = producer_have(graph, j, p, operand.tensor, None,
                                        views, by_box=True)
                 boxed += by_box.owner is None
                 merged += split
