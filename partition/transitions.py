@@ -116,6 +116,19 @@ class Have:
         size[:, none] = 0
         return lo, size
 
+    def holding(self, phys: np.ndarray) -> np.ndarray:
+        """Per physical core of ``phys``, whether the producer left any element there."""
+        held = self._held
+        return held[np.minimum(phys, len(held) - 1)] & (phys < len(held))
+
+    @cached_property
+    def _held(self) -> np.ndarray:
+        """By physical core up to the last one used, whether it holds any element."""
+        assert self.boxes is not None and self.phys is not None
+        held = np.zeros(int(self.phys.max(initial=0)) + 1, dtype=bool)
+        held[self.phys] = (self.boxes.size.prod(axis=-1) > 0).any(axis=0)
+        return held
+
     @cached_property
     def _where(self) -> np.ndarray:
         """The producer core on each physical core up to the last one used, -1 for none."""
@@ -293,6 +306,30 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
     return out
 
 
+def most_remote(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None
+                ) -> np.ndarray:
+    """`remote_counts`' maximum over the consumer cores, per producer layout: where some core
+    that wants the most elements of all holds none of the producer's, that most (a wafer's
+    GEMV hands the next one a vector of which most of its 750,000 cores hold nothing), with
+    no core counted; the others counted."""
+    w_lo = np.maximum(want.origin, 0)
+    w_hi = np.minimum(want.origin + want.shape, extent)
+    wanted = np.prod(np.maximum(w_hi - w_lo, 0), axis=1)
+    top = int(wanted.max(initial=0))
+    at_top = want.phys[wanted == top]
+    out = np.zeros(len(haves), dtype=np.int64)
+    counted = []
+    for k, have in enumerate(haves):
+        if top and have.boxes is not None and not have.holding(at_top).all():
+            out[k] = top
+        else:
+            counted.append(k)
+    if counted:
+        out[counted] = remote_counts([haves[k] for k in counted], want, extent,
+                                     coords).max(axis=1, initial=0)
+    return out
+
+
 def _local_counts(owners: list[np.ndarray], want: Want, coords: np.ndarray
                   ) -> Iterator[np.ndarray]:
     """Per element-wise layout (each element's owning physical core, -1 for none), the
@@ -337,13 +374,13 @@ _BUILT_LIMIT = 1 << 29
 
 
 def _nbytes(have: Have) -> int:
-    """What ``have`` takes, its table of producer cores by physical core (`Have.boxes_on`)
+    """What ``have`` takes, its tables by physical core (`Have.boxes_on`, `Have.holding`)
     counted whether built yet or not."""
     if have.boxes is None:
         return have.owner.nbytes if have.owner is not None else 0
     assert have.phys is not None
     return (have.boxes.lo.nbytes + have.boxes.size.nbytes + have.phys.nbytes
-            + 4 * (int(have.phys.max(initial=0)) + 1))
+            + 5 * (int(have.phys.max(initial=0)) + 1))
 
 
 class _Built(dict):
@@ -375,7 +412,7 @@ def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPla
                 for k in missing]
         want = views.want(i, slot, consumer)
         coords = views.coords(shape) if any(h.owner is not None for h in todo) else None
-        counts = remote_counts(todo, want, np.asarray(shape), coords).max(axis=1, initial=0)
+        counts = most_remote(todo, want, np.asarray(shape), coords)
         if len(_MOST) + len(missing) > _MOST_LIMIT:
             _MOST.clear()
         for k, c in zip(missing, counts):

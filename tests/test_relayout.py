@@ -13,7 +13,7 @@ import pytest
 from ophelpers import G, make_model
 
 from t10c import frontend
-from t10c.chips import PRESETS
+from t10c.chips import PRESETS, load_chip
 from t10c.codegen import generate
 from t10c.codegen.program import Exchange, Sync
 from t10c.driver import make_inputs, max_rel_err, reference, time_only
@@ -573,6 +573,56 @@ def test_views_are_priced_by_boxes() -> None:
                             ).all(), (name, op.name, slot)
                     checked += 1
     assert checked > 100 and boxed > 50 and merged > 5
+
+
+def test_the_most_remote_count_skips_cores_only_where_exact(tmp_path) -> None:
+    """`most_remote` gives `remote_counts`' maximum per producer layout, on a mesh where
+    producers leave most cores empty (llama-tiny-decode on 64 x 64: reduce-scattered GEMV
+    results), both where a core that wants the most holds nothing and where none does."""
+    from t10c.driver import load_source
+    from t10c.frontend import to_graph
+    from t10c.partition import search_op_front
+    from t10c.partition.transitions import (
+        Views,
+        Want,
+        consumer_want,
+        most_remote,
+        remote_counts,
+    )
+
+    path = tmp_path / "mesh.toml"
+    path.write_text('base = "wse2"\nname = "mesh"\ncores = 4096\ngrid = [64, 64]\n')
+    chip = load_chip(str(path))
+    graph = to_graph(load_source("llama-tiny-decode", weights=False), name="llama-tiny-decode")
+    views = Views(graph)
+    skipped = local = 0
+    for i, op, slot, operand, j in _fed_inputs(graph):
+        shape = np.asarray(graph.tensors[operand.tensor].shape)
+        coords = views.coords(tuple(shape))
+        produced = search_op_front(graph, graph.ops[j], chip, "fp16").front[:4]
+        haves = [views.have(j, p, operand.tensor) for p in produced]
+        wants = [consumer_want(graph, i, slot, q)
+                 for q in search_op_front(graph, op, chip, "fp16").front[:3]]
+        # and the boxes a producer plan left, on its cores: nothing to receive
+        if operand.tensor == graph.ops[j].output.tensor:
+            for p in produced:
+                geo = geometry(graph, graph.ops[j], p)
+                boxes = result_boxes(geo)
+                if boxes is not None:
+                    wants.append(Want(boxes[0], np.asarray(boxes[1]), geo.phys))
+        for want in wants:
+            full = remote_counts(haves, want, shape, coords)
+            assert (most_remote(haves, want, shape, coords) == full.max(axis=1, initial=0)
+                    ).all(), (op.name, slot)
+            w_lo = np.maximum(want.origin, 0)
+            wanted = np.prod(np.maximum(np.minimum(want.origin + want.shape, shape) - w_lo, 0),
+                             axis=1)
+            top = want.phys[wanted == wanted.max()]
+            for h, most in zip(haves, full.max(axis=1, initial=0)):
+                empty = h.boxes is not None and not h.holding(top).all()
+                skipped += empty
+                local += most < wanted.max()  # (counted: some of it is in place)
+    assert skipped > 20 and local > 5, (skipped, local)
 
 
 def _members(boxes, core: int, shape) -> set[int]:
