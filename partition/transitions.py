@@ -108,9 +108,8 @@ class Have:
         """The boxes (lo, size: (K, len(phys), ndim), fresh arrays) held on each of the
         physical cores ``phys``: empty where no producer core runs."""
         assert self.boxes is not None
-        where = self._where
-        at = where[np.minimum(phys, len(where) - 1)]
-        none = (at < 0) | (phys >= len(where))
+        at = self._at(phys)
+        none = at < 0
         at[none] = 0
         lo, size = self.boxes.lo[:, at], self.boxes.size[:, at]
         size[:, none] = 0
@@ -118,16 +117,19 @@ class Have:
 
     def holding(self, phys: np.ndarray) -> np.ndarray:
         """Per physical core of ``phys``, whether the producer left any element there."""
-        held = self._held
-        return held[np.minimum(phys, len(held) - 1)] & (phys < len(held))
+        at = self._at(phys)
+        return (at >= 0) & self._nonempty[np.maximum(at, 0)]
 
     @cached_property
-    def _held(self) -> np.ndarray:
-        """By physical core up to the last one used, whether it holds any element."""
-        assert self.boxes is not None and self.phys is not None
-        held = np.zeros(int(self.phys.max(initial=0)) + 1, dtype=bool)
-        held[self.phys] = (self.boxes.size.prod(axis=-1) > 0).any(axis=0)
-        return held
+    def _nonempty(self) -> np.ndarray:
+        """Per producer core, whether any of its boxes holds an element."""
+        assert self.boxes is not None
+        return (self.boxes.size.prod(axis=-1) > 0).any(axis=0)
+
+    def _at(self, phys: np.ndarray) -> np.ndarray:
+        """The producer core on each physical core of ``phys``, -1 for none (a fresh array)."""
+        where = self._where
+        return np.where(phys < len(where), where[np.minimum(phys, len(where) - 1)], -1)
 
     @cached_property
     def _where(self) -> np.ndarray:
@@ -259,7 +261,8 @@ def result_box_set(graph: Graph, j: int, plan: OpPlan, limit: int
     geo = geometry(graph, op, plan)
     shape = graph.tensors[op.output.tensor].shape
     box = result_boxes(geo)
-    if box is None and (2 ** len(shape) - 1) * len(geo.phys) > limit:  # `boxes.range_boxes`'
+    # (a chunk is at most `boxes.range_boxes`' count of boxes)
+    if box is None and (2 ** len(shape) - 1) * len(geo.phys) > limit:
         return None
     if box is not None:
         origin, tile = box
@@ -287,9 +290,7 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
     only for element-wise layouts)."""
     # the wanted box within the tensor, once for every layout: an overlap is then
     # max(min(his) - max(los), 0) per dimension
-    w_lo = np.maximum(want.origin, 0)
-    w_hi = np.minimum(want.origin + want.shape, extent)
-    wanted = np.prod(np.maximum(w_hi - w_lo, 0), axis=1)
+    w_lo, w_hi, wanted = _within(want, extent)
     out = np.empty((len(haves), len(want.origin)), dtype=np.int64)
     owned = []
     for k, have in enumerate(haves):
@@ -306,15 +307,20 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
     return out
 
 
+def _within(want: Want, extent: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each consumer core's wanted box cut to the tensor: (lo, hi, elements)."""
+    w_lo = np.maximum(want.origin, 0)
+    w_hi = np.minimum(want.origin + want.shape, extent)
+    return w_lo, w_hi, np.prod(np.maximum(w_hi - w_lo, 0), axis=1)
+
+
 def most_remote(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None
                 ) -> np.ndarray:
     """`remote_counts`' maximum over the consumer cores, per producer layout: where some core
     that wants the most elements of all holds none of the producer's, that most (a wafer's
     GEMV hands the next one a vector of which most of its 750,000 cores hold nothing), with
     no core counted; the others counted."""
-    w_lo = np.maximum(want.origin, 0)
-    w_hi = np.minimum(want.origin + want.shape, extent)
-    wanted = np.prod(np.maximum(w_hi - w_lo, 0), axis=1)
+    wanted = _within(want, extent)[2]
     top = int(wanted.max(initial=0))
     at_top = want.phys[wanted == top]
     out = np.zeros(len(haves), dtype=np.int64)
@@ -374,13 +380,13 @@ _BUILT_LIMIT = 1 << 29
 
 
 def _nbytes(have: Have) -> int:
-    """What ``have`` takes, its tables by physical core (`Have.boxes_on`, `Have.holding`)
-    counted whether built yet or not."""
+    """What ``have`` takes, its table by physical core (`Have.boxes_on`) counted whether
+    built yet or not."""
     if have.boxes is None:
         return have.owner.nbytes if have.owner is not None else 0
     assert have.phys is not None
     return (have.boxes.lo.nbytes + have.boxes.size.nbytes + have.phys.nbytes
-            + 5 * (int(have.phys.max(initial=0)) + 1))
+            + 4 * (int(have.phys.max(initial=0)) + 1))
 
 
 class _Built(dict):

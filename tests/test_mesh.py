@@ -433,6 +433,20 @@ def test_a_rotated_copy_goes_home_for_the_next_op(chip, monkeypatch) -> None:
         plan.total_cycles
 
 
+def _shared_after(c, name: str, before: str) -> tuple[dict[tuple[int, int], int], list[int]]:
+    """The compile's shared inputs (`transitions.shared_inputs`) and the ops named ``...name``
+    of llama-tiny-decode's two layers, each checked to follow an op named ``...before``."""
+    from t10c.partition.space import tensor_sets
+    from t10c.partition.transitions import shared_inputs
+
+    g, plan = c.graph, c.plan
+    shared = shared_inputs(g, plan.ops, MESH64, plan.dtype, tensor_sets(g)[0])
+    ops = [i for i, op in enumerate(g.ops) if op.name.endswith(name)]
+    assert len(ops) == 2
+    assert all(g.ops[i - 1].name.endswith(before) for i in ops)
+    return shared, ops
+
+
 def test_an_op_computes_on_the_tiles_its_neighbour_read(monkeypatch) -> None:
     """After the solve on a mesh, an op that reads the activation its predecessor read in
     another layout tries the plan that computes on exactly the predecessor's tiles, on its
@@ -441,16 +455,11 @@ def test_an_op_computes_on_the_tiles_its_neighbour_read(monkeypatch) -> None:
     onnxruntime, the prediction equals the emulated time, and the compile without the pass
     is slower."""
     import t10c.partition as planner
-    from t10c.partition.space import tensor_sets
-    from t10c.partition.transitions import shared_inputs
 
     c = compile_model("llama-tiny-decode", MESH64)
     g, plan = c.graph, c.plan
-    shared = shared_inputs(g, plan.ops, MESH64, plan.dtype, tensor_sets(g)[0])
-    scales = [i for i, op in enumerate(g.ops) if op.name.endswith("input_norm/Mul")]
-    assert len(scales) == 2
+    shared, scales = _shared_after(c, "input_norm/Mul", "input_norm/ReduceMean")
     for i in scales:
-        assert g.ops[i - 1].name.endswith("input_norm/ReduceMean")
         x = next(k for k, o in enumerate(g.ops[i].inputs)
                  if g.root(o.tensor) == g.root(g.ops[i - 1].inputs[0].tensor))
         assert shared.get((i, x)) == 0
@@ -468,8 +477,6 @@ def test_views_of_one_activation_share_a_received_copy() -> None:
     each reader of the reshaped scores a view tensor) along the same chain: held to one
     layout, the sum reads the max's received copy (`Views.same_read`) and moves nothing
     of it; the run matches onnxruntime and the prediction equals the emulated time."""
-    from t10c.partition.space import tensor_sets
-    from t10c.partition.transitions import shared_inputs
     from t10c.planfile import constraints_from
 
     held = {"F_op": {"d1": 4, "d3": 43}}
@@ -478,11 +485,8 @@ def test_views_of_one_activation_share_a_received_copy() -> None:
         {"name": "layers*/attn/Softmax/sum", **held}]}, "test"))
     c = compile_model("llama-tiny-decode", MESH64, options)
     g, plan = c.graph, c.plan
-    shared = shared_inputs(g, plan.ops, MESH64, plan.dtype, tensor_sets(g)[0])
-    sums = [i for i, op in enumerate(g.ops) if op.name.endswith("Softmax/sum")]
-    assert len(sums) == 2
+    shared, sums = _shared_after(c, "Softmax/sum", "Softmax/max")
     for i in sums:
-        assert g.ops[i - 1].name.endswith("Softmax/max")
         mine, theirs = g.ops[i].inputs[0].tensor, g.ops[i - 1].inputs[0].tensor
         assert mine != theirs and g.root(mine) == g.root(theirs)
         assert shared.get((i, 0)) == 0
