@@ -39,7 +39,7 @@ from t10c.multicast import prefer_multicast
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import idle_cores, spread_owner
-from t10c.partition.dram import appended, dram_operands, store_waits
+from t10c.partition.dram import appended, dram_operands, store_waits, tail_index
 from t10c.partition.space import tensor_sets
 from t10c.partition.transitions import Views, hoisted_fetches, merged_phases, shared_inputs
 
@@ -675,17 +675,17 @@ class _Builder:
         op = self.graph.ops[n]
         phys = geometry(self.graph, op, self.plan.ops[n]).phys.astype(np.int32)
         for t in self.graph.outputs:
-            if self.graph.root(t) != op.output.tensor:
+            written = self.graph.written(t)  # an output grown in place: its new rows
+            if self.graph.root(written) != op.output.tensor:
                 continue
             shape = self.graph.tensors[t].shape
             grown = appended(self.graph, t)  # a KV cache: only the new rows are written
-            index = None
-            if grown is not None:
-                _, axis, length = grown
-                index = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)[
-                    (slice(None),) * axis + (slice(length, None),)].reshape(-1)
-            root, rflat = map_to_root(self.graph, t, np.arange(math.prod(shape))
-                                      if index is None else index)
+            index = None if grown is None else tail_index(shape, grown[1], grown[2])
+            # the values: an output grown in place stores its new rows, whose own order is
+            # the index's; any other output, the elements the index picks of it
+            flat = np.arange(self.graph.tensors[written].numel) if written != t else \
+                np.arange(math.prod(shape)) if index is None else index
+            root, rflat = map_to_root(self.graph, written, flat)
             place = self.placement[root]
             self.instrs.append(DmaStore(
                 op.name, "dram", t, shape, place.buf, place.core[rflat], place.off[rflat],
@@ -1017,7 +1017,7 @@ class _Builder:
                 if root not in graph.constants and root not in graph.inputs:
                     self.pending[root] = self.pending.get(root, 0) + 1
         for t in graph.outputs:
-            root = graph.root(t)
+            root = graph.root(graph.written(t))
             self.pending[root] = self.pending.get(root, 0) + 1
         for n, op in enumerate(graph.ops):
             self.load_weights(n, op)
@@ -1040,8 +1040,11 @@ class _Builder:
         self.wait_stores(len(graph.ops))
         stored = {graph.ops[k].output.tensor for k in self.written_back}
         for t in graph.outputs:
-            if graph.root(t) in stored:
+            if graph.root(graph.written(t)) in stored:
                 continue  # in DRAM already
+            if t in graph.appends:
+                raise CodegenError(f"graph output {t} grows {graph.appends[t].base} in place, "
+                                   "which only a chip with DRAM holds")
             root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
             if root not in self.placement:
                 raise CodegenError(f"graph output {t} is not computed on chip")

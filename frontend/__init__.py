@@ -9,7 +9,7 @@ The pipeline, as `to_graph` runs it:
    by matmuls with constant weights (RMSNorm's weight) is folded into them;
    `fold_repeat_kv`: grouped-query attention's keys and values, repeated to every query head
    (Expand, Reshape), are read unrepeated by matmuls whose rows are the query heads of a
-   group; on mesh chips `split_cache_concat`: attention matmuls
+   group; on mesh chips and chips with DRAM `split_cache_concat`: attention matmuls
    read a decode step's cache input itself, not its Concat with the new entries;
 4. `lower`, node by node in order: a node whose inputs are all constant is evaluated with the
    ONNX reference evaluator (shape arithmetic, masks, RoPE tables: Shape and Size of any tensor
@@ -275,7 +275,8 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
     With ``split_cache``, attention matmuls read a decode step's key/value cache input
     itself, not its Concat with the step's new entries (`rewrite.split_cache_concat`): the
     compiler asks for it on mesh chips, where re-laying the cache out every step costs its
-    distance; on an all-to-all chip the two more ops cost more than the re-layout saves.
+    distance, and on chips with DRAM, where the cache lives off chip (`t10c.driver.chip_graph`);
+    on an all-to-all chip without DRAM the two more ops cost more than the re-layout saves.
     Raises `UnsupportedModelError` listing every node that cannot be lowered.
     """
     model = load_model(source)

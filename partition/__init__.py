@@ -33,6 +33,7 @@ from .dram import (
     dram_bytes_needed,
     dram_twins,
     extra_cycles,
+    grow_in_place,
     schedule,
     store_cycles,
     store_waits,
@@ -50,7 +51,7 @@ __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "S
            "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
            "WEIGHTS", "Replay", "replay_plan", "check_constraints",
-           "search_op_constrained", "match_ops", "with_preload_margin"]
+           "search_op_constrained", "match_ops", "with_preload_margin", "grow_in_place"]
 
 
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,

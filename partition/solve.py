@@ -140,8 +140,9 @@ def liveness(graph: Graph, write_back: bool = False) -> MemoryTerms:
         last_use.update(store_waits(graph))
     else:
         for t in graph.outputs:
-            if graph.root(t) in producer:
-                last_use[producer[graph.root(t)]] = len(graph.ops)
+            root = graph.root(graph.written(t))
+            if root in producer:
+                last_use[producer[root]] = len(graph.ops)
     live, dying = [], []
     for i in range(len(graph.ops)):
         live.append(tuple(p for p, last in sorted(last_use.items()) if p < i < last))

@@ -303,7 +303,7 @@ def cmd_chips(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from t10c import frontend, models
-    from t10c.driver import load_source
+    from t10c.driver import chip_graph, load_source
     from t10c.explain import OpNotFoundError, explain_op, find_op, format_explanation
     from t10c.strategies import search_options as strategy_search
 
@@ -311,7 +311,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     try:
         # explain plans one op: shapes are all it needs, so zoo weights are not drawn
         model = load_source(args.model, seq_len=args.seq_len, batch=args.batch, weights=False)
-        graph = frontend.to_graph(model, pinned=dict(args.shape))
+        graph = chip_graph(model, chip, dict(args.shape))
     except (models.UnknownModelError, frontend.ModelNotFoundError) as exc:
         return _error(str(exc), EXIT_USAGE)
     except frontend.FrontendError as exc:

@@ -35,6 +35,7 @@ from t10c.partition import (
     SearchOptions,
     SolverOptions,
     check_constraints,
+    grow_in_place,
     plan_graph,
     replay_plan,
     verify_plan,
@@ -161,6 +162,23 @@ def load_source(source: str | Path | onnx.ModelProto, *, seq_len: int | None = N
     return frontend.load_model(path)
 
 
+def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, ...]],
+               name: str | None = None, fuse: str = "all",
+               weights: dict[str, np.ndarray] | None = None) -> Graph:
+    """The device graph ``model`` is planned as on ``chip`` (`frontend.to_graph` with the
+    fusion ``fuse`` names). A decode step's key/value cache is read where it lives: on a mesh
+    (where re-laying the whole cache out costs its distance) and on a chip with DRAM (where
+    the cache lives off chip and every read of it is a load), attention reads the cache input
+    itself (`rewrite.split_cache_concat`); with DRAM, the new cache is the old one grown in
+    place by the step's new entries, which are all the program writes back
+    (`partition.grow_in_place`)."""
+    graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=fuse != "none",
+                              epilogues=fuse in ("all", "prologues"),
+                              prologues=fuse == "prologues", weights=weights or {},
+                              split_cache=chip.is_mesh or chip.has_dram)
+    return grow_in_place(graph) if chip.has_dram else graph
+
+
 def compile_model(source: str | onnx.ModelProto, chip: Chip,
                   options: CompileOptions = CompileOptions(),
                   progress: Progress | None = None) -> Compiled:
@@ -177,11 +195,7 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     model = load_source(source, seq_len=options.seq_len, batch=options.batch,
                         weights=options.weights, apart=weights)
     name = source if isinstance(source, str) else (model.graph.name or "model")
-    graph = frontend.to_graph(model, pinned=options.pinned, name=_short(name),
-                              fuse=options.fuse != "none",
-                              epilogues=options.fuse in ("all", "prologues"),
-                              prologues=options.fuse == "prologues", weights=weights,
-                              split_cache=chip.is_mesh)
+    graph = chip_graph(model, chip, options.pinned, _short(name), options.fuse, weights)
     if options.check:
         verify_graph(graph)
     if options.constraints:  # what is wrong with them is said before any search

@@ -10,7 +10,8 @@ The planner, codegen and emulator assume, without checking again, that:
 - axes are distinct with positive extents; an op with reduction axes has a combine, and a
   body is well formed over its inputs (`t10c.elementwise.check_body`);
 - views keep the element count of their source, and a transpose's permutation is one;
-- every graph output exists.
+- every graph output exists: an op's result, a view of one, or an input grown in place by
+  an op's result (`t10c.ir.Append`).
 
 `verify_graph` reports every violation at once. The driver runs it behind ``--check``; the
 tests run it on every zoo model.
@@ -39,13 +40,37 @@ def verify_graph(graph: Graph) -> None:
             problems.append(f"{where}: writes {op.output.tensor}, which already has a value")
         known.add(op.output.tensor)
     for out in graph.outputs:
-        if graph.root(out) not in known:
+        if graph.root(graph.written(out)) not in known:
             problems.append(f"graph output {out} is never computed")
+        grown = graph.appends.get(out)
+        if grown is not None:
+            problems += [f"graph output {out}: {why}" for why in _append_problems(graph, out)]
     if problems:
         shown = problems[:20]
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise GraphError(f"graph {graph.name} is malformed ({len(problems)} problem"
                          f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(shown) + more)
+
+
+def _append_problems(graph: Graph, out: str) -> list[str]:
+    """What is wrong with output ``out`` grown in place (`t10c.ir.Append`): its base must be
+    a graph input that begins it, its rows must fill the rest, and no op may compute it."""
+    grown = graph.appends[out]
+    if out not in graph.tensors:
+        return ["is grown in place but is no tensor of the graph"]
+    shape = graph.tensors[out].shape
+    found = []
+    if any(op.output.tensor == graph.root(out) for op in graph.ops):
+        found.append("is grown in place and computed by an op too")
+    if grown.base not in graph.inputs:
+        found.append(f"grows {grown.base} in place, which is not a graph input")
+    elif not 0 <= grown.axis < len(shape) or graph.tensors[grown.base].shape != tuple(
+            grown.length if d == grown.axis else n for d, n in enumerate(shape)):
+        found.append(f"does not begin with {grown.base} along dimension {grown.axis}")
+    elif grown.rows not in graph.tensors or graph.tensors[grown.rows].numel != \
+            graph.tensors[out].numel - graph.tensors[grown.base].numel:
+        found.append(f"its new rows {grown.rows} do not fill it past {grown.base}")
+    return found
 
 
 def _view_problems(graph: Graph) -> list[tuple[str, str]]:

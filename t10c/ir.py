@@ -235,8 +235,25 @@ class View:
 
 
 @dataclass(frozen=True)
+class Append:
+    """A graph output that no op computes: graph input ``base`` grown in place, along
+    dimension ``axis`` (where ``base`` has extent ``length``), by the elements of tensor
+    ``rows`` (in its flat order, the output's elements past ``length`` along ``axis``). A decode
+    step's ``present`` KV cache on a chip with DRAM: the ``past`` one, which lives in DRAM,
+    followed by the step's new entries, which the program writes back after it
+    (`t10c.partition.dram.grow_in_place`)."""
+
+    base: str
+    rows: str
+    axis: int
+    length: int
+
+
+@dataclass(frozen=True)
 class Graph:
-    """The device graph: ops in topological order over tensors, views, constants and I/O."""
+    """The device graph: ops in topological order over tensors, views, constants and I/O.
+
+    Every output is an op's result (or a view of one), except those in ``appends``."""
 
     name: str
     tensors: dict[str, TensorInfo]
@@ -245,6 +262,13 @@ class Graph:
     constants: dict[str, np.ndarray] = field(repr=False)
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    appends: dict[str, Append] = field(default_factory=dict)
+
+    def written(self, output: str) -> str:
+        """The tensor whose values the program writes for graph output ``output``: the new
+        rows of an output grown in place (`appends`), else the output itself."""
+        grown = self.appends.get(output)
+        return grown.rows if grown is not None else output
 
     def producer(self) -> dict[str, TensorExpr]:
         return {op.output.tensor: op for op in self.ops}

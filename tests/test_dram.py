@@ -326,6 +326,51 @@ def test_llama_writes_its_outputs_back(tiny_runs: dict) -> None:
         assert set(r.outputs) == set(c.graph.outputs)
 
 
+def test_a_kv_cache_grows_in_place_without_its_concat(tiny_runs: dict) -> None:
+    """On a chip with DRAM a decode step's ``present`` caches are not computed: attention
+    reads the past cache and the new entries apart, so the Concat that appended them has no
+    reader left and is dropped (`grow_in_place`); the ops that compute the new entries (the
+    key's rotary Add, the value's projection) write them into the past's DRAM copy. Nothing
+    loads a past cache but the attention matmuls that read it, and the outputs still match
+    onnxruntime (`tiny_runs` checks them)."""
+    for strategy, (c, _) in tiny_runs.items():
+        graph = c.graph
+        presents = [t for t in graph.outputs if t.startswith("present")]
+        assert sorted(graph.appends) == sorted(presents), strategy
+        assert not any(op.name.endswith("cache/Concat") for op in graph.ops)
+        producer = {op.output.tensor: op.name for op in graph.ops}
+        for t, grown in graph.appends.items():
+            assert (grown.base, grown.axis, grown.length) == (
+                t.replace("present", "past_key_values"), 2, 128)
+            assert graph.tensors[grown.rows].numel == 2 * 32  # one token, 2 heads of 32
+            maker = producer[graph.root(grown.rows)]
+            assert maker.endswith(("k_rope/Add", "v_proj/MatMul")), maker
+        past = {grown.base for grown in graph.appends.values()}
+        readers = {c.program.buffers[i.buf].name.rsplit(".", 1)[0] for i in c.program.instrs
+                   if isinstance(i, DmaLoad) and i.tensor in past}  # (buffers: OP.inK)
+        assert len(readers) == 4 and all(op.endswith("/MatMul/cache0") for op in readers)
+        stores = {i.tensor: i for i in c.program.instrs if isinstance(i, DmaStore)}
+        for t in presents:
+            assert stores[t].op == producer[graph.root(graph.appends[t].rows)]
+
+
+def test_a_concat_something_reads_stays() -> None:
+    """Where attention reads the concatenated cache (compiled without `split_cache_concat`),
+    the Concat stays an op; the graph, grown in place or not, passes the verifier."""
+    from t10c.driver import load_source
+    from t10c.frontend import to_graph
+    from t10c.graphcheck import verify_graph
+    from t10c.partition.dram import grow_in_place
+
+    model = load_source("llama-tiny-decode", weights=False)
+    whole = to_graph(model)
+    assert grow_in_place(whole) is whole
+    split = to_graph(model, split_cache=True)
+    grown = grow_in_place(split)
+    assert len(grown.ops) == len(split.ops) - 4 and len(grown.appends) == 4
+    verify_graph(grown)
+
+
 def test_schedules_rank(tiny_runs: dict) -> None:
     """The same plans under three schedules: elk's preload beats one fixed depth, which
     beats load-then-execute; every one is measured as predicted (to 0.1%)."""
