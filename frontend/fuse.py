@@ -13,7 +13,8 @@ through a window, and must not be an embedding lookup) when:
 
 1. P has one reader and C's iteration space is P's (no point computed twice); or
 2. P is a pure copy (a Slice, Expand, Split piece: body ``in0``): an index map costs nothing
-   to compose, so it folds into any reader, a matmul included; or
+   to compose, so it folds into any reader, a matmul included (its source takes the slot P
+   had, so that a matmul stays input 0 times input 1); or
 3. P is cheap and C is not a contraction: C may be wider than P (a row statistic such as
    ``1/sqrt(var + eps)`` recomputed for every element of the row, as the LayerNormalization
    lowering does), and P may have several such readers when it is a normalising step, i.e. it
@@ -178,6 +179,10 @@ def _shifted_read_exact(producer: TensorExpr, consumer: TensorExpr, slot: int,
 
 
 def _inline(producer: TensorExpr, consumer: TensorExpr, slot: int) -> TensorExpr:
+    """``consumer`` computing ``producer``'s body in place of its input ``slot``. A copy's
+    source takes the slot's place among the inputs (a matmul whose operand was a Slice stays
+    a matmul of input 0 by input 1: `t10c.ir.is_contraction`); other producers' inputs come
+    after the consumer's own."""
     read = consumer.inputs[slot]
     rename: dict[str, Dim] = {str(a): d for a, d in zip(producer.output.axes, read.axes)}
     inputs = [o for k, o in enumerate(consumer.inputs) if k != slot]
@@ -185,7 +190,7 @@ def _inline(producer: TensorExpr, consumer: TensorExpr, slot: int) -> TensorExpr
     for k, o in enumerate(producer.inputs):
         moved = Operand(o.tensor, tuple(_rename(d, rename) for d in o.axes))
         if moved not in inputs:
-            inputs.append(moved)
+            inputs.insert(slot, moved) if _is_copy(producer) else inputs.append(moved)
         leaves[k] = ("in", inputs.index(moved))
     inlined = _reindex(producer.body, leaves)
     mapping: dict[int, Body] = {}

@@ -318,6 +318,40 @@ def _rmsnorm(g, xs) -> str:
     return g.node("Mul", g.node("Mul", x, scale), g.weight(16))
 
 
+def test_a_matmul_reading_a_slice_stays_a_matmul() -> None:
+    """A copy (a Slice) inlined into a matmul's first operand leaves its source in that
+    slot: the op is still input 0 times input 1, summed, a contraction on the matrix unit.
+    When the source went after the weight instead, the product read ``in1 * in0``, was no
+    contraction, and was priced and run as a vector op (16 times slower on the IPU: LLaMA's
+    context over a DRAM-resident cache, ViT's classifier on its class token)."""
+    from t10c.ir import is_contraction
+
+    first = ew("first", "S", [("X", ("i", "j", Window((), 0)))], ("in", 0))
+    head = TensorExpr("head", (("i", M), ("j", N), ("n", 3)), Operand("C", ("i", "n")),
+                      (Operand("S", ("i", "j")), Operand("F", ("j", "n"))), "sum",
+                      ("mul", ("in", 0), ("in", 1)))
+    shapes = {**SHAPES, "S": (M, N), "F": (N, 3), "C": (M, 3)}
+    fused = fuse_elementwise(graph_of([first, head], ("C",), shapes))
+    (op,) = fused.ops
+    assert [o.tensor for o in op.inputs] == ["X", "F"] and is_contraction(op)
+    assert op.inputs[0].axes == ("i", "j", Window((), 0))
+
+
+@pytest.mark.parametrize("name", ["vit-tiny", "llama-tiny-decode"])
+def test_every_product_of_two_inputs_is_a_contraction(name: str) -> None:
+    """In the device graphs (split caches too: the context over the past cache reads the
+    probabilities through a Slice), a summed product of two inputs is always input 0 times
+    input 1."""
+    from t10c.driver import chip_graph, load_source
+    from t10c.ir import is_contraction
+
+    graph = chip_graph(load_source(name, weights=False), PRESETS["test64-dram"], {})
+    products = [op for op in graph.ops if op.combine == "sum" and op.body[0] == "mul"
+                and all(a[0] == "in" for a in op.body[1:])]
+    assert products and all(is_contraction(op) for op in products), [
+        op.name for op in products if not is_contraction(op)]
+
+
 @pytest.mark.parametrize("chip", ["test16", "wormhole-n150"])
 def test_a_scalar_statistic_folds_its_scalar_steps(chip: str) -> None:
     """At one token (decode), RMSNorm's statistic is one element kept as ``(1, 1, 1)``: the
