@@ -183,6 +183,8 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     if fetched is not None:
         chosen, relayout = fetched
     chosen = kept_restores(graph, chosen, chip, dtype, ints, views)
+    if chip.has_dram and solver.planner != "greedy":
+        chosen = _stream_weights(graph, chosen, relayout, chip, dtype, ints, solver, fixed)
     gap = result.objective_cycles - result.bound_cycles
     dram = (_dram_schedule(graph, chosen, relayout, chip, dtype, ints, solver,
                            search.dram_schedule) if chip.has_dram else None)
@@ -229,6 +231,60 @@ def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
     cap = int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
     return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode, stores)
+
+
+def _stream_weights(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int],
+                    chip: Chip, dtype: str, ints: frozenset[str], solver: SolverOptions,
+                    fixed: frozenset[int] = frozenset()) -> tuple[OpPlan, ...]:
+    """On a chip with DRAM, after the solve: weights the solve kept resident are loaded
+    from DRAM instead (each op's plan for its twin, `dram_twins`: the same layout) wherever
+    the step's time under ELK's preload schedule drops.
+
+    The solve charges every op its whole DMA time (`dram.extra_cycles`), as if no load hid
+    behind the ops before it, so it keeps weights resident wherever SRAM allows. Resident
+    weights leave no SRAM to preload into, though: LLaMA-2-13B's decode step at batch 32
+    with 2,048 tokens on elk-pod4 kept 484 KB of its 624 KB per core for weights, and each
+    layer's attention then waited for its 115 KB per core of key and of value cache to load
+    after the ops before it had run (88 k cycles a layer). Streaming a weight costs its
+    load on the DMA queue; it pays where the loads it lets the schedule issue earlier hide
+    more than that. Ops alike (repeated layers: the same front and the same plan) try as
+    one, the most resident bytes first, in passes until none gains; ops named by `--plan`
+    constraints keep theirs. The strategies' schedules (`static`, `basic`) run these same
+    plans."""
+    def total(plans: tuple[OpPlan, ...]) -> int:
+        dram = _dram_schedule(graph, plans, relayout, chip, dtype, ints, solver, "elk")
+        return sum(p.cycles.total for p in plans) + sum(relayout) + sum(dram.stall)
+
+    twin: dict[int, OpPlan] = {}
+    for i, (op, p) in enumerate(zip(graph.ops, chosen)):
+        if i in fixed or p.dram_weights or p.home or not p.cold_bytes_per_core:
+            continue
+        made = dram_twins(graph, op, [p], chip, dtype, ints)
+        if made:
+            twin[i] = made[0]
+    groups: dict[tuple, list[int]] = {}
+    keys = op_keys(graph)
+    for i in twin:
+        groups.setdefault((keys[i], _rename(chosen[i], "")), []).append(i)
+    order = sorted(groups.values(), key=lambda g: -sum(chosen[i].cold_bytes_per_core
+                                                        - twin[i].cold_bytes_per_core
+                                                        for i in g))
+    best, cost = chosen, total(chosen)
+    while order:
+        left = []
+        for members in order:
+            trial = list(best)
+            for i in members:
+                trial[i] = twin[i]
+            spent = total(tuple(trial))
+            if spent < cost:
+                best, cost = tuple(trial), spent
+            else:
+                left.append(members)
+        if len(left) == len(order):
+            break
+        order = left
+    return best
 
 
 def with_preload_margin(graph: Graph, plan: Plan, chip: Chip, solver: SolverOptions,
