@@ -248,7 +248,8 @@ def _stream_weights(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int
     after the ops before it had run (88 k cycles a layer). Streaming a weight costs its
     load on the DMA queue; it pays where the loads it lets the schedule issue earlier hide
     more than that. Ops alike (repeated layers: the same front and the same plan) try as
-    one, the most resident bytes first, in passes until none gains; ops named by `--plan`
+    one, the most resident bytes first, in passes until none gains (a group streamed in one
+    pass may come back in the next, once others stream); ops named by `--plan`
     constraints keep theirs. The strategies' schedules (`static`, `basic`) run these same
     plans."""
     def total(plans: tuple[OpPlan, ...]) -> int:
@@ -270,21 +271,43 @@ def _stream_weights(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int
                                                         - twin[i].cold_bytes_per_core
                                                         for i in g))
     best, cost = chosen, total(chosen)
-    while order:
-        left = []
-        for members in order:
+    for _ in range(STREAM_PASSES):
+        changed = False
+        for members in order:  # a group streamed already may come back
             trial = list(best)
             for i in members:
-                trial[i] = twin[i]
+                trial[i] = chosen[i] if best[i] is twin[i] else twin[i]
             spent = total(tuple(trial))
             if spent < cost:
-                best, cost = tuple(trial), spent
-            else:
-                left.append(members)
-        if len(left) == len(order):
+                best, cost, changed = tuple(trial), spent, True
+        if not changed:
             break
-        order = left
-    return best
+    # a resident byte saves the same load wherever it is: as many of the streamed ops as
+    # gain take their resident plans back, in op order (the count found coarse to fine)
+    back = [i for i in sorted(twin) if best[i] is twin[i]]
+
+    def restored(k: int) -> tuple[OpPlan, ...]:
+        trial = list(best)
+        for i in back[:k]:
+            trial[i] = chosen[i]
+        return tuple(trial)
+
+    tried = {0: cost}
+    lo, hi, step = 0, len(back), max(1, len(back) // 16)
+    while True:
+        for k in range(lo, hi + 1, step):
+            if k not in tried:
+                tried[k] = total(restored(k))
+        k = min(tried, key=lambda x: (tried[x], x))
+        if step == 1:
+            break
+        lo, hi, step = max(0, k - step), min(len(back), k + step), max(1, step // 4)
+    return restored(k) if k else best
+
+
+#: the most passes `_stream_weights` makes over the groups of ops (each flips a group between
+#: resident and streamed weights where that gains)
+STREAM_PASSES = 4
 
 
 def with_preload_margin(graph: Graph, plan: Plan, chip: Chip, solver: SolverOptions,
