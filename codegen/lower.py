@@ -641,14 +641,22 @@ class _Builder:
                 bid = self.new_buffer(f"{op.name}.in{i}", math.prod(tile),
                                       self.storage(operand.tensor), self.graph.ops[j].name,
                                       "dram")
+                # tiles of the tensor as the op reads it (through a reshape, or a transpose
+                # between reshapes: `Load.read_as`); through several transposes, a table of
+                # every element
                 table = None
-                if root != operand.tensor:  # through a view: spell out every element
+                shape = self.graph.tensors[operand.tensor].shape
+                transposed = self.graph.transposed(operand.tensor)
+                if transposed is None and not self.graph.in_order(operand.tensor):
+                    shape = self.graph.tensors[root].shape
                     flat, valid = self.element_map(geo, i, 0)
                     table = np.where(valid, self.to_root(operand.tensor)[flat],
                                      -1).astype(np.int32)
+                src_shape, perm = transposed or ((), ())
                 self.instrs.append(DmaLoad(
-                    self.graph.ops[j].name, "dram", bid, root, self.graph.tensors[root].shape,
-                    tile, geo.tile_origin(i, 0).astype(np.int32), table, _cores(geo)))
+                    self.graph.ops[j].name, "dram", bid, root, shape,
+                    tile, geo.tile_origin(i, 0).astype(np.int32), table, _cores(geo),
+                    src_shape=src_shape, perm=perm))
                 self.dma[k, i] = bid
 
     def wait_dram(self, n: int) -> None:

@@ -10,8 +10,10 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
 
 - ``Alloc(buf)`` / ``Free(buf)``: the buffer's bytes at its address become live / dead.
 - ``Load(buf, tensor, shape, tile, origin, index)``: host -> chip before the run (weights,
-  inputs). Core c's buffer is the ``tile``-shaped block of ``tensor`` (of ``shape``) starting at
-  ``origin[c]``, zero outside the tensor (`tile_elements`); or, when ``index`` is given,
+  inputs). Core c's buffer is the ``tile``-shaped block of ``tensor`` (read as ``shape``: its
+  own, a reshape of it, or with ``src_shape`` and ``perm`` a reshape of it transposed,
+  `Load.read_as`) starting at ``origin[c]``, zero outside the tensor (`tile_elements`); or,
+  when ``index`` is given,
   ``index[c, e]`` is the flat element of ``tensor`` for element e, -1 for padding (zero); or
   that table as a copy pattern (``pat``, ``pat_start``, ``runs``: `codegen/pattern.py`, the
   source core being 0, or -1 for zero).
@@ -124,10 +126,21 @@ class Load(Instr):
     pat: np.ndarray | None = None  # ``index`` as a `Pattern` (source core 0, or -1: zero)
     pat_start: np.ndarray | None = None
     runs: np.ndarray | None = None
+    #: the tensor read through a transpose: reshaped to ``src_shape``, then its dimensions
+    #: permuted by ``perm``, before it is read as ``shape`` (both empty: no transpose)
+    src_shape: tuple[int, ...] = ()
+    perm: tuple[int, ...] = ()
 
     @property
     def ncores(self) -> int:
         return len(self.origin)
+
+    def read_as(self, value: np.ndarray) -> np.ndarray:
+        """The host tensor ``value`` as this load reads it: ``shape``, through the transpose
+        if there is one (the same elements, in another order)."""
+        if self.perm:
+            value = value.reshape(self.src_shape).transpose(self.perm)
+        return value.reshape(self.shape)
 
     @property
     def indexed(self) -> bool:

@@ -219,6 +219,12 @@ def _load(p: Program, ins: Load) -> None:
         pat = _pattern(ins, b.elems, max(math.prod(shape), 0), 1)
         if pat.rows != n:
             raise _Bad(f"its pattern has {pat.rows} rows, its origin table {n}")
+    if ins.perm or ins.src_shape:
+        src = _shape("transposed shape", ins.src_shape)
+        if ins.indexed:
+            raise _Bad("it reads through a transpose and gives its elements one by one")
+        if sorted(ins.perm) != list(range(len(src))) or math.prod(src) != math.prod(shape):
+            raise _Bad(f"transpose {ins.perm} of shape {src} does not read as {shape}")
     _rows(p, ins, n)
 
 

@@ -219,9 +219,10 @@ class Machine(TimingMachine):
         if ins.tensor not in self.host:
             raise EmulatorError(f"no host tensor {ins.tensor!r} to load")
         src = np.asarray(self.host[ins.tensor])
-        if tuple(src.shape) != tuple(ins.shape):
+        if src.size != math.prod(ins.shape):
             raise EmulatorError(f"host tensor {ins.tensor} has shape {src.shape}, the program "
                                 f"expects {ins.shape}")
+        src = ins.read_as(src)
         rows = _rows(ins, ins.ncores)
         dst = self.mem[ins.buf]
         self.wrote(ins.buf, rows)

@@ -105,7 +105,7 @@ class Reference:
 
     def load(self, ins: Load) -> None:
         mem = self.mem
-        value = np.asarray(self.host[ins.tensor])
+        value = ins.read_as(np.asarray(self.host[ins.tensor]))
         flat = value.reshape(-1)
         table = None
         if ins.indexed:  # the pattern's meaning is its table

@@ -201,7 +201,7 @@ def grow_in_place(graph: Graph) -> Graph:
         d = next(k for k, dim in enumerate(rows.axes) if isinstance(dim, Window))
         shape = graph.tensors[root].shape
         cut = -rows.axes[d].offset  # type: ignore[union-attr]
-        if not (_reshaped(graph, t) and _reshaped(graph, past.tensor)) or \
+        if not (graph.in_order(t) and graph.in_order(past.tensor)) or \
                 graph.tensors[rows.tensor].shape != tuple(
                     n - cut if k == d else n for k, n in enumerate(shape)) or \
                 [x for k, x in enumerate(rows.axes) if k != d] != \
@@ -215,15 +215,6 @@ def grow_in_place(graph: Graph) -> Graph:
         return graph
     return dataclasses.replace(graph, ops=tuple(o for o in graph.ops if o.name not in dropped),
                                appends=appends)
-
-
-def _reshaped(graph: Graph, tensor: str) -> bool:
-    """Whether every view from ``tensor`` to its root keeps the element order (a reshape)."""
-    while tensor in graph.views:
-        if graph.views[tensor].perm is not None:
-            return False
-        tensor = graph.views[tensor].source
-    return True
 
 
 def tail_index(shape: tuple[int, ...], axis: int, length: int) -> np.ndarray:

@@ -264,6 +264,30 @@ class Graph:
     outputs: tuple[str, ...]
     appends: dict[str, Append] = field(default_factory=dict)
 
+    def in_order(self, tensor: str) -> bool:
+        """Whether ``tensor`` holds its root's elements in the root's order: every view on
+        the way is a reshape (no transpose)."""
+        while tensor in self.views:
+            if self.views[tensor].perm is not None:
+                return False
+            tensor = self.views[tensor].source
+        return True
+
+    def transposed(self, tensor: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """How ``tensor`` reads its root where one view on the way is a transpose and the
+        others reshapes: (the shape that view transposes, its permutation); ``tensor`` is
+        then its root reshaped to that shape, permuted, and reshaped to its own shape. None
+        for no transpose (`in_order`) or several."""
+        found = None
+        while tensor in self.views:
+            view = self.views[tensor]
+            if view.perm is not None:
+                if found is not None:
+                    return None
+                found = (self.tensors[view.source].shape, view.perm)
+            tensor = view.source
+        return found
+
     def written(self, output: str) -> str:
         """The tensor whose values the program writes for graph output ``output``: the new
         rows of an output grown in place (`appends`), else the output itself."""

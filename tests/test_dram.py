@@ -180,6 +180,51 @@ def test_a_grown_tensor_stores_its_new_rows_only() -> None:
     np.testing.assert_array_equal(outputs["kv"], np.concatenate([past, np.full((1, 1024), 2.5)]))
 
 
+def test_a_load_reads_its_tensor_through_a_reshape_or_a_transpose() -> None:
+    """A load may read its DRAM tensor as a reshape of it (a KV cache without its batch of
+    one) or as a reshape of it transposed (the keys of ``q K^T``): core c's tile is cut from
+    the tensor as read (`Load.read_as`), in the emulator and the reference executor alike; a
+    tensor of another size, or a permutation that is none, is refused."""
+    from t10c.codegen.verify import verify_program
+    from t10c.emulator.reference import run_reference
+
+    chip = PRESETS["test64-dram"]
+    origin = np.zeros((chip.cores, 2), dtype=np.int32)
+    origin[1] = (0, 2)
+    kv = np.arange(8.0).reshape(1, 2, 4)
+
+    def program(shape: tuple[int, ...], **view) -> Program:
+        instrs = (Alloc("op", "dram", 0),
+                  DmaLoad("op", "dram", 0, "kv", shape, (shape[0], 2), origin, **view),
+                  DmaWait("op", "dram", 0),
+                  Store("", "host", "out", (2, shape[0] * 2), 0,
+                        np.repeat([0, 1], shape[0] * 2).astype(np.int32),
+                        np.tile(np.arange(shape[0] * 2), 2).astype(np.int32)))
+        return Program("viewed", "test64-dram", "fp32", chip.cores,
+                       (Buffer(0, "kv", shape[0] * 2, "fp32", 0),), (), instrs,
+                       {"kv": ((1, 2, 4), "float32")}, ("out",), 32)
+
+    def run(prog: Program) -> np.ndarray:
+        verify_program(prog, chip)
+        outputs, _ = Machine(prog, chip).run({"kv": kv}, {})
+        np.testing.assert_array_equal(outputs["out"], run_reference(prog, chip, {"kv": kv},
+                                                                    {})["out"])
+        return outputs["out"]
+
+    # as (2, 4): core 0 the columns 0..1 of both rows, core 1 the columns 2..3
+    np.testing.assert_array_equal(run(program((2, 4))), [[0, 1, 4, 5], [2, 3, 6, 7]])
+    # as (4, 2), the transpose of (2, 4): core 0 holds all of it, core 1's tile lies past
+    # its edge (zeros)
+    transposed = program((4, 2), src_shape=(2, 4), perm=(1, 0))
+    np.testing.assert_array_equal(run(transposed), [[0, 4, 1, 5, 2, 6, 3, 7], [0] * 8])
+    with pytest.raises(EmulatorError, match=r"host tensor kv has shape \(1, 2, 4\), the "
+                                            r"program expects \(3, 4\)"):
+        Machine(program((3, 4)), chip).run({"kv": kv}, {})
+    from t10c.codegen.program import ProgramError
+    with pytest.raises(ProgramError, match=r"transpose \(0, 0\) of shape \(2, 4\)"):
+        verify_program(program((4, 2), src_shape=(2, 4), perm=(0, 0)), chip)
+
+
 def test_emulator_refuses_bad_dma_stores() -> None:
     chip = PRESETS["test64-dram"]
     prog = _store_program(1024, 64)
@@ -346,9 +391,14 @@ def test_a_kv_cache_grows_in_place_without_its_concat(tiny_runs: dict) -> None:
             maker = producer[graph.root(grown.rows)]
             assert maker.endswith(("k_rope/Add", "v_proj/MatMul")), maker
         past = {grown.base for grown in graph.appends.values()}
-        readers = {c.program.buffers[i.buf].name.rsplit(".", 1)[0] for i in c.program.instrs
-                   if isinstance(i, DmaLoad) and i.tensor in past}  # (buffers: OP.inK)
+        loads = [i for i in c.program.instrs if isinstance(i, DmaLoad) and i.tensor in past]
+        readers = {c.program.buffers[i.buf].name.rsplit(".", 1)[0] for i in loads}
         assert len(readers) == 4 and all(op.endswith("/MatMul/cache0") for op in readers)
+        # the matmuls read the cache through views (the batch of one dropped; the keys
+        # transposed): tiles of it as they read it, not a table of every element
+        assert all(i.index is None and i.pat is None for i in loads)
+        assert {(i.shape, i.src_shape, i.perm) for i in loads} == {
+            ((2, 128, 32), (), ()), ((2, 32, 128), (1, 2, 128, 32), (0, 1, 3, 2))}
         stores = {i.tensor: i for i in c.program.instrs if isinstance(i, DmaStore)}
         for t in presents:
             assert stores[t].op == producer[graph.root(graph.appends[t].rows)]
