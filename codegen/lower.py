@@ -282,10 +282,12 @@ class _Builder:
         return table
 
     def view_digest(self, tensor: str) -> bytes:
-        """A digest of a view's table (once per chain of views)."""
+        """A digest of a view's table: of its chain of views (the shapes and permutations
+        that make the table), so that the table is not built to be digested (a KV cache's
+        through its transpose: 335 M elements at batch 32 with 2,048 tokens)."""
         key = self.views.chain(tensor)
         if key not in self.view_digests:
-            self.view_digests[key] = hashlib.blake2b(self.to_root(tensor).tobytes(),
+            self.view_digests[key] = hashlib.blake2b(repr(key).encode(),
                                                      digest_size=16).digest()
         return self.view_digests[key]
 
@@ -325,7 +327,7 @@ class _Builder:
 
     def source_key(self, place: Placement, tensor: str) -> tuple:
         """Where the elements of ``tensor`` (read through its views) come from, by content."""
-        view = self.digest(self.to_root(tensor)) if self.graph.root(tensor) != tensor else b""
+        view = self.view_digest(tensor) if self.graph.root(tensor) != tensor else b""
         src = self.buffers[place.buf]
         return (self.digest(place.core), self.digest(place.off), src.elems, src.dtype, view)
 
@@ -446,7 +448,7 @@ class _Builder:
         the host, activations exchanged; all with the op's other inputs (one barrier)."""
         operand = op.extra[k]
         root = self.graph.root(operand.tensor)
-        view = self.digest(self.to_root(operand.tensor)) if root != operand.tensor else b""
+        view = self.view_digest(operand.tensor) if root != operand.tensor else b""
         memo: tuple | None = None if key is None else ("extra", key, k, view)
         idx = self.memo.get(memo) if memo is not None else None
         if idx is None:
