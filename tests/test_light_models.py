@@ -10,8 +10,12 @@ other three with t10c's default fp16.
 
 ResNet-50's logits come out near 9.7e18, all equal in exact arithmetic: float32 sums in another
 order (t10c's, over cores) agree to 6e-7 relative, which is 6.6e12 absolute, and the final
-Softmax of values that far apart is no longer uniform. Its test compares the logits (the model
-without that Softmax), where the ill-conditioning has not happened yet (`LOGITS`).
+Softmax of values that far apart is no longer uniform. Inception v1's, SqueezeNet's and
+ZFNet-512's logits are as large (their activations reach 8e20, 9e9 and 1e12): t10c's logits
+agree with onnxruntime's to 2e-7 to 2e-6 relative while their Softmax outputs differ by 10x to
+100x (these three failed so since at least 2026-12-04's main; the slow tests are not in the
+default run). The tests of all four compare the logits (the model without that Softmax), where
+the ill-conditioning has not happened yet (`LOGITS`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ OVERFLOWS_FP16 = {"bvlc_alexnet": 7.9e11, "inception_v1": 8.3e20, "resnet50": 9.
 
 
 #: models whose final Softmax is compared by its input, the logits (see above)
-LOGITS = {"resnet50"}
+LOGITS = {"inception_v1", "resnet50", "squeezenet", "zfnet512"}
 
 
 def _model(name: str) -> onnx.ModelProto:
