@@ -203,6 +203,21 @@ def test_emit_asm(capsys: pytest.CaptureFixture[str]) -> None:
     assert "op  " not in out  # no per-op table with --emit
 
 
+def test_explain_sees_the_graph_compile_plans(capsys: pytest.CaptureFixture[str]) -> None:
+    """`t10c explain` plans the graph `t10c compile` plans for the chip (`driver.chip_graph`):
+    on a chip with DRAM a decode step's attention reads the past cache itself (the op over
+    it is ``.../cache0``), and the Concat that appended the cache is not an op."""
+    code, out, _ = run(capsys, "explain", "llama-tiny-decode", "--chip", "test64-dram",
+                       "--op", "layers0/attn/scores/MatMul/cache0")
+    assert code == 0 and "op layers0/attn/scores/MatMul/cache0 (contraction" in out
+    code, _, err = run(capsys, "explain", "llama-tiny-decode", "--chip", "test64-dram",
+                       "--op", "layers0/attn/k_cache/Concat")
+    assert code == EXIT_USAGE and "layers0/attn/k_cache/Concat" in err
+    code, out, _ = run(capsys, "explain", "llama-tiny-decode", "--chip", "test16",
+                       "--op", "layers0/attn/k_cache/Concat")
+    assert code == 0  # (an SRAM-only all-to-all chip: the cache is concatenated on chip)
+
+
 def test_user_chip_compiles(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     chip = write(tmp_path / "eight.toml", 'base = "test16"\ncores = 8\n')
     code, out, err = run(capsys, "compile", "mlp", "--chip", str(chip), "--no-table")

@@ -71,6 +71,26 @@ def test_an_unknown_tensor_and_a_missing_output() -> None:
     assert "graph output nowhere is never computed" in str(info.value)
 
 
+def test_an_output_grown_in_place_is_checked() -> None:
+    """An output grown in place (`t10c.ir.Append`, a KV cache on a chip with DRAM) needs a
+    graph input that begins it, new rows that fill the rest, and no op computing it."""
+    from t10c.ir import Append
+    from t10c.partition.dram import grow_in_place
+
+    split = frontend.to_graph(load_source("llama-tiny-decode", seq_len=16, weights=False),
+                              split_cache=True)
+    grown = grow_in_place(split)
+    verify_graph(grown)
+    out, good = next(iter(grown.appends.items()))
+    bad = {out: dataclasses.replace(good, base="input_ids"),
+           "logits": Append(good.base, good.rows, good.axis, good.length)}
+    with pytest.raises(GraphError) as info:
+        verify_graph(dataclasses.replace(grown, appends={**grown.appends, **bad}))
+    text = str(info.value)
+    assert f"graph output {out}: does not begin with input_ids" in text
+    assert "graph output logits: is grown in place and computed by an op too" in text
+
+
 def test_compile_check_runs_the_verifiers(capsys) -> None:
     assert main(["compile", "bert-tiny", "--chip", "test16", "--seq-len", "16", "--check",
                  "--run", "--no-table"]) == 0
