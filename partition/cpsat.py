@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ortools.linear_solver import pywraplp  # type: ignore[import-untyped]
@@ -145,12 +146,28 @@ def _ends(domain: list[int]) -> tuple[float, float]:
                  for v in (domain[0], domain[-1]))
 
 
+@dataclass(frozen=True)
+class Relaxation:
+    """A minimising model's LP relaxation, solved (`relax`)."""
+
+    bound: int  # no integer solution's objective is lower
+    values: tuple[float, ...]  # the LP's value of every variable, by its index
+
+
 def lp_bound(model: cp_model.CpModel) -> int | None:
-    """A lower bound on the objective of a minimising ``model`` from its LP relaxation (every
-    variable continuous within its domain), solved by GLOP: exact (simplex, no time limit),
-    deterministic, and far cheaper than CP-SAT's own search for a bound on a large model.
-    Constraints other than linear ones and exactly-one, and those with enforcement literals,
-    are dropped (a weaker relaxation is still a bound). None when the LP is not solved."""
+    """A lower bound on the objective of a minimising ``model`` from its LP relaxation
+    (`relax`); None when the LP is not solved."""
+    relaxed = relax(model)
+    return relaxed.bound if relaxed is not None else None
+
+
+def relax(model: cp_model.CpModel) -> Relaxation | None:
+    """The LP relaxation of a minimising ``model`` (every variable continuous within its
+    domain), solved by GLOP: exact (simplex, no time limit), deterministic, and far cheaper
+    than CP-SAT's own search for a bound on a large model; its values round to a start where
+    the relaxation is nearly integral. Constraints other than linear ones and exactly-one, and
+    those with enforcement literals, are dropped (a weaker relaxation is still a bound). None
+    when the LP is not solved."""
     proto = model.proto
     lp = pywraplp.Solver.CreateSolver("GLOP")
     # (the proto's repeated fields do not index from the end: read them as lists)
@@ -184,4 +201,5 @@ def lp_bound(model: cp_model.CpModel) -> int | None:
     scale = goal.scaling_factor or 1.0
     value = scale * (cost.Value() + goal.offset)
     # the optimum of integer costs is an integer at least the LP's true value
-    return math.ceil(value - _LP_MARGIN * abs(value))
+    return Relaxation(math.ceil(value - _LP_MARGIN * abs(value)),
+                      tuple(x.solution_value() for x in xs))

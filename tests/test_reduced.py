@@ -156,6 +156,31 @@ def test_lp_bound_by_hand() -> None:
     assert cpsat.lp_bound(model) == 1
 
 
+@pytest.mark.parametrize("cap", [130, 160, 190, 220, 250, 290])
+def test_lp_start_is_repaired_where_its_rounding_overflows(cap: int) -> None:
+    """The start rounded from the full model's LP (`solve._lp_start`): where memory admits
+    k fast A ops and two thirds of another, the LP runs that one two-thirds fast, its
+    rounding runs it fast and overflows, and the repair (the fractional and overflowing ops
+    re-chosen, the rest fixed) finds a choice that fits, here the optimum. Where every A op
+    fits fast the LP is integral and its rounding is the optimum, with no search."""
+    graph, fronts, edges = blocks()
+    best = brute_force(graph, fronts, edges, cap)
+    arrays = _Arrays(fronts, [[0] * len(f) for f in fronts])
+    terms = liveness(graph)
+    model, x = build_model(terms, fronts, arrays, edges, cap, None)
+    relaxed = cpsat.relax(model)
+    assert relaxed is not None and relaxed.bound <= best
+    values = [[relaxed.values[v.index] for v in x.x[x.tie[i]]] for i in range(len(fronts))]
+    fractional = [i for i, v in enumerate(values) if max(v) < 1 - 1e-6]
+    start, spent = solving._lp_start(relaxed, model, x, terms, arrays, edges, cap, EXACT)
+    assert start is not None and (memory_use(terms, arrays, start) <= cap).all()
+    assert objective(arrays, edges, start) == best
+    if cap < 290:
+        assert fractional and relaxed.bound < best and spent > 0
+    else:
+        assert not fractional and spent == 0.0
+
+
 def _greedy_reference(terms, arrays, cap, base):
     """The greedy as first written: every op's moves scored afresh at every step."""
     n = len(arrays.cold)
