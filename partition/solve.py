@@ -644,7 +644,8 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
         # the full model's LP bounds the choice closely: proven within the gap, or close
         # enough that the full search (which rarely closes such a gap: bert-large's stays at
         # 0.20% after 30 s) is not worth its time
-        if progress:
+        if progress:  # (a solve that ends at once, as the LP's rounded choice can)
+            progress("solve", 0, whole)
             progress("solve", whole, whole)
         name = "OPTIMAL" if close(1) else "FEASIBLE"
         how = method if method != "full model" else \
