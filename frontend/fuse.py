@@ -303,10 +303,12 @@ def _read_sites(ops: list[TensorExpr]) -> dict[str, list[tuple[int, int]]]:
 
 
 def fuse_epilogue(ops: list[TensorExpr], keep: set[str], shapes: dict[str, tuple[int, ...]],
-                  max_extra: int = 4) -> bool:
+                  max_extra: int = 4,
+                  reads: dict[str, list[tuple[int, int]]] | None = None) -> bool:
     """Fold one elementwise op into the reduction before it (module doc, rules a-c), in
-    place; True if one was folded."""
-    reads = _read_sites(ops)
+    place; True if one was folded. ``reads``: `_read_sites` of ``ops``, where the caller has
+    it."""
+    reads = reads if reads is not None else _read_sites(ops)
     for pi, producer in enumerate(ops):
         out = producer.output.tensor
         if producer.combine is None or producer.body[0] == "take" or out in keep:
@@ -399,11 +401,11 @@ def _recompute_in_epilogue(producer: TensorExpr, consumer: TensorExpr, k: int,
                    source=f"{producer.source} + {consumer.source}".strip(" +"))
 
 
-def fuse_prologue(ops: list[TensorExpr], keep: set[str],
-                  shapes: dict[str, tuple[int, ...]]) -> bool:
+def fuse_prologue(ops: list[TensorExpr], keep: set[str], shapes: dict[str, tuple[int, ...]],
+                  reads: dict[str, list[tuple[int, int]]] | None = None) -> bool:
     """Fold one elementwise op into the contractions that read it, as their prologue (module
-    doc, rules i-iii), in place; True if one was folded."""
-    reads = _read_sites(ops)
+    doc, rules i-iii), in place; True if one was folded. ``reads`` as `fuse_epilogue`'s."""
+    reads = reads if reads is not None else _read_sites(ops)
     for pi, producer in enumerate(ops):
         out = producer.output.tensor
         if (producer.combine is not None or producer.body[0] == "take" or out in keep
@@ -437,18 +439,18 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True,
     viewed = {o.tensor for op in ops for o in op.reads if o.tensor in graph.views}
     keep = {graph.root(t) for t in (*graph.outputs, *viewed)}
     shapes = {name: t.shape for name, t in graph.tensors.items()}
+    roots = {v: graph.root(v) for v in graph.views}
     changed = True
     while changed:
-        changed = epilogues and fuse_epilogue(ops, keep, shapes)
+        # each pass folds one op and starts again; its read sites are built once for the
+        # pass, shared by the three kinds of fusion (none changes the ops unless it folds)
+        reads = _read_sites(ops)
+        changed = epilogues and fuse_epilogue(ops, keep, shapes, reads=reads)
         if changed:
             continue
-        reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        for ci, op in enumerate(ops):
-            for slot, o in enumerate(op.reads):
-                reads[o.tensor].append((ci, slot))
         produced = {op.output.tensor for op in ops}
         # computed tensors, views of them included (constants and inputs are not)
-        computed = produced | {v for v in graph.views if graph.root(v) in produced}
+        computed = produced | {v for v, root in roots.items() if root in produced}
         for pi, producer in enumerate(ops):
             out = producer.output.tensor
             if producer.combine is not None or producer.body[0] == "take" or out in keep:
@@ -467,7 +469,7 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True,
             changed = True
             break
         if not changed and epilogues and prologues:  # what is left: tails read by matmuls
-            changed = fuse_prologue(ops, keep, shapes)
+            changed = fuse_prologue(ops, keep, shapes, reads)
     return prune(replace(graph, ops=tuple(ops)))
 
 
