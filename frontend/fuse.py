@@ -293,39 +293,82 @@ def _substitute_acc(body: Body, value: Body) -> Body:
     return (body[0], *(_substitute_acc(arg, value) for arg in body[1:]))
 
 
-def _read_sites(ops: list[TensorExpr]) -> dict[str, list[tuple[int, int]]]:
-    """For each tensor, the (op, read slot) pairs that read it."""
-    reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for ci, op in enumerate(ops):
+class _Ops:
+    """The ops being fused, in order, with what each pass of `fuse_elementwise` asks of them
+    kept in step instead of rebuilt: who reads each tensor (``sites``, in op then slot
+    order) and which tensors are computed. A folded op leaves a hole (None), so the others
+    keep their indices; the holes go at the end (`fused`)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.ops: list[TensorExpr | None] = list(graph.ops)
+        self._reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for ci, op in enumerate(graph.ops):
+            self._enter(ci, op)
+        roots = {v: graph.root(v) for v in graph.views}
+        self._views: dict[str, list[str]] = defaultdict(list)
+        for v, root in roots.items():
+            self._views[root].append(v)
+        produced = {op.output.tensor for op in graph.ops}
+        # computed tensors, views of them included (constants and inputs are not)
+        self.computed = produced | {v for v, root in roots.items() if root in produced}
+
+    def _enter(self, ci: int, op: TensorExpr) -> None:
         for slot, o in enumerate(op.reads):
-            reads[o.tensor].append((ci, slot))
-    return reads
+            self._reads[o.tensor].append((ci, slot))
+
+    def live(self) -> list[tuple[int, TensorExpr]]:
+        return [(i, op) for i, op in enumerate(self.ops) if op is not None]
+
+    def op(self, i: int) -> TensorExpr:
+        op = self.ops[i]
+        assert op is not None
+        return op
+
+    def sites(self, tensor: str) -> list[tuple[int, int]]:
+        """The (op, read slot) pairs that read ``tensor``."""
+        return sorted(self._reads.get(tensor, ()))
+
+    def replace(self, ci: int, op: TensorExpr | None) -> None:
+        for t in {o.tensor for o in self.op(ci).reads}:
+            self._reads[t] = [s for s in self._reads[t] if s[0] != ci]
+        self.ops[ci] = op
+        if op is not None:
+            self._enter(ci, op)
+
+    def fold(self, pi: int, into: dict[int, TensorExpr]) -> None:
+        """Op ``pi`` is gone, its readers replaced by ``into``: nothing reads its result
+        any more (a tensor read through a view is never folded)."""
+        for ci, op in into.items():
+            self.replace(ci, op)
+        out = self.op(pi).output.tensor
+        self.replace(pi, None)
+        self.computed.discard(out)
+        self.computed.difference_update(self._views.get(out, ()))
+
+    def fused(self) -> tuple[TensorExpr, ...]:
+        return tuple(op for op in self.ops if op is not None)
 
 
-def fuse_epilogue(ops: list[TensorExpr], keep: set[str], shapes: dict[str, tuple[int, ...]],
-                  max_extra: int = 4,
-                  reads: dict[str, list[tuple[int, int]]] | None = None) -> bool:
+def fuse_epilogue(ops: _Ops, keep: set[str], shapes: dict[str, tuple[int, ...]],
+                  max_extra: int = 4) -> bool:
     """Fold one elementwise op into the reduction before it (module doc, rules a-c), in
-    place; True if one was folded. ``reads``: `_read_sites` of ``ops``, where the caller has
-    it."""
-    reads = reads if reads is not None else _read_sites(ops)
-    for pi, producer in enumerate(ops):
+    place; True if one was folded."""
+    for pi, producer in ops.live():
         out = producer.output.tensor
         if producer.combine is None or producer.body[0] == "take" or out in keep:
             continue
-        sites = reads.get(out, [])
+        sites = ops.sites(out)
         readers = {ci for ci, _ in sites}
         if len(readers) != 1:
             continue
         ci = readers.pop()
         slots = [slot for _, slot in sites]
-        if any(slot >= len(ops[ci].inputs) for slot in slots):
+        if any(slot >= len(ops.op(ci).inputs) for slot in slots):
             continue  # read as another op's extra operand
-        fused = _fold(producer, ops[ci], slots, shapes, max_extra)
+        fused = _fold(producer, ops.op(ci), slots, shapes, max_extra)
         if fused is None:
             continue
-        ops[ci] = fused
-        del ops[pi]
+        ops.fold(pi, {ci: fused})
         return True
     return False
 
@@ -401,30 +444,27 @@ def _recompute_in_epilogue(producer: TensorExpr, consumer: TensorExpr, k: int,
                    source=f"{producer.source} + {consumer.source}".strip(" +"))
 
 
-def fuse_prologue(ops: list[TensorExpr], keep: set[str], shapes: dict[str, tuple[int, ...]],
-                  reads: dict[str, list[tuple[int, int]]] | None = None) -> bool:
+def fuse_prologue(ops: _Ops, keep: set[str], shapes: dict[str, tuple[int, ...]]) -> bool:
     """Fold one elementwise op into the contractions that read it, as their prologue (module
-    doc, rules i-iii), in place; True if one was folded. ``reads`` as `fuse_epilogue`'s."""
-    reads = reads if reads is not None else _read_sites(ops)
-    for pi, producer in enumerate(ops):
+    doc, rules i-iii), in place; True if one was folded."""
+    for pi, producer in ops.live():
         out = producer.output.tensor
         if (producer.combine is not None or producer.body[0] == "take" or out in keep
                 or _is_copy(producer)):
             continue
-        sites = reads.get(out, [])
+        sites = ops.sites(out)
         if not sites or len({ci for ci, _ in sites}) != len(sites):
             continue
         if len(sites) > 1 and body_cost(producer.body) > RECOMPUTE_OPS:
             continue  # each reader recomputes it: only where that is cheap
-        fused = [_as_prologue(producer, ops[ci], slot) if slot < len(ops[ci].inputs) else
-                 _recompute_in_epilogue(producer, ops[ci], slot - len(ops[ci].inputs), shapes)
+        fused = [_as_prologue(producer, ops.op(ci), slot) if slot < len(ops.op(ci).inputs)
+                 else _recompute_in_epilogue(producer, ops.op(ci),
+                                             slot - len(ops.op(ci).inputs), shapes)
                  for ci, slot in sites]
         if any(f is None for f in fused) or not any(
-                slot < len(ops[ci].inputs) for ci, slot in sites):
+                slot < len(ops.op(ci).inputs) for ci, slot in sites):
             continue  # (an op read only by epilogues is left to epilogue fusion)
-        for (ci, _), f in zip(sites, fused):
-            ops[ci] = f  # type: ignore[assignment]
-        del ops[pi]
+        ops.fold(pi, {ci: f for (ci, _), f in zip(sites, fused)})  # type: ignore[misc]
         return True
     return False
 
@@ -434,43 +474,34 @@ def fuse_elementwise(graph: Graph, max_inputs: int = 6, epilogues: bool = True,
     """Inline elementwise producers into their readers and, with ``epilogues``, fold
     elementwise consumers into reductions, and, with ``prologues`` too, elementwise producers
     into the contractions that read them (rules in the module doc), repeatedly."""
-    ops = list(graph.ops)
     # tensors read through a view (or output through one) must exist as they are
-    viewed = {o.tensor for op in ops for o in op.reads if o.tensor in graph.views}
+    viewed = {o.tensor for op in graph.ops for o in op.reads if o.tensor in graph.views}
     keep = {graph.root(t) for t in (*graph.outputs, *viewed)}
     shapes = {name: t.shape for name, t in graph.tensors.items()}
-    roots = {v: graph.root(v) for v in graph.views}
+    ops = _Ops(graph)
     changed = True
     while changed:
-        # each pass folds one op and starts again; its read sites are built once for the
-        # pass, shared by the three kinds of fusion (none changes the ops unless it folds)
-        reads = _read_sites(ops)
-        changed = epilogues and fuse_epilogue(ops, keep, shapes, reads=reads)
+        changed = epilogues and fuse_epilogue(ops, keep, shapes)
         if changed:
             continue
-        produced = {op.output.tensor for op in ops}
-        # computed tensors, views of them included (constants and inputs are not)
-        computed = produced | {v for v, root in roots.items() if root in produced}
-        for pi, producer in enumerate(ops):
+        for pi, producer in ops.live():
             out = producer.output.tensor
             if producer.combine is not None or producer.body[0] == "take" or out in keep:
                 continue
-            sites = reads.get(out, [])
+            sites = ops.sites(out)
             if not sites or len({ci for ci, _ in sites}) != len(sites):
                 continue  # one reader reading it twice
-            if not all(slot < len(ops[ci].inputs)
-                       and _may_inline(producer, ops[ci], slot, len(sites), computed, max_inputs,
-                                       shapes)
+            if not all(slot < len(ops.op(ci).inputs)
+                       and _may_inline(producer, ops.op(ci), slot, len(sites), ops.computed,
+                                       max_inputs, shapes)
                        for ci, slot in sites):
                 continue
-            for ci, slot in sites:
-                ops[ci] = _inline(producer, ops[ci], slot)
-            del ops[pi]
+            ops.fold(pi, {ci: _inline(producer, ops.op(ci), slot) for ci, slot in sites})
             changed = True
             break
         if not changed and epilogues and prologues:  # what is left: tails read by matmuls
-            changed = fuse_prologue(ops, keep, shapes, reads)
-    return prune(replace(graph, ops=tuple(ops)))
+            changed = fuse_prologue(ops, keep, shapes)
+    return prune(replace(graph, ops=ops.fused()))
 
 
 def prune(graph: Graph) -> Graph:
