@@ -253,28 +253,32 @@ def fetch_estimate(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset
                        for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
     if not fetched:
         return 0, 0
-    wanted = fetch_wanted(op, geo.shapes, chip, geo.ncores, dtype, int_tensors, const_tensors,
-                          weights_home, epi.fetched)
+    whole = weights_whole(op, geo.shapes, dtype, int_tensors, const_tensors) \
+        if weights_home else 0
     shift = (exchange_estimate(chip, fetched) if geo.embed is not None
-             else chip.exchange_cycles(fetched, spread_cross(chip, geo.ncores, fetched,
-                                                             wanted)))
+             else chip.exchange_cycles(fetched, spread_cross(
+                 chip, geo.ncores, fetched, fetch_wanted(chip, geo.ncores, whole,
+                                                         epi.fetched))))
     return shift, chip.sync_cycles
 
 
-def fetch_wanted(op: TensorExpr, shapes: dict[str, tuple[int, ...]], chip: Chip, ncores: int,
-                 dtype: str, int_tensors: frozenset[str], const_tensors: frozenset[str],
-                 weights_home: bool, epilogue_fetched: int) -> int | None:
+def weights_whole(op: TensorExpr, shapes: dict[str, tuple[int, ...]], dtype: str,
+                  int_tensors: frozenset[str], const_tensors: frozenset[str]) -> int:
+    """The bytes of all of ``op``'s weights, whole."""
+    return sum(element_bytes(op, i, dtype, int_tensors) * math.prod(shapes[o.tensor])
+               for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
+
+
+def fetch_wanted(chip: Chip, ncores: int, warmed: int, epilogue_fetched: int) -> int | None:
     """The most distinct bytes of a plan's fetch from the idle layouts that the busiest chip
-    of a pod wants (`pod.spread_cross`'s cap; None off a pod): its cores' epilogue weights,
-    and each warmed-up weight whole at most, since an element crosses to a chip once and is
-    fanned out there. A replicated plan's cores want many copies of one tile (gpt2-xl on
-    ipu-pod4: fetches estimated at 1.4x the emulated time without the cap)."""
+    of a pod wants (`pod.spread_cross`'s cap; None off a pod): its cores' epilogue weights
+    (``epilogue_fetched`` a core), and the ``warmed`` bytes of the weights warmed up, whole at
+    most, since an element crosses to a chip once and is fanned out there. A replicated
+    plan's cores want many copies of one tile (gpt2-xl on ipu-pod4: fetches estimated at
+    1.4x the emulated time without the cap)."""
     if not chip.is_pod:
         return None
-    whole = sum(element_bytes(op, i, dtype, int_tensors) * math.prod(shapes[o.tensor])
-                for i, o in enumerate(op.inputs) if o.tensor in const_tensors) \
-        if weights_home else 0
-    return whole + epilogue_fetched * chip.busiest_chip_cores(ncores)
+    return warmed + epilogue_fetched * chip.busiest_chip_cores(ncores)
 
 
 def spread_owner(numel: int, over: range) -> np.ndarray:

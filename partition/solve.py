@@ -583,7 +583,7 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
         warm = greedy(terms, arrays, cap)
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     greedy_choice = tuple(warm) if warm is not None else None
-    known = [tuple(warm)] if warm is not None else []
+    known = [greedy_choice] if greedy_choice is not None else []
     for s in starts:
         # a start chosen under the same memory terms fits here too; checked, not assumed
         if (memory_use(terms, arrays, s) <= cap).all():

@@ -19,7 +19,7 @@ from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 from .collectives import reduce_estimate
-from .cost import element_bytes, epilogue_cost, fetch_wanted, home_bytes
+from .cost import element_bytes, epilogue_cost, fetch_wanted, home_bytes, weights_whole
 from .place import embed_rows, exchange_estimate, hops_of_ring
 from .pod import reduce_pairs, ring_cross_row, spread_cross
 
@@ -227,12 +227,12 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
             fetch = _transfer(chip, fetched)
             if pod:
                 ncores = np.prod(F, axis=1)
-                efetched = ones * epi.fetched
+                whole = weights_whole(op, shapes, dtype, int_tensors, const_tensors) \
+                    if weights_home else 0
                 fetch = np.maximum(fetch, _pod(chip, np.asarray(
-                    [spread_cross(chip, int(c), int(x), fetch_wanted(
-                        op, shapes, chip, int(c), dtype, int_tensors, const_tensors,
-                        weights_home, int(e)))
-                     for c, x, e in zip(ncores, fetched, efetched)])))
+                    [spread_cross(chip, int(c), int(x),
+                                  fetch_wanted(chip, int(c), whole, int(e)))
+                     for c, x, e in zip(ncores, fetched, ones * epi.fetched)])))
             shift = shift + fetch
         sync = sync + np.where(fetched > 0, chip.sync_cycles, 0)
 
