@@ -699,8 +699,8 @@ class _Builder:
             place = self.placement[root]
             self.instrs.append(DmaStore(
                 op.name, "dram", t, shape, place.buf, place.core[rflat], place.off[rflat],
-                self.storage(t), phys, None if index is None else index.astype(np.int32),
-                grown[0] if grown is not None else ""))
+                self.storage(t), phys, index=None if index is None else index.astype(np.int32),
+                base=grown[0] if grown is not None else ""))
 
     def wait_stores(self, n: int) -> None:
         """Before op n (or at the end, n = len(ops)): wait for the write-backs due here, and
@@ -1050,17 +1050,20 @@ class _Builder:
         self.wait_stores(len(graph.ops))
         stored = {graph.ops[k].output.tensor for k in self.written_back}
         for t in graph.outputs:
-            if graph.root(graph.written(t)) in stored:
+            written = graph.written(t)  # an output grown in place: its new rows
+            if graph.root(written) in stored:
                 continue  # in DRAM already
-            if t in graph.appends:
-                raise CodegenError(f"graph output {t} grows {graph.appends[t].base} in place, "
-                                   "which only a chip with DRAM holds")
-            root, rflat = map_to_root(graph, t, np.arange(graph.tensors[t].numel))
+            root, rflat = map_to_root(graph, written, np.arange(graph.tensors[written].numel))
             if root not in self.placement:
                 raise CodegenError(f"graph output {t} is not computed on chip")
             place = self.placement[root]
-            self.instrs.append(Store("", "host", t, graph.tensors[t].shape, place.buf,
-                                     place.core[rflat], place.off[rflat]))
+            shape = graph.tensors[t].shape
+            grown = graph.appends.get(t)  # the host holds the input it grows, the past rows
+            index = None if grown is None else tail_index(shape, grown.axis, grown.length)
+            self.instrs.append(Store(
+                "", "host", t, shape, place.buf, place.core[rflat], place.off[rflat],
+                index=None if index is None else index.astype(np.int32),
+                base=grown.base if grown is not None else ""))
         self.drain()
         if self.sink is not None:  # the online first-fit or the fixed addresses are the layout
             if self.fixed is None:

@@ -39,7 +39,10 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
   past the end of src; ``sizes[c]`` (optional) is how much of core c's chunk is real data,
   the rest padding that is not sent.
 - ``Sync()``: bulk-synchronous barrier.
-- ``Store(tensor, src, src_core, src_off)``: chip -> host after the run (graph outputs).
+- ``Store(tensor, src, src_core, src_off, index, base)``: chip -> host after the run (graph
+  outputs). With ``index``, only those flat elements of the tensor are stored, the rest being
+  graph input ``base``, which begins it (a decode step's KV cache grown in place by the new
+  token's rows: the host holds the past rows already).
 - ``DmaLoad(...)``: as ``Load``, but from the chip's off-chip DRAM during the run: the DMA
   engine starts it when it is issued and works while the cores compute (chips with DRAM,
   `partition/dram.py`); the buffer may be read only after its ``DmaWait``.
@@ -55,7 +58,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -308,6 +311,23 @@ class Store(Instr):
     src: int
     src_core: np.ndarray
     src_off: np.ndarray
+    #: the flat elements of ``tensor`` stored, in table order (None: all of them); the
+    #: others are graph input ``base``'s, which begins the tensor (a KV cache grown in place
+    #: by the new token's rows); keyword-only, so that `DmaStore`'s own fields follow ours
+    index: np.ndarray | None = field(default=None, kw_only=True)
+    base: str = field(default="", kw_only=True)
+
+    def whole(self, values: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
+        """The whole tensor once the stored ``values`` (in table order) landed beside
+        ``base``'s (from ``host``, the program's inputs)."""
+        if self.index is None:
+            return values.reshape(self.shape)
+        out = np.zeros(self.shape, dtype=np.float32)
+        if self.base:
+            kept = np.asarray(host[self.base], dtype=np.float32)
+            out[tuple(slice(0, n) for n in kept.shape)] = kept
+        out.reshape(-1)[self.index] = values
+        return out
 
 
 @dataclass(frozen=True)
@@ -321,11 +341,6 @@ class DmaStore(Store):
 
     dtype: str = "fp16"
     cores: np.ndarray | None = None
-    #: the flat elements of ``tensor`` stored, in table order (None: all of them); the
-    #: others are graph input ``base``'s DRAM copy, which begins the tensor (a KV cache
-    #: grown in place by the new token's rows)
-    index: np.ndarray | None = None
-    base: str = ""
 
     @property
     def nbytes(self) -> int:
@@ -333,17 +348,6 @@ class DmaStore(Store):
         count = len(self.index) if self.index is not None else int(np.prod(self.shape,
                                                                           dtype=np.int64))
         return count * DTYPE_BYTES[self.dtype]
-
-    def in_dram(self, values: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
-        """The whole tensor in DRAM once the stored ``values`` (in table order) landed."""
-        if self.index is None:
-            return values.reshape(self.shape)
-        out = np.zeros(self.shape, dtype=np.float32)
-        if self.base:
-            kept = np.asarray(host[self.base], dtype=np.float32)
-            out[tuple(slice(0, n) for n in kept.shape)] = kept
-        out.reshape(-1)[self.index] = values
-        return out
 
 
 @dataclass(frozen=True)

@@ -336,26 +336,21 @@ def _store(p: Program, ins: Store) -> None:
     if not isinstance(ins.tensor, str):
         raise _Bad("its tensor is not a name")
     shape = _shape("tensor shape", ins.shape)
-    core = _table("src_core", ins.src_core, (math.prod(shape),))
-    off = _table("src_off", ins.src_off, core.shape)
-    _sources(p, "src_core", core)
-    _within("src_off", off, 0, src.elems, f"buffer %{src.name}")
-
-
-def _dma_store(p: Program, ins: DmaStore) -> None:
     if ins.index is None:
-        _store(p, ins)
+        core = _table("src_core", ins.src_core, (math.prod(shape),))
     else:  # the stored elements only: their places in the tensor, and where they are held
-        src = p.buffers[_buf(p, "source", ins.src)]
-        shape = _shape("tensor shape", ins.shape)
         index = _table("index", ins.index, (None,))
         _within("index", index, 0, math.prod(shape), f"the {math.prod(shape)}-element tensor")
         core = _table("src_core", ins.src_core, index.shape)
-        _within("src_off", _table("src_off", ins.src_off, index.shape), 0, src.elems,
-                f"buffer %{src.name}")
-        _sources(p, "src_core", core)
+    off = _table("src_off", ins.src_off, core.shape)
+    _sources(p, "src_core", core)
+    _within("src_off", off, 0, src.elems, f"buffer %{src.name}")
     if ins.base and ins.base not in p.inputs:
         raise _Bad(f"its base {ins.base!r} is not an input of the program")
+
+
+def _dma_store(p: Program, ins: DmaStore) -> None:
+    _store(p, ins)
     if ins.dtype not in DTYPE_BYTES:
         raise _Bad(f"its dtype {ins.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     if ins.cores is not None:

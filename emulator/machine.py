@@ -451,11 +451,11 @@ class Machine(TimingMachine):
         # the values are taken as the store is issued: nothing writes the buffer before its
         # DmaWait (the timing handler enforces it); the DRAM copy is the output
         super().dma_store(ins)
-        self.outputs[ins.tensor] = ins.in_dram(self.store_values(ins), self.host)
+        self.outputs[ins.tensor] = ins.whole(self.store_values(ins), self.host)
 
     def store(self, ins: Store) -> None:
         super().store(ins)
-        self.outputs[ins.tensor] = self.store_values(ins).reshape(ins.shape)
+        self.outputs[ins.tensor] = ins.whole(self.store_values(ins), self.host)
 
     def store_values(self, ins: Store) -> np.ndarray:
         """The elements ``ins`` stores (in its table's order), gathered from the cores."""

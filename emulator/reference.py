@@ -132,7 +132,7 @@ class Reference:
 
     def dma_store(self, ins: DmaStore) -> None:
         # the DRAM copy is the output; when it is written is the timing's business
-        self.outputs[ins.tensor] = ins.in_dram(self.gathered(ins), self.host)
+        self.outputs[ins.tensor] = ins.whole(self.gathered(ins), self.host)
 
     def fill(self, ins: Fill) -> None:
         for c in range(ins.ncores):
@@ -234,7 +234,7 @@ class Reference:
             out[region] = to_storage(result, out.dtype)
 
     def store(self, ins: Store) -> None:
-        self.outputs[ins.tensor] = self.gathered(ins).reshape(ins.shape)
+        self.outputs[ins.tensor] = ins.whole(self.gathered(ins), self.host)
 
     def gathered(self, ins: Store) -> np.ndarray:
         """The elements ``ins`` stores, in its table's order, core by core."""

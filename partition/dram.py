@@ -180,7 +180,11 @@ def grow_in_place(graph: Graph) -> Graph:
     into the input's DRAM copy by the op that computes them. On a chip with DRAM the past
     rows are there already; computing the concatenation loaded all of them into SRAM, by
     DMA, only to store none of them (with LLaMA-2-13B's cache at batch 32 and 2,048 tokens,
-    53.7 GB a step).
+    53.7 GB a step). On a chip without DRAM the cache is an input that the host loads, and
+    the host is given the new rows (`Store.index`): computing the concatenation re-laid the
+    whole cache out on chip into the Concat's layout (on the wafer, LLaMA-3-8B's 8 MB of keys
+    a layer, 1,625 cycles), while a decode loop keeps the cache where the step reads it and
+    adds the new rows there, a move of a few kilobytes that the step does not charge.
 
     Views between the output and the Concat's result, and between the input and what the
     Concat reads of it, must keep the element order (reshapes), and the new rows must be the

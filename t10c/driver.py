@@ -169,14 +169,14 @@ def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, 
     fusion ``fuse`` names). A decode step's key/value cache is read where it lives: on a mesh
     (where re-laying the whole cache out costs its distance) and on a chip with DRAM (where
     the cache lives off chip and every read of it is a load), attention reads the cache input
-    itself (`rewrite.split_cache_concat`); with DRAM, the new cache is the old one grown in
-    place by the step's new entries, which are all the program writes back
-    (`partition.grow_in_place`)."""
+    itself (`rewrite.split_cache_concat`), and the new cache is the old one grown in place by
+    the step's new entries, which are all the program writes back (`partition.grow_in_place`:
+    to DRAM, or to the host, which holds the old cache as the step's input)."""
     graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=fuse != "none",
                               epilogues=fuse in ("all", "prologues"),
                               prologues=fuse == "prologues", weights=weights or {},
                               split_cache=chip.is_mesh or chip.has_dram)
-    return grow_in_place(graph) if chip.has_dram else graph
+    return grow_in_place(graph) if chip.is_mesh or chip.has_dram else graph
 
 
 def compile_model(source: str | onnx.ModelProto, chip: Chip,

@@ -4,6 +4,7 @@ pipeline (several graph outputs) on the emulator against onnxruntime."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,9 +13,12 @@ import onnxruntime as ort
 import pytest
 from ophelpers import CHIPS
 
-from t10c.chips import PRESETS
+from t10c.chips import PRESETS, chip_from_dict
 from t10c.cli import main
+from t10c.codegen.program import ProgramError, Store
+from t10c.codegen.verify import verify_program
 from t10c.driver import CompileOptions, compile_model, make_inputs, run_compiled
+from t10c.emulator.reference import run_reference
 from t10c.frontend import to_graph
 from t10c.models import ALIASES, LLAMA_SIZES, ZOO_NAMES, build, build_llama_decode
 
@@ -267,3 +271,41 @@ def test_view_chains_are_told_apart_by_where_the_elements_go() -> None:
     assert _views_as(huge, flat, (("Reshape", flat, ()),)) is False
     assert _views_as(huge, flat, (("Reshape", (32, huge[3], 1), ()),
                                   ("Reshape", flat, ()))) is None
+
+
+def test_a_mesh_decode_step_grows_its_cache_in_place() -> None:
+    """On a mesh (no DRAM) the ``present`` caches are grown in place too (`grow_in_place`):
+    the Concats are no ops, the host is given the new entries alone (`Store.index`, the rest
+    being the ``past`` input it holds), and the step's outputs still match onnxruntime, the
+    per-core reference executor's exactly."""
+    chip = chip_from_dict({"base": "wse2", "name": "mesh8", "grid": [8, 8], "cores": 64})
+    model = build_llama_decode(TINY.hidden, TINY.layers, TINY.heads, TINY.kv_heads,
+                               TINY.intermediate, vocab=512, past_len=16, batch=2)
+    compiled = compile_model(model, chip, CompileOptions(dtype="fp32"))
+    graph, program = compiled.graph, compiled.program
+    presents = [t for t in graph.outputs if t.startswith("present")]
+    assert sorted(graph.appends) == sorted(presents)
+    assert not any(op.name.endswith("cache/Concat") for op in graph.ops)
+    stores = {i.tensor: i for i in program.instrs if isinstance(i, Store)}
+    for t in presents:
+        grown = graph.appends[t]
+        assert stores[t].base == grown.base and grown.length == 16
+        assert len(stores[t].index) == graph.tensors[grown.rows].numel == 2 * TINY.kv_heads * (
+            TINY.hidden // TINY.heads)
+    result = run_compiled(compiled)
+    assert result.ok, result.max_rel_err
+    inputs = make_inputs(graph, seed=0)
+    for t in presents:
+        np.testing.assert_array_equal(result.outputs[t][:, :, :16], inputs[graph.appends[t].base])
+    want = run_reference(program, chip, inputs, graph.constants)
+    for name, got in result.outputs.items():
+        np.testing.assert_array_equal(got, want[name], err_msg=name)
+    # the verifier refuses a stored element outside the tensor and a base that is no input
+    k, store = next((k, i) for k, i in enumerate(program.instrs)
+                    if isinstance(i, Store) and i.index is not None)
+    size = math.prod(store.shape)
+    for bad, words in ((dataclasses.replace(store, index=store.index + size), "index holds"),
+                       (dataclasses.replace(store, base="nothing"), "'nothing' is not an input")):
+        instrs = program.instrs[:k] + (bad,) + program.instrs[k + 1:]
+        with pytest.raises(ProgramError, match=words):
+            verify_program(dataclasses.replace(program, instrs=instrs), chip)

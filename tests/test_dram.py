@@ -169,7 +169,7 @@ def test_a_grown_tensor_stores_its_new_rows_only() -> None:
     chip = PRESETS["test64-dram"]
     store = DmaStore("op", "dram", "kv", (2, 1024), 0, np.zeros(1024, dtype=np.int32),
                      np.arange(1024, dtype=np.int32), "fp16", np.zeros(1, dtype=np.int32),
-                     np.arange(1024, 2048, dtype=np.int32), "past")
+                     index=np.arange(1024, 2048, dtype=np.int32), base="past")
     instrs = (Alloc("op", "compute", 0), Fill("op", "compute", 0, 2.5, chip.cores), store,
               DmaWait("op", "dram", 0))
     prog = Program("grow", "test64-dram", "fp16", chip.cores, (Buffer(0, "kv", 1024, "fp16", 0),),
