@@ -42,6 +42,7 @@ from t10c.codegen.program import (
 )
 from t10c.costs import compute_cycles
 from t10c.dtypes import ceil_div
+from t10c.ir import tile_counts
 from t10c.multicast import exchange_trees
 
 from .routing import Routed, route_phase
@@ -553,14 +554,19 @@ class TimingMachine:
             raise EmulatorError(f"DMA load into buffer %{self.prog.buffers[ins.buf].name}, "
                                 "which already has one in flight")
         self.flush()  # the clock stands where the cores are
-        nbytes = self.prog.buffers[ins.buf].nbytes
+        buf = self.prog.buffers[ins.buf]
+        size = DTYPE_BYTES[buf.dtype]
         rows = _rows(ins, ins.ncores)
         cores = ins.ncores if isinstance(rows, slice) else rows
-        cycles = self.chip.dram_cycles(nbytes * ins.ncores, nbytes,
-                                       nbytes * self.chip.busiest_chip_cores(cores))
+        # the tensor's elements each core's tile holds (not the padding past its edge)
+        if ins.indexed:
+            counts = ins.elements()[1].sum(axis=1)
+        else:
+            counts = tile_counts(ins.origin, ins.tile, ins.shape)
+        cycles = self.chip.dma_load_cycles(size, counts, cores)
         self.dma_free = max(self.now, self.dma_free) + cycles
         self.dma_ready[ins.buf] = (self.dma_free, rows)
-        self.timeline.dram_bytes += nbytes * ins.ncores
+        self.timeline.dram_bytes += int(counts.sum()) * size
 
     def dma_store(self, ins: DmaStore) -> None:
         """Start a write-back: the engine takes it when its queue is free (after every load

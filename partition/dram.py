@@ -51,7 +51,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import DTYPES
-from t10c.ir import Append, Graph, TensorExpr, Window
+from t10c.ir import Append, Graph, TensorExpr, Window, tile_counts
 
 from .cost import element_bytes
 from .plan import OpPlan, geometry
@@ -75,14 +75,16 @@ def dram_operands(graph: Graph, op: TensorExpr, weights: bool) -> list[int]:
 def dram_figures(graph: Graph, op: TensorExpr, p: OpPlan, chip: Chip, dtype: str,
                  ints: frozenset[str], weights: bool) -> tuple[int, int, int]:
     """(bytes per core, DMA cycles, weight bytes per core) of plan ``p``'s DRAM loads: one
-    load per DRAM operand of the tile each of the plan's cores holds."""
+    load per DRAM operand of the tile each of the plan's cores holds (its bytes in SRAM; the
+    load carries the tensor's elements it holds, `Chip.dma_load_cycles`)."""
     geo = geometry(graph, op, p)
     per_core = cycles = weight = 0
     for i in dram_operands(graph, op, weights):
-        nbytes = element_bytes(op, i, dtype, ints) * math.prod(geo.tile_shape(i))
+        size, tile = element_bytes(op, i, dtype, ints), geo.tile_shape(i)
+        nbytes = size * math.prod(tile)
         per_core += nbytes
-        cycles += chip.dram_cycles(nbytes * geo.ncores, nbytes,
-                                   nbytes * chip.busiest_chip_cores(geo.phys))
+        counts = tile_counts(geo.tile_origin(i, 0), tile, graph.tensors[op.inputs[i].tensor].shape)
+        cycles += chip.dma_load_cycles(size, counts, geo.phys)
         if graph.root(op.inputs[i].tensor) in graph.constants:
             weight += nbytes
     return per_core, cycles, weight

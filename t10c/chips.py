@@ -199,6 +199,27 @@ class Chip:
         return (self.dram_latency_cycles + self.hop_latency_cycles * self.dram_edge_hops
                 + max(channels, ceil_div(max_core_bytes, self.link_bytes_per_cycle)))
 
+    def dma_load_cycles(self, elem_bytes: int, counts: Any, cores: Any) -> int:
+        """Cycles of one DMA load that brings ``counts[c]`` elements of ``elem_bytes`` each
+        into the c-th of ``cores`` (physical core numbers, or a count n for cores 0 .. n-1):
+        `dram_cycles` of the tensor's bytes that the tiles hold, not of the tiles' padding
+        past its edge, which the engine does not carry (the planner and the emulator both
+        time a load so)."""
+        import numpy as np
+
+        counts = np.asarray(counts, dtype=np.int64)
+        if not counts.size:
+            return 0
+        if self.is_pod:
+            phys = np.arange(int(cores)) if isinstance(cores, (int, np.integer)) else \
+                np.asarray(cores, dtype=np.int64)
+            chip_bytes = int(np.bincount(self.chip_of(phys), weights=counts,
+                                         minlength=self.chips).max()) * elem_bytes
+        else:
+            chip_bytes = None
+        return self.dram_cycles(int(counts.sum()) * elem_bytes, int(counts.max()) * elem_bytes,
+                                chip_bytes)
+
     def dram_store_cycles(self, total_bytes: int, core_bytes: int, cores: Any) -> int:
         """Cycles of one DMA store of a tensor's ``total_bytes`` from ``cores`` (an array of
         core numbers, or a count), each holding at most ``core_bytes`` of it (the planner

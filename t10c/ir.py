@@ -335,6 +335,18 @@ def unravel(flat: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     return tuple(c.reshape(flat.shape) for c in np.unravel_index(flat.ravel(), shape))
 
 
+def tile_counts(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
+                ) -> np.ndarray:
+    """(ncores,): how many elements of a ``shape`` tensor each core's ``tile`` at
+    ``origin[c]`` holds (the rest of the tile lies past the tensor's edge: padding, or a
+    window's margin before its start)."""
+    counts = np.ones(len(origin), dtype=np.int64)
+    for d, (t, n) in enumerate(zip(tile, shape)):
+        start = origin[:, d].astype(np.int64)
+        counts *= np.clip(np.minimum(start + t, n) - np.maximum(start, 0), 0, None)
+    return counts
+
+
 def map_to_root(graph: Graph, tensor: str, flat: np.ndarray) -> tuple[str, np.ndarray]:
     """Map flat element indices of ``tensor`` through its views to flat indices of its root."""
     while tensor in graph.views:

@@ -22,6 +22,7 @@ from t10c.codegen.program import (
 )
 from t10c.emulator.machine import Machine
 from t10c.emulator.timing import EmulatorError, TimingMachine
+from t10c.ir import tile_counts
 from t10c.partition.dram import schedule, store_waits
 from t10c.partition.plan import Cycles, OpPlan
 
@@ -100,6 +101,33 @@ def test_dma_timing_by_hand() -> None:
     stacked = chip_from_dict({"name": "s", "base": "test64-dram", "dram_attach": "stacked",
                               "dram_bytes_per_cycle": 32})
     assert stacked.dram_cycles(131072, 2048) == 100 + 64
+
+
+def test_a_dma_load_carries_the_tensor_not_the_tiles_padding() -> None:
+    """A 1,000-element fp16 tensor in 32-element tiles over test64-dram's 64 cores: cores 0
+    to 30 hold 32 elements each, core 31 the last 8, cores 32 to 63 none (their tiles lie
+    past the end, padding read as zero). The engine carries the 2,000 bytes the tiles hold,
+    not 64 x 64: 100 + 16 + max(2,000 B / 64 B/cycle, a core's 64 B over 4 B/cycle) = 148
+    cycles (180 for the padded tiles); the planner times the load so too."""
+    chip = PRESETS["test64-dram"]
+    origin = (np.arange(64, dtype=np.int32) * 32)[:, None]
+    instrs = (Alloc("op", "dram", 0),
+              DmaLoad("op", "dram", 0, "w", (1000,), (32,), origin),
+              DmaWait("op", "dram", 0),
+              Store("", "host", "out", (64,), 0, np.array([31] * 32 + [32] * 32, dtype=np.int32),
+                    np.tile(np.arange(32, dtype=np.int32), 2)),
+              Free("op", "free", 0))
+    prog = Program("pad", "test64-dram", "fp16", chip.cores, (Buffer(0, "w", 32, "fp16", 0),),
+                   (), instrs, {}, ("out",), 64)
+    values = np.arange(1000, dtype=np.float32)
+    outputs, timeline = Machine(prog, chip).run({}, {"w": values})
+    assert [(r.phase, r.cycles) for r in timeline.records] == [("dram", 148)]
+    assert timeline.dram_bytes == 2000
+    np.testing.assert_array_equal(outputs["out"], np.r_[values[992:], np.zeros(56)])
+    counts = tile_counts(origin, (32,), (1000,))
+    assert counts.tolist() == [32] * 31 + [8] + [0] * 32
+    assert chip.dma_load_cycles(2, counts, 64) == 148
+    assert chip.dram_cycles(64 * 64, 64) == 180
 
 
 def test_emulator_refuses_bad_dma() -> None:
