@@ -142,6 +142,29 @@ class _Allocator:
             top = min(top, start // ALIGN * ALIGN)
         return top - size if top >= size else None
 
+    def fit_top(self, sizes: list[int]) -> bool:
+        """Whether buffers of ``sizes`` bytes, placed one after the other as `alloc_top`
+        would place them, all end within the SRAM (nothing is allocated)."""
+        if self.fixed is not None:
+            return True
+        live = dict(self.live)
+        try:
+            for n, nbytes in enumerate(sizes):
+                size = aligned(nbytes)
+                offset = self._highest_gap(size, self.sram)
+                if offset is None:  # first-fit from the bottom
+                    offset = 0
+                    for start, end in sorted(self.live.values()):
+                        if start - offset >= size:
+                            break
+                        offset = max(offset, end)
+                if offset + size > self.sram:
+                    return False
+                self.live[-1 - n] = (offset, offset + size)
+            return True
+        finally:
+            self.live = live
+
     def _take(self, buf_id: int, offset: int, size: int) -> int:
         self.live[buf_id] = (offset, offset + size)
         self.peak = max(self.peak, offset + size)
@@ -238,6 +261,9 @@ class _Builder:
         for k, j in enumerate(plan.dram_issue):
             if j >= 0:
                 self.issued_at.setdefault(j, []).append(k)
+        #: where each op's DRAM loads were issued: the plan's points, or later where a
+        #: streamed run's online first-fit could not place a preload at its point (`issue_dram`)
+        self.issued = list(plan.dram_issue)
         #: chips with DRAM write every graph output back (`partition.dram.store_waits`): the
         #: producers whose stores each op waits for before it starts (len(ops): the end)
         self.store_wait: dict[int, list[int]] = {}
@@ -631,8 +657,22 @@ class _Builder:
     # -- off-chip memory ----------------------------------------------------------------------
     def issue_dram(self, j: int) -> None:
         """At op j's start: the DMA loads of every op whose loads the schedule issues here,
-        each into a fresh buffer in that op's layout (the preload footprint)."""
-        for k in self.issued_at.get(j, ()):
+        each into a fresh buffer in that op's layout (the preload footprint).
+
+        In a streamed run (online first-fit), a preload that the layout cannot place within
+        the SRAM here (the schedule counts bytes, and the buffers already placed leave no gap
+        large enough) is issued at the next op instead, and so are the loads queued behind it
+        (the queue is first-in first-out); an op's own loads are issued at its start whatever
+        happens. `issued` says where each was issued."""
+        pending = self.issued_at.get(j, [])
+        for at, k in enumerate(pending):
+            if k > j and self.check_fit and not self.alloc.fit_top(self.preload_bytes(k)):
+                later = pending[at:]
+                self.issued_at[j + 1] = later + self.issued_at.get(j + 1, [])
+                for m in later:
+                    self.issued[m] = j + 1
+                del pending[at:]
+                break
             op = self.graph.ops[k]
             p = self.plan.ops[k]
             geo = geometry(self.graph, op, p)
@@ -660,6 +700,13 @@ class _Builder:
                     tile, geo.tile_origin(i, 0).astype(np.int32), table, _cores(geo),
                     src_shape=src_shape, perm=perm))
                 self.dma[k, i] = bid
+
+    def preload_bytes(self, k: int) -> list[int]:
+        """The bytes per core of each buffer op k's DMA loads fill (`issue_dram`)."""
+        op, p = self.graph.ops[k], self.plan.ops[k]
+        geo = geometry(self.graph, op, p)
+        return [math.prod(geo.tile_shape(i)) * dtype_bytes(self.storage(op.inputs[i].tensor))
+                for i in dram_operands(self.graph, op, p.dram_weights)]
 
     def wait_dram(self, n: int) -> None:
         """Before op n: wait for its DMA loads to land."""
@@ -1147,16 +1194,22 @@ def generate(graph: Graph, plan: Plan, chip: Chip,
 def stream(graph: Graph, plan: Plan, chip: Chip, buffers: list[Buffer],
            sink: Callable[[Instr], None],
            progress: Callable[[str, int, int], None] | None = None,
-           fixed: Layout | None = None) -> Program:
+           fixed: Layout | None = None, issued: list[int] | None = None) -> Program:
     """Emit the program one op at a time into ``sink`` without keeping it: ``buffers`` fills
     up as buffers are created (the sink looks them up there). Returns the program's header
     (buffers and peak SRAM, no instructions).
 
     Buffers take the online first-fit's addresses, and `StreamedOverflow` is raised as soon
-    as one lands past the SRAM; with ``fixed`` (`streamed_layout`'s), they take those."""
+    as one lands past the SRAM; with ``fixed`` (`streamed_layout`'s), they take those. A
+    DRAM preload the online first-fit cannot place at its issue point is issued later
+    (`_Builder.issue_dram`); ``issued`` (if given) is filled with where each op's loads
+    were issued."""
     builder = _Builder(graph, plan, chip, sink, progress, fixed)
     builder.buffers = buffers
-    return builder.build()
+    program = builder.build()
+    if issued is not None:
+        issued[:] = builder.issued
+    return program
 
 
 def streamed_layout(graph: Graph, plan: Plan, chip: Chip,

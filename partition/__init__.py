@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 from t10c.chips import Chip
 from t10c.ir import Graph, TensorExpr
@@ -35,6 +36,7 @@ from .dram import (
     extra_cycles,
     grow_in_place,
     schedule,
+    stalls,
     store_cycles,
     store_waits,
     with_dram_inputs,
@@ -51,7 +53,8 @@ __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "S
            "PlanError", "DoesNotFitError", "SolverReport", "plan_graph", "verify_plan", "geometry",
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
            "WEIGHTS", "Replay", "replay_plan", "check_constraints",
-           "search_op_constrained", "match_ops", "with_preload_margin", "grow_in_place"]
+           "search_op_constrained", "match_ops", "with_preload_margin", "with_dram_issue",
+           "grow_in_place"]
 
 
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
@@ -366,6 +369,23 @@ def with_preload_margin(graph: Graph, plan: Plan, chip: Chip, solver: SolverOpti
                           tensor_sets(graph)[0], solver, plan.dram_schedule, margin)
     return dataclasses.replace(plan, dram_issue=dram.issue, dram_stall_cycles=dram.stall,
                                dram_store_wait=dram.store_wait)
+
+
+def with_dram_issue(graph: Graph, plan: Plan, chip: Chip, issue: Sequence[int]) -> Plan:
+    """``plan`` with its DRAM loads issued at ``issue`` (per op, as `Plan.dram_issue`) and
+    its stalls timed again (the write-backs waited for where the plan says): what a streamed
+    run did where its online layout issued preloads later than planned
+    (`codegen.stream`'s ``issued``)."""
+    ints = tensor_sets(graph)[0]
+    n = len(graph.ops)
+    waits = dict(enumerate(plan.dram_store_wait)) if plan.dram_store_wait else \
+        store_waits(graph, plan.dram_schedule == "basic")
+    stores = [(k, w, store_cycles(graph, k, plan.ops[k], chip, plan.dtype, ints))
+              for k, w in sorted(waits.items()) if w >= 0]
+    on_chip = [p.cycles.total + r for p, r in zip(plan.ops, plan.relayout_cycles)]
+    assert len(issue) == n
+    return dataclasses.replace(plan, dram_issue=tuple(issue),
+                               dram_stall_cycles=stalls(plan.ops, on_chip, issue, stores))
 
 
 def _rename(plan: OpPlan, name: str) -> OpPlan:

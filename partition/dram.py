@@ -304,7 +304,7 @@ def schedule(plans: Sequence[OpPlan], on_chip: Sequence[int], memory: Sequence[i
         store_wait = [-1] * n
         for (p, _, _), w in zip(stores, waits):
             store_wait[p] = w
-        return Schedule(mode, tuple(issue), _stalls(plans, on_chip, issue, timed), depth,
+        return Schedule(mode, tuple(issue), stalls(plans, on_chip, issue, timed), depth,
                         tuple(store_wait) if stores else ())
 
     if mode == "basic":
@@ -379,7 +379,7 @@ def _issue(loads: list[int], n: int, need: list[int], memory: Sequence[int], cap
     return issue
 
 
-def _stalls(plans: Sequence[OpPlan], on_chip: Sequence[int], issue: Sequence[int],
+def stalls(plans: Sequence[OpPlan], on_chip: Sequence[int], issue: Sequence[int],
             stores: Sequence[tuple[int, int, int]] = ()) -> tuple[int, ...]:
     """Each op's wait for its loads (and for the stores due at its start), on one FIFO DMA
     queue (the emulator's clock); a load issued at its own op (basic) starts when the op

@@ -39,6 +39,7 @@ from t10c.partition import (
     plan_graph,
     replay_plan,
     verify_plan,
+    with_dram_issue,
     with_preload_margin,
 )
 from t10c.rundir import draw_inputs, input_specs
@@ -289,13 +290,15 @@ def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = 
     """Generate the program op by op straight into a data-less emulator: the same instructions
     and routes as a functional run, without values and without keeping the program.
 
-    Buffers take the online first-fit's addresses. If one lands past the SRAM, the plan's
-    DRAM preloads are scheduled again with a wider margin (`with_preload_margin`, up to
-    `PRELOAD_MARGINS` times the solve's reserve; the plan returned says when they are
-    issued), and failing that the program is laid out offline (`codegen.streamed_layout`:
-    one more pass of codegen, and no replay of repeated layers)."""
+    Buffers take the online first-fit's addresses. A DRAM preload that cannot be placed at
+    its issue point is issued at a later op (codegen's ``issued``; the plan returned says
+    where, its stalls timed again, `with_dram_issue`). If a buffer still lands past the SRAM,
+    the plan's DRAM preloads are scheduled again with a wider margin (`with_preload_margin`,
+    up to `PRELOAD_MARGINS` times the solve's reserve), and failing that the program is laid
+    out offline (`codegen.streamed_layout`: one more pass of codegen, and no replay of
+    repeated layers)."""
     try:
-        return (plan, *_time_streamed(graph, plan, chip, progress, None))
+        return _time_streamed(graph, plan, chip, progress, None)
     except StreamedOverflow:
         pass
     tried = plan
@@ -308,24 +311,34 @@ def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = 
             continue  # the same schedule overflows the same way
         tried = wider
         try:
-            program, timeline = _time_streamed(graph, wider, chip, progress, None)
+            wider, program, timeline = _time_streamed(graph, wider, chip, progress, None)
         except StreamedOverflow:
             continue
         said = f"{program.sram_layout}; preloads within {margin}x the solve's SRAM reserve"
         return wider, dataclasses.replace(program, sram_layout=said), timeline
     fixed = streamed_layout(graph, plan, chip, progress)
-    return (plan, *_time_streamed(graph, plan, chip, progress, fixed))
+    return _time_streamed(graph, plan, chip, progress, fixed)
 
 
 def _time_streamed(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None,
-                   fixed: Layout | None) -> tuple[Program, Timeline]:
+                   fixed: Layout | None) -> tuple[Plan, Program, Timeline]:
+    """The plan as run (its preloads where codegen issued them), its program's header and
+    its timeline."""
     buffers: list[Buffer] = []
     header = Program(graph.name, chip.name, plan.dtype, chip.cores, buffers,  # type: ignore
                      program_exprs(graph), (), {}, graph.outputs, 0)
     machine = TimingMachine(header, chip)
-    program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress, fixed)
+    issued: list[int] = []
+    program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress, fixed,
+                     issued)
     machine.flush()
-    return program, machine.timeline
+    later = sum(a != b for a, b in zip(issued, plan.dram_issue))
+    if later:
+        plan = with_dram_issue(graph, plan, chip, issued)
+        program = dataclasses.replace(program, sram_layout=f"{program.sram_layout}; "
+                                      f"{later} of its ops' preloads issued later than "
+                                      "planned, where it had no gap for them")
+    return plan, program, machine.timeline
 
 
 #: the widest preload margin a streamed run tries, in solve reserves (`time_only`): each one

@@ -680,3 +680,38 @@ def test_timing_only_widens_the_preload_margin_first(tiny_runs: dict, monkeypatc
     assert plan.ops == c.plan.ops and plan.dram_issue != c.plan.dram_issue
     assert f"preloads within {margin}x the solve's SRAM reserve" in program.sram_layout
     assert abs(timeline.cycles - plan.total_cycles) <= 1e-3 * plan.total_cycles  # as ranked
+
+
+def test_a_preload_with_no_gap_is_issued_later(tiny_runs: dict, monkeypatch) -> None:
+    """Where the streamed online first-fit has no gap for a preload at its issue point (the
+    schedule counts bytes, not gaps), codegen issues it, and the loads queued behind it, at
+    the next op instead of failing; `time_only` returns the plan as run, its stalls timed
+    again (`with_dram_issue`), which the emulator measures, and says so in the layout."""
+    from t10c import driver
+    from t10c.codegen import lower
+
+    c, _ = tiny_runs["t10"]
+    chip = PRESETS["test64-dram"]
+    early = [k for k, j in enumerate(c.plan.dram_issue) if 0 <= j < k]
+    assert early
+    first = early[0]
+    real = lower._Allocator.fit_top
+    refused: list[int] = []
+
+    def no_gap_once(self, sizes):  # the first early preload finds no gap, once
+        if not refused:
+            refused.append(1)
+            return False
+        return real(self, sizes)
+
+    monkeypatch.setattr(lower._Allocator, "fit_top", no_gap_once)
+    plan, program, timeline = driver.time_only(c.graph, c.plan, chip)
+    moved = [k for k, (a, b) in enumerate(zip(plan.dram_issue, c.plan.dram_issue)) if a != b]
+    j = c.plan.dram_issue[first]
+    assert moved and moved[0] == first and plan.dram_issue[first] == j + 1
+    # first in, first out: what was queued at the same op behind it moved with it
+    assert all(plan.dram_issue[k] == j + 1 for k in moved)
+    assert all(c.plan.dram_issue[k] == j for k in moved)
+    assert plan.ops == c.plan.ops and plan.total_cycles >= c.plan.total_cycles
+    assert "preloads issued later than planned" in program.sram_layout
+    assert abs(timeline.cycles - plan.total_cycles) <= 1e-3 * plan.total_cycles
