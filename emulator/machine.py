@@ -559,23 +559,29 @@ class HostTiles:
     def read(self, cores: np.ndarray, elems: np.ndarray) -> np.ndarray:
         """The values at flat positions ``elems`` of cores ``cores``' tiles (broadcast
         together; a negative position reads zero), as the cut buffer holds them."""
-        hole = elems < 0
+        cores, elems = np.broadcast_arrays(cores, elems)
+        out = np.zeros(elems.shape, dtype=self.dtype)
+        # only the positions read (a take over a table split by rows misses on most cores)
+        at = np.flatnonzero(elems.reshape(-1) >= 0)
+        if not at.size:
+            return out
         # each position's coordinates in its tile, last dimension first (not
         # np.unravel_index: numpy 2.4 gets it wrong on large arrays when a dimension is 1)
-        rest, coords = np.where(hole, 0, elems), []
+        rest, coords = elems.reshape(-1)[at], []
         for t in self.tile[::-1]:
             rest, c = np.divmod(rest, t)
             coords.append(c)
         coords.reverse()
-        corner = self.origin[self.index[cores]]  # (*cores' shape, ndim)
-        inside = ~hole
-        flat = np.zeros(inside.shape, dtype=np.int64)
+        corner = self.origin[self.index[cores.reshape(-1)[at]]]  # (positions read, ndim)
+        inside = np.ones(at.size, dtype=bool)
+        flat = np.zeros(at.size, dtype=np.int64)
         for d, size in enumerate(self.host.shape):
-            x = corner[..., d] + coords[d]
+            x = corner[:, d] + coords[d]
             inside &= (x >= 0) & (x < size)
             flat = flat * size + np.clip(x, 0, size - 1)
         values = self.store(np.take(self.host.reshape(-1), flat)).astype(self.dtype, copy=False)
-        return np.where(inside, values, np.zeros((), dtype=self.dtype))
+        out.reshape(-1)[at] = np.where(inside, values, np.zeros((), dtype=self.dtype))
+        return out
 
 
 class Pool:
