@@ -126,12 +126,17 @@ class _Allocator:
         size = aligned(nbytes)
         if self.fixed is not None:
             return self._take(buf_id, self.fixed[buf_id], size)
+        return self._take(buf_id, self._lowest_gap(size), size)
+
+    def _lowest_gap(self, size: int) -> int:
+        """The offset of the lowest free gap of ``size`` bytes (past every live buffer if
+        none between them holds it)."""
         offset = 0
         for start, end in sorted(self.live.values()):
             if start - offset >= size:
                 break
             offset = max(offset, end)
-        return self._take(buf_id, offset, size)
+        return offset
 
     def _highest_gap(self, size: int, top: int) -> int | None:
         """The offset of the highest free gap of ``size`` bytes ending at most at ``top``."""
@@ -153,11 +158,7 @@ class _Allocator:
                 size = aligned(nbytes)
                 offset = self._highest_gap(size, self.sram)
                 if offset is None:  # first-fit from the bottom
-                    offset = 0
-                    for start, end in sorted(self.live.values()):
-                        if start - offset >= size:
-                            break
-                        offset = max(offset, end)
+                    offset = self._lowest_gap(size)
                 if offset + size > self.sram:
                     return False
                 self.live[-1 - n] = (offset, offset + size)
