@@ -239,9 +239,9 @@ class Append:
     """A graph output that no op computes: graph input ``base`` grown in place, along
     dimension ``axis`` (where ``base`` has extent ``length``), by the elements of tensor
     ``rows`` (in its flat order, the output's elements past ``length`` along ``axis``). A decode
-    step's ``present`` KV cache on a chip with DRAM: the ``past`` one, which lives in DRAM,
-    followed by the step's new entries, which the program writes back after it
-    (`t10c.partition.dram.grow_in_place`)."""
+    step's ``present`` KV cache on a chip with DRAM or a mesh: the ``past`` one, which lives in
+    DRAM (or on the host, which loaded it), followed by the step's new entries, which the
+    program writes back (`t10c.partition.dram.grow_in_place`)."""
 
     base: str
     rows: str
