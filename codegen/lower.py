@@ -34,7 +34,7 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.dtypes import dtype_bytes
 from t10c.elementwise import COMBINES
-from t10c.ir import Graph, TensorExpr, map_to_root
+from t10c.ir import Graph, TensorExpr, distinct_rows, map_to_root
 from t10c.multicast import prefer_multicast
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
@@ -52,7 +52,6 @@ from .pattern import (
     received,
     spread_pattern,
     tree_pairs,
-    unique_origins,
 )
 from .program import (
     Alloc,
@@ -384,7 +383,7 @@ class _Builder:
                 self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, None,
                                         _cores(geo)))
             else:  # through a view: element by element, each distinct tile once
-                uniq, inverse = unique_origins(origin)
+                uniq, inverse = distinct_rows(origin)
                 flat, valid = tile_elements(uniq, tile, self.graph.tensors[operand.tensor].shape)
                 table = np.where(valid, self.to_root(operand.tensor)[flat], -1)
                 self.instrs.append(indexed_load(op.name, phase, bid, root, shape, elems, table,
@@ -419,7 +418,7 @@ class _Builder:
         ``place`` into the plan's layout; no pattern when it already lies there."""
         operand = op.inputs[index]
         # each distinct tile's elements once: replicas of a tile receive the same elements
-        uniq, inverse = unique_origins(geo.tile_origin(index, 0))
+        uniq, inverse = distinct_rows(geo.tile_origin(index, 0))
         flat, valid = tile_elements(uniq, geo.tile_shape(index),
                                     self.graph.tensors[operand.tensor].shape)
         if self.graph.root(operand.tensor) != operand.tensor:

@@ -176,15 +176,6 @@ def spread_pattern(numel: int, rows: int, over: range) -> tuple[Pattern, int]:
     return Pattern(pat.astype(np.int32), start, np.concatenate(runs).astype(np.int32)), chunk
 
 
-def unique_origins(origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct rows of ``origin``, each row's number among them): the cores whose tiles
-    start at the same place receive the same elements, so their table row is built once."""
-    if not len(origin):
-        return origin, np.zeros(0, dtype=np.int64)
-    uniq, inverse = np.unique(origin, axis=0, return_inverse=True)
-    return uniq, inverse.reshape(-1)
-
-
 def from_table(core: np.ndarray, off: np.ndarray) -> Pattern:
     """The pattern of a full table (one row per core)."""
     return encode(core, off)

@@ -32,7 +32,7 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.costs import INDEX_BYTES
 from t10c.dtypes import dtype_bytes
-from t10c.ir import Graph
+from t10c.ir import Graph, distinct_rows
 from t10c.multicast import check_pairs, multicast_trees, phase_cycles, route_trees
 
 from .collectives import chunk_elements, scatter_of
@@ -112,7 +112,7 @@ def moved_input(chip: Chip, owner: np.ndarray | Spread, want: Want, shape: tuple
     ``want`` asks for, ``nbytes`` per element (`codegen.lower.moved_elements`)."""
 
     def make() -> Moved:
-        uniq, inverse = _distinct_rows(want.origin)
+        uniq, inverse = distinct_rows(want.origin)
         flat, valid = _whole_tiles(uniq, tuple(int(s) for s in want.shape), shape)
         if to_root is not None:
             flat = to_root[flat]
@@ -137,7 +137,7 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan,
 
     def make() -> Moved:
         # cores whose tiles (and chunks of them) start alike read alike
-        uniq, inverse = _distinct_rows(np.concatenate([origin, pos[:, None]], axis=1))
+        uniq, inverse = distinct_rows(np.concatenate([origin, pos[:, None]], axis=1))
         if scatter is not None:
             flat, valid = chunk_elements(uniq[:, :-1], tile, shape, uniq[:, -1], scatter.chunk)
         else:
@@ -147,7 +147,7 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan,
             idx = np.where(idx >= 0, to_root[np.maximum(idx, 0)], -1)
         # tiles that start apart may read the same elements (a bias broadcast over the rows
         # of the result): codegen's trees are per distinct table, so these share theirs
-        idx, again = _distinct_rows(idx)
+        idx, again = distinct_rows(idx)
         return _moved(chip, _cores(owner), np.maximum(idx, 0), idx >= 0, again[inverse],
                       geo.phys, nbytes)
 
@@ -169,14 +169,6 @@ def _whole_tiles(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ..
     row-major within the tile (codegen's buffer order): the one chunk of a group of one."""
     return chunk_elements(origin, tile, shape, np.zeros(len(origin), dtype=np.int64),
                           math.prod(tile))
-
-
-def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct rows, each row's number among them)."""
-    if not len(rows):
-        return rows, np.zeros(0, dtype=np.int64)
-    uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
-    return uniq, inverse.reshape(-1)
 
 
 def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,

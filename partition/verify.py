@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.ir import Graph
+from t10c.ir import Graph, distinct_rows
 
 from .chosen import Plan, PlanError
 from .plan import Geometry, geometry
@@ -58,7 +58,7 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
         if not (cover[:e] == 1).all():
             problems.append(f"axis {geo.axes[j]} is not covered exactly once")
     # a core's visits depend on it only through its skew: check each distinct skew once
-    skews = np.unique(geo.skew, axis=0)
+    skews = distinct_rows(geo.skew)[0]
     T = np.asarray(geo.T)
     seen = np.stack([np.ravel_multi_index(tuple(((np.asarray(geo.digits(s)) + skews) % T).T),
                                           geo.T) for s in range(geo.steps)], axis=1)
@@ -83,7 +83,7 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
         # depend on a core only through its skew, so each distinct (core skew, source skew)
         # pair is checked once per step
         per = geo.T[j] // geo.chain[i]
-        pairs = np.unique(np.stack([geo.skew[:, j], geo.skew[ring, j]], axis=1), axis=0)
+        pairs = distinct_rows(np.stack([geo.skew[:, j], geo.skew[ring, j]], axis=1))[0]
         for s in range(geo.steps - 1):
             if j not in geo.changes(s):
                 continue
@@ -100,7 +100,7 @@ def _check_op(geo: Geometry, chip: Chip) -> list[str]:
                 problems.append(f"operand {i}: its ring has a {far}-hop edge on {chip.name}")
     phys = geo.phys
     if phys.min(initial=0) < 0 or phys.max(initial=0) >= chip.cores or \
-            len(np.unique(phys)) != len(phys):
+            np.bincount(phys, minlength=1).max(initial=0) > 1:
         problems.append("its cores are not distinct physical cores of the chip")
     return problems
 

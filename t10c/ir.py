@@ -47,6 +47,7 @@ folded into the re-layout that feeds the next op (codegen maps element indices t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -333,6 +334,26 @@ def unravel(flat: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     elements (a wafer's (cores, 1) tables)."""
     flat = np.asarray(flat)
     return tuple(c.reshape(flat.shape) for c in np.unravel_index(flat.ravel(), shape))
+
+
+def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct rows of ``rows``, in order; each row's number among them): what
+    ``np.unique(rows, axis=0, return_inverse=True)`` gives, faster for integer rows, each read
+    as one integer in the mixed radix of its columns' ranges where that fits in 62 bits
+    (``np.unique`` compares rows as records, several times slower on a wafer's cores)."""
+    if not len(rows):
+        return rows, np.zeros(0, dtype=np.int64)
+    if rows.ndim == 2 and rows.dtype.kind in "iu":
+        lo = rows.min(axis=0).astype(np.int64)
+        span = rows.max(axis=0).astype(np.int64) - lo + 1
+        if math.prod(int(x) for x in span) < 1 << 62:
+            key = np.zeros(len(rows), dtype=np.int64)
+            for c in range(rows.shape[1]):
+                key = key * span[c] + (rows[:, c].astype(np.int64) - lo[c])
+            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            return rows[first], inverse.reshape(-1)
+    uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+    return uniq, inverse.reshape(-1)
 
 
 def tile_counts(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]

@@ -103,12 +103,18 @@ def line_loads(line: np.ndarray, start: np.ndarray, delta: np.ndarray, nbytes: n
         length = np.abs(delta[sel])
         first = start[sel] if positive else start[sel] - length
         first = first % size  # wrap-around legs continue past the end, folded back below
-        base = line[sel] * width
+        # only the lines some leg runs along are summed (a small op's exchange touches a
+        # few of a wafer's hundreds), each alone: the same sums, in the same order
+        used = np.bincount(line[sel], minlength=nlines) > 0
+        lines = np.flatnonzero(used)
+        base = (np.cumsum(used) - 1)[line[sel]] * width
         diff = np.bincount(np.concatenate([base + first, base + first + length]),
                            weights=np.concatenate([nbytes[sel], -nbytes[sel]]),
-                           minlength=nlines * width).reshape(nlines, width)
+                           minlength=len(lines) * width).reshape(len(lines), width)
         cum = np.cumsum(diff, axis=1)
-        out.append(np.rint(cum[:, :size] + cum[:, size:2 * size]).astype(np.int64))
+        loads = np.zeros((nlines, size), dtype=np.int64)
+        loads[lines] = np.rint(cum[:, :size] + cum[:, size:2 * size])
+        out.append(loads)
     return out[0], out[1]
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from t10c.chips import PRESETS
 from t10c.codegen import generate
 from t10c.emulator import emulate
-from t10c.ir import Graph, Operand, TensorExpr, TensorInfo, Window
+from t10c.ir import Graph, Operand, TensorExpr, TensorInfo, Window, distinct_rows
 from t10c.partition import Plan, SearchOptions, search_op, verify_plan
 
 CORES = st.sampled_from([1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16])
@@ -142,3 +142,25 @@ def test_unravel_is_right_where_numpy_2_4_is_not() -> None:
     rows, cols = unravel(flat, (n // 4, 4))
     assert rows.shape == cols.shape == (n, 1)
     assert (rows[:, 0] == np.arange(n) // 4).all() and (cols[:, 0] == np.arange(n) % 4).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 40), st.integers(0, 4), st.sampled_from([np.int32, np.int64]),
+       st.sampled_from([3, 1 << 20, 1 << 40]), st.integers(0, 2 ** 31 - 1))
+def test_distinct_rows_are_numpys(n: int, cols: int, dtype, spread: int, seed: int) -> None:
+    """`distinct_rows` gives what ``np.unique(rows, axis=0, return_inverse=True)`` gives: the
+    same rows in the same order and the same numbering, negative values and ranges too wide to
+    pack into one integer included."""
+    rng = np.random.default_rng(seed)
+    hi = min(spread, np.iinfo(dtype).max)
+    rows = rng.integers(-hi, hi, size=(n, cols), endpoint=True).astype(dtype)
+    if n > 1:
+        rows[n // 2] = rows[0]  # a repeated row
+    uniq, inverse = distinct_rows(rows)
+    if not n:
+        assert uniq.shape == (0, cols) and inverse.shape == (0,)
+        return
+    want, want_inverse = np.unique(rows, axis=0, return_inverse=True)
+    np.testing.assert_array_equal(uniq, want)
+    assert uniq.dtype == rows.dtype
+    np.testing.assert_array_equal(inverse, want_inverse.reshape(-1))
