@@ -344,10 +344,34 @@ def chunk_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, 
     return flat, valid
 
 
+#: `scatter_of(geo, tables=False)` by what it depends on: the pricing asks for it twice per
+#: producer layout (its boxes, and who owns each element), for every repeated layer
+_WHERE: dict[tuple, Scatter] = {}
+_WHERE_LIMIT = 256
+
+
 def scatter_of(geo: Geometry, tables: bool = True) -> Scatter:
     """The reduce-scatter of ``geo``'s plan (`Geometry.reduce_group` > 1): levels along the
     mesh when the groups are rectangles on it, else one level (every member's chunk from every
-    other member). ``tables=False``: only where the result ends up (no levels)."""
+    other member). ``tables=False``: only where the result ends up (no levels; kept, its
+    arrays read-only, for the next geometry alike)."""
+    if not tables:
+        shapes = tuple(geo.shapes.get(o.tensor) for o in (*geo.op.operands, *geo.op.extra))
+        key = (geo.op.signature(), geo.F, geo.T, geo.rot, geo.drivers, geo.chain, geo.embed,
+               geo.cores, shapes)
+        got = _WHERE.get(key)
+        if got is None:
+            got = _scatter_of(geo, False)
+            for a in (got.members, got.pos):
+                a.flags.writeable = False
+            if len(_WHERE) >= _WHERE_LIMIT:
+                _WHERE.clear()
+            _WHERE[key] = got
+        return got
+    return _scatter_of(geo, True)
+
+
+def _scatter_of(geo: Geometry, tables: bool) -> Scatter:
     members, pos = _members(geo)
     group = members.shape[1]
     elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
