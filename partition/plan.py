@@ -156,6 +156,13 @@ class Geometry:
         return grid_coords(self.F)
 
     @cached_property
+    def block_origin(self) -> np.ndarray:
+        """(ncores, naxes): where each core's block starts on every axis (read-only)."""
+        block = self.coords * np.asarray(self.b)
+        block.flags.writeable = False
+        return block
+
+    @cached_property
     def skew(self) -> np.ndarray:
         """(ncores, naxes): r_a of each core."""
         skew = np.zeros((self.ncores, len(self.axes)), dtype=np.int64)
@@ -175,7 +182,7 @@ class Geometry:
 
     def origin(self, step: int) -> np.ndarray:
         """(ncores, naxes): global origin of each core's sub-task at ``step``."""
-        return self._per_step("origin", step, lambda: self.coords * np.asarray(self.b)
+        return self._per_step("origin", step, lambda: self.block_origin
                               + self.sub_index(step) * np.asarray(self.u))
 
     def _per_step(self, what: str, step: int, make) -> np.ndarray:
@@ -234,12 +241,13 @@ class Geometry:
     def tile_origin(self, index: int, step: int) -> np.ndarray:
         """(ncores, ndim): global origin of operand ``index``'s buffer on each core at ``step``
         (negative where a window starts in the padding)."""
-        block = self.coords * np.asarray(self.b)
+        block = self.block_origin
         rot = self.rotation_axis(index)
         if rot is not None:
             # the partition holding this step's sub-block: T / f_t consecutive sub-blocks
             per = self.T[rot] // self.chain[index]
             part = self.sub_index(step)[:, rot] // per
+            block = block.copy()
             block[:, rot] += part * per * self.u[rot]
         return self._dims(index, block)
 
