@@ -155,9 +155,7 @@ class _Allocator:
         try:
             for n, nbytes in enumerate(sizes):
                 size = aligned(nbytes)
-                offset = self._highest_gap(size, self.sram)
-                if offset is None:  # first-fit from the bottom
-                    offset = self._lowest_gap(size)
+                offset = self._top_gap(size)
                 if offset + size > self.sram:
                     return False
                 self.live[-1 - n] = (offset, offset + size)
@@ -174,9 +172,16 @@ class _Allocator:
         """The highest free gap that holds ``nbytes`` (first-fit from the bottom when none
         does): DRAM preloads live across several ops, and placing them at the top keeps them
         out of the way of the buffers that come and go below."""
+        if self.fixed is not None:
+            return self.alloc(buf_id, nbytes)
         size = aligned(nbytes)
-        offset = None if self.fixed is not None else self._highest_gap(size, self.sram)
-        return self.alloc(buf_id, nbytes) if offset is None else self._take(buf_id, offset, size)
+        return self._take(buf_id, self._top_gap(size), size)
+
+    def _top_gap(self, size: int) -> int:
+        """Where `alloc_top` places ``size`` bytes: the highest free gap that holds them, else
+        the lowest."""
+        offset = self._highest_gap(size, self.sram)
+        return self._lowest_gap(size) if offset is None else offset
 
     def alloc_high(self, buf_id: int, nbytes: int) -> int:
         """The highest free gap below the layout's peak so far (not raising it, so that the

@@ -69,7 +69,7 @@ from t10c.codegen.program import (
 )
 from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
-from t10c.ir import TensorExpr
+from t10c.ir import TensorExpr, tile_counts
 
 from .kernels import (
     THREADS,
@@ -552,9 +552,7 @@ class HostTiles:
 
     def counts(self) -> np.ndarray:
         """How many elements of each distinct tile lie inside the tensor."""
-        edge = np.asarray(self.host.shape, dtype=np.int64)[None, :] - self.origin
-        return np.prod(np.clip(edge, 0, np.asarray(self.tile, dtype=np.int64)), axis=1,
-                       dtype=np.int64)
+        return tile_counts(self.origin, self.tile, self.host.shape)
 
     def read(self, cores: np.ndarray, elems: np.ndarray) -> np.ndarray:
         """The values at flat positions ``elems`` of cores ``cores``' tiles (broadcast

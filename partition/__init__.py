@@ -238,8 +238,8 @@ def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     ``margin`` times the solve's SRAM reserve, and what the graph outputs' write-backs make
     the cores wait."""
     memory = chosen_memory(liveness(graph, write_back=True), chosen)
-    stores = [(n, w, store_cycles(graph, n, chosen[n], chip, dtype, ints))
-              for n, w in sorted(store_waits(graph, mode == "basic").items())]
+    stores = _timed_stores(graph, chosen, store_waits(graph, mode == "basic"), chip, dtype,
+                           ints)
     on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
     cap = int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
     return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode, stores)
@@ -376,16 +376,21 @@ def with_dram_issue(graph: Graph, plan: Plan, chip: Chip, issue: Sequence[int]) 
     its stalls timed again (the write-backs waited for where the plan says): what a streamed
     run did where its online layout issued preloads later than planned
     (`codegen.stream`'s ``issued``)."""
-    ints = tensor_sets(graph)[0]
-    n = len(graph.ops)
+    assert len(issue) == len(graph.ops)
     waits = dict(enumerate(plan.dram_store_wait)) if plan.dram_store_wait else \
         store_waits(graph, plan.dram_schedule == "basic")
-    stores = [(k, w, store_cycles(graph, k, plan.ops[k], chip, plan.dtype, ints))
-              for k, w in sorted(waits.items()) if w >= 0]
+    stores = _timed_stores(graph, plan.ops, waits, chip, plan.dtype, tensor_sets(graph)[0])
     on_chip = [p.cycles.total + r for p, r in zip(plan.ops, plan.relayout_cycles)]
-    assert len(issue) == n
     return dataclasses.replace(plan, dram_issue=tuple(issue),
                                dram_stall_cycles=stalls(plan.ops, on_chip, issue, stores))
+
+
+def _timed_stores(graph: Graph, plans: Sequence[OpPlan], waits: dict[int, int], chip: Chip,
+                  dtype: str, ints: frozenset[str]) -> list[tuple[int, int, int]]:
+    """(op, the op at whose start its write-backs are waited for, their cycles) of every op
+    that writes back (``waits``: -1 for none)."""
+    return [(k, w, store_cycles(graph, k, plans[k], chip, dtype, ints))
+            for k, w in sorted(waits.items()) if w >= 0]
 
 
 def _rename(plan: OpPlan, name: str) -> OpPlan:

@@ -210,13 +210,7 @@ class Chip:
         counts = np.asarray(counts, dtype=np.int64)
         if not counts.size:
             return 0
-        if self.is_pod:
-            phys = np.arange(int(cores)) if isinstance(cores, (int, np.integer)) else \
-                np.asarray(cores, dtype=np.int64)
-            chip_bytes = int(np.bincount(self.chip_of(phys), weights=counts,
-                                         minlength=self.chips).max()) * elem_bytes
-        else:
-            chip_bytes = None
+        chip_bytes = self.busiest_chip_cores(cores, counts) * elem_bytes if self.is_pod else None
         return self.dram_cycles(int(counts.sum()) * elem_bytes, int(counts.max()) * elem_bytes,
                                 chip_bytes)
 
@@ -232,17 +226,20 @@ class Chip:
         chip_bytes = ceil_div(total_bytes * self.busiest_chip_cores(cores), ncores)
         return self.dram_cycles(total_bytes, min(core_bytes, total_bytes), chip_bytes)
 
-    def busiest_chip_cores(self, cores: Any) -> int:
+    def busiest_chip_cores(self, cores: Any, weights: Any = None) -> int:
         """How many of ``cores`` (an array of core numbers, or a count n for cores 0 .. n-1)
-        the pod's busiest chip holds: its share of a load into those cores."""
+        the pod's busiest chip holds: its share of a load into those cores; with
+        ``weights`` (one per core), the largest sum of them over one chip's cores."""
         import numpy as np
 
         if isinstance(cores, (int, np.integer)):
-            return min(int(cores), self.cores_per_chip)
+            if weights is None:
+                return min(int(cores), self.cores_per_chip)
+            cores = np.arange(int(cores))
         cores = np.asarray(cores, dtype=np.int64)
         if not cores.size:
             return 0
-        return int(np.bincount(self.chip_of(cores), minlength=self.chips).max())
+        return int(np.bincount(self.chip_of(cores), weights=weights, minlength=self.chips).max())
 
     @property
     def total_sram_bytes(self) -> int:
