@@ -42,6 +42,7 @@ from .dram import (
     with_dram_inputs,
 )
 from .epilogue import extra_edge_cost
+from .inductive import inductive_choice
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans, chosen_memory, liveness
@@ -184,19 +185,11 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                         views, fronts, fixed)
     chosen, relayout = _finished(graph, chosen, relayout, chip, dtype, ints, solver, views,
                                  fixed)
-    greedy_choice = result.greedy_choice
-    if chip.has_dram and solver.planner != "greedy" and greedy_choice is not None \
-            and greedy_choice != result.choice and not fixed:
-        # the solve charges every DMA load whole: its objective ranks choices by what the
-        # preload schedule then hides only roughly, and the greedy's choice, finished the
-        # same way, is kept where the schedule runs it faster (never slower than T10's)
-        other = tuple(front[k] for front, k in zip(fronts, greedy_choice))
-        other, again = _finished(graph, other, relayout_cycles(graph, other, chip, dtype, ints,
-                                                                 views),
-                                 chip, dtype, ints, solver, views, fixed)
-        if (_streamed_step(graph, other, again, chip, dtype, ints, solver)
-                < _streamed_step(graph, chosen, relayout, chip, dtype, ints, solver)):
-            chosen, relayout = other, again
+    choices: tuple[tuple[str, int, int], ...] = ()
+    if chip.has_dram and solver.planner != "greedy" and not fixed:
+        chosen, relayout, choices = _best_streamed(
+            graph, fronts, edges, result.choice, result.greedy_choice, chosen, relayout, chip,
+            dtype, ints, solver, views)
     gap = result.objective_cycles - result.bound_cycles
     dram = (_dram_schedule(graph, chosen, relayout, chip, dtype, ints, solver,
                            search.dram_schedule) if chip.has_dram else None)
@@ -211,7 +204,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             greedy_objective_cycles=result.greedy_objective_cycles,
             wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
             time_limit_s=solver.time_limit_s, deterministic_s=round(sum(spent), 3),
-            method=result.method),
+            method=result.method, choices=choices),
         search_wall_s=search_wall,
         bounds=plan_bounds,
         dram_schedule=dram.mode if dram else "",
@@ -247,26 +240,73 @@ def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
 
 def _finished(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
               dtype: str, ints: frozenset[str], solver: SolverOptions, views: Views,
-              fixed: frozenset[int]) -> tuple[tuple[OpPlan, ...], list[int]]:
+              fixed: frozenset[int], stream: bool = True
+              ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """The last passes over a choice: weight fetches routed (`route_fetches`), kept copies'
-    returns priced (`kept_restores`) and, on a chip with DRAM, weights streamed where the
-    preloads then hide more (`_stream_weights`)."""
+    returns priced (`kept_restores`) and, on a chip with DRAM (unless ``stream`` is False:
+    the choice has decided which weights stream), weights streamed where the preloads then
+    hide more (`_stream_weights`)."""
     fetched = route_fetches(graph, chosen, chip, dtype, ints, views)
     if fetched is not None:
         chosen, relayout = fetched
     chosen = kept_restores(graph, chosen, chip, dtype, ints, views)
-    if chip.has_dram and solver.planner != "greedy":
+    if chip.has_dram and solver.planner != "greedy" and stream:
         chosen = _stream_weights(graph, chosen, relayout, chip, dtype, ints, solver, fixed)
     return chosen, relayout
+
+
+def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
+                   solved: Sequence[int], greedy: Sequence[int] | None,
+                   chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip, dtype: str,
+                   ints: frozenset[str], solver: SolverOptions, views: Views
+                   ) -> tuple[tuple[OpPlan, ...], list[int], tuple[tuple[str, int, int], ...]]:
+    """On a chip with DRAM: the solver's choice (``chosen``, finished), the greedy's and ELK's
+    inductive ones (`inductive.inductive_choice`: every weight streamed, and the solver's
+    finished residency scheduled around the loads), each finished the same way (the
+    inductive ones have decided which weights stream: `_stream_weights` is not run again),
+    judged by the step the preload schedule runs (`_streamed_step`); the fastest is kept
+    (the first of equals, in that order). The solve charges every DMA load whole, so its
+    objective ranks choices by what the schedule then hides only roughly; the greedy (T10's
+    memory reconciliation) and the inductive choices (built back from the last op around
+    the loads) see it differently. Returns the kept choice and, kept first, each
+    candidate's predicted steps (`_steps`)."""
+    candidates = [("solver", solved, chosen, relayout)]
+    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    streamed = inductive_choice(graph, fronts, edges, cap)
+    around = inductive_choice(graph, fronts, edges, cap, [p.cold_bytes_per_core for p in chosen])
+    for name, pick in (("greedy", greedy), ("inductive", streamed.choice if streamed else None),
+                       ("inductive-resident", around.choice if around else None)):
+        if pick is None or any(tuple(pick) == tuple(c[1]) for c in candidates):
+            continue
+        plans = tuple(front[k] for front, k in zip(fronts, pick))
+        plans, again = _finished(graph, plans, relayout_cycles(graph, plans, chip, dtype, ints,
+                                                                views),
+                                 chip, dtype, ints, solver, views, frozenset(),
+                                 stream=name == "greedy")
+        candidates.append((name, pick, plans, again))
+    judged = [_streamed_step(graph, c[2], c[3], chip, dtype, ints, solver) for c in candidates]
+    best = min(range(len(candidates)), key=lambda k: (judged[k], k))
+    order = [best] + [k for k in range(len(candidates)) if k != best]
+    steps = tuple((candidates[k][0], *_steps(graph, candidates[k][2], candidates[k][3], chip,
+                                             dtype, ints, solver)) for k in order)
+    return candidates[best][2], candidates[best][3], steps
+
+
+def _steps(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
+           dtype: str, ints: frozenset[str], solver: SolverOptions) -> tuple[int, int]:
+    """A choice's predicted steps under ELK's preload schedule within the solve's SRAM
+    reserve and within twice it (`_streamed_step` judges by their sum)."""
+    spent = sum(p.cycles.total for p in plans) + sum(relayout)
+    a, b = (spent + sum(_dram_schedule(graph, plans, relayout, chip, dtype, ints, solver, "elk",
+                                       m).stall) for m in (1, 2))
+    return a, b
 
 
 def _streamed_step(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
                    dtype: str, ints: frozenset[str], solver: SolverOptions) -> int:
     """A choice's step on a chip with DRAM under ELK's preload schedule within the solve's
     SRAM reserve and under the one within twice it, together (`_stream_weights`)."""
-    spent = sum(p.cycles.total for p in plans) + sum(relayout)
-    return sum(spent + sum(_dram_schedule(graph, plans, relayout, chip, dtype, ints, solver,
-                                          "elk", m).stall) for m in (1, 2))
+    return sum(_steps(graph, plans, relayout, chip, dtype, ints, solver))
 
 
 def _stream_weights(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int],

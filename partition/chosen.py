@@ -40,6 +40,11 @@ class SolverReport:
     deterministic_s: float = 0.0
     #: which models made the choice (`solve._choose`): "full model", "grouped layers, ..."
     method: str = ""
+    #: on a chip with DRAM, the whole-graph choices compared on the DMA queue (the solver's,
+    #: the greedy's, ELK's inductive ones: `partition._best_streamed`), the kept one first,
+    #: each with its predicted steps under ELK's preload schedule within the solve's SRAM
+    #: reserve and within twice it (judged by their sum); empty elsewhere
+    choices: tuple[tuple[str, int, int], ...] = ()
 
     def document(self) -> dict[str, object]:
         """The fields plan.json stores (all but ``wall_s`` and ``deterministic_s``)."""
@@ -57,7 +62,8 @@ class SolverReport:
             greedy_objective_cycles=(None if doc["greedy_objective_cycles"] is None
                                      else int(doc["greedy_objective_cycles"])),
             wall_s=wall_s, workers=int(doc["workers"]), seed=int(doc["seed"]),
-            time_limit_s=float(doc["time_limit_s"]), method=str(doc.get("method", "")))
+            time_limit_s=float(doc["time_limit_s"]), method=str(doc.get("method", "")),
+            choices=tuple((str(name), int(a), int(b)) for name, a, b in doc.get("choices", ())))
 
 
 #: the report of a plan put together by hand (tests, tools), not chosen by a solver

@@ -751,6 +751,8 @@ def _print_summary(compiled, timing_only: bool) -> None:
               f"{s.bound_cycles} (gap {100 * s.gap:.2f}%), greedy "
               f"{s.greedy_objective_cycles} cycles, {s.wall_s} s; deterministic time "
               f"{s.deterministic_s} s over the compile's solves")
+        if s.choices:
+            print(_choices_line(s.choices))
     if options.constraints:
         print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program
@@ -768,6 +770,25 @@ def _print_summary(compiled, timing_only: bool) -> None:
         print(_bounds_line(plan, tl.cycles))
         if chip.is_mesh:
             print(_mesh_summary(tl))
+
+
+#: how `_choices_line` names each whole-graph choice compared on a chip with DRAM
+CHOICE_NAMES = {"solver": "the solver's", "greedy": "the greedy's (T10's reconciliation)",
+                "inductive": "ELK's inductive (built back from the last op, weights streamed)",
+                "inductive-resident": "ELK's inductive with the solver's resident weights"}
+
+
+def _choices_line(choices: tuple[tuple[str, int, int], ...]) -> str:
+    """The whole-graph choices compared under the preload schedule, the kept one first: each
+    one's predicted step within the solve's SRAM reserve and within twice it (the fallback
+    of a streamed run whose layout overflows); the sum judges."""
+    (kept, a, b), *others = choices
+    line = (f"choice kept: {CHOICE_NAMES.get(kept, kept)}, predicted step {a} cycles ({b} "
+            "within twice the SRAM reserve)")
+    if others:
+        line += "; against " + ", ".join(f"{CHOICE_NAMES.get(n, n)} {x} ({y})"
+                                         for n, x, y in others)
+    return line
 
 
 def _bounds_line(plan, cycles: int) -> str:
