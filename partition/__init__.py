@@ -261,8 +261,9 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
                    ints: frozenset[str], solver: SolverOptions, views: Views
                    ) -> tuple[tuple[OpPlan, ...], list[int], tuple[tuple[str, int, int], ...]]:
     """On a chip with DRAM: the solver's choice (``chosen``, finished), the greedy's and ELK's
-    inductive ones (`inductive.inductive_choice`: every weight streamed, and the solver's
-    finished residency scheduled around the loads), each finished the same way (the
+    inductive ones (`inductive.inductive_choice`: every weight streamed; and the solver's
+    finished residency scheduled around the loads, built within the solve's SRAM reserve
+    and within twice it, as `_streamed_step` judges both), each finished the same way (the
     inductive ones have decided which weights stream: `_stream_weights` is not run again),
     judged by the step the preload schedule runs (`_streamed_step`); the fastest is kept
     (the first of equals, in that order). The solve charges every DMA load whole, so its
@@ -271,11 +272,15 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
     the loads) see it differently. Returns the kept choice and, kept first, each
     candidate's predicted steps (`_steps`)."""
     candidates = [("solver", solved, chosen, relayout)]
-    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
-    streamed = inductive_choice(graph, fronts, edges, cap)
-    around = inductive_choice(graph, fronts, edges, cap, [p.cold_bytes_per_core for p in chosen])
-    for name, pick in (("greedy", greedy), ("inductive", streamed.choice if streamed else None),
-                       ("inductive-resident", around.choice if around else None)):
+    def cap(margin: int) -> int:
+        return int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
+
+    resident = [p.cold_bytes_per_core for p in chosen]
+    built = {"inductive": inductive_choice(graph, fronts, edges, cap(1)),
+             "inductive-resident": inductive_choice(graph, fronts, edges, cap(1), resident),
+             "inductive-resident-2": inductive_choice(graph, fronts, edges, cap(2), resident)}
+    for name, pick in (("greedy", greedy), *((n, b.choice if b else None)
+                                             for n, b in built.items())):
         if pick is None or any(tuple(pick) == tuple(c[1]) for c in candidates):
             continue
         plans = tuple(front[k] for front, k in zip(fronts, pick))
@@ -284,12 +289,11 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
                                  chip, dtype, ints, solver, views, frozenset(),
                                  stream=name == "greedy")
         candidates.append((name, pick, plans, again))
-    judged = [_streamed_step(graph, c[2], c[3], chip, dtype, ints, solver) for c in candidates]
-    best = min(range(len(candidates)), key=lambda k: (judged[k], k))
+    steps = [_steps(graph, c[2], c[3], chip, dtype, ints, solver) for c in candidates]
+    best = min(range(len(candidates)), key=lambda k: (sum(steps[k]), k))  # `_streamed_step`
     order = [best] + [k for k in range(len(candidates)) if k != best]
-    steps = tuple((candidates[k][0], *_steps(graph, candidates[k][2], candidates[k][3], chip,
-                                             dtype, ints, solver)) for k in order)
-    return candidates[best][2], candidates[best][3], steps
+    return (candidates[best][2], candidates[best][3],
+            tuple((candidates[k][0], *steps[k]) for k in order))
 
 
 def _steps(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
