@@ -128,7 +128,24 @@ class Edge:
 def liveness(graph: Graph, write_back: bool = False) -> MemoryTerms:
     """Which results are in SRAM at each op: a result from its producer to its last reader,
     a graph output to the end, or with ``write_back`` (chips with DRAM) until its DMA
-    store is waited for (`dram.store_waits`)."""
+    store is waited for (`dram.store_waits`). Once per graph (the last few kept: the passes
+    after the solve time hundreds of trial choices of one graph)."""
+    key = (id(graph), write_back)
+    known = _LIVENESS.get(key)
+    if known is not None and known[0] is graph:
+        return known[1]
+    terms = _liveness(graph, write_back)
+    if len(_LIVENESS) >= 8:
+        _LIVENESS.clear()
+    _LIVENESS[key] = (graph, terms)  # the graph held, so that its id is not reused
+    return terms
+
+
+#: `liveness` of the graphs planned last, by (id, write_back)
+_LIVENESS: dict[tuple[int, bool], tuple[Graph, MemoryTerms]] = {}
+
+
+def _liveness(graph: Graph, write_back: bool) -> MemoryTerms:
     producer = {op.output.tensor: i for i, op in enumerate(graph.ops)}
     last_use: dict[int, int] = {}
     inputs_of: list[tuple[int, ...]] = []
@@ -145,11 +162,13 @@ def liveness(graph: Graph, write_back: bool = False) -> MemoryTerms:
             root = graph.root(graph.written(t))
             if root in producer:
                 last_use[producer[root]] = len(graph.ops)
-    live, dying = [], []
-    for i in range(len(graph.ops)):
-        live.append(tuple(p for p, last in sorted(last_use.items()) if p < i < last))
-        dying.append(tuple(p for p in inputs_of[i] if last_use.get(p) == i))
-    return MemoryTerms(tuple(live), tuple(dying))
+    n = len(graph.ops)
+    live: list[list[int]] = [[] for _ in range(n)]
+    for p, last in sorted(last_use.items()):  # each op's producers in ascending order
+        for i in range(p + 1, min(last, n)):
+            live[i].append(p)
+    dying = [tuple(p for p in inputs_of[i] if last_use.get(p) == i) for i in range(n)]
+    return MemoryTerms(tuple(map(tuple, live)), tuple(dying))
 
 
 class _Arrays:

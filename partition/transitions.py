@@ -826,10 +826,25 @@ def _region(graph: Graph, k: int, plan: OpPlan, chip: Chip) -> tuple[int, int]:
 
 def _chip_want(graph: Graph, i: int, slot: int, plan: OpPlan, chip: Chip) -> np.ndarray:
     """A pod: per chip, the distinct elements of input ``slot`` its cores want under
-    ``plan`` (`pod.chip_wanted`)."""
-    want = consumer_want(graph, i, slot, plan)
-    shape = graph.tensors[graph.ops[i].inputs[slot].tensor].shape
-    return chip_wanted(chip, want.origin, want.shape, want.phys, np.asarray(shape))
+    ``plan`` (`pod.chip_wanted`), once per (op expression and shapes, input, layout, pod) in
+    this process (read-only): every choice the post-solve passes try re-prices its inputs."""
+    op = graph.ops[i]
+    key = (op.signature(), tuple(graph.tensors[o.tensor].shape for o in op.operands), slot,
+           layout_key(plan), chip.cores, chip.chips, chip.grid)
+    got = _CHIP_WANTS.get(key)
+    if got is None:
+        want = consumer_want(graph, i, slot, plan)
+        shape = graph.tensors[op.inputs[slot].tensor].shape
+        got = chip_wanted(chip, want.origin, want.shape, want.phys, np.asarray(shape))
+        got.flags.writeable = False
+        if len(_CHIP_WANTS) >= _DIGESTS_LIMIT:
+            _CHIP_WANTS.clear()
+        _CHIP_WANTS[key] = got
+    return got
+
+
+#: `_chip_want` by what it depends on (a few integers each)
+_CHIP_WANTS: dict[tuple, np.ndarray] = {}
 
 
 def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,

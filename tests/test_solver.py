@@ -122,3 +122,33 @@ def test_solver_matches_brute_force(data, n: int, sram: int) -> None:
     if result.greedy_objective_cycles is not None:
         assert result.greedy_objective_cycles >= best
     assert np.all(memory_use(terms, arrays, result.choice) <= sram)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.integers(min_value=1, max_value=12))
+def test_liveness_is_its_definition(data, n: int) -> None:
+    """Random graphs of ops that each read one or two earlier results: op p's result is live
+    at op i exactly when p < i < its last reader (or the end, for a graph output), and dies
+    at its last reader; the terms are computed once per graph object."""
+    ops, tensors = [], {"x": TensorInfo("x", (8,), "float32")}
+    reads: list[tuple[int, ...]] = []
+    for i in range(n):
+        srcs = sorted(set(data.draw(st.lists(st.integers(-1, i - 1), min_size=1, max_size=2))))
+        reads.append(tuple(srcs))
+        names = ["x" if s < 0 else f"t{s}" for s in srcs]
+        tensors[f"t{i}"] = TensorInfo(f"t{i}", (8,), "float32")
+        body = ("add", ("in", 0), ("in", 1)) if len(names) == 2 else ("relu", ("in", 0))
+        ops.append(TensorExpr(f"op{i}", (("d", 8),), Operand(f"t{i}", ("d",)),
+                              tuple(Operand(t, ("d",)) for t in names), None, body))
+    outs = tuple(sorted(set(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3)))))
+    graph = Graph("dag", tensors, tuple(ops), {}, {}, ("x",), tuple(f"t{k}" for k in outs))
+    last = {p: max([i for i in range(n) if p in reads[i]], default=p) for p in range(n)}
+    for p in outs:
+        last[p] = n
+    terms = liveness(graph)
+    for i in range(n):
+        assert terms.live_after[i] == tuple(p for p in range(n) if p < i < last[p])
+        assert terms.dying_inputs[i] == tuple(p for p in reads[i] if p >= 0 and last[p] == i)
+    assert liveness(graph) is terms
+    again = Graph("dag", dict(tensors), tuple(ops), {}, {}, ("x",), graph.outputs)
+    assert liveness(again) == terms
