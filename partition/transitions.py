@@ -117,8 +117,23 @@ class Have:
 
     def holding(self, phys: np.ndarray) -> np.ndarray:
         """Per physical core of ``phys``, whether the producer left any element there."""
+        if self.boxes is None:
+            return np.isin(phys, self._owning)
         at = self._at(phys)
         return (at >= 0) & self._nonempty[np.maximum(at, 0)]
+
+    def holds_on_all(self, phys: np.ndarray) -> bool:
+        """Whether the producer left some element on every one of the distinct physical
+        cores ``phys`` (not if they outnumber the cores it left any on)."""
+        if self.boxes is None and len(phys) > len(self._owning):
+            return False
+        return bool(self.holding(phys).all())
+
+    @cached_property
+    def _owning(self) -> np.ndarray:
+        """Element-wise owners: the physical cores that own an element, ascending."""
+        assert self.owner is not None
+        return np.unique(self.owner[self.owner >= 0])
 
     @cached_property
     def _nonempty(self) -> np.ndarray:
@@ -318,15 +333,16 @@ def most_remote(haves: list[Have], want: Want, extent: np.ndarray, coords: np.nd
                 ) -> np.ndarray:
     """`remote_counts`' maximum over the consumer cores, per producer layout: where some core
     that wants the most elements of all holds none of the producer's, that most (a wafer's
-    GEMV hands the next one a vector of which most of its 750,000 cores hold nothing), with
-    no core counted; the others counted."""
+    GEMV hands the next one a vector of which most of its 750,000 cores hold nothing, in
+    boxes or, reduce-scattered, element by element), with no core counted; the others
+    counted."""
     wanted = _within(want, extent)[2]
     top = int(wanted.max(initial=0))
     at_top = want.phys[wanted == top]
     out = np.zeros(len(haves), dtype=np.int64)
     counted = []
     for k, have in enumerate(haves):
-        if top and have.boxes is not None and not have.holding(at_top).all():
+        if top and not have.holds_on_all(at_top):
             out[k] = top
         else:
             counted.append(k)

@@ -578,7 +578,8 @@ def test_views_are_priced_by_boxes() -> None:
 def test_the_most_remote_count_skips_cores_only_where_exact(tmp_path) -> None:
     """`most_remote` gives `remote_counts`' maximum per producer layout, on a mesh where
     producers leave most cores empty (llama-tiny-decode on 64 x 64: reduce-scattered GEMV
-    results), both where a core that wants the most holds nothing and where none does."""
+    results), both where a core that wants the most holds nothing (of the producer's boxes,
+    or of its elements where they are owned one by one) and where none does."""
     from t10c.driver import load_source
     from t10c.frontend import to_graph
     from t10c.partition import search_op_front
@@ -595,7 +596,7 @@ def test_the_most_remote_count_skips_cores_only_where_exact(tmp_path) -> None:
     chip = load_chip(str(path))
     graph = to_graph(load_source("llama-tiny-decode", weights=False), name="llama-tiny-decode")
     views = Views(graph)
-    skipped = local = 0
+    skipped = owned = local = 0
     for i, op, slot, operand, j in _fed_inputs(graph):
         shape = np.asarray(graph.tensors[operand.tensor].shape)
         coords = views.coords(tuple(shape))
@@ -619,10 +620,12 @@ def test_the_most_remote_count_skips_cores_only_where_exact(tmp_path) -> None:
                              axis=1)
             top = want.phys[wanted == wanted.max()]
             for h, most in zip(haves, full.max(axis=1, initial=0)):
-                empty = h.boxes is not None and not h.holding(top).all()
+                empty = not h.holds_on_all(top)
+                assert h.holds_on_all(top) == h.holding(top).all()
                 skipped += empty
+                owned += empty and h.owner is not None
                 local += most < wanted.max()  # (counted: some of it is in place)
-    assert skipped > 20 and local > 5, (skipped, local)
+    assert skipped > 20 and owned > 5 and local > 5, (skipped, owned, local)
 
 
 def _members(boxes, core: int, shape) -> set[int]:
