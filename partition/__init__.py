@@ -270,8 +270,11 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
     objective ranks choices by what the schedule then hides only roughly; the greedy (T10's
     memory reconciliation) and the inductive choices (built back from the last op around
     the loads) see it differently. Returns the kept choice and, kept first, each
-    candidate's predicted steps (`_steps`)."""
+    candidate's predicted steps (`_steps`). With ``solver.choice`` naming one (a baseline),
+    that one is kept, fastest or not (`DoesNotFitError` if it found no plans)."""
     candidates = [("solver", solved, chosen, relayout)]
+    same: dict[str, str] = {}  # a choice equal to an earlier one: that one's name
+
     def cap(margin: int) -> int:
         return int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
 
@@ -281,7 +284,11 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
              "inductive-resident-2": inductive_choice(graph, fronts, edges, cap(2), resident)}
     for name, pick in (("greedy", greedy), *((n, b.choice if b else None)
                                              for n, b in built.items())):
-        if pick is None or any(tuple(pick) == tuple(c[1]) for c in candidates):
+        if pick is None:
+            continue
+        earlier = next((c[0] for c in candidates if tuple(pick) == tuple(c[1])), None)
+        if earlier is not None:
+            same[name] = earlier
             continue
         plans = tuple(front[k] for front, k in zip(fronts, pick))
         plans, again = _finished(graph, plans, relayout_cycles(graph, plans, chip, dtype, ints,
@@ -291,6 +298,15 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
         candidates.append((name, pick, plans, again))
     steps = [_steps(graph, c[2], c[3], chip, dtype, ints, solver) for c in candidates]
     best = min(range(len(candidates)), key=lambda k: (sum(steps[k]), k))  # `_streamed_step`
+    if solver.choice != "best":  # a baseline asked for by name
+        name = same.get(solver.choice, solver.choice)
+        found = [k for k, c in enumerate(candidates) if c[0] == name]
+        if not found:
+            raise DoesNotFitError(
+                f"the {solver.choice} whole-graph choice found no plans that fit beside "
+                "the loads they must hold; choose another (--choice best keeps the "
+                "fastest that does)")
+        best = found[0]
     order = [best] + [k for k in range(len(candidates)) if k != best]
     return (candidates[best][2], candidates[best][3],
             tuple((candidates[k][0], *steps[k]) for k in order))

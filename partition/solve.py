@@ -85,9 +85,18 @@ class SolverOptions:
     #: reports OPTIMAL; the plan records the remaining gap)
     relative_gap: float = 0.001
     planner: str = "cp-sat"  # or "greedy"
+    #: on a chip with DRAM, which whole-graph choice to keep (`partition._best_streamed`):
+    #: "best" (the fastest under the preload schedule), or one of `CHOICES` by name, to
+    #: compile and time it as a baseline
+    choice: str = "best"
     #: end a solve once its search stalls (`solve_in_chunks`), before the limit; False
     #: searches the whole limit
     early_stop: bool = True
+
+
+#: the whole-graph choices compared on a chip with DRAM (`partition._best_streamed`): the
+#: solver's, the greedy's and ELK's inductive ones (`inductive.inductive_choice`)
+CHOICES = ("solver", "greedy", "inductive", "inductive-resident", "inductive-resident-2")
 
 
 @dataclass(frozen=True)

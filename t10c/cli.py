@@ -37,6 +37,7 @@ try:
     from t10c.chips import PRESETS, ChipError, describe, load_chip
     from t10c.models import ZOO_NAMES as ZOO
     from t10c.outputs import OutputError
+    from t10c.partition.solve import CHOICES
     from t10c.progress import StageProgress
     from t10c.strategies import DEFAULT_STRATEGIES, STRATEGIES
     from t10c.strategies import help_text as strategies_help
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--planner", choices=("cp-sat", "greedy"), default="cp-sat",
                    help="whole-graph choice: CP-SAT (warm-started by the greedy) or T10's "
                         "greedy memory reconciliation alone (default: cp-sat)")
+    c.add_argument("--choice", choices=("best", *CHOICES), default="best",
+                   help="on a chip with DRAM, the whole-graph choice to keep: the fastest "
+                        "under the preload schedule, or by name the solver's, the greedy's "
+                        "or one of ELK's inductive ones, to time it as a baseline "
+                        "(default: best)")
     c.add_argument("--gap", type=float_in(0.0, 1.0), default=0.001,
                    help="stop CP-SAT once within this fraction of the optimum, 0 to 1 "
                         "(default: 0.001)")
@@ -643,6 +649,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         except PlanFileError as exc:
             return _error(str(exc), EXIT_USAGE)
     chip = load_chip(args.chip)
+    if args.choice != "best" and not chip.has_dram:
+        return _error(f"--choice {args.choice} applies to chips with off-chip memory; "
+                      f"{chip.name} has none (its solve keeps the solver's choice)", EXIT_USAGE)
     if args.core is not None and args.core >= chip.cores:
         return _error(f"core {args.core} does not exist (the chip has {chip.cores} cores: "
                       f"0 to {chip.cores - 1})", EXIT_USAGE)
@@ -651,7 +660,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         search=strategy_search(args.strategy, search_options(args)),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
                              planner=args.planner, relative_gap=args.gap,
-                             early_stop=args.early_stop),
+                             early_stop=args.early_stop, choice=args.choice),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
         front_limit=args.front, timing_only=args.timing_only, fuse=args.fuse,

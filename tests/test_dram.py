@@ -771,3 +771,31 @@ def test_a_preload_with_no_gap_is_issued_later(tiny_runs: dict, monkeypatch) -> 
     assert plan.ops == c.plan.ops and plan.total_cycles >= c.plan.total_cycles
     assert "preloads issued later than planned" in program.sram_layout
     assert abs(timeline.cycles - plan.total_cycles) <= 1e-3 * plan.total_cycles
+
+
+def test_a_choice_asked_for_by_name_is_kept(capsys) -> None:
+    """`--choice NAME` keeps that whole-graph choice, fastest or not, to time it as a
+    baseline: on the 320 KiB chip ELK's streamed-weights choice is kept and timed (the
+    emulated step equals its predicted one); a choice that found no plans is one clear error
+    (`DoesNotFitError`), and on a chip without DRAM `--choice` is a usage error."""
+    from t10c.cli import EXIT_USAGE, main
+    from t10c.driver import CompileOptions, compile_model
+    from t10c.partition import DoesNotFitError, SolverOptions
+
+    chip = chip_from_dict({"name": "test64-dram-320k", "base": "test64-dram",
+                           "sram_bytes_per_core": 320 * 1024})
+    options = CompileOptions(seq_len=2048, batch=8, timing_only=True)
+    best = compile_model("llama-tiny-decode", chip, options)
+    streamed = compile_model("llama-tiny-decode", chip, dataclasses.replace(
+        options, solver=SolverOptions(choice="inductive")))
+    kept = streamed.plan.solver.choices[0]
+    assert kept[0] == "inductive" and best.plan.solver.choices[0][0] != "inductive"
+    assert streamed.timeline is not None and best.timeline is not None
+    assert streamed.timeline.cycles == kept[1] > best.timeline.cycles
+    assert {c[0] for c in streamed.plan.solver.choices} == {
+        c[0] for c in best.plan.solver.choices}
+    with pytest.raises(DoesNotFitError, match="inductive-resident-2 whole-graph choice"):
+        compile_model("llama-tiny-decode", chip, dataclasses.replace(
+            options, solver=SolverOptions(choice="inductive-resident-2")))
+    assert main(["compile", "bert-mini", "--chip", "ipu-mk2", "--choice", "greedy"]) == EXIT_USAGE
+    assert "applies to chips with off-chip memory" in capsys.readouterr().err
