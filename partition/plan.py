@@ -224,13 +224,16 @@ class Geometry:
                 shape.append(self.b[j])
         return tuple(shape)
 
-    def _dims(self, index: int, per_axis: np.ndarray) -> np.ndarray:
+    def _dims(self, index: int, per_axis: np.ndarray, offsets: bool = True) -> np.ndarray:
+        """Per core, operand ``index``'s position on each of its dimensions for the op-axis
+        positions ``per_axis`` (a window's offset added unless ``offsets`` is False: the
+        map is then linear, and a difference of positions is the map of the difference)."""
         cols = []
         for j in self.dim_axes(index):
             if j is None:
                 cols.append(np.zeros(self.ncores, dtype=np.int64))
             elif isinstance(j, Window):
-                col = np.full(self.ncores, j.offset, dtype=np.int64)
+                col = np.full(self.ncores, j.offset if offsets else 0, dtype=np.int64)
                 for a, c in j.terms:
                     col = col + c * per_axis[:, self.axes.index(a)]
                 cols.append(col)
@@ -270,8 +273,17 @@ class Geometry:
         return np.where(moves, self.ring_source(index), np.arange(self.ncores))
 
     def slice_offsets(self, index: int, step: int) -> np.ndarray:
-        """(ncores, ndim): where the step's sub-task starts inside operand ``index``'s buffer."""
-        return self._dims(index, self.origin(step)) - self.tile_origin(index, step)
+        """(ncores, ndim): where the step's sub-task starts inside operand ``index``'s buffer:
+        its origin (`origin`) less the buffer's (`tile_origin`), both mapped from op-axis
+        positions that start at the core's block, so the block cancels and only the
+        sub-block's place within it is mapped (one map instead of two on every core)."""
+        sub = self.sub_index(step)
+        rel = sub * np.asarray(self.u)
+        rot = self.rotation_axis(index)
+        if rot is not None:  # the buffer holds the partition with this step's sub-block
+            per = self.T[rot] // self.chain[index]
+            rel[:, rot] -= sub[:, rot] // per * per * self.u[rot]
+        return self._dims(index, rel, offsets=False)
 
     def rotation_axis(self, index: int) -> int | None:
         rot = self.rot[index]

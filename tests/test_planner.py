@@ -223,3 +223,26 @@ def test_solve_and_codegen_report_progress() -> None:
     generate(graph, plan, chip, progress=lambda *c: calls.append(c))
     n = len(graph.ops)
     assert calls == [("codegen", i, n) for i in range(n + 1)]
+
+
+@pytest.mark.parametrize("name,chip", [("llama-tiny-decode", "test64-dram"),
+                                       ("resnet-tiny", "ipu-mk2")])
+def test_slice_offsets_are_origin_less_tile_origin(name: str, chip: str) -> None:
+    """`Geometry.slice_offsets` maps only the sub-block's place within the core's block
+    (the block cancels); it equals its definition, the step's origin less the buffer's, on
+    every operand of every searched plan (windows of convolutions and RoPE's shifted reads,
+    rotating operands' partitions)."""
+    from t10c.driver import chip_graph, load_source
+    from t10c.partition import geometry, search_op_front
+
+    graph = chip_graph(load_source(name, weights=False), PRESETS[chip], {})
+    checked = 0
+    for op in graph.ops:
+        for p in search_op_front(graph, op, PRESETS[chip], "fp16").front[:6]:
+            geo = geometry(graph, op, p)
+            for i in range(len(op.operands)):
+                for s in range(min(geo.steps, 8)):
+                    assert np.array_equal(geo.slice_offsets(i, s),
+                                          geo._dims(i, geo.origin(s)) - geo.tile_origin(i, s))
+                    checked += 1
+    assert checked > 500
