@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from ophelpers import G, Ids, make_model
 
@@ -47,11 +47,14 @@ LAYERS = ("matmul", "bias", "relu", "mul_self", "softmax", "reduce_sum", "transp
 
 @st.composite
 def graphs(draw: st.DrawFn) -> tuple[tuple[int, ...], list[tuple[str, int]]]:
-    """An input shape (rank 2 or 3) and a chain of layers (a matmul carries its width)."""
+    """An input shape (rank 2 or 3) and a chain of layers (a matmul carries its width), with
+    at most one squaring: three in a row raise any 4 to 4^8 = 65,536, past fp16's 65,504, and
+    the reference's infinity then reads as an element never written."""
     rank = draw(st.sampled_from((2, 3)))
     shape = tuple(draw(st.integers(2, 12)) for _ in range(rank))
     chain = [(draw(st.sampled_from(LAYERS)), draw(st.integers(2, 24)))
              for _ in range(draw(st.integers(1, 4)))]
+    assume(sum(layer == "mul_self" for layer, _ in chain) <= 1)
     return shape, chain
 
 
