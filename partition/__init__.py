@@ -303,9 +303,8 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
         found = [k for k, c in enumerate(candidates) if c[0] == name]
         if not found:
             raise DoesNotFitError(
-                f"the {solver.choice} whole-graph choice found no plans that fit beside "
-                "the loads they must hold; choose another (--choice best keeps the "
-                "fastest that does)")
+                f"the {solver.choice} whole-graph choice found no plans that fit the "
+                "SRAM; choose another (--choice best keeps the fastest that does)")
         best = found[0]
     order = [best] + [k for k in range(len(candidates)) if k != best]
     return (candidates[best][2], candidates[best][3],

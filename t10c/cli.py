@@ -652,6 +652,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.choice != "best" and not chip.has_dram:
         return _error(f"--choice {args.choice} applies to chips with off-chip memory; "
                       f"{chip.name} has none (its solve keeps the solver's choice)", EXIT_USAGE)
+    if args.choice != "best" and (args.planner == "greedy" or args.plan is not None):
+        return _error(f"--choice {args.choice} picks among the solve's whole-graph choices: "
+                      "drop it, or drop --planner greedy and --plan", EXIT_USAGE)
     if args.core is not None and args.core >= chip.cores:
         return _error(f"core {args.core} does not exist (the chip has {chip.cores} cores: "
                       f"0 to {chip.cores - 1})", EXIT_USAGE)

@@ -794,8 +794,11 @@ def test_a_choice_asked_for_by_name_is_kept(capsys) -> None:
     assert streamed.timeline.cycles == kept[1] > best.timeline.cycles
     assert {c[0] for c in streamed.plan.solver.choices} == {
         c[0] for c in best.plan.solver.choices}
-    with pytest.raises(DoesNotFitError, match="inductive-resident-2 whole-graph choice"):
+    with pytest.raises(DoesNotFitError, match="inductive-resident-2 whole-graph choice found no"):
         compile_model("llama-tiny-decode", chip, dataclasses.replace(
             options, solver=SolverOptions(choice="inductive-resident-2")))
     assert main(["compile", "bert-mini", "--chip", "ipu-mk2", "--choice", "greedy"]) == EXIT_USAGE
     assert "applies to chips with off-chip memory" in capsys.readouterr().err
+    assert main(["compile", "llama-tiny-decode", "--chip", "test64-dram", "--choice", "solver",
+                 "--planner", "greedy"]) == EXIT_USAGE
+    assert "picks among the solve's whole-graph choices" in capsys.readouterr().err
