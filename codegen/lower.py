@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,20 +127,23 @@ class _Allocator:
             return self._take(buf_id, self.fixed[buf_id], size)
         return self._take(buf_id, self._lowest_gap(size), size)
 
-    def _lowest_gap(self, size: int) -> int:
-        """The offset of the lowest free gap of ``size`` bytes (past every live buffer if
-        none between them holds it)."""
+    def _lowest_gap(self, size: int, spans: Iterable[tuple[int, int]] | None = None) -> int:
+        """The offset of the lowest free gap of ``size`` bytes between the live buffers (or
+        ``spans``), past every one of them if none holds it."""
         offset = 0
-        for start, end in sorted(self.live.values()):
+        for start, end in sorted(self.live.values() if spans is None else spans):
             if start - offset >= size:
                 break
             offset = max(offset, end)
         return offset
 
-    def _highest_gap(self, size: int, top: int) -> int | None:
-        """The offset of the highest free gap of ``size`` bytes ending at most at ``top``."""
+    def _highest_gap(self, size: int, top: int,
+                     spans: Iterable[tuple[int, int]] | None = None) -> int | None:
+        """The offset of the highest free gap of ``size`` bytes ending at most at ``top``
+        between the live buffers (or ``spans``)."""
         top = top // ALIGN * ALIGN
-        for start, end in sorted(self.live.values(), key=lambda r: -r[1]):
+        for start, end in sorted(self.live.values() if spans is None else spans,
+                                 key=lambda r: -r[1]):
             if end <= top - size:
                 break
             top = min(top, start // ALIGN * ALIGN)
@@ -151,17 +154,14 @@ class _Allocator:
         would place them, all end within the SRAM (nothing is allocated)."""
         if self.fixed is not None:
             return True
-        live = dict(self.live)
-        try:
-            for n, nbytes in enumerate(sizes):
-                size = aligned(nbytes)
-                offset = self._top_gap(size)
-                if offset + size > self.sram:
-                    return False
-                self.live[-1 - n] = (offset, offset + size)
-            return True
-        finally:
-            self.live = live
+        spans = list(self.live.values())
+        for nbytes in sizes:
+            size = aligned(nbytes)
+            offset = self._top_gap(size, spans)
+            if offset + size > self.sram:
+                return False
+            spans.append((offset, offset + size))
+        return True
 
     def _take(self, buf_id: int, offset: int, size: int) -> int:
         self.live[buf_id] = (offset, offset + size)
@@ -177,11 +177,11 @@ class _Allocator:
         size = aligned(nbytes)
         return self._take(buf_id, self._top_gap(size), size)
 
-    def _top_gap(self, size: int) -> int:
-        """Where `alloc_top` places ``size`` bytes: the highest free gap that holds them, else
-        the lowest."""
-        offset = self._highest_gap(size, self.sram)
-        return self._lowest_gap(size) if offset is None else offset
+    def _top_gap(self, size: int, spans: list[tuple[int, int]] | None = None) -> int:
+        """Where `alloc_top` places ``size`` bytes between the live buffers (or ``spans``):
+        the highest free gap that holds them, else the lowest."""
+        offset = self._highest_gap(size, self.sram, spans)
+        return self._lowest_gap(size, spans) if offset is None else offset
 
     def alloc_high(self, buf_id: int, nbytes: int) -> int:
         """The highest free gap below the layout's peak so far (not raising it, so that the

@@ -130,7 +130,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         spaces, maps = [], []
     check_fit(graph, chip, fronts, smallest)
     plan_bounds = bounds(graph, chip, dtype, fronts)
-    if sum(least_cold) > chip.sram_bytes_per_core * (1 - solver.reserve_fraction):
+    if sum(least_cold) > solver.sram_cap(chip.sram_bytes_per_core):
         # the weights alone cannot be resident: no need to ask the solver
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, "RESIDENT", solver,
                                        dtype))
@@ -234,7 +234,7 @@ def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     stores = _timed_stores(graph, chosen, store_waits(graph, mode == "basic"), chip, dtype,
                            ints)
     on_chip = [p.cycles.total + r for p, r in zip(chosen, relayout)]
-    cap = int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
+    cap = solver.sram_cap(chip.sram_bytes_per_core, margin)
     return schedule(chosen, on_chip, [int(m) for m in memory], cap, mode, stores)
 
 
@@ -275,13 +275,13 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
     candidates = [("solver", solved, chosen, relayout)]
     same: dict[str, str] = {}  # a choice equal to an earlier one: that one's name
 
-    def cap(margin: int) -> int:
-        return int(chip.sram_bytes_per_core * (1 - margin * solver.reserve_fraction))
-
+    sram = chip.sram_bytes_per_core
     resident = [p.cold_bytes_per_core for p in chosen]
-    built = {"inductive": inductive_choice(graph, fronts, edges, cap(1)),
-             "inductive-resident": inductive_choice(graph, fronts, edges, cap(1), resident),
-             "inductive-resident-2": inductive_choice(graph, fronts, edges, cap(2), resident)}
+    built = {"inductive": inductive_choice(graph, fronts, edges, solver.sram_cap(sram)),
+             "inductive-resident": inductive_choice(graph, fronts, edges,
+                                                    solver.sram_cap(sram), resident),
+             "inductive-resident-2": inductive_choice(graph, fronts, edges,
+                                                      solver.sram_cap(sram, 2), resident)}
     for name, pick in (("greedy", greedy), *((n, b.choice if b else None)
                                              for n, b in built.items())):
         if pick is None:
@@ -473,7 +473,7 @@ def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]
     """The choice a baseline's own compile makes (the same fronts, edges, options and seed,
     so the same model and the same answer), or None where it does not fit."""
     fronts = [list(f) for f in own.fronts]
-    cap = chip.sram_bytes_per_core * (1 - solver.reserve_fraction)
+    cap = solver.sram_cap(chip.sram_bytes_per_core)
     if not all(fronts) or sum(own.least_cold) > cap:
         return None
     # its edges are the united edges' sub-matrices: edge costs are priced pair by pair
@@ -602,7 +602,7 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
     which the solver's per-edge prices cannot see. A swap is kept when the plans' cycles and
     the exact re-layouts together drop and every op's memory stays within the solver's
     limit; ops named by `--plan` constraints keep theirs."""
-    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    cap = solver.sram_cap(chip.sram_bytes_per_core)
     best = list(chosen)
     cost = _total(graph, best, relayout, chip, dtype, ints, views)
     for i in range(1, len(graph.ops)):
@@ -638,7 +638,7 @@ def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
     the same swap. A swap is kept when the plans' cycles and the routed re-layouts together
     drop and every op's memory stays within the solver's limit; ops named by `--plan`
     constraints keep theirs. (Off meshes `_share_copies` swaps the plans of alike ops.)"""
-    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    cap = solver.sram_cap(chip.sram_bytes_per_core)
     ids = _front_ids(fronts)
     consts = views.const_tensors()
     best = list(chosen)
@@ -692,7 +692,7 @@ def _match_reads(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], 
     kept where the plans' cycles and the routed re-layouts together drop and every op's
     memory stays within the solver's limit; ops named by `--plan` constraints keep
     theirs."""
-    cap = int(chip.sram_bytes_per_core * (1 - solver.reserve_fraction))
+    cap = solver.sram_cap(chip.sram_bytes_per_core)
     ids = _front_ids(fronts)
     consts = views.const_tensors()
     best = list(chosen)

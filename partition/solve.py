@@ -89,14 +89,26 @@ class SolverOptions:
     #: "best" (the fastest under the preload schedule), or one of `CHOICES` by name, to
     #: compile and time it as a baseline
     choice: str = "best"
+
+    def sram_cap(self, sram_bytes: int, margin: int = 1) -> int:
+        """The bytes per core a choice may use of ``sram_bytes``: all but ``margin`` times
+        the reserve."""
+        return int(sram_bytes * (1 - margin * self.reserve_fraction))
     #: end a solve once its search stalls (`solve_in_chunks`), before the limit; False
     #: searches the whole limit
     early_stop: bool = True
 
 
-#: the whole-graph choices compared on a chip with DRAM (`partition._best_streamed`): the
-#: solver's, the greedy's and ELK's inductive ones (`inductive.inductive_choice`)
-CHOICES = ("solver", "greedy", "inductive", "inductive-resident", "inductive-resident-2")
+#: the whole-graph choices compared on a chip with DRAM (`partition._best_streamed`), by
+#: name, and what each is: the solver's, the greedy's and ELK's inductive ones
+#: (`inductive.inductive_choice`)
+CHOICES = {
+    "solver": "the solver's",
+    "greedy": "the greedy's (T10's reconciliation)",
+    "inductive": "ELK's inductive (built back from the last op, weights streamed)",
+    "inductive-resident": "ELK's inductive with the solver's resident weights",
+    "inductive-resident-2": "the same built within twice the SRAM reserve",
+}
 
 
 @dataclass(frozen=True)

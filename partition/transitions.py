@@ -961,7 +961,7 @@ def kept_restores(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: st
 
 def _slack(plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, views: Views) -> list[int]:
     """The SRAM per op that the chosen plans leave, short of the solver's reserve ((C2))."""
-    cap = int(chip.sram_bytes_per_core * (1 - SolverOptions().reserve_fraction))
+    cap = SolverOptions().sram_cap(chip.sram_bytes_per_core)
     return [cap - int(u) for u in chosen_memory(views.terms(), plans)]
 
 

@@ -784,22 +784,17 @@ def _print_summary(compiled, timing_only: bool) -> None:
             print(_mesh_summary(tl))
 
 
-#: how `_choices_line` names each whole-graph choice compared on a chip with DRAM
-CHOICE_NAMES = {"solver": "the solver's", "greedy": "the greedy's (T10's reconciliation)",
-                "inductive": "ELK's inductive (built back from the last op, weights streamed)",
-                "inductive-resident": "ELK's inductive with the solver's resident weights",
-                "inductive-resident-2": "the same built within twice the SRAM reserve"}
-
-
 def _choices_line(choices: tuple[tuple[str, int, int], ...]) -> str:
     """The whole-graph choices compared under the preload schedule, the kept one first: each
     one's predicted step within the solve's SRAM reserve and within twice it (the fallback
     of a streamed run whose layout overflows); the sum judges."""
+    from t10c.partition.solve import CHOICES
+
     (kept, a, b), *others = choices
-    line = (f"choice kept: {CHOICE_NAMES.get(kept, kept)}, predicted step {a} cycles ({b} "
+    line = (f"choice kept: {CHOICES.get(kept, kept)}, predicted step {a} cycles ({b} "
             "within twice the SRAM reserve)")
     if others:
-        line += "; against " + ", ".join(f"{CHOICE_NAMES.get(n, n)} {x} ({y})"
+        line += "; against " + ", ".join(f"{CHOICES.get(n, n)} {x} ({y})"
                                          for n, x, y in others)
     return line
 
