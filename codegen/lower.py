@@ -1126,11 +1126,11 @@ class _Builder:
                            tuple(self.buffers), program_exprs(graph), (), {}, graph.outputs,
                            self.alloc.peak, live, method)
         buffers, sram = self.place_buffers()
-        inputs = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs}
+        inputs = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.fed}
         peak = max((b.offset + b.nbytes for b in buffers), default=0)
         return Program(graph.name, self.chip.name, self.dtype, self.chip.cores,
                        buffers, program_exprs(graph), tuple(self.instrs), inputs, graph.outputs,
-                       peak, sram.live, sram.method)
+                       peak, sram.live, sram.method, dict(graph.gathers))
 
     def place_buffers(self) -> tuple[tuple[Buffer, ...], Layout]:
         """Final SRAM addresses: the better of the online first-fit and the offline best-fit,

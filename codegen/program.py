@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from t10c.dtypes import DTYPES
-from t10c.ir import TensorExpr, expr_from_json, expr_to_json
+from t10c.ir import Gathered, TensorExpr, expr_from_json, expr_to_json
 
 from .pattern import Pattern, compact, encode, expand, from_table, width
 
@@ -371,6 +371,22 @@ class Program:
     peak_sram_bytes_per_core: int  # highest address in use
     live_sram_bytes_per_core: int = 0  # the most bytes alive at once (the layout's lower bound)
     sram_layout: str = ""  # how the addresses were found
+    #: tensors the DMA engine gathers from a table in DRAM by ids among the ``inputs``
+    #: (`t10c.ir.Gathered`): loaded as inputs are, fed by nobody (`host_tensors`)
+    gathers: dict[str, Gathered] = field(default_factory=dict)
+
+    def host_tensors(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray]
+                     ) -> dict[str, np.ndarray]:
+        """What the program's loads read, by tensor: the weights, the inputs, and the rows
+        each gathered tensor's ids pick from its table (raises `ValueError` for an id
+        outside the table)."""
+        host = {**constants, **inputs}
+        for name, g in self.gathers.items():
+            for t in (g.table, g.ids):
+                if t not in host:
+                    raise ValueError(f"no tensor {t!r} to gather {name} from")
+            host[name] = g.rows(host[g.table], host[g.ids], name)
+        return host
 
     def for_core(self, core: int) -> list[str]:
         """Core ``core``'s own instruction list as readable assembly."""
@@ -421,6 +437,9 @@ class Program:
                "peak_sram_bytes_per_core": self.peak_sram_bytes_per_core,
                "live_sram_bytes_per_core": self.live_sram_bytes_per_core,
                "sram_layout": self.sram_layout, "instrs": records}
+        if self.gathers:
+            doc["gathers"] = {k: {"table": g.table, "ids": g.ids}
+                              for k, g in self.gathers.items()}
         (directory / "program.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         with open(directory / "program.npz", "wb") as fh:
             np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub
@@ -570,9 +589,15 @@ def _from_doc(doc: dict[str, object], arrays: dict[str, np.ndarray]) -> Program:
         live = doc.get("live_sram_bytes_per_core", 0)
         if type(live) is not int:
             raise _Malformed("field 'live_sram_bytes_per_core' is malformed")
+        gathers = doc.get("gathers", {})
+        if not (isinstance(gathers, dict) and all(
+                isinstance(g, dict) and set(g) == {"table", "ids"}
+                and all(isinstance(v, str) for v in g.values()) for g in gathers.values())):
+            raise _Malformed("field 'gathers' is malformed")
         return Program(str(need("name", str)), str(need("chip", str)), str(need("dtype", str)),
                        cores, tuple(buffers), exprs, tuple(instrs), inputs,
-                       outputs, peak, live, str(doc.get("sram_layout", "")))
+                       outputs, peak, live, str(doc.get("sram_layout", "")),
+                       {str(k): Gathered(g["table"], g["ids"]) for k, g in gathers.items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _Malformed(f"malformed header or expression ({type(exc).__name__}: {exc})"
                          ) from None

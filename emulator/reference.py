@@ -51,7 +51,7 @@ def run_reference(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
     if program.cores != chip.cores:
         raise ValueError(f"program is for {program.cores} cores, chip {chip.name} has "
                          f"{chip.cores}")
-    ref = Reference(program, {**constants, **inputs})
+    ref = Reference(program, program.host_tensors(inputs, constants))
     sources = {e.name: e.source for e in program.exprs}
     for n, ins in enumerate(program.instrs):
         try:

@@ -153,7 +153,10 @@ class TimingMachine:
                 progress: Progress | None = None) -> Timeline:
         """Execute the whole program; ``progress("emulate", done, total)`` at every op."""
         self.check_inputs(inputs)
-        host = {**constants, **inputs}
+        try:
+            host = self.prog.host_tensors(inputs, constants)
+        except ValueError as exc:
+            raise EmulatorError(str(exc)) from None
         total = len(self.prog.instrs)
         if progress is not None:
             progress("emulate", 0, total)

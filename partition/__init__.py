@@ -34,6 +34,7 @@ from .dram import (
     dram_bytes_needed,
     dram_twins,
     extra_cycles,
+    gather_by_dma,
     grow_in_place,
     schedule,
     stalls,
@@ -55,7 +56,7 @@ __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "S
            "search_op", "search_op_front", "plan_cost", "Constraint", "ConstraintError",
            "WEIGHTS", "Replay", "replay_plan", "check_constraints",
            "search_op_constrained", "match_ops", "with_preload_margin", "with_dram_issue",
-           "grow_in_place"]
+           "grow_in_place", "gather_by_dma"]
 
 
 def search_op(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,

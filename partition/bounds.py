@@ -93,11 +93,14 @@ def dram_ideal_cycles(graph: Graph, chip: Chip, dtype: str) -> list[int]:
 
 
 def dram_roofline_cycles(graph: Graph, chip: Chip, dtype: str) -> int:
-    """The bytes that must come from DRAM every run (graph inputs, and the weights beyond
-    the chip's whole SRAM) over its whole DRAM bandwidth; 0 without DRAM."""
+    """The bytes that must come from DRAM every run (graph inputs, and the weights ops read
+    beyond the chip's whole SRAM) over its whole DRAM bandwidth; 0 without DRAM. A table
+    that only a DMA gather reads (`dram.gather_by_dma`) counts by its gathered rows, which
+    are an input."""
     if not chip.has_dram:
         return 0
-    weights = sum(_nbytes(graph, c, dtype) for c in graph.constants)
+    read = {graph.root(o.tensor) for op in graph.ops for o in op.reads}
+    weights = sum(_nbytes(graph, c, dtype) for c in graph.constants if c in read)
     inputs = sum(_nbytes(graph, t, dtype) for t in graph.inputs)
     must = inputs + max(weights - chip.total_sram_bytes, 0)
     return math.ceil(must / chip.dram_peak_bytes_per_cycle)

@@ -52,11 +52,13 @@ def weight_roots(graph: Graph) -> list[tuple[int, str]]:
     """(elements, name) of every distinct weight, largest first. A view counts as its root,
     and constants that are the same array in memory count once, under the first name: the
     frontend folds ``Transpose(wte)`` of a tied embedding into a transposed numpy view of
-    ``wte``, not a copy."""
+    ``wte``, not a copy. A table that no op reads (only a DMA gather, `dram.gather_by_dma`)
+    is not among them."""
+    read = {graph.root(o.tensor) for op in graph.ops for o in op.reads}
     seen: dict[tuple, str] = {}
     for t in graph.constants:
         root = graph.root(t)
-        if root not in graph.tensors or root not in graph.constants:
+        if root not in graph.tensors or root not in graph.constants or root not in read:
             continue
         data = np.asarray(graph.constants[root])
         seen.setdefault((byte_bounds(data), data.size, data.dtype.str), root)

@@ -51,7 +51,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import DTYPES
-from t10c.ir import Append, Graph, TensorExpr, Window, tile_counts
+from t10c.ir import Append, Gathered, Graph, TensorExpr, Window, tile_counts
 
 from .cost import element_bytes
 from .plan import OpPlan, geometry
@@ -221,6 +221,46 @@ def grow_in_place(graph: Graph) -> Graph:
         return graph
     return dataclasses.replace(graph, ops=tuple(o for o in graph.ops if o.name not in dropped),
                                appends=appends)
+
+
+def gather_by_dma(graph: Graph) -> Graph:
+    """``graph`` with each lookup of a weight table by graph-input ids (an embedding: ONNX
+    Gather along the table's first dimension, nothing fused into it) read from DRAM by the
+    DMA engine instead of computed on chip: the op is dropped and its result becomes a graph
+    input that the caller does not feed, the table's rows at the ids (`t10c.ir.Gathered`).
+    Every op that reads it loads its tiles by DMA, as it loads any graph input on a chip with
+    DRAM: the rows the ids pick, not the table.
+
+    The lookup as an op had its table either resident (the whole table in every step's
+    SRAM) or loaded into SRAM by DMA before each run (all of it, to pick a few rows), and its
+    ids loaded too; the gathered rows cost a load of one row an id. The ids are the step's
+    input, known when it is launched, so the rows are read where the DRAM holds them, before
+    anything on chip has run (as Graphcore's host embeddings stream looked-up rows in)."""
+    outputs = set(graph.outputs) | {a.base for a in graph.appends.values()}
+    gathers = dict(graph.gathers)
+    dropped = set()
+    for op in graph.ops:
+        if op.body != ("take", 0, 1) or op.combine != "sum" or op.epilogue is not None \
+                or op.prologue or op.extra:
+            continue
+        table, ids = op.inputs
+        out, source = op.output.tensor, graph.root(ids.tensor)
+        if table.tensor not in graph.constants or source not in graph.inputs \
+                or not graph.in_order(ids.tensor) or source in graph.gathers \
+                or out in outputs or op.take_dim() != 0:
+            continue  # (ids read through reshapes: the input's values in its order)
+        shape = graph.tensors[table.tensor].shape
+        if tuple(op.output.axes) != tuple(ids.axes) + tuple(table.axes[1:]) or \
+                graph.tensors[out].shape != graph.tensors[ids.tensor].shape + shape[1:]:
+            continue  # not ``table[ids]`` in this order
+        gathers[out] = Gathered(table.tensor, source)
+        dropped.add(op.name)
+    if not dropped:
+        return graph
+    return dataclasses.replace(
+        graph, ops=tuple(o for o in graph.ops if o.name not in dropped),
+        inputs=graph.inputs + tuple(t for t in gathers if t not in graph.gathers),
+        gathers=gathers)
 
 
 def tail_index(shape: tuple[int, ...], axis: int, length: int) -> np.ndarray:
@@ -417,9 +457,10 @@ def stalls(plans: Sequence[OpPlan], on_chip: Sequence[int], issue: Sequence[int]
 
 def dram_bytes_needed(graph: Graph, dtype: str) -> int:
     """Bytes of DRAM the graph's weights and inputs occupy (all of them live there on a chip
-    with DRAM: the board holds the model; SRAM holds copies)."""
+    with DRAM: the board holds the model; SRAM holds copies). Rows gathered from a table
+    (`gather_by_dma`) are read where the table lies and take none of their own."""
     total = 0
-    for name in (*graph.constants, *graph.inputs):
+    for name in (*graph.constants, *graph.fed):
         t = graph.tensors[name]
         size = 4 if t.dtype != "float32" else (2 if dtype == "fp16" else 4)
         total += t.numel * size

@@ -35,6 +35,7 @@ from t10c.partition import (
     SearchOptions,
     SolverOptions,
     check_constraints,
+    gather_by_dma,
     grow_in_place,
     plan_graph,
     replay_plan,
@@ -172,11 +173,14 @@ def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, 
     the cache lives off chip and every read of it is a load), attention reads the cache input
     itself (`rewrite.split_cache_concat`), and the new cache is the old one grown in place by
     the step's new entries, which are all the program writes back (`partition.grow_in_place`:
-    to DRAM, or to the host, which holds the old cache as the step's input)."""
+    to DRAM, or to the host, which holds the old cache as the step's input). On a chip with
+    DRAM an embedding's rows are read from the table there by DMA (`partition.gather_by_dma`)."""
     graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=fuse != "none",
                               epilogues=fuse in ("all", "prologues"),
                               prologues=fuse == "prologues", weights=weights or {},
                               split_cache=chip.is_mesh or chip.has_dram)
+    if chip.has_dram:
+        graph = gather_by_dma(graph)
     return grow_in_place(graph) if chip.is_mesh or chip.has_dram else graph
 
 

@@ -45,6 +45,8 @@ def verify_graph(graph: Graph) -> None:
         grown = graph.appends.get(out)
         if grown is not None:
             problems += [f"graph output {out}: {why}" for why in _append_problems(graph, out)]
+    for name in graph.gathers:
+        problems += [f"gathered input {name}: {why}" for why in _gather_problems(graph, name)]
     if problems:
         shown = problems[:20]
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -70,6 +72,26 @@ def _append_problems(graph: Graph, out: str) -> list[str]:
     elif grown.rows not in graph.tensors or graph.tensors[grown.rows].numel != \
             graph.tensors[out].numel - graph.tensors[grown.base].numel:
         found.append(f"its new rows {grown.rows} do not fill it past {grown.base}")
+    return found
+
+
+def _gather_problems(graph: Graph, name: str) -> list[str]:
+    """What is wrong with input ``name`` gathered from a table (`t10c.ir.Gathered`): a graph
+    input that no op computes, a constant table, integer ids among the inputs the caller
+    feeds, and one row of the table for every id."""
+    g = graph.gathers[name]
+    if name not in graph.inputs or name not in graph.tensors:
+        return ["is gathered from a table but is no graph input"]
+    found = []
+    if g.table not in graph.constants or g.table not in graph.tensors:
+        found.append(f"its table {g.table} is not a weight")
+    if g.ids not in graph.fed or graph.tensors[g.ids].dtype == "float32":
+        found.append(f"its ids {g.ids} are not an integer input the caller feeds")
+    if not found:
+        row = graph.tensors[g.table].numel // max(graph.tensors[g.table].shape[0], 1)
+        if graph.tensors[name].numel != graph.tensors[g.ids].numel * row:
+            found.append(f"holds {graph.tensors[name].numel} elements, not one row of "
+                         f"{g.table} for each of the {graph.tensors[g.ids].numel} ids")
     return found
 
 

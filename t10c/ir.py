@@ -251,6 +251,31 @@ class Append:
 
 
 @dataclass(frozen=True)
+class Gathered:
+    """A graph input that the caller does not feed: the rows of constant ``table`` (along its
+    first dimension) that integer graph input ``ids`` picks: the elements of ``table[ids]``
+    (a negative id counts from the end, as in ONNX Gather), in order, in the tensor's shape.
+    On a chip with DRAM the table stays there and the DMA engine reads only those rows, at
+    addresses the ids give, where each op that reads the result loads it
+    (`t10c.partition.dram.gather_by_dma`): a decode step's embedding lookup, which had
+    loaded the whole table into SRAM (LLaMA-135M's 57 MB, 18% of its step on a
+    Wormhole n150) to pick one row of it."""
+
+    table: str
+    ids: str
+
+    def rows(self, table: np.ndarray, ids: np.ndarray, name: str = "") -> np.ndarray:
+        """``table[ids]``: the rows the ids pick (raises `ValueError` naming the first id
+        outside the table)."""
+        n = table.shape[0]
+        bad = np.flatnonzero((ids < -n) | (ids >= n))
+        if len(bad):
+            raise ValueError(f"{name or self.table} gathers row {int(ids.flat[bad[0]])} of "
+                             f"{self.table}, which has {n} (ids from {self.ids})")
+        return np.take(table, np.where(ids < 0, ids + n, ids).astype(np.int64), axis=0)
+
+
+@dataclass(frozen=True)
 class Graph:
     """The device graph: ops in topological order over tensors, views, constants and I/O.
 
@@ -264,6 +289,13 @@ class Graph:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     appends: dict[str, Append] = field(default_factory=dict)
+    gathers: dict[str, Gathered] = field(default_factory=dict)
+
+    @property
+    def fed(self) -> tuple[str, ...]:
+        """The inputs the caller feeds: every input but the rows gathered from a table
+        (``gathers``)."""
+        return tuple(t for t in self.inputs if t not in self.gathers)
 
     def in_order(self, tensor: str) -> bool:
         """Whether ``tensor`` holds its root's elements in the root's order: every view on

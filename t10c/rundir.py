@@ -60,8 +60,11 @@ def input_specs(graph: Graph) -> list[InputSpec]:
             rows = graph.tensors[table.tensor].shape[op.take_dim()]
             root = graph.root(index.tensor)
             limits[root] = min(limits.get(root, rows), rows)
+    for g in graph.gathers.values():  # ids the DMA engine looks up (`t10c.ir.Gathered`)
+        rows = graph.tensors[g.table].shape[0]
+        limits[g.ids] = min(limits.get(g.ids, rows), rows)
     return [InputSpec(name, tuple(graph.tensors[name].shape), graph.tensors[name].dtype,
-                      limits.get(name, 2)) for name in graph.inputs]
+                      limits.get(name, 2)) for name in graph.fed]
 
 
 def draw_inputs(specs: list[InputSpec], seed: int = 0) -> dict[str, np.ndarray]:
@@ -81,7 +84,8 @@ def save_run_files(directory: Path, program: Program, graph: Graph,
                    apart: Mapping[str, np.ndarray] | None = None) -> None:
     """Write ``weights.npz``, ``inputs.json`` and (given ``model``) ``model.onnx``, the
     values of its shape-only initializers taken from ``apart`` (`t10c.models.build_apart`)."""
-    loaded = {ins.tensor for ins in program.instrs if isinstance(ins, Load)}
+    loaded = {ins.tensor for ins in program.instrs if isinstance(ins, Load)} | {
+        g.table for g in program.gathers.values()}
     weights = {k: np.asarray(v) for k, v in graph.constants.items() if k in loaded}
     with open(directory / "weights.npz", "wb") as fh:
         np.savez(fh, **weights)  # type: ignore[arg-type]  # compressing weights: not worth it

@@ -347,6 +347,13 @@ def test_schedule_by_hand() -> None:
     assert none.depth == 0 and none.stall == (80, 80, 80)
 
 
+#: test64-dram with 152 KiB of SRAM a core (9.5 MiB in all): llama-tiny-decode's weights but
+#: the embedding (read by rows, `gather_by_dma`) take 8.4 MiB, and with the step's working
+#: set some of them do not fit
+TINY_DRAM = chip_from_dict({"name": "test64-dram-152k", "base": "test64-dram",
+                            "sram_bytes_per_core": 152 * 1024})
+
+
 @pytest.fixture(scope="module")
 def tiny_runs() -> dict:
     from t10c.driver import CompileOptions, compile_model, run_compiled
@@ -354,16 +361,17 @@ def tiny_runs() -> dict:
 
     runs = {}
     for strategy in ("t10", "static", "basic"):
-        c = compile_model("llama-tiny-decode", PRESETS["test64-dram"],
+        c = compile_model("llama-tiny-decode", TINY_DRAM,
                           CompileOptions(search=search_options(strategy)))
         runs[strategy] = (c, run_compiled(c))
     return runs
 
 
 def test_llama_with_weights_in_dram_runs(tiny_runs: dict) -> None:
-    """llama-tiny-decode's 16.4 MiB of weights do not fit test64-dram's 16 MiB of SRAM: the
-    embedding and the LM head live in DRAM and are loaded while the ops before them run;
-    the outputs match onnxruntime's, and the emulator measures the planner's prediction."""
+    """llama-tiny-decode's weights (but the embedding's) do not all fit `TINY_DRAM`'s SRAM
+    beside the step's working set: some live in DRAM and are loaded while the ops before
+    them run; the outputs match onnxruntime's, and the emulator measures the planner's
+    prediction."""
     c, r = tiny_runs["t10"]
     assert r.ok, r.max_rel_err
     assert sum(p.dram_weights for p in c.plan.ops) >= 1
@@ -371,7 +379,72 @@ def test_llama_with_weights_in_dram_runs(tiny_runs: dict) -> None:
     # within 0.1% (`test_schedules_rank` says why)
     assert abs(r.timeline.cycles - c.plan.total_cycles) <= 1e-3 * c.plan.total_cycles
     assert any(rec.phase == "dram" for rec in r.timeline.records)
-    assert r.timeline.dram_bytes > 8 * 2 ** 20  # at least the 8 MiB embedding
+
+
+def test_an_embedding_reads_only_its_rows(tiny_runs: dict) -> None:
+    """The embedding table (32,000 x 128, 8 MiB in fp16) stays in DRAM: no op reads it, the
+    lookup is no op, and the ops that read its result load the one row the token's id picks
+    (128 fp16 values) as they load any graph input; the outputs match
+    onnxruntime's (`tiny_runs`), and `t10c run` feeds only the token ids and the caches."""
+    from t10c.ir import Gathered
+    from t10c.rundir import input_specs
+
+    for strategy, (c, r) in tiny_runs.items():
+        graph = c.graph
+        assert list(graph.gathers.values()) == [Gathered("embed_tokens.weight", "input_ids")]
+        (rows,) = graph.gathers
+        assert not any(op.body[0] == "take" for op in graph.ops)
+        assert not any(graph.root(o.tensor) == "embed_tokens.weight"
+                       for op in graph.ops for o in op.reads)
+        assert rows in graph.inputs and rows not in graph.fed
+        assert rows not in c.program.inputs and c.program.gathers == graph.gathers
+        specs = {s.name: s for s in input_specs(graph)}
+        assert rows not in specs and specs["input_ids"].high == 32000
+        loads = [i for i in c.program.instrs if isinstance(i, DmaLoad) and i.tensor == rows]
+        assert loads and all(i.shape == (128,) for i in loads), strategy
+        assert not any(isinstance(i, DmaLoad) and i.tensor == "embed_tokens.weight"
+                       for i in c.program.instrs)
+        assert r.ok, (strategy, r.max_rel_err)
+
+
+def test_a_run_directory_gathers_the_rows_again(tmp_path, capsys) -> None:
+    """`t10c run DIR` on a program that gathers an embedding's rows: program.json names the
+    table and the ids, weights.npz holds the table, inputs.json the ids alone, and the rows
+    are looked up again from them (the outputs match onnxruntime's)."""
+    import json
+
+    from t10c.cli import main
+
+    d = tmp_path / "run"
+    d.mkdir()
+    assert main(["compile", "llama-tiny-decode", "--chip", "test64-dram", "-o", str(d),
+                 "--no-table"]) == 0
+    doc = json.loads((d / "program.json").read_text())
+    assert list(doc["gathers"].values()) == [{"table": "embed_tokens.weight",
+                                              "ids": "input_ids"}]
+    assert "embed_tokens.weight" in np.load(d / "weights.npz").files
+    fed = [s["name"] for s in json.loads((d / "inputs.json").read_text())["inputs"]]
+    assert "input_ids" in fed and not set(doc["gathers"]) & set(fed)
+    capsys.readouterr()
+    assert main(["run", str(d)]) == 0
+    assert ": OK" in capsys.readouterr().out
+
+
+def test_a_gathered_id_outside_the_table_is_refused(tiny_runs: dict) -> None:
+    """An id past the table's rows is one clear error, as onnxruntime's Gather refuses it; a
+    negative id counts from the end, as in ONNX."""
+    from t10c.driver import make_inputs
+    from t10c.ir import Gathered
+
+    c, _ = tiny_runs["t10"]
+    inputs = make_inputs(c.graph, seed=0)
+    inputs["input_ids"] = np.full_like(inputs["input_ids"], 32000)
+    with pytest.raises(EmulatorError, match=r"gathers row 32000 of embed_tokens.weight, "
+                                            r"which has 32000 \(ids from input_ids\)"):
+        Machine(c.program, c.chip).run(inputs, c.graph.constants)
+    table = np.arange(12.0).reshape(4, 3)
+    np.testing.assert_array_equal(Gathered("t", "i").rows(table, np.array([[-1, 0]])),
+                                  table[[[3, 0]]])
 
 
 def test_llama_writes_its_outputs_back(tiny_runs: dict) -> None:
@@ -434,18 +507,19 @@ def test_a_kv_cache_grows_in_place_without_its_concat(tiny_runs: dict) -> None:
 
 def test_resident_weights_stream_where_the_preloads_then_hide_more(monkeypatch) -> None:
     """The solve charges every DMA load whole, so it keeps weights resident wherever SRAM
-    allows; at 320 KiB per core, batch 8 and a 2,048-token cache, that leaves too little
+    allows; at 192 KiB per core, batch 8 and a 2,048-token cache, that leaves too little
     SRAM to preload the caches the attention reads. After the solve some MLP projections
-    load their weights from DRAM instead (`partition._stream_weights`; which ones depends on
-    the choice among plans of equal objective), and the step, which still matches
+    (and here the final norm's scale) load their weights from DRAM instead
+    (`partition._stream_weights`; which ones depends on the choice among plans of equal
+    objective), and the step, which still matches
     onnxruntime, is emulated faster, as predicted (0.94 of the resident step); the `static`
     and `basic` schedules run the same plans."""
     from t10c import partition
     from t10c.driver import CompileOptions, compile_model, run_compiled
     from t10c.strategies import search_options
 
-    chip = chip_from_dict({"name": "test64-dram-320k", "base": "test64-dram",
-                           "sram_bytes_per_core": 320 * 1024})
+    chip = chip_from_dict({"name": "test64-dram-192k", "base": "test64-dram",
+                           "sram_bytes_per_core": 192 * 1024})
     options = CompileOptions(seq_len=2048, batch=8)
     streamed = compile_model("llama-tiny-decode", chip, options)
     run = run_compiled(streamed)
@@ -460,7 +534,7 @@ def test_resident_weights_stream_where_the_preloads_then_hide_more(monkeypatch) 
                                                                         timing_only=True))
     moved = [p.op for p, q in zip(streamed.plan.ops, kept.plan.ops)
              if p.dram_weights and not q.dram_weights]
-    assert moved and all("/mlp/" in op for op in moved), moved
+    assert sum("/mlp/" in op for op in moved) >= 2, moved
     assert not any(q.dram_weights and not p.dram_weights
                    for p, q in zip(streamed.plan.ops, kept.plan.ops))
     assert kept.timeline is not None
@@ -645,13 +719,15 @@ def test_timing_only_lays_out_offline_when_first_fit_overflows(tiny_runs: dict,
         return self._take(buf_id, self.sram, lower.aligned(nbytes))
 
     monkeypatch.setattr(lower._Allocator, "alloc_top", past_the_end)
-    c = compile_model("llama-tiny-decode", PRESETS["test64-dram"],
+    c = compile_model("llama-tiny-decode", TINY_DRAM,
                       CompileOptions(timing_only=True, weights=False))
     assert c.timeline is not None
-    assert c.timeline.cycles == c.plan.total_cycles == tiny_runs["t10"][1].timeline.cycles
+    assert c.timeline.cycles == tiny_runs["t10"][1].timeline.cycles
+    # (within 0.1%: `test_llama_with_weights_in_dram_runs`)
+    assert abs(c.timeline.cycles - c.plan.total_cycles) <= 1e-3 * c.plan.total_cycles
     assert c.program.sram_layout.startswith("best-fit")
     assert c.program.sram_layout.endswith("(streamed)")
-    assert c.program.peak_sram_bytes_per_core <= PRESETS["test64-dram"].sram_bytes_per_core
+    assert c.program.peak_sram_bytes_per_core <= TINY_DRAM.sram_bytes_per_core
     assert c.program.live_sram_bytes_per_core <= c.program.peak_sram_bytes_per_core
 
 
@@ -775,15 +851,15 @@ def test_a_preload_with_no_gap_is_issued_later(tiny_runs: dict, monkeypatch) -> 
 
 def test_a_choice_asked_for_by_name_is_kept(capsys) -> None:
     """`--choice NAME` keeps that whole-graph choice, fastest or not, to time it as a
-    baseline: on the 320 KiB chip ELK's streamed-weights choice is kept and timed (the
+    baseline: on the 176 KiB chip ELK's streamed-weights choice is kept and timed (the
     emulated step equals its predicted one); a choice that found no plans is one clear error
     (`DoesNotFitError`), and on a chip without DRAM `--choice` is a usage error."""
     from t10c.cli import EXIT_USAGE, main
     from t10c.driver import CompileOptions, compile_model
     from t10c.partition import DoesNotFitError, SolverOptions
 
-    chip = chip_from_dict({"name": "test64-dram-320k", "base": "test64-dram",
-                           "sram_bytes_per_core": 320 * 1024})
+    chip = chip_from_dict({"name": "test64-dram-176k", "base": "test64-dram",
+                           "sram_bytes_per_core": 176 * 1024})
     options = CompileOptions(seq_len=2048, batch=8, timing_only=True)
     best = compile_model("llama-tiny-decode", chip, options)
     streamed = compile_model("llama-tiny-decode", chip, dataclasses.replace(

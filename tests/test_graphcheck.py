@@ -91,6 +91,31 @@ def test_an_output_grown_in_place_is_checked() -> None:
     assert "graph output logits: is grown in place and computed by an op too" in text
 
 
+def test_an_input_gathered_from_a_table_is_checked() -> None:
+    """Rows gathered from a table (`t10c.ir.Gathered`, an embedding on a chip with DRAM)
+    need a weight table, integer ids the caller feeds, and one row for every id."""
+    from t10c.ir import Gathered
+    from t10c.partition.dram import gather_by_dma
+
+    graph = gather_by_dma(frontend.to_graph(load_source("llama-tiny-decode", seq_len=16,
+                                                        weights=False)))
+    verify_graph(graph)
+    (rows, good), = graph.gathers.items()
+    assert good == Gathered("embed_tokens.weight", "input_ids")
+    past = next(t for t in graph.inputs if t.startswith("past"))
+    bad = {rows: Gathered(good.table, past), "logits": good}
+    with pytest.raises(GraphError) as info:
+        verify_graph(dataclasses.replace(graph, gathers=bad))
+    text = str(info.value)
+    assert f"gathered input {rows}: its ids {past} are not an integer input" in text
+    assert "gathered input logits: is gathered from a table but is no graph input" in text
+    wrong = dataclasses.replace(graph, tensors={**graph.tensors, rows: dataclasses.replace(
+        graph.tensors[rows], shape=(2, 128))})
+    with pytest.raises(GraphError, match=f"gathered input {rows}: holds 256 elements, not "
+                                         "one row of embed_tokens.weight for each of the 1"):
+        verify_graph(wrong)
+
+
 def test_compile_check_runs_the_verifiers(capsys) -> None:
     assert main(["compile", "bert-tiny", "--chip", "test16", "--seq-len", "16", "--check",
                  "--run", "--no-table"]) == 0

@@ -238,10 +238,12 @@ def pod_run() -> tuple:
 
 def test_llama_on_a_pod_with_dram_runs(pod_run: tuple) -> None:
     """llama-tiny-decode on two 32-core chips with their DRAM: the outputs match
-    onnxruntime's, and the emulator measures the planner's prediction to 1%: the DMA queue
-    binds (the on-chip time is the pod's estimate, a re-layout's sources spread evenly over
-    the pod, pessimistic here: the cores then wait longer for the queue)."""
+    onnxruntime's, and the emulator measures at most the planner's prediction, within 10%:
+    the on-chip time is the pod's estimate, a re-layout's sources spread evenly over the
+    pod, which is pessimistic here (7%: 16,150 cycles predicted, 15,090 emulated). Until
+    the embedding was read by rows (`gather_by_dma`), loading its whole table bound the DMA
+    queue and the step, which hid the estimate's error."""
     c, r = pod_run
     assert r.ok, r.max_rel_err
     assert any(p.dram_cycles for p in c.plan.ops)
-    assert abs(r.timeline.cycles - c.plan.total_cycles) <= 0.01 * c.plan.total_cycles
+    assert r.timeline.cycles <= c.plan.total_cycles <= 1.1 * r.timeline.cycles

@@ -149,6 +149,7 @@ def test_compute_offsets_outside_the_tile_are_refused(compiled, tmp_path, capsys
      "unknown body function 'frobnicate'"),
     (lambda doc: doc["buffers"][0].update(offset=10 ** 9), "outside the 655360-byte SRAM"),
     (lambda doc: doc.update(cores=32), "the program is for 32 cores, chip test16 has 16"),
+    (lambda doc: doc.update(gathers={"x": {"table": 1}}), "field 'gathers' is malformed"),
 ])
 def test_malformed_program_json_is_refused(compiled, tmp_path, capsys, edit, words) -> None:
     d = _copy(compiled, tmp_path / "d")
