@@ -122,6 +122,41 @@ def moved_input(chip: Chip, owner: np.ndarray | Spread, want: Want, shape: tuple
                         to_root, np.asarray([nbytes])), make)
 
 
+def extra_index(graph: Graph, i: int, k: int, plan: OpPlan, to_root: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The root elements of activation ``extra[k]`` of op i that each core reads beside its
+    finished result, slot by slot as codegen's buffer holds them (-1: none), for the distinct
+    tiles (and chunks of them) the cores finish with, and which of those each core has:
+    ((distinct, slots), (cores,))."""
+    op = graph.ops[i]
+    geo = geometry(graph, op, plan)
+    out = len(op.inputs)
+    origin = geo.tile_origin(out, geo.steps - 1)
+    tile, shape = geo.tile_shape(out), graph.tensors[op.output.tensor].shape
+    scatter = scatter_of(geo, tables=False) if geo.reduce_group > 1 else None
+    pos = scatter.pos if scatter is not None else np.zeros(len(origin), dtype=np.int64)
+    # cores whose tiles (and chunks of them) start alike read alike
+    uniq, inverse = distinct_rows(np.concatenate([origin, pos[:, None]], axis=1))
+    if scatter is not None:
+        flat, valid = chunk_elements(uniq[:, :-1], tile, shape, uniq[:, -1], scatter.chunk)
+    else:
+        flat, valid = _whole_tiles(uniq[:, :-1], tile, shape)
+    idx = extra_elements(graph, op, k, flat, valid)
+    if to_root is not None:
+        idx = np.where(idx >= 0, to_root[np.maximum(idx, 0)], -1)
+    return idx, inverse
+
+
+def extra_received(graph: Graph, i: int, k: int, plan: OpPlan, owner: np.ndarray,
+                   to_root: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """All-to-all: (each physical core of op i, the elements of activation ``extra[k]`` it
+    receives from another core), as codegen's exchange moves them (`moved_extra`)."""
+    idx, inverse = extra_index(graph, i, k, plan, to_root)
+    phys = geometry(graph, graph.ops[i], plan).phys
+    src = np.where(idx >= 0, owner[np.maximum(idx, 0)], -1)[inverse]
+    return phys, np.count_nonzero((src >= 0) & (src != phys[:, None]), axis=1)
+
+
 def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan,
                 owner: np.ndarray | Spread, to_root: np.ndarray | None, nbytes: int) -> Pending:
     """The exchange that puts activation ``extra[k]`` of op i (its root element e on core
@@ -136,15 +171,7 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan,
     pos = scatter.pos if scatter is not None else np.zeros(len(origin), dtype=np.int64)
 
     def make() -> Moved:
-        # cores whose tiles (and chunks of them) start alike read alike
-        uniq, inverse = distinct_rows(np.concatenate([origin, pos[:, None]], axis=1))
-        if scatter is not None:
-            flat, valid = chunk_elements(uniq[:, :-1], tile, shape, uniq[:, -1], scatter.chunk)
-        else:
-            flat, valid = _whole_tiles(uniq[:, :-1], tile, shape)
-        idx = extra_elements(graph, op, k, flat, valid)
-        if to_root is not None:
-            idx = np.where(idx >= 0, to_root[np.maximum(idx, 0)], -1)
+        idx, inverse = extra_index(graph, i, k, plan, to_root)
         # tiles that start apart may read the same elements (a bias broadcast over the rows
         # of the result): codegen's trees are per distinct table, so these share theirs
         idx, again = distinct_rows(idx)

@@ -490,6 +490,7 @@ class Views:
         self._kept_costs: dict[tuple, Any] = {}  # `kept_bytes`, `kept_cycles`
         self._kept_chip: Chip | None = None
         self._pending: dict[tuple, bytes] = {}
+        self._extras: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
 
     def const_tensors(self) -> frozenset[str]:
         """The tensors that are weights or views of weights."""
@@ -619,6 +620,33 @@ class Views:
         if key not in self._kept_costs:
             self._kept_costs[key] = make(geometry(self.graph, self.graph.ops[i], plan))
         return self._kept_costs[key]
+
+    def extra_moved(self, i: int, k: int, source: int, consumer: OpPlan, producer: OpPlan,
+                    chip: Chip) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Off a mesh: activation ``extra[k]`` of op ``i`` under plan ``consumer``, made by op
+        ``source`` under plan ``producer``, as codegen moves it beside the finished result:
+        (the op's physical cores, the elements each receives from another core, on a pod
+        the distinct elements each chip's cores read or None), kept per layouts."""
+        from .meshmove import extra_index, extra_received  # (builds on this)
+
+        tensor = self.graph.ops[i].extra[k].tensor
+        key = (self.op_key(i), k, layout_key(consumer), self.op_key(source),
+               layout_key(producer), self.chain(tensor), chip.cores, chip.chips)
+        got = self._extras.get(key)
+        if got is None:
+            to_root = self.to_root(tensor)
+            phys, remote = extra_received(self.graph, i, k, consumer,
+                                          self.owner(source, producer), to_root)
+            wanted = None
+            if chip.is_pod:
+                idx, inverse = extra_index(self.graph, i, k, consumer, to_root)
+                rows = idx[inverse]
+                on = np.broadcast_to(chip.chip_of(phys)[:, None], rows.shape)
+                pairs = np.unique(np.column_stack([on[rows >= 0], rows[rows >= 0]]), axis=0)
+                wanted = np.bincount(pairs[:, 0], minlength=chip.chips).astype(np.int64)
+            got = (phys, remote, wanted)
+            self._extras[key] = got
+        return got
 
     def pending(self, key: tuple, build: Callable[[], Pending]) -> Pending:
         """``build()``, a routed exchange (`meshmove.Pending`), with its digest looked up by
@@ -1085,7 +1113,17 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
         if chip.is_pod and remote.any():
             got.wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
         np.add.at(got.received, phys, remote * nbytes)
-    if routed_on(chip, plans[i]):  # activations the epilogue reads
+    if not chip.is_mesh:  # activations the epilogue reads, moved in the same phase
+        for k, operand in enumerate(op.extra):
+            source = producer.get(graph.root(operand.tensor))
+            if source is not None:
+                nbytes = element_bytes_of(operand.tensor, dtype, int_tensors)
+                phys, remote, wanted = views.extra_moved(i, k, source, plans[i],
+                                                         plans[source], chip)
+                if wanted is not None and remote.any():
+                    got.wanted += wanted * nbytes
+                np.add.at(got.received, phys, remote * nbytes)
+    elif routed_on(chip, plans[i]):  # activations the epilogue reads
         for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
             source = producer.get(graph.root(operand.tensor))
             if source is not None:

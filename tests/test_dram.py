@@ -381,6 +381,22 @@ def test_llama_with_weights_in_dram_runs(tiny_runs: dict) -> None:
     assert any(rec.phase == "dram" for rec in r.timeline.records)
 
 
+def test_every_ops_time_on_chip_is_predicted(tiny_runs: dict) -> None:
+    """Op by op, the emulated time besides DMA waits is the plan's cycles and re-layout; the
+    context over the past cache adds the new token's share (another op's result) in its
+    epilogue, moved in its re-layout phase as codegen moves it (`Views.extra_moved`: it had
+    been left out off meshes, 2 elements a core, a cycle a layer here)."""
+    c, r = tiny_runs["t10"]
+    emulated: dict[str, int] = {}
+    for rec in r.timeline.records:
+        if rec.phase != "dram":
+            emulated[rec.op] = emulated.get(rec.op, 0) + rec.cycles
+    made = {op.output.tensor for op in c.graph.ops}
+    assert any(c.graph.root(o.tensor) in made for op in c.graph.ops for o in op.extra)
+    for op, p, relayout in zip(c.graph.ops, c.plan.ops, c.plan.relayout_cycles):
+        assert emulated.get(op.name, 0) == p.cycles.total + relayout, op.name
+
+
 def test_an_embedding_reads_only_its_rows(tiny_runs: dict) -> None:
     """The embedding table (32,000 x 128, 8 MiB in fp16) stays in DRAM: no op reads it, the
     lookup is no op, and the ops that read its result load the one row the token's id picks
