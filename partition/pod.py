@@ -9,12 +9,14 @@ planner from the plan's geometry with the functions here:
 - a ring shift (`ring_cross`): exact, from each core's ring source;
 - a reduce-scatter (`group_cross`): exact for groups of cores that share the output block
   (every member gathers its chunk from every other member);
-- an exchange whose sources the plan does not fix (a re-layout from the producer's layout, a
+- a re-layout after the solve (`transitions.relayout_cycles`): exact, element by element
+  (`element_cross`): each element a chip's cores want from a core on another chip crosses
+  to it once and is fanned out there over the chip's own exchange, as the emulator counts;
+- an exchange whose sources the plan does not fix (a re-layout priced for the solver, a
   weight fetched from its idle layout): `spread_cross`, the estimate that the sources are
   spread evenly over the pod, so that ``(chips - 1) / chips`` of each core's bytes cross;
   for a re-layout, at most that share of the distinct elements a chip's cores want
-  (`chip_wanted`): an element crosses to a chip once and is fanned out there over the
-  chip's own exchange (the emulator counts the distinct elements each chip receives).
+  (`chip_wanted`).
 """
 
 from __future__ import annotations
@@ -144,15 +146,16 @@ def reduce_pairs(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...], gro
     return int(group_cross(chip, phys, group_keys(F, reduction, ring)).max())
 
 
-def received_cross(chip: Chip, received: np.ndarray, wanted: np.ndarray | None = None
-                   ) -> int:
-    """The busiest chip's inter-chip bytes when core c receives ``received[c]`` bytes from
-    sources spread evenly over the pod (an estimate, as `spread_cross`), each chip at most
-    its ``wanted[k]`` distinct bytes (fanned out on the chip)."""
-    if not chip.is_pod or not received.any():
-        return 0
-    per_chip = np.bincount(chip.chip_of(np.arange(len(received))), weights=received,
-                           minlength=chip.chips)
-    if wanted is not None:
-        per_chip = np.minimum(per_chip, wanted)
-    return ceil_div(int(per_chip.max()) * (chip.chips - 1), chip.chips)
+def element_cross(chip: Chip, dst_chip: np.ndarray, elems: np.ndarray, owner: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(in, out) per chip: the elements that cross between chips when chip ``dst_chip[k]``
+    wants root element ``elems[k]`` (-1: none), each from its owning physical core
+    ``owner[e]``: each element once per chip that wants it, from another (fanned out on the
+    chip), as the emulator counts an exchange's transfers (exact, for a re-layout priced
+    element by element, where `spread_cross` estimates)."""
+    keep = elems >= 0
+    pairs = np.unique(np.column_stack([dst_chip[keep], elems[keep]]), axis=0)
+    src = chip.chip_of(owner[pairs[:, 1]].astype(np.int64))
+    far = (owner[pairs[:, 1]] >= 0) & (src != pairs[:, 0])
+    return (np.bincount(pairs[far, 0], minlength=chip.chips).astype(np.int64),
+            np.bincount(src[far], minlength=chip.chips).astype(np.int64))

@@ -59,7 +59,7 @@ from .cost import (
 )
 from .place import exchange_estimate, region_span
 from .plan import Cycles, Geometry, OpPlan, geometry
-from .pod import chip_wanted, received_cross, spread_cross
+from .pod import chip_wanted, element_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
 
 if TYPE_CHECKING:  # (meshmove builds on this module)
@@ -490,7 +490,9 @@ class Views:
         self._kept_costs: dict[tuple, Any] = {}  # `kept_bytes`, `kept_cycles`
         self._kept_chip: Chip | None = None
         self._pending: dict[tuple, bytes] = {}
-        self._extras: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+        self._extras: dict[tuple, tuple[np.ndarray, np.ndarray,
+                                        tuple[np.ndarray, np.ndarray] | None]] = {}
+        self._crossings: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def const_tensors(self) -> frozenset[str]:
         """The tensors that are weights or views of weights."""
@@ -578,6 +580,30 @@ class Views:
                 self.chain(self.graph.ops[i].inputs[slot].tensor), layout_key(consumer),
                 layout_key(producer), chip.cores, chip.grid)
 
+    def crossing(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
+                 chip: Chip) -> tuple[np.ndarray, np.ndarray]:
+        """A pod: (in, out) per chip, the elements of input ``slot`` of op ``i`` under plan
+        ``consumer``, fed by op ``j`` under plan ``producer``, that cross between chips in
+        its re-layout (`pod.element_cross`: each once per chip that wants it), kept per
+        `moved_key`."""
+        key = (*self.moved_key(i, slot, j, consumer, producer, chip), chip.chips)
+        got = self._crossings.get(key)
+        if got is None:
+            tensor = self.graph.ops[i].inputs[slot].tensor
+            want = consumer_want(self.graph, i, slot, consumer)
+            shape = self.graph.tensors[tensor].shape
+            boxes = np.unique(np.column_stack([chip.chip_of(np.asarray(want.phys, np.int64)),
+                                               np.asarray(want.origin, np.int64)]), axis=0)
+            flat, valid = _tile_flat(boxes[:, 1:], tuple(int(x) for x in want.shape), shape)
+            elems = np.where(valid, flat, -1)
+            to_root = self.to_root(tensor)
+            if to_root is not None:
+                elems = np.where(elems >= 0, to_root[np.maximum(elems, 0)], -1)
+            dst = np.broadcast_to(boxes[:, :1], elems.shape)
+            got = element_cross(chip, dst.ravel(), elems.ravel(), self.owner(j, producer))
+            self._crossings[key] = got
+        return got
+
     def most_moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
                    chip: Chip) -> int:
         """The most elements of input ``slot`` of op ``i`` that one of its cores receives
@@ -622,11 +648,13 @@ class Views:
         return self._kept_costs[key]
 
     def extra_moved(self, i: int, k: int, source: int, consumer: OpPlan, producer: OpPlan,
-                    chip: Chip) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                    chip: Chip
+                    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
         """Off a mesh: activation ``extra[k]`` of op ``i`` under plan ``consumer``, made by op
         ``source`` under plan ``producer``, as codegen moves it beside the finished result:
         (the op's physical cores, the elements each receives from another core, on a pod
-        the distinct elements each chip's cores read or None), kept per layouts."""
+        the elements that cross into and out of each chip, `pod.element_cross`, or None),
+        kept per layouts."""
         from .meshmove import extra_index, extra_received  # (builds on this)
 
         tensor = self.graph.ops[i].extra[k].tensor
@@ -637,14 +665,15 @@ class Views:
             to_root = self.to_root(tensor)
             phys, remote = extra_received(self.graph, i, k, consumer,
                                           self.owner(source, producer), to_root)
-            wanted = None
+            crossed = None
             if chip.is_pod:
                 idx, inverse = extra_index(self.graph, i, k, consumer, to_root)
                 rows = idx[inverse]
-                on = np.broadcast_to(chip.chip_of(phys)[:, None], rows.shape)
-                pairs = np.unique(np.column_stack([on[rows >= 0], rows[rows >= 0]]), axis=0)
-                wanted = np.bincount(pairs[:, 0], minlength=chip.chips).astype(np.int64)
-            got = (phys, remote, wanted)
+                on = np.broadcast_to(chip.chip_of(np.asarray(phys, np.int64))[:, None],
+                                     rows.shape)
+                crossed = element_cross(chip, on.ravel(), rows.ravel(),
+                                        self.owner(source, producer))
+            got = (phys, remote, crossed)
             self._extras[key] = got
         return got
 
@@ -1056,12 +1085,13 @@ def routed_on(chip: Chip, plan: OpPlan) -> bool:
 
 @dataclass
 class _Phase:
-    """What an op's re-layout phase moves: per core the bytes it receives and per chip the
-    distinct bytes it wants (all-to-all chips, pods); on a mesh the exchanges as routed
-    (`meshmove.Pending`) or, for plans made under the all-to-all assumption, the estimate."""
+    """What an op's re-layout phase moves: per core the bytes it receives and, on a pod, per
+    chip the bytes that cross into it and out of it (all-to-all chips, pods); on a mesh the
+    exchanges as routed (`meshmove.Pending`) or, for plans made under the all-to-all
+    assumption, the estimate."""
 
     received: np.ndarray
-    wanted: np.ndarray
+    cross: np.ndarray  # (2, chips): bytes in, bytes out
     routed: list
     estimate: int = 0
     #: on a mesh, the weights fetched from their idle layouts, routed (`route_fetches`):
@@ -1073,14 +1103,14 @@ class _Phase:
         # (a mesh's phases are routed: no per-core count, which on a wafer would be 7 MB
         # per op and pricing)
         return _Phase(np.zeros(0 if chip.is_mesh else chip.cores, dtype=np.int64),
-                      np.zeros(max(chip.chips, 1), dtype=np.int64), [])  # a pod: per chip
+                      np.zeros((2, max(chip.chips, 1)), dtype=np.int64), [])  # a pod
 
     def moves(self) -> bool:
         return bool(self.routed) or bool(self.fetched) or self.estimate > 0 or \
             bool(self.received.any())
 
     def with_(self, other: _Phase) -> _Phase:
-        return _Phase(self.received + other.received, self.wanted + other.wanted,
+        return _Phase(self.received + other.received, self.cross + other.cross,
                       [*self.routed, *other.routed], self.estimate + other.estimate,
                       [*self.fetched, *other.fetched])
 
@@ -1111,17 +1141,17 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
             continue
         phys, remote = views.moved(i, slot, j, plans[i], plans[j], chip)
         if chip.is_pod and remote.any():
-            got.wanted += _chip_want(graph, i, slot, plans[i], chip) * nbytes
+            got.cross += np.stack(views.crossing(i, slot, j, plans[i], plans[j], chip)) * nbytes
         np.add.at(got.received, phys, remote * nbytes)
     if not chip.is_mesh:  # activations the epilogue reads, moved in the same phase
         for k, operand in enumerate(op.extra):
             source = producer.get(graph.root(operand.tensor))
             if source is not None:
                 nbytes = element_bytes_of(operand.tensor, dtype, int_tensors)
-                phys, remote, wanted = views.extra_moved(i, k, source, plans[i],
-                                                         plans[source], chip)
-                if wanted is not None and remote.any():
-                    got.wanted += wanted * nbytes
+                phys, remote, crossed = views.extra_moved(i, k, source, plans[i],
+                                                          plans[source], chip)
+                if crossed is not None:
+                    got.cross += np.stack(crossed) * nbytes
                 np.add.at(got.received, phys, remote * nbytes)
     elif routed_on(chip, plans[i]):  # activations the epilogue reads
         for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
@@ -1207,7 +1237,7 @@ def _phase_cycles(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan]
         mesh_cycles += phase(chip, part.fetched) if part.fetched else 0
         return barrier_cycles(chip) + mesh_cycles if mesh_cycles else 0
     most = int(part.received.max(initial=0))
-    cross = received_cross(chip, part.received, part.wanted if chip.is_pod else None)
+    cross = int(part.cross.max(initial=0)) if chip.is_pod else 0
     if fetches(graph, i, plans[i], chip):  # the barrier is the plan's (its fetch's),
         # unless the fetch rides in the previous op's reduce-scatter superstep
         return chip.exchange_cycles(most, cross) - (chip.sync_cycles if i in hoisted else 0)
