@@ -832,9 +832,9 @@ class _Builder:
                 any(received(mv.pattern(), phys).any() for mv, phys in early):
             self.instrs.append(Sync(op.name, "relayout"))
         moves += [mv for mv, _ in early]
-        if self.chip.is_mesh:  # the re-layouts together, as one phase of routes (the
-            # planner's `meshmove` prices them so), then the fetches
-            moves.sort(key=lambda m: m.phase != "relayout")
+        # the re-layouts together (an epilogue's activations with the inputs), as one phase
+        # (on a mesh, of routes: the planner's `meshmove` prices them so), then the fetches
+        moves.sort(key=lambda m: m.phase != "relayout")
         self.instrs.extend(moves)
         # inputs are in place: producers whose last reader this was can go
         for operand in op.reads:
