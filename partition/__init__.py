@@ -48,7 +48,14 @@ from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans, chosen_memory, liveness
 from .space import Space, baseline_options, op_keys, space_of, tensor_sets, union
-from .transitions import Views, edge_cost, kept_restores, relayout_cycles, route_fetches
+from .transitions import (
+    Views,
+    edge_cost,
+    kept_restores,
+    pod_fetches,
+    relayout_cycles,
+    route_fetches,
+)
 from .verify import verify_plan
 
 __all__ = ["Bounds", "Plan", "OpPlan", "Cycles", "Geometry", "SearchOptions", "SolverOptions",
@@ -244,16 +251,16 @@ def _finished(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chi
               fixed: frozenset[int], stream: bool = True
               ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """The last passes over a choice: weight fetches routed (`route_fetches`), kept copies'
-    returns priced (`kept_restores`) and, on a chip with DRAM (unless ``stream`` is False:
-    the choice has decided which weights stream), weights streamed where the preloads then
-    hide more (`_stream_weights`)."""
+    returns priced (`kept_restores`), on a chip with DRAM (unless ``stream`` is False: the
+    choice has decided which weights stream) weights streamed where the preloads then hide
+    more (`_stream_weights`), and on a pod the fetches' crossings counted (`pod_fetches`)."""
     fetched = route_fetches(graph, chosen, chip, dtype, ints, views)
     if fetched is not None:
         chosen, relayout = fetched
     chosen = kept_restores(graph, chosen, chip, dtype, ints, views)
     if chip.has_dram and solver.planner != "greedy" and stream:
         chosen = _stream_weights(graph, chosen, relayout, chip, dtype, ints, solver, fixed)
-    return chosen, relayout
+    return pod_fetches(graph, chosen, chip, dtype, ints, views), relayout
 
 
 def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],

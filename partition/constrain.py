@@ -31,7 +31,7 @@ from .chosen import Plan, PlanError
 from .cost import plan_cost
 from .plan import OpPlan, geometry, operand_shapes
 from .search import SearchOptions, _factor_grids, _feasible, _plan, _templates
-from .transitions import kept_restores, relayout_cycles, route_fetches
+from .transitions import Views, kept_restores, pod_fetches, relayout_cycles, route_fetches
 from .vcost import CostArrays, costs_for
 
 WEIGHTS = ("resident", "warmed-up")
@@ -303,14 +303,16 @@ def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: fro
         cycles, hot, cold, out = cache[key]
         derived.append(dataclasses.replace(p, cycles=cycles, hot_bytes_per_core=hot,
                                            cold_bytes_per_core=cold, out_bytes_per_core=out))
-    # priced as the planner prices a chosen plan: all of an op's inputs in one phase, and on
-    # a mesh the weight fetches routed (their estimate out of the plans' cycles)
+    # priced as the planner prices a chosen plan: all of an op's inputs in one phase, on a
+    # mesh the weight fetches routed (their estimate out of the plans' cycles), on a pod
+    # their crossings counted
     routed = route_fetches(graph, tuple(derived), chip, dtype, ints)
     if routed is None:
         relayout = relayout_cycles(graph, derived, chip, dtype, ints)
     else:
         derived, relayout = list(routed[0]), routed[1]
-    derived = list(kept_restores(graph, tuple(derived), chip, dtype, ints))
+    derived = list(pod_fetches(graph, kept_restores(graph, tuple(derived), chip, dtype, ints),
+                               chip, dtype, ints, Views(graph)))
     for op, p, d in zip(graph.ops, plan.ops, derived):
         if (d.cycles, d.hot_bytes_per_core, d.cold_bytes_per_core, d.out_bytes_per_core) != (
                 p.cycles, p.hot_bytes_per_core, p.cold_bytes_per_core, p.out_bytes_per_core):

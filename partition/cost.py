@@ -247,10 +247,7 @@ def fetch_estimate(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset
     if epi is None:
         epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
                             geo.shapes)
-    fetched = epi.fetched
-    if weights_home:
-        fetched += sum(element_bytes(op, i, dtype, int_tensors) * math.prod(geo.tile_shape(i))
-                       for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
+    fetched = fetch_bytes(geo, chip, dtype, int_tensors, const_tensors, weights_home, epi)
     if not fetched:
         return 0, 0
     whole = weights_whole(op, geo.shapes, dtype, int_tensors, const_tensors) \
@@ -260,6 +257,22 @@ def fetch_estimate(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset
                  chip, geo.ncores, fetched, fetch_wanted(chip, geo.ncores, whole,
                                                          epi.fetched))))
     return shift, chip.sync_cycles
+
+
+def fetch_bytes(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
+                const_tensors: frozenset[str], weights_home: bool,
+                epi: EpilogueCost | None = None) -> int:
+    """The bytes a core of the plan fetches from the weights' idle layouts (`fetch_estimate`):
+    its epilogue's weights and, with ``weights_home``, its tiles of the warmed-up weights."""
+    if epi is None:
+        epi = epilogue_cost(geo.op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
+                            geo.shapes)
+    fetched = epi.fetched
+    if weights_home:
+        fetched += sum(element_bytes(geo.op, i, dtype, int_tensors)
+                       * math.prod(geo.tile_shape(i))
+                       for i, o in enumerate(geo.op.inputs) if o.tensor in const_tensors)
+    return fetched
 
 
 def weights_whole(op: TensorExpr, shapes: dict[str, tuple[int, ...]], dtype: str,

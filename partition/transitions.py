@@ -52,10 +52,12 @@ from .collectives import chunk_elements, scatter_of
 from .cost import (
     element_bytes,
     epilogue_cost,
+    fetch_bytes,
     fetch_estimate,
     idle_cores,
     kept_bytes,
     plan_cost,
+    spread_owner,
 )
 from .place import exchange_estimate, region_span
 from .plan import Cycles, Geometry, OpPlan, geometry
@@ -493,6 +495,7 @@ class Views:
         self._extras: dict[tuple, tuple[np.ndarray, np.ndarray,
                                         tuple[np.ndarray, np.ndarray] | None]] = {}
         self._crossings: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._fetch_crossings: dict[tuple, np.ndarray] = {}
 
     def const_tensors(self) -> frozenset[str]:
         """The tensors that are weights or views of weights."""
@@ -580,6 +583,59 @@ class Views:
                 self.chain(self.graph.ops[i].inputs[slot].tensor), layout_key(consumer),
                 layout_key(producer), chip.cores, chip.grid)
 
+    def fetch_crossing(self, i: int, plan: OpPlan, chip: Chip, dtype: str,
+                       int_tensors: frozenset[str]) -> np.ndarray:
+        """A pod: (2, chips), the bytes into and out of each chip of op ``i``'s weight
+        fetches under ``plan`` (`pod_fetches`): warmed-up weights from their spread over
+        every core into the input tiles, epilogue weights from their spread over
+        `idle_cores` beside the finished result (`_fetched`), each element once per chip
+        that wants it from another; kept per (op, layout)."""
+        from .meshmove import element_bytes_of, extra_index  # (builds on this)
+
+        key = (self.op_key(i), layout_key(plan), plan.home, chip.cores, chip.chips)
+        got = self._fetch_crossings.get(key)
+        if got is not None:
+            return got
+        graph, op = self.graph, self.graph.ops[i]
+        got = np.zeros((2, chip.chips), dtype=np.int64)
+        for slot, operand in enumerate(op.inputs):
+            root = graph.root(operand.tensor)
+            if plan.home and root in graph.constants:
+                owner = spread_owner(graph.tensors[root].numel, range(chip.cores))
+                dst, elems = self._wanted_by_chip(i, slot, plan, chip)
+                got += np.stack(element_cross(chip, dst, elems, owner)) * element_bytes(
+                    op, slot, dtype, int_tensors)
+        idle = idle_cores(chip)
+        for k, operand in enumerate(op.extra):
+            root = graph.root(operand.tensor)
+            if root in graph.constants and len(idle) > 1:
+                idx, inverse = extra_index(graph, i, k, plan, self.to_root(operand.tensor))
+                rows = idx[inverse]
+                phys = geometry(graph, op, plan).phys
+                on = np.broadcast_to(chip.chip_of(np.asarray(phys, np.int64))[:, None],
+                                     rows.shape)
+                owner = spread_owner(graph.tensors[root].numel, idle)
+                got += np.stack(element_cross(chip, on.ravel(), rows.ravel(), owner)) * \
+                    element_bytes_of(operand.tensor, dtype, int_tensors)
+        self._fetch_crossings[key] = got
+        return got
+
+    def _wanted_by_chip(self, i: int, slot: int, plan: OpPlan, chip: Chip
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """(chip, root element) of every element of input ``slot``'s tiles (step 0) that op
+        ``i``'s cores want under ``plan``, each distinct tile of a chip once (-1: padding)."""
+        tensor = self.graph.ops[i].inputs[slot].tensor
+        want = consumer_want(self.graph, i, slot, plan)
+        shape = self.graph.tensors[tensor].shape
+        boxes = np.unique(np.column_stack([chip.chip_of(np.asarray(want.phys, np.int64)),
+                                           np.asarray(want.origin, np.int64)]), axis=0)
+        flat, valid = _tile_flat(boxes[:, 1:], tuple(int(x) for x in want.shape), shape)
+        elems = np.where(valid, flat, -1)
+        to_root = self.to_root(tensor)
+        if to_root is not None:
+            elems = np.where(elems >= 0, to_root[np.maximum(elems, 0)], -1)
+        return np.broadcast_to(boxes[:, :1], elems.shape).ravel(), elems.ravel()
+
     def crossing(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
                  chip: Chip) -> tuple[np.ndarray, np.ndarray]:
         """A pod: (in, out) per chip, the elements of input ``slot`` of op ``i`` under plan
@@ -589,18 +645,8 @@ class Views:
         key = (*self.moved_key(i, slot, j, consumer, producer, chip), chip.chips)
         got = self._crossings.get(key)
         if got is None:
-            tensor = self.graph.ops[i].inputs[slot].tensor
-            want = consumer_want(self.graph, i, slot, consumer)
-            shape = self.graph.tensors[tensor].shape
-            boxes = np.unique(np.column_stack([chip.chip_of(np.asarray(want.phys, np.int64)),
-                                               np.asarray(want.origin, np.int64)]), axis=0)
-            flat, valid = _tile_flat(boxes[:, 1:], tuple(int(x) for x in want.shape), shape)
-            elems = np.where(valid, flat, -1)
-            to_root = self.to_root(tensor)
-            if to_root is not None:
-                elems = np.where(elems >= 0, to_root[np.maximum(elems, 0)], -1)
-            dst = np.broadcast_to(boxes[:, :1], elems.shape)
-            got = element_cross(chip, dst.ravel(), elems.ravel(), self.owner(j, producer))
+            dst, elems = self._wanted_by_chip(i, slot, consumer, chip)
+            got = element_cross(chip, dst, elems, self.owner(j, producer))
             self._crossings[key] = got
         return got
 
@@ -1330,6 +1376,29 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     views = views or Views(graph)
     _, parts, hoisted = _merging(graph, plans, chip, dtype, int_tensors, views, fetch)
     return [_phase_cycles(graph, i, plans, chip, part, hoisted) for i, part in enumerate(parts)]
+
+
+def pod_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
+                int_tensors: frozenset[str], views: Views) -> tuple[OpPlan, ...]:
+    """The chosen plans, on a pod, with the bytes of their weight fetches that cross between
+    chips counted element by element (`pod.element_cross`, `Views.fetch_crossing`) instead
+    of estimated as spread evenly (`cost.fetch_estimate`): the fetch phase as the emulator
+    times it. Elsewhere the plans as they are."""
+    if not chip.is_pod:
+        return plans
+    consts = views.const_tensors()
+    out = list(plans)
+    for i, p in enumerate(plans):
+        if not fetches(graph, i, p, chip):
+            continue
+        geo = geometry(graph, graph.ops[i], p)
+        estimate, _ = fetch_estimate(geo, chip, dtype, int_tensors, consts, p.home)
+        fetched = fetch_bytes(geo, chip, dtype, int_tensors, consts, p.home)
+        crossed = int(views.fetch_crossing(i, p, chip, dtype, int_tensors).max(initial=0))
+        exact = chip.exchange_cycles(fetched, crossed) if fetched else 0
+        out[i] = dataclasses.replace(p, cycles=dataclasses.replace(
+            p.cycles, shift=p.cycles.shift - estimate + exact))
+    return tuple(out)
 
 
 def route_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
