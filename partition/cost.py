@@ -294,12 +294,12 @@ def fetch_wanted(chip: Chip, ncores: int, warmed: int, epilogue_fetched: int) ->
     return warmed + epilogue_fetched * chip.busiest_chip_cores(ncores)
 
 
-def spread_owner(numel: int, over: range) -> np.ndarray:
+def spread_owner(numel: int, over: range, elems: np.ndarray | None = None) -> np.ndarray:
     """(numel,): the core holding each element of a tensor spread evenly over the cores
     ``over``, ``ceil(numel / len(over))`` a core in order (a weight's idle layout,
-    `home_bytes` and `epilogue_cost`; codegen's ``load_home``)."""
+    `home_bytes` and `epilogue_cost`; codegen's ``load_home``); or of elements ``elems``."""
     chunk = ceil_div(numel, len(over))
-    return over.start + np.arange(numel, dtype=np.int64) // chunk
+    return over.start + (np.arange(numel, dtype=np.int64) if elems is None else elems) // chunk
 
 
 def kept_bytes(geo: Geometry, slots: frozenset[int], chip: Chip, dtype: str,

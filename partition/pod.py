@@ -21,6 +21,7 @@ planner from the plan's geometry with the functions here:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -146,16 +147,32 @@ def reduce_pairs(chip: Chip, F: tuple[int, ...], reduction: tuple[int, ...], gro
     return int(group_cross(chip, phys, group_keys(F, reduction, ring)).max())
 
 
-def element_cross(chip: Chip, dst_chip: np.ndarray, elems: np.ndarray, owner: np.ndarray
+def element_cross(chip: Chip, dst_chip: np.ndarray, elems: np.ndarray,
+                  owner: np.ndarray | Callable[[np.ndarray], np.ndarray]
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(in, out) per chip: the elements that cross between chips when chip ``dst_chip[k]``
     wants root element ``elems[k]`` (-1: none), each from its owning physical core
-    ``owner[e]``: each element once per chip that wants it, from another (fanned out on the
+    (``owner[e]``, or ``owner(elements)`` for a spread that is not worth making whole; -1:
+    no owner): each element once per chip that wants it, from another (fanned out on the
     chip), as the emulator counts an exchange's transfers (exact, for a re-layout priced
     element by element, where `spread_cross` estimates)."""
+    ins = np.zeros(chip.chips, dtype=np.int64)
+    outs = np.zeros(chip.chips, dtype=np.int64)
     keep = elems >= 0
-    pairs = np.unique(np.column_stack([dst_chip[keep], elems[keep]]), axis=0)
-    src = chip.chip_of(owner[pairs[:, 1]].astype(np.int64))
-    far = (owner[pairs[:, 1]] >= 0) & (src != pairs[:, 0])
-    return (np.bincount(pairs[far, 0], minlength=chip.chips).astype(np.int64),
-            np.bincount(src[far], minlength=chip.chips).astype(np.int64))
+    for k in range(chip.chips):
+        want = elems[keep & (dst_chip == k)]
+        if not len(want):
+            continue
+        if isinstance(owner, np.ndarray):  # distinct by a mark per element
+            seen = np.zeros(len(owner), dtype=bool)
+            seen[want] = True
+            want = np.flatnonzero(seen)
+            cores = owner[want]
+        else:
+            want = np.unique(want)
+            cores = owner(want)
+        src = chip.chip_of(cores[cores >= 0].astype(np.int64))
+        far = src[src != k]
+        ins[k] = len(far)
+        outs += np.bincount(far, minlength=chip.chips)
+    return ins, outs

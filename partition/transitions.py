@@ -455,6 +455,9 @@ _MOVED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 _MOVED_LIMIT = 1 << 24
 #: on meshes, by the same key: the most elements a consumer core receives, all the routed
 #: pricing asks of `Views.moved` there (a wafer's 32 layers compute it once, not 32 times)
+#: `Views.crossing` and `Views.fetch_crossing` by what they depend on (a few integers each)
+_CROSSINGS: dict[tuple, np.ndarray] = {}
+_CROSSINGS_LIMIT = 1 << 16
 _MOST_MOVED: dict[tuple, int] = {}
 _MOST_MOVED_LIMIT = 1 << 16
 #: `consumer_want(...).digest()` by (op, input, layout), and `producer_have(...).digest()` by
@@ -492,10 +495,7 @@ class Views:
         self._kept_costs: dict[tuple, Any] = {}  # `kept_bytes`, `kept_cycles`
         self._kept_chip: Chip | None = None
         self._pending: dict[tuple, bytes] = {}
-        self._extras: dict[tuple, tuple[np.ndarray, np.ndarray,
-                                        tuple[np.ndarray, np.ndarray] | None]] = {}
-        self._crossings: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._fetch_crossings: dict[tuple, np.ndarray] = {}
+        self._extras: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
 
     def const_tensors(self) -> frozenset[str]:
         """The tensors that are weights or views of weights."""
@@ -592,8 +592,9 @@ class Views:
         that wants it from another; kept per (op, layout)."""
         from .meshmove import element_bytes_of, extra_index  # (builds on this)
 
-        key = (self.op_key(i), layout_key(plan), plan.home, chip.cores, chip.chips)
-        got = self._fetch_crossings.get(key)
+        key = ("fetch", self.op_key(i), layout_key(plan), plan.home, dtype, chip.cores,
+               chip.chips, tuple(self.chain(o.tensor) for o in self.graph.ops[i].reads))
+        got = _CROSSINGS.get(key)
         if got is not None:
             return got
         graph, op = self.graph, self.graph.ops[i]
@@ -601,7 +602,7 @@ class Views:
         for slot, operand in enumerate(op.inputs):
             root = graph.root(operand.tensor)
             if plan.home and root in graph.constants:
-                owner = spread_owner(graph.tensors[root].numel, range(chip.cores))
+                owner = _spread(graph.tensors[root].numel, range(chip.cores))
                 dst, elems = self._wanted_by_chip(i, slot, plan, chip)
                 got += np.stack(element_cross(chip, dst, elems, owner)) * element_bytes(
                     op, slot, dtype, int_tensors)
@@ -614,10 +615,10 @@ class Views:
                 phys = geometry(graph, op, plan).phys
                 on = np.broadcast_to(chip.chip_of(np.asarray(phys, np.int64))[:, None],
                                      rows.shape)
-                owner = spread_owner(graph.tensors[root].numel, idle)
+                owner = _spread(graph.tensors[root].numel, idle)
                 got += np.stack(element_cross(chip, on.ravel(), rows.ravel(), owner)) * \
                     element_bytes_of(operand.tensor, dtype, int_tensors)
-        self._fetch_crossings[key] = got
+        _remember(key, got)
         return got
 
     def _wanted_by_chip(self, i: int, slot: int, plan: OpPlan, chip: Chip
@@ -637,17 +638,17 @@ class Views:
         return np.broadcast_to(boxes[:, :1], elems.shape).ravel(), elems.ravel()
 
     def crossing(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
-                 chip: Chip) -> tuple[np.ndarray, np.ndarray]:
+                 chip: Chip) -> np.ndarray:
         """A pod: (in, out) per chip, the elements of input ``slot`` of op ``i`` under plan
         ``consumer``, fed by op ``j`` under plan ``producer``, that cross between chips in
-        its re-layout (`pod.element_cross`: each once per chip that wants it), kept per
-        `moved_key`."""
-        key = (*self.moved_key(i, slot, j, consumer, producer, chip), chip.chips)
-        got = self._crossings.get(key)
+        its re-layout (`pod.element_cross`: each once per chip that wants it), as (2, chips),
+        remembered per process by `moved_key`."""
+        key = ("input", *self.moved_key(i, slot, j, consumer, producer, chip), chip.chips)
+        got = _CROSSINGS.get(key)
         if got is None:
             dst, elems = self._wanted_by_chip(i, slot, consumer, chip)
-            got = element_cross(chip, dst, elems, self.owner(j, producer))
-            self._crossings[key] = got
+            got = np.stack(element_cross(chip, dst, elems, self.owner(j, producer)))
+            _remember(key, got)
         return got
 
     def most_moved(self, i: int, slot: int, j: int, consumer: OpPlan, producer: OpPlan,
@@ -694,8 +695,7 @@ class Views:
         return self._kept_costs[key]
 
     def extra_moved(self, i: int, k: int, source: int, consumer: OpPlan, producer: OpPlan,
-                    chip: Chip
-                    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+                    chip: Chip) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Off a mesh: activation ``extra[k]`` of op ``i`` under plan ``consumer``, made by op
         ``source`` under plan ``producer``, as codegen moves it beside the finished result:
         (the op's physical cores, the elements each receives from another core, on a pod
@@ -717,8 +717,8 @@ class Views:
                 rows = idx[inverse]
                 on = np.broadcast_to(chip.chip_of(np.asarray(phys, np.int64))[:, None],
                                      rows.shape)
-                crossed = element_cross(chip, on.ravel(), rows.ravel(),
-                                        self.owner(source, producer))
+                crossed = np.stack(element_cross(chip, on.ravel(), rows.ravel(),
+                                                 self.owner(source, producer)))
             got = (phys, remote, crossed)
             self._extras[key] = got
         return got
@@ -1111,6 +1111,20 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     return frozenset(out)
 
 
+def _remember(key: tuple, crossed: np.ndarray) -> None:
+    """Keep a pod crossing in `_CROSSINGS` (read-only), emptied when it grows too long."""
+    crossed.flags.writeable = False
+    if len(_CROSSINGS) >= _CROSSINGS_LIMIT:
+        _CROSSINGS.clear()
+    _CROSSINGS[key] = crossed
+
+
+def _spread(numel: int, over: range) -> Callable[[np.ndarray], np.ndarray]:
+    """The cores of elements of a tensor spread over ``over`` (`cost.spread_owner`), without
+    making the whole table (a 13B model's weights: tens of millions of elements each)."""
+    return lambda elems: spread_owner(numel, over, elems)
+
+
 def _moved_inputs(graph: Graph, i: int, producer: dict[str, int],
                   shared: dict[tuple[int, int], int]) -> Iterator[tuple[int, int]]:
     """Op i's inputs that an op produced and that do not read the previous op's copy, each
@@ -1187,7 +1201,7 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
             continue
         phys, remote = views.moved(i, slot, j, plans[i], plans[j], chip)
         if chip.is_pod and remote.any():
-            got.cross += np.stack(views.crossing(i, slot, j, plans[i], plans[j], chip)) * nbytes
+            got.cross += views.crossing(i, slot, j, plans[i], plans[j], chip) * nbytes
         np.add.at(got.received, phys, remote * nbytes)
     if not chip.is_mesh:  # activations the epilogue reads, moved in the same phase
         for k, operand in enumerate(op.extra):
@@ -1197,7 +1211,7 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
                 phys, remote, crossed = views.extra_moved(i, k, source, plans[i],
                                                           plans[source], chip)
                 if crossed is not None:
-                    got.cross += np.stack(crossed) * nbytes
+                    got.cross += crossed * nbytes
                 np.add.at(got.received, phys, remote * nbytes)
     elif routed_on(chip, plans[i]):  # activations the epilogue reads
         for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
