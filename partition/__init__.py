@@ -194,32 +194,38 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     chosen, relayout = _finished(graph, chosen, relayout, chip, dtype, ints, solver, views,
                                  fixed)
     choices: tuple[tuple[str, int, int], ...] = ()
+    others: list[tuple[int, tuple[OpPlan, ...], list[int]]] = []
     if chip.has_dram and solver.planner != "greedy" and not fixed:
-        chosen, relayout, choices = _best_streamed(
+        chosen, relayout, choices, others = _best_streamed(
             graph, fronts, edges, result.choice, result.greedy_choice, chosen, relayout, chip,
             dtype, ints, solver, views)
     gap = result.objective_cycles - result.bound_cycles
-    dram = (_dram_schedule(graph, chosen, relayout, chip, dtype, ints, solver,
-                           search.dram_schedule) if chip.has_dram else None)
-    return Plan(
-        model=graph.name, chip=chip.name, dtype=dtype, ops=chosen,
-        relayout_cycles=tuple(relayout),
-        front_sizes=tuple(len(f) for f in fronts),
-        solver=SolverReport(
-            name=solver.planner, status=result.status,
-            objective_cycles=result.objective_cycles, bound_cycles=result.bound_cycles,
-            gap=round(gap / max(result.objective_cycles, 1), 6),
-            greedy_objective_cycles=result.greedy_objective_cycles,
-            wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
-            time_limit_s=solver.time_limit_s, deterministic_s=round(sum(spent), 3),
-            method=result.method, choices=choices),
-        search_wall_s=search_wall,
-        bounds=plan_bounds,
-        dram_schedule=dram.mode if dram else "",
-        dram_issue=dram.issue if dram else (),
-        dram_stall_cycles=dram.stall if dram else (),
-        dram_store_wait=dram.store_wait if dram else (),
-    )
+    report = SolverReport(
+        name=solver.planner, status=result.status,
+        objective_cycles=result.objective_cycles, bound_cycles=result.bound_cycles,
+        gap=round(gap / max(result.objective_cycles, 1), 6),
+        greedy_objective_cycles=result.greedy_objective_cycles,
+        wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
+        time_limit_s=solver.time_limit_s, deterministic_s=round(sum(spent), 3),
+        method=result.method, choices=choices)
+
+    def made(plans: tuple[OpPlan, ...], relayout: list[int], first: int) -> Plan:
+        """The plan of one candidate, its entry of ``choices`` first."""
+        dram = (_dram_schedule(graph, plans, relayout, chip, dtype, ints, solver,
+                               search.dram_schedule) if chip.has_dram else None)
+        order = (choices[first],) + choices[:first] + choices[first + 1:] if choices else ()
+        return Plan(
+            model=graph.name, chip=chip.name, dtype=dtype, ops=plans,
+            relayout_cycles=tuple(relayout), front_sizes=tuple(len(f) for f in fronts),
+            solver=dataclasses.replace(report, choices=order),
+            search_wall_s=search_wall, bounds=plan_bounds,
+            dram_schedule=dram.mode if dram else "",
+            dram_issue=dram.issue if dram else (),
+            dram_stall_cycles=dram.stall if dram else (),
+            dram_store_wait=dram.store_wait if dram else ())
+
+    alternatives = tuple(made(p, r, n) for n, p, r in others)
+    return dataclasses.replace(made(chosen, relayout, 0), alternatives=alternatives)
 
 
 def check_dram_capacity(graph: Graph, chip: Chip, dtype: str) -> None:
@@ -267,7 +273,8 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
                    solved: Sequence[int], greedy: Sequence[int] | None,
                    chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip, dtype: str,
                    ints: frozenset[str], solver: SolverOptions, views: Views
-                   ) -> tuple[tuple[OpPlan, ...], list[int], tuple[tuple[str, int, int], ...]]:
+                   ) -> tuple[tuple[OpPlan, ...], list[int], tuple[tuple[str, int, int], ...],
+                              list[tuple[int, tuple[OpPlan, ...], list[int]]]]:
     """On a chip with DRAM: the solver's choice (``chosen``, finished), the greedy's and ELK's
     inductive ones (`inductive.inductive_choice`: every weight streamed; and the solver's
     finished residency scheduled around the loads, built within the solve's SRAM reserve
@@ -277,9 +284,12 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
     (the first of equals, in that order). The solve charges every DMA load whole, so its
     objective ranks choices by what the schedule then hides only roughly; the greedy (T10's
     memory reconciliation) and the inductive choices (built back from the last op around
-    the loads) see it differently. Returns the kept choice and, kept first, each
-    candidate's predicted steps (`_steps`). With ``solver.choice`` naming one (a baseline),
-    that one is kept, fastest or not (`DoesNotFitError` if it found no plans)."""
+    the loads) see it differently. Returns the kept choice, each candidate's predicted steps
+    (`_steps`), the kept one first, and the others (their place there, plans and re-layouts)
+    ranked as the judge ranks them, for a timing-only run to try where the kept one runs
+    slower than predicted (`Plan.alternatives`). With ``solver.choice`` naming one (a
+    baseline), that one is kept, fastest or not (`DoesNotFitError` if it found no plans),
+    and no other is offered."""
     candidates = [("solver", solved, chosen, relayout)]
     same: dict[str, str] = {}  # a choice equal to an earlier one: that one's name
 
@@ -315,8 +325,11 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
                 "SRAM; choose another (--choice best keeps the fastest that does)")
         best = found[0]
     order = [best] + [k for k in range(len(candidates)) if k != best]
+    ranked = sorted(range(1, len(order)), key=lambda n: (sum(steps[order[n]]), n))
+    others = [(n, candidates[order[n]][2], candidates[order[n]][3]) for n in ranked] \
+        if solver.choice == "best" else []
     return (candidates[best][2], candidates[best][3],
-            tuple((candidates[k][0], *steps[k]) for k in order))
+            tuple((candidates[k][0], *steps[k]) for k in order), others)
 
 
 def _steps(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: Chip,

@@ -7,7 +7,7 @@ imports another module of the stage except `plan.py` and `bounds.py`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .bounds import Bounds
 from .plan import OpPlan
@@ -93,6 +93,10 @@ class Plan:
     #: per op, the op at whose start the cores wait for its write-backs to DRAM (len(ops):
     #: the end of the step; -1: none); empty: each at the earliest (`dram.store_waits`)
     dram_store_wait: tuple[int, ...] = ()
+    #: on a chip with DRAM, the whole-graph choice's other candidates, finished and scheduled,
+    #: in the order the judge ranks them (not in plan.json): a timing-only run tries them
+    #: where the kept one runs slower than predicted (`t10c.driver.time_only`)
+    alternatives: tuple[Plan, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def total_cycles(self) -> int:
