@@ -25,7 +25,7 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from t10c.multicast import check_pairs, multicast_trees, phase_cycles, route_tre
 from .collectives import chunk_elements, scatter_of
 from .cost import spread_owner
 from .epilogue import extra_elements
-from .plan import OpPlan, geometry
+from .plan import Geometry, OpPlan, geometry
 
 if TYPE_CHECKING:  # (transitions imports this module when it prices a mesh)
     from .transitions import Want
@@ -122,12 +122,10 @@ def moved_input(chip: Chip, owner: np.ndarray | Spread, want: Want, shape: tuple
                         to_root, np.asarray([nbytes])), make)
 
 
-def extra_index(graph: Graph, i: int, k: int, plan: OpPlan, to_root: np.ndarray | None
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """The root elements of activation ``extra[k]`` of op i that each core reads beside its
-    finished result, slot by slot as codegen's buffer holds them (-1: none), for the distinct
-    tiles (and chunks of them) the cores finish with, and which of those each core has:
-    ((distinct, slots), (cores,))."""
+def _finished_tiles(graph: Graph, i: int, plan: OpPlan) -> tuple[
+        Geometry, np.ndarray, tuple[int, ...], tuple[int, ...], Any, np.ndarray]:
+    """Op i's result tiles after its last step under ``plan``: (geometry, each core's tile
+    origin, the tile, the result's shape, the reduce-scatter or None, each core's chunk)."""
     op = graph.ops[i]
     geo = geometry(graph, op, plan)
     out = len(op.inputs)
@@ -135,6 +133,17 @@ def extra_index(graph: Graph, i: int, k: int, plan: OpPlan, to_root: np.ndarray 
     tile, shape = geo.tile_shape(out), graph.tensors[op.output.tensor].shape
     scatter = scatter_of(geo, tables=False) if geo.reduce_group > 1 else None
     pos = scatter.pos if scatter is not None else np.zeros(len(origin), dtype=np.int64)
+    return geo, origin, tile, shape, scatter, pos
+
+
+def extra_index(graph: Graph, i: int, k: int, plan: OpPlan, to_root: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The root elements of activation ``extra[k]`` of op i that each core reads beside its
+    finished result, slot by slot as codegen's buffer holds them (-1: none), for the distinct
+    tiles (and chunks of them) the cores finish with, and which of those each core has:
+    ((distinct, slots), (cores,))."""
+    op = graph.ops[i]
+    _, origin, tile, shape, scatter, pos = _finished_tiles(graph, i, plan)
     # cores whose tiles (and chunks of them) start alike read alike
     uniq, inverse = distinct_rows(np.concatenate([origin, pos[:, None]], axis=1))
     if scatter is not None:
@@ -163,12 +172,7 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan,
     ``owner[e]``, read through ``to_root``) beside each core's finished result, element for
     element (`codegen.lower.bring_extra`): in the op's re-layout phase too."""
     op = graph.ops[i]
-    geo = geometry(graph, op, plan)
-    out = len(op.inputs)
-    origin = geo.tile_origin(out, geo.steps - 1)
-    tile, shape = geo.tile_shape(out), graph.tensors[op.output.tensor].shape
-    scatter = scatter_of(geo, tables=False) if geo.reduce_group > 1 else None
-    pos = scatter.pos if scatter is not None else np.zeros(len(origin), dtype=np.int64)
+    geo, origin, tile, shape, _, pos = _finished_tiles(graph, i, plan)
 
     def make() -> Moved:
         idx, inverse = extra_index(graph, i, k, plan, to_root)
