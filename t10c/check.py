@@ -55,8 +55,14 @@ class CheckReport:
     errors: list[str] = field(default_factory=list)
 
     @property
+    def room(self) -> int:
+        """Where the weights live: a chip's DRAM where it has some (each op's share is
+        loaded into SRAM before it runs), else its SRAM."""
+        return self.chip.dram_bytes if self.chip.has_dram else self.chip.total_sram_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.weight_bytes <= self.chip.total_sram_bytes
+        return self.weight_bytes <= self.room
 
     @property
     def ok(self) -> bool:
@@ -164,13 +170,20 @@ def format_report(r: CheckReport) -> str:
     lines.append(f"device graph{part}: {sum(r.ops_by_kind.values())} ops ({kinds or 'none'}), "
                  f"{r.flops / 1e9:.3f} GFLOP")
     lines.append(f"parameters: {r.parameters:,}")
-    total = r.chip.total_sram_bytes
+    total = r.room
     verdict = "fit in it" if r.fits else "do NOT fit"
     counted = "each counted once" + ("" if r.complete else ", of the supported part")
-    lines.append(f"weights on chip ({counted}): {_mb(r.weight_bytes)} at {r.dtype} "
-                 f"against {_mb(total)} of SRAM on {r.chip.name} ({r.chip.cores} cores x "
-                 f"{r.chip.sram_bytes_per_core // 1024} KiB): they {verdict} "
-                 f"({100 * r.weight_bytes / total:.1f}% of the chip)")
+    sram = (f"{_mb(r.chip.total_sram_bytes)} of SRAM ({r.chip.cores} cores x "
+            f"{r.chip.sram_bytes_per_core // 1024} KiB)")
+    if r.chip.has_dram:
+        lines.append(f"weights ({counted}): {_mb(r.weight_bytes)} at {r.dtype} against "
+                     f"{_mb(total)} of DRAM on {r.chip.name}, beside {sram}: they {verdict} "
+                     f"({100 * r.weight_bytes / total:.1f}% of the DRAM; what does not stay "
+                     "in SRAM is loaded before the ops that read it)")
+    else:
+        lines.append(f"weights on chip ({counted}): {_mb(r.weight_bytes)} at {r.dtype} "
+                     f"against {sram} on {r.chip.name}: they {verdict} "
+                     f"({100 * r.weight_bytes / total:.1f}% of the chip)")
     if r.ok:
         # only necessary conditions were checked: the plan search decides the rest
         lines.append(f"result: nothing found that stops {r.model} on {r.chip.name}; whether "
@@ -183,7 +196,8 @@ def format_report(r: CheckReport) -> str:
         if r.errors:
             why.append("the model has no computation on chip")
         if not r.fits:
-            why.append(f"the weights need {_mb(r.weight_bytes)}, the chip has {_mb(total)}")
+            why.append(f"the weights need {_mb(r.weight_bytes)}, the chip has {_mb(total)}"
+                       + (" of DRAM" if r.chip.has_dram else ""))
         lines.append(f"result: cannot be compiled: {'; '.join(why)}")
     return "\n".join(lines)
 

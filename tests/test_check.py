@@ -68,6 +68,20 @@ def test_says_weights_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     assert "the weights need 13.7 MB, the chip has 10.5 MB" in out
 
 
+def test_weights_live_in_dram_on_a_chip_that_has_some(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """On a chip with DRAM the weights are held there (what does not stay in SRAM is loaded
+    before the ops that read it): LLaMA-2-13B's 26 GB fit elk-pod4's 343.6 GB, not the
+    wormhole-n150's 12.9 GB (it had been refused against the pod's 3.8 GB of SRAM)."""
+    code, out, _ = run(capsys, "llama2-13b-decode", "--chip", "elk-pod4")
+    assert code == EXIT_OK
+    assert "26,030.9 MB at fp16 against 343,597.4 MB of DRAM on elk-pod4" in out
+    assert "nothing found that stops llama2-13b-decode" in out
+    code, out, _ = run(capsys, "llama2-13b-decode", "--chip", "wormhole-n150")
+    assert code == EXIT_FAIL
+    assert "the weights need 26,030.9 MB, the chip has 12,884.9 MB of DRAM" in out
+
+
 def test_summarises_a_compilable_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "bert-tiny", "--seq-len", "16")
     assert code == EXIT_OK
