@@ -72,7 +72,7 @@ def ideal_cycles(fronts: Sequence[Sequence[OpPlan]],
     return sum(per_op)
 
 
-def _nbytes(graph: Graph, name: str, dtype: str) -> int:
+def tensor_bytes(graph: Graph, name: str, dtype: str) -> int:
     """Bytes of a tensor on chip: floats in the storage dtype, integers as indices."""
     t = graph.tensors[name]
     return t.numel * (INDEX_BYTES if t.dtype != "float32" else dtype_bytes(dtype))
@@ -87,7 +87,7 @@ def dram_ideal_cycles(graph: Graph, chip: Chip, dtype: str) -> list[int]:
     out = []
     for op in graph.ops:
         roots = {graph.root(o.tensor) for o in op.inputs}
-        out.append(math.ceil(sum(_nbytes(graph, r, dtype) for r in roots
+        out.append(math.ceil(sum(tensor_bytes(graph, r, dtype) for r in roots
                                  if r in graph.inputs) / rate))
     return out
 
@@ -99,9 +99,9 @@ def dram_roofline_cycles(graph: Graph, chip: Chip, dtype: str) -> int:
     are an input."""
     if not chip.has_dram:
         return 0
-    read = {graph.root(o.tensor) for op in graph.ops for o in op.reads}
-    weights = sum(_nbytes(graph, c, dtype) for c in graph.constants if c in read)
-    inputs = sum(_nbytes(graph, t, dtype) for t in graph.inputs)
+    read = graph.read_roots()
+    weights = sum(tensor_bytes(graph, c, dtype) for c in graph.constants if c in read)
+    inputs = sum(tensor_bytes(graph, t, dtype) for t in graph.inputs)
     must = inputs + max(weights - chip.total_sram_bytes, 0)
     return math.ceil(must / chip.dram_peak_bytes_per_cycle)
 

@@ -181,7 +181,7 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         shift += step_cycles(homing)
         sync += chip.sync_cycles
 
-    epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
+    epi = epilogue_cost(op, final_share(geo), chip, dtype, int_tensors, const_tensors,
                         geo.shapes)
     fetch_shift, fetch_sync = fetch_estimate(geo, chip, dtype, int_tensors, const_tensors,
                                              weights_home, epi)
@@ -245,7 +245,7 @@ def fetch_estimate(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset
     mesh plan's fetch is routed as codegen emits it instead (`transitions.route_fetches`)."""
     op = geo.op
     if epi is None:
-        epi = epilogue_cost(op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
+        epi = epilogue_cost(op, final_share(geo), chip, dtype, int_tensors, const_tensors,
                             geo.shapes)
     fetched = fetch_bytes(geo, chip, dtype, int_tensors, const_tensors, weights_home, epi)
     if not fetched:
@@ -265,7 +265,7 @@ def fetch_bytes(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[st
     """The bytes a core of the plan fetches from the weights' idle layouts (`fetch_estimate`):
     its epilogue's weights and, with ``weights_home``, its tiles of the warmed-up weights."""
     if epi is None:
-        epi = epilogue_cost(geo.op, _final_share(geo), chip, dtype, int_tensors, const_tensors,
+        epi = epilogue_cost(geo.op, final_share(geo), chip, dtype, int_tensors, const_tensors,
                             geo.shapes)
     fetched = epi.fetched
     if weights_home:
@@ -317,7 +317,7 @@ def kept_bytes(geo: Geometry, slots: frozenset[int], chip: Chip, dtype: str,
     return with_ - plan_cost(geo, chip, dtype, int_tensors, const_tensors, weights_home)[1]
 
 
-def _final_share(geo: Geometry) -> int:
+def final_share(geo: Geometry) -> int:
     """Elements of the finished result per core: its chunk after a reduce-scatter."""
     elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
     return ceil_div(elems, geo.reduce_group)

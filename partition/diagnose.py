@@ -54,7 +54,7 @@ def weight_roots(graph: Graph) -> list[tuple[int, str]]:
     frontend folds ``Transpose(wte)`` of a tied embedding into a transposed numpy view of
     ``wte``, not a copy. A table that no op reads (only a DMA gather, `dram.gather_by_dma`)
     is not among them."""
-    read = {graph.root(o.tensor) for op in graph.ops for o in op.reads}
+    read = graph.read_roots()
     seen: dict[tuple, str] = {}
     for t in graph.constants:
         root = graph.root(t)

@@ -53,6 +53,7 @@ from t10c.chips import Chip
 from t10c.dtypes import DTYPES
 from t10c.ir import Append, Gathered, Graph, TensorExpr, Window, tile_counts
 
+from .bounds import tensor_bytes
 from .cost import element_bytes
 from .plan import OpPlan, geometry
 
@@ -191,7 +192,7 @@ def grow_in_place(graph: Graph) -> Graph:
     Views between the output and the Concat's result, and between the input and what the
     Concat reads of it, must keep the element order (reshapes), and the new rows must be the
     output's elements past the input's in that order, or the output stays computed."""
-    read = {graph.root(o.tensor) for op in graph.ops for o in op.reads}
+    read = graph.read_roots()
     producer = {op.output.tensor: op for op in graph.ops}
     appends = dict(graph.appends)
     dropped = set()
@@ -459,9 +460,4 @@ def dram_bytes_needed(graph: Graph, dtype: str) -> int:
     """Bytes of DRAM the graph's weights and inputs occupy (all of them live there on a chip
     with DRAM: the board holds the model; SRAM holds copies). Rows gathered from a table
     (`gather_by_dma`) are read where the table lies and take none of their own."""
-    total = 0
-    for name in (*graph.constants, *graph.fed):
-        t = graph.tensors[name]
-        size = 4 if t.dtype != "float32" else (2 if dtype == "fp16" else 4)
-        total += t.numel * size
-    return total
+    return sum(tensor_bytes(graph, name, dtype) for name in (*graph.constants, *graph.fed))

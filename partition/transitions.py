@@ -54,6 +54,7 @@ from .cost import (
     epilogue_cost,
     fetch_bytes,
     fetch_estimate,
+    final_share,
     idle_cores,
     kept_bytes,
     plan_cost,
@@ -453,11 +454,11 @@ def _most_remote(graph: Graph, j: int, i: int, slot: int, have_plans: list[OpPla
 _MOVED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 #: at most this many per-core figures kept (8 bytes each: 128 MiB)
 _MOVED_LIMIT = 1 << 24
-#: on meshes, by the same key: the most elements a consumer core receives, all the routed
-#: pricing asks of `Views.moved` there (a wafer's 32 layers compute it once, not 32 times)
 #: `Views.crossing` and `Views.fetch_crossing` by what they depend on (a few integers each)
 _CROSSINGS: dict[tuple, np.ndarray] = {}
 _CROSSINGS_LIMIT = 1 << 16
+#: on meshes, by the same key: the most elements a consumer core receives, all the routed
+#: pricing asks of `Views.moved` there (a wafer's 32 layers compute it once, not 32 times)
 _MOST_MOVED: dict[tuple, int] = {}
 _MOST_MOVED_LIMIT = 1 << 16
 #: `consumer_want(...).digest()` by (op, input, layout), and `producer_have(...).digest()` by
@@ -590,7 +591,7 @@ class Views:
         every core into the input tiles, epilogue weights from their spread over
         `idle_cores` beside the finished result (`_fetched`), each element once per chip
         that wants it from another; kept per (op, layout)."""
-        from .meshmove import element_bytes_of, extra_index  # (builds on this)
+        from .meshmove import element_bytes_of  # (builds on this)
 
         key = ("fetch", self.op_key(i), layout_key(plan), plan.home, dtype, chip.cores,
                chip.chips, tuple(self.chain(o.tensor) for o in self.graph.ops[i].reads))
@@ -610,16 +611,24 @@ class Views:
         for k, operand in enumerate(op.extra):
             root = graph.root(operand.tensor)
             if root in graph.constants and len(idle) > 1:
-                idx, inverse = extra_index(graph, i, k, plan, self.to_root(operand.tensor))
-                rows = idx[inverse]
-                phys = geometry(graph, op, plan).phys
-                on = np.broadcast_to(chip.chip_of(np.asarray(phys, np.int64))[:, None],
-                                     rows.shape)
                 owner = _spread(graph.tensors[root].numel, idle)
-                got += np.stack(element_cross(chip, on.ravel(), rows.ravel(), owner)) * \
-                    element_bytes_of(operand.tensor, dtype, int_tensors)
+                got += self._extra_cross(i, k, plan, chip, owner) * element_bytes_of(
+                    operand.tensor, dtype, int_tensors)
         _remember(key, got)
         return got
+
+    def _extra_cross(self, i: int, k: int, plan: OpPlan, chip: Chip,
+                     owner: np.ndarray | Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """A pod: (2, chips), the elements of ``extra[k]`` of op ``i`` under ``plan``, owned
+        as ``owner`` says, that cross into and out of each chip (`pod.element_cross`)."""
+        from .meshmove import extra_index  # (builds on this)
+
+        idx, inverse = extra_index(self.graph, i, k, plan,
+                                   self.to_root(self.graph.ops[i].extra[k].tensor))
+        rows = idx[inverse]
+        phys = geometry(self.graph, self.graph.ops[i], plan).phys
+        on = np.broadcast_to(chip.chip_of(np.asarray(phys, np.int64))[:, None], rows.shape)
+        return np.stack(element_cross(chip, on.ravel(), rows.ravel(), owner))
 
     def _wanted_by_chip(self, i: int, slot: int, plan: OpPlan, chip: Chip
                         ) -> tuple[np.ndarray, np.ndarray]:
@@ -701,7 +710,7 @@ class Views:
         (the op's physical cores, the elements each receives from another core, on a pod
         the elements that cross into and out of each chip, `pod.element_cross`, or None),
         kept per layouts."""
-        from .meshmove import extra_index, extra_received  # (builds on this)
+        from .meshmove import extra_received  # (builds on this)
 
         tensor = self.graph.ops[i].extra[k].tensor
         key = (self.op_key(i), k, layout_key(consumer), self.op_key(source),
@@ -711,14 +720,8 @@ class Views:
             to_root = self.to_root(tensor)
             phys, remote = extra_received(self.graph, i, k, consumer,
                                           self.owner(source, producer), to_root)
-            crossed = None
-            if chip.is_pod:
-                idx, inverse = extra_index(self.graph, i, k, consumer, to_root)
-                rows = idx[inverse]
-                on = np.broadcast_to(chip.chip_of(np.asarray(phys, np.int64))[:, None],
-                                     rows.shape)
-                crossed = np.stack(element_cross(chip, on.ravel(), rows.ravel(),
-                                                 self.owner(source, producer)))
+            crossed = (self._extra_cross(i, k, consumer, chip, self.owner(source, producer))
+                       if chip.is_pod else None)
             got = (phys, remote, crossed)
             self._extras[key] = got
         return got
@@ -1406,8 +1409,10 @@ def pod_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
         if not fetches(graph, i, p, chip):
             continue
         geo = geometry(graph, graph.ops[i], p)
-        estimate, _ = fetch_estimate(geo, chip, dtype, int_tensors, consts, p.home)
-        fetched = fetch_bytes(geo, chip, dtype, int_tensors, consts, p.home)
+        epi = epilogue_cost(geo.op, final_share(geo), chip, dtype, int_tensors, consts,
+                            geo.shapes)
+        estimate, _ = fetch_estimate(geo, chip, dtype, int_tensors, consts, p.home, epi)
+        fetched = fetch_bytes(geo, chip, dtype, int_tensors, consts, p.home, epi)
         crossed = int(views.fetch_crossing(i, p, chip, dtype, int_tensors).max(initial=0))
         exact = chip.exchange_cycles(fetched, crossed) if fetched else 0
         out[i] = dataclasses.replace(p, cycles=dataclasses.replace(

@@ -317,7 +317,7 @@ def time_only(graph: Graph, plan: Plan, chip: Chip, progress: Progress | None = 
         tried = _time_one(graph, other, chip, progress, solver)
         if tried[2].cycles < run[2].cycles:
             run = tried
-    if run[0] is plan or run[0].solver.choices == plan.solver.choices:
+    if run[0].solver.choices == plan.solver.choices:
         return run
     said = (f"{run[1].sram_layout}; kept over the judged choice "
             f"({plan.solver.choices[0][0]}), which ran in {judged} cycles")

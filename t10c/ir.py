@@ -330,6 +330,10 @@ class Graph:
     def producer(self) -> dict[str, TensorExpr]:
         return {op.output.tensor: op for op in self.ops}
 
+    def read_roots(self) -> set[str]:
+        """The tensors holding the data some op reads (inputs, weights, results)."""
+        return {self.root(o.tensor) for op in self.ops for o in op.reads}
+
     def root(self, tensor: str) -> str:
         """The tensor that actually holds the data of ``tensor`` (following views)."""
         while tensor in self.views:
