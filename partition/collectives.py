@@ -43,6 +43,12 @@ if TYPE_CHECKING:
     from .plan import Geometry
 
 
+def scatter_unit(elems: int, group: int) -> int:
+    """Elements each member of a reduction group of ``group`` keeps of a block of ``elems``
+    after the reduce-scatter (the final share; padding included)."""
+    return ceil_div(elems, group)
+
+
 @dataclass(frozen=True)
 class Digit:
     """``size`` members along mesh axis ``axis`` (0: along a row, 1: along a column),
@@ -113,7 +119,7 @@ def levels_cost(digits: tuple[Digit, ...], elems: int) -> int:
     """Elements the levels in order move over their busiest links (the chip-free measure by
     which `choose_levels` orders them)."""
     group = math.prod(d.size for d in digits)
-    unit = ceil_div(elems, group)
+    unit = scatter_unit(elems, group)
     rest, left, total = group, elems, 0  # left: block elements in the first line's chunk
     for d in digits:
         rest //= d.size
@@ -195,7 +201,7 @@ def routed_levels(height: int, width: int, row_stride: int, col_stride: int, ele
     ring positions load the same lines (``stride`` of them)."""
     digits = choose_levels(height, width, row_stride, col_stride, elems)
     group = height * width
-    unit = ceil_div(elems, group)
+    unit = scatter_unit(elems, group)
     i, j, values, weights = _digit_values(digits, height, width)
     p = np.zeros(group, dtype=np.int64)
     for v, w in zip(values, weights):
@@ -245,7 +251,7 @@ def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring
     if tile is None:
         # no rectangle tiles the region: one level over groups that straddle rows' ends,
         # their transfers crossing the region's width (codegen's fallback)
-        unit = ceil_div(elems, group)
+        unit = scatter_unit(elems, group)
         sizes = np.clip(elems - unit * np.arange(group), 0, unit)
         hops = width * col_ring - 1 + ceil_div(group, width)
         return (chip.hop_latency_cycles * hops
@@ -254,7 +260,7 @@ def reduce_estimate(chip: Chip, ncores: int, group: int, col_ring: int, row_ring
                 + chip.vector_cycles((group - 1) * unit, dtype)), unit
     rows, cols = tile
     digits = choose_levels(rows, cols, row_ring, col_ring, elems)
-    first = ceil_div(elems, group) * (group // digits[0].size)
+    first = scatter_unit(elems, group) * (group // digits[0].size)
     cycles = sum(chip.hop_latency_cycles * hops + ceil_div(most, chip.link_bytes_per_cycle)
                  + chip.vector_cycles(adds, dtype)
                  for hops, most, adds in routed_levels(rows, cols, row_ring, col_ring, elems,
@@ -375,7 +381,7 @@ def _scatter_of(geo: Geometry, tables: bool) -> Scatter:
     members, pos = _members(geo)
     group = members.shape[1]
     elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
-    unit = ceil_div(elems, group)
+    unit = scatter_unit(elems, group)
     rect = _rectangle(geo, members)
     if rect is None and geo.embed is not None and group > 1:
         # not a rectangle (a plan aligned to its producer's layout): levels over the members
@@ -421,4 +427,4 @@ def _scatter_of(geo: Geometry, tables: bool) -> Scatter:
 
 
 __all__ = ["Digit", "Level", "Scatter", "choose_levels", "chunk_elements", "group_shape",
-           "levels_cost", "reduce_estimate", "routed_levels", "scatter_of"]
+           "levels_cost", "reduce_estimate", "routed_levels", "scatter_of", "scatter_unit"]

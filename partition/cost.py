@@ -47,7 +47,7 @@ from t10c.dtypes import ceil_div
 from t10c.elementwise import body_cost
 from t10c.ir import TensorExpr
 
-from .collectives import reduce_estimate
+from .collectives import reduce_estimate, scatter_unit
 from .place import exchange_estimate, shift_cycles
 from .plan import Cycles, Geometry
 from .pod import reduce_pairs, ring_cross, spread_cross
@@ -194,7 +194,7 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
     chunk_bytes = 0
     if group > 1:
         elems = math.prod(geo.tile_shape(out))
-        chunk = ceil_div(elems, group)
+        chunk = scatter_unit(elems, group)
         chunk_bytes = chunk * element_bytes(op, out, dtype, int_tensors)
         first = chunk_bytes  # the largest chunk a level keeps
         if geo.embed is not None:  # levels along the mesh, their adds included
@@ -320,4 +320,4 @@ def kept_bytes(geo: Geometry, slots: frozenset[int], chip: Chip, dtype: str,
 def final_share(geo: Geometry) -> int:
     """Elements of the finished result per core: its chunk after a reduce-scatter."""
     elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
-    return ceil_div(elems, geo.reduce_group)
+    return scatter_unit(elems, geo.reduce_group)

@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import ceil_div
 from t10c.ir import Graph, map_to_root
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
@@ -1105,7 +1104,7 @@ def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
                for slot, j in _moved_inputs(graph, i, producer, shared)):
             continue
         geo = geometry(graph, op, p)
-        share = ceil_div(math.prod(geo.tile_shape(len(op.inputs))), geo.reduce_group)
+        share = final_share(geo)
         fetched = epilogue_cost(op, share, chip, dtype, int_tensors, const_tensors,
                                 geo.shapes).fetched
         if fetched <= slack[i - 1]:
