@@ -1,6 +1,7 @@
 """`t10c.heap`: after `tune`, the planner's few-megabyte arrays come from the heap, not from
 fresh ``mmap`` regions the kernel must zero again each time (glibc hosts; skipped elsewhere).
-Run in a child process: the test process's allocator is left as pytest set it."""
+Run in a child process, which starts with the allocator's defaults (the CLI's tests have
+tuned this one)."""
 
 from __future__ import annotations
 
