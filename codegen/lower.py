@@ -351,8 +351,8 @@ class _Builder:
         key = (id(pattern), cores.digest(), itemsize)
         hit = self.mcast.get(key)
         if hit is None:
-            tree, src, dst, count = tree_pairs(pattern, geo.phys)
-            hit = (pattern, prefer_multicast(self.chip, tree, src, dst, count * itemsize))
+            tree, src, dst, count, group = tree_pairs(pattern, geo.phys)
+            hit = (pattern, prefer_multicast(self.chip, tree, src, dst, count * itemsize, group))
             self.mcast[key] = hit
         return hit[1]
 

@@ -276,13 +276,15 @@ def received(p: Pattern, here: np.ndarray) -> np.ndarray:
 
 
 def tree_pairs(p: Pattern, here: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tree, src, dst, elements) per multicast tree and destination: the rows of one
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tree, src, dst, elements, group) per multicast tree and destination: the rows of one
     distinct pattern read the same elements of each of its source cores, so each (pattern,
-    source core) is one tree to the cores of those rows (`t10c.multicast`). Padding is left
-    out; a destination that is its tree's source is kept (it receives nothing)."""
+    source core) is one tree to the cores of those rows (`t10c.multicast`), and the trees of
+    a pattern are one group (`t10c.multicast.relayed`). Padding is left out; a destination
+    that is its tree's source is kept (it receives nothing)."""
     src, row, count, tree = _row_pairs(p, with_tree=True)
-    return tree, src, np.asarray(here, dtype=np.int64)[row], count
+    return (tree, src, np.asarray(here, dtype=np.int64)[row], count,
+            p.pat.astype(np.int64)[row])
 
 
 def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:

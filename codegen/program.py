@@ -27,8 +27,10 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
   them once, along one route tree to the cores of all those rows (`t10c.multicast`:
   dimension-order, X or Y first, each tree link carrying the bytes once), or, where that is
   faster, each source core sends all it sends once along one tree to every core that reads
-  any of it (`t10c.multicast.exchange_trees`); the values are the table's either way, only
-  the routes differ. False: one unicast per (source core, destination core).
+  any of it (`t10c.multicast.exchange_trees`), or each pattern's elements are gathered onto
+  one of its cores and sent on from there as one tree (`t10c.multicast.relayed`); the values
+  are the table's either way, only the routes differ. False: one unicast per (source core,
+  destination core).
 - ``Compute(expr, out, ins, sub, offsets, origin, accumulate)``: one sub-task of ``expr`` per core
   with axis sizes ``sub``; ``offsets[k][c]`` is where the sub-task starts in operand k's buffer
   on core c (inputs then output); ``origin[c]`` is the sub-task's global position, which masks

@@ -30,6 +30,7 @@ from t10c.codegen.program import (
     Free,
     Instr,
     Load,
+    Pattern,
     Program,
     Reduce,
     Shift,
@@ -43,7 +44,7 @@ from t10c.codegen.program import (
 from t10c.costs import compute_cycles
 from t10c.dtypes import ceil_div
 from t10c.ir import tile_counts
-from t10c.multicast import exchange_trees
+from t10c.multicast import Relay, exchange_trees, relayed
 
 from .routing import Routed, route_phase
 
@@ -129,6 +130,10 @@ class TimingMachine:
         #: mesh: multicast trees of this phase, (tree, src, dst, bytes) per destination
         self.trees: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.tree_ids = 0  # trees numbered so far this phase
+        #: mesh: the second stage of this phase's relayed exchanges (`t10c.multicast.Relay`),
+        #: trees that run once the phase's other transfers are done
+        self.spread: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.spread_ids = 0
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
         self.routes: dict[tuple, Routed] = {}  # routes by a digest of their transfers
         #: an exchange pattern's (sources, destinations, counts, crossing pairs on a pod)
@@ -230,6 +235,14 @@ class TimingMachine:
         self.trees.append((tree + self.tree_ids, src, dst, nbytes))
         self.tree_ids += ntrees
 
+    def receive_relay(self, op: str, phase: str, relay: Relay) -> None:
+        """Queue a relayed exchange (mesh): its gather with the phase's transfers, its spread
+        after them."""
+        self.receive(op, phase, *relay.gather)
+        tree, src, dst, nbytes = relay.spread
+        self.spread.append((tree + self.spread_ids, src, dst, nbytes))
+        self.spread_ids += int(tree.max(initial=-1)) + 1
+
     def cross(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> None:
         """On a pod, count the bytes of transfers (``nbytes[k]`` from core ``src[k]`` to
         ``dst[k]``, queued by `receive`) that cross from one chip to another."""
@@ -283,7 +296,12 @@ class TimingMachine:
                 src, dst, nbytes = (np.concatenate(x) for x in zip(*self.transfers))
             trees = tuple(np.concatenate(x) for x in zip(*self.trees)) if self.trees else None
             cycles, most, hops = self.timed(src, dst, nbytes, trees=trees)  # type: ignore
+            if self.spread:  # relayed exchanges' second stage, after the rest
+                spread = tuple(np.concatenate(x) for x in zip(*self.spread))
+                more, most2, hops2 = self.timed(None, None, None, trees=spread)  # type: ignore
+                cycles, most, hops = cycles + more, max(most, most2), max(hops, hops2)
             self.transfers, self.trees, self.tree_ids = [], [], 0
+            self.spread, self.spread_ids = [], 0
         else:
             most, hops = int(self.pending.max()), 1
             cross = int(max(self.pod_in.max(), self.pod_out.max()))
@@ -423,9 +441,7 @@ class TimingMachine:
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
         if self.chip.is_mesh and ins.multicast:
-            tree, src, dst, count = tree_pairs(ins.pattern(), here)
-            self.receive_trees(ins.op, ins.phase,
-                               *exchange_trees(self.chip, tree, src, dst, count * size))
+            self.multicast_exchange(ins, ins.pattern(), here, size)
         elif self.chip.is_mesh:
             self.receive(ins.op, ins.phase, *_pairs(src_core, here, size))
         else:  # received bytes per core: a remote element counts wherever it comes from
@@ -453,9 +469,7 @@ class TimingMachine:
         self.written[ins.dst][rows] = True
         size = self.itemsize(ins.dst)
         if self.chip.is_mesh and ins.multicast:  # a tree per (distinct row, source core)
-            tree, src, dst, count = tree_pairs(p, here)
-            self.receive_trees(ins.op, ins.phase,
-                               *exchange_trees(self.chip, tree, src, dst, count * size))
+            self.multicast_exchange(ins, p, here, size)
             return
         # repeated layers exchange by the same patterns: their counts are worked out once
         key = (ins.pat.tobytes(), p.start.tobytes(), p.runs.tobytes(),
@@ -479,6 +493,18 @@ class TimingMachine:
         self.receive(ins.op, ins.phase, src, dst, count * size)
         if crossing is not None:
             self.cross_chips(crossing[0], crossing[1], crossing[2], size)
+
+    def multicast_exchange(self, ins: Exchange, p: Pattern, here: np.ndarray, size: int
+                           ) -> None:
+        """Queue a multicast exchange: relayed where that is faster (`t10c.multicast.relayed`),
+        else as its trees (`exchange_trees`), the rule codegen and the planner follow."""
+        tree, src, dst, count, group = tree_pairs(p, here)
+        relay = relayed(self.chip, tree, src, dst, count * size, group)
+        if relay is not None:
+            self.receive_relay(ins.op, ins.phase, relay)
+        else:
+            self.receive_trees(ins.op, ins.phase,
+                               *exchange_trees(self.chip, tree, src, dst, count * size))
 
     def shift(self, ins: Shift) -> None:
         n = len(ins.src_core)

@@ -33,7 +33,7 @@ from t10c.chips import Chip
 from t10c.costs import INDEX_BYTES
 from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph, distinct_rows
-from t10c.multicast import check_pairs, multicast_trees, phase_cycles, route_trees
+from t10c.multicast import check_pairs, multicast_trees, phase_cycles, relayed, route_trees
 
 from .collectives import chunk_elements, scatter_of
 from .cost import spread_owner
@@ -54,6 +54,9 @@ class Moved:
     dst: np.ndarray
     nbytes: np.ndarray
     multicast: bool
+    #: a relayed exchange (`t10c.multicast.relayed`): the entries above are its gather (as
+    #: unicasts), and these trees (`route_trees`' arguments) its spread, after the phase
+    spread: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,10 @@ def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,
     pos = np.arange(len(tree)) - np.repeat(np.cumsum(n) - n, n)
     dst = phys.astype(np.int64)[order[start[k_row][tree] + pos]]
     src_t, bytes_t = k_src[tree], count[tree] * nbytes
+    relay = relayed(chip, tree, src_t, dst, bytes_t, k_row[tree])
+    if relay is not None:
+        gather = relay.gather
+        return Moved(np.arange(len(gather[0])), *gather, False, relay.spread)
     trees = multicast_trees(chip, tree, src_t, dst, bytes_t)
     if trees is None:
         return Moved(tree, src_t, dst, bytes_t, False)
@@ -266,4 +273,16 @@ def _routed(chip: Chip, inputs: list[Moved]) -> int:
         hops = max(hops, routed.hops)
         if multicast:
             trees = int(routed.counts.max())
-    return 0 if loads is None else phase_cycles(chip, int(loads.max()), hops, trees)
+    cycles = 0 if loads is None else phase_cycles(chip, int(loads.max()), hops, trees)
+    spreads = [m.spread for m in inputs if m.spread is not None]
+    if spreads:  # relayed exchanges' second stage, after the rest (the emulator's order)
+        offset, ids = 0, []
+        for t, *_ in spreads:
+            ids.append(t + offset)
+            offset = int(ids[-1].max(initial=offset - 1)) + 1
+        routed = route_trees(chip, np.concatenate(ids),
+                             *(np.concatenate([sp[k] for sp in spreads]) for k in (1, 2, 3)))
+        if routed is not None:
+            cycles += phase_cycles(chip, int(routed.loads.max()), routed.hops,
+                                   int(routed.counts.max()))
+    return cycles

@@ -236,16 +236,19 @@ def test_aligned_plans_on_a_mesh_are_routed_and_exact() -> None:
 def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None:
     """A vector squared on 4096 cores (64 x 64 on wse2) and broadcast into a 4096 x 4096
     GEMV's tiles: every squaring core's tree spans the GEMV's region, the trees of one side of
-    the 64 x 64 share links, and 24 colours run them in waves. The solver's edge estimate
-    counts them (`transitions.broadcast_trees`: one tree per core of the longer side, at most
-    one per copy of an element), so it picks a GEMV that the routed, emulated step shows to be
-    faster than the choice it makes blind to the waves."""
+    the 64 x 64 share links, and 24 colours would run them in waves. The solver's edge
+    estimate counts them (`transitions.broadcast_trees`: one tree per core of the longer
+    side, at most one per copy of an element) and prices the relay that avoids them
+    (`place.relay_estimate`: one tree per group of cores that read alike, after a gather);
+    the exchange is relayed, as routed and emulated, and faster than its trees or unicasts."""
     from ophelpers import make_model
 
+    from t10c import multicast
     from t10c.chips import PRESETS
     from t10c.driver import CompileOptions
-    from t10c.partition import transitions
-    from t10c.partition.place import exchange_estimate
+    from t10c.emulator import timing
+    from t10c.partition import meshmove, transitions
+    from t10c.partition.place import exchange_estimate, relay_estimate
 
     wse2 = PRESETS["wse2"]
     assert transitions.broadcast_trees(64, 64, 4096, 2, 262144, 8) == 64
@@ -254,6 +257,11 @@ def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None
     assert exchange_estimate(wse2, 8, 2, (64, 64), 64) == 3 * 64 + ceil_div(8 * 16, 4)
     assert exchange_estimate(wse2, 8, 2, (64, 64), 24) == exchange_estimate(wse2, 8, 2,
                                                                              (64, 64))
+    # relayed: 8 bytes gathered over 64 hops, then 16 trees of 8 bytes (one wave)
+    assert relay_estimate(wse2, 8, 2, (64, 64), 64) == (
+        64 + ceil_div(8, 4)) + exchange_estimate(wse2, 8, 8, (64, 64), 16)
+    assert relay_estimate(wse2, 8, 2, (64, 64), 24) is None  # one wave: nothing to gain
+    assert relay_estimate(wse2, 8, 8, (64, 64), 64) is None  # nothing to gather
 
     def build(g, xs):
         # (x * x: a scale by a weight would fold into the GEMV's, `fold_scale_into_matmuls`)
@@ -261,10 +269,73 @@ def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None
 
     model = make_model("scaled-gemv", build, ((1, 4096),))
     options = CompileOptions(timing_only=True)
-    seen = compile_model(model, wse2, options)
-    monkeypatch.setattr(transitions, "broadcast_trees", lambda *args: 0)
-    blind = compile_model(model, wse2, options)
-    assert seen.timeline is not None and blind.timeline is not None
-    assert [p.F for p in seen.plan.ops] != [p.F for p in blind.plan.ops]
-    assert seen.timeline.cycles < blind.timeline.cycles
-    assert seen.plan.total_cycles == seen.timeline.cycles  # routed, as the emulator does
+    used: list[bool] = []
+
+    def counted(*args):
+        got = multicast.relayed(*args)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(timing, "relayed", counted)
+    relayed = compile_model(model, wse2, options)
+    assert any(used)
+    assert relayed.timeline is not None
+    assert relayed.plan.total_cycles == relayed.timeline.cycles  # routed, as emulated
+    # without relays the solver picks the GEMV that the waves hurt least; it runs slower
+    for module in (multicast, timing, meshmove):  # codegen's rule, the emulator's, the planner's
+        monkeypatch.setattr(module, "relayed", lambda *args: None)
+    monkeypatch.setattr(transitions, "relay_estimate", lambda *args: None)
+    direct = compile_model(model, wse2, options)
+    assert direct.timeline is not None
+    assert relayed.timeline.cycles < direct.timeline.cycles
+    assert direct.plan.total_cycles == direct.timeline.cycles
+
+
+def test_a_relay_by_hand_on_a_4x4_mesh() -> None:
+    """Cores 0 and 1 (row 0) send 2 bytes each to cores 14 and 15 (row 3), one group: the
+    relay is the destination nearest the sources' mean (0, 0.5), which rounds to (0, 0):
+    core 14, 5 hops away (15 is 6). It gathers both trees' bytes, then sends them to 15 as
+    one tree of 4 bytes."""
+    from t10c.multicast import relay_cycles, relay_stages, unicast_cycles
+
+    mesh = chip_from_dict({"base": "wse2", "name": "m4", "grid": [4, 4], "cores": 16})
+    tree = np.array([0, 0, 1, 1])
+    src = np.array([0, 0, 1, 1])
+    dst = np.array([14, 15, 14, 15])
+    r = relay_stages(mesh, tree, src, dst, np.full(4, 2), np.zeros(4, dtype=int))
+    assert [a.tolist() for a in r.gather] == [[0, 1], [14, 14], [2, 2]]
+    assert [a.tolist() for a in r.spread] == [[0], [14], [15], [4]]
+    # the gather: routes of 5 and 4 hops sharing the link east of core 1 (4 bytes), then
+    # the spread: one hop with 4 bytes
+    assert unicast_cycles(mesh, *r.gather) == 5 + 1
+    assert relay_cycles(mesh, r) == (5 + 1) + (1 + 1)
+
+
+def test_a_relayed_broadcast_matches_onnxruntime(monkeypatch) -> None:
+    """On wse2 the squared vector's broadcast into the GEMV's tiles is relayed (the test
+    above); the program still computes onnxruntime's numbers, and every op's re-layout is
+    predicted as emulated (the reference executor runs the same table)."""
+    from ophelpers import make_model
+
+    from t10c import multicast
+    from t10c.chips import PRESETS
+    from t10c.driver import CompileOptions
+    from t10c.emulator import timing
+
+    def build(g, xs):
+        return g.node("MatMul", g.node("Mul", xs[0], xs[0]), g.weight(4096, 4096))
+
+    model = make_model("scaled-gemv", build, ((1, 4096),))
+    used: list[bool] = []
+
+    def counted(*args):
+        got = multicast.relayed(*args)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(timing, "relayed", counted)
+    c = compile_model(model, PRESETS["wse2"], CompileOptions())
+    r = run_compiled(c)
+    assert any(used)
+    assert r.ok, r.max_rel_err
+    assert list(c.plan.relayout_cycles) == _emulated_relayout(c, r)
