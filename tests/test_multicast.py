@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import onnx
 import pytest
 
 from t10c.chips import chip_from_dict
@@ -233,6 +234,33 @@ def test_aligned_plans_on_a_mesh_are_routed_and_exact() -> None:
     assert list(c.plan.relayout_cycles) == _emulated_relayout(c, r)
 
 
+def _squared_gemv() -> onnx.ModelProto:
+    """A vector squared, then a 4096 x 4096 GEMV (x * x: a scale by a weight would fold into
+    the GEMV's, `fold_scale_into_matmuls`)."""
+    from ophelpers import make_model
+
+    def build(g, xs):
+        return g.node("MatMul", g.node("Mul", xs[0], xs[0]), g.weight(4096, 4096))
+
+    return make_model("scaled-gemv", build, ((1, 4096),))
+
+
+def _count_relays(monkeypatch) -> list[bool]:
+    """Per multicast exchange the emulator times from now on, whether it went relayed."""
+    from t10c import multicast
+    from t10c.emulator import timing
+
+    used: list[bool] = []
+
+    def counted(*args):
+        got = multicast.relayed(*args)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(timing, "relayed", counted)
+    return used
+
+
 def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None:
     """A vector squared on 4096 cores (64 x 64 on wse2) and broadcast into a 4096 x 4096
     GEMV's tiles: every squaring core's tree spans the GEMV's region, the trees of one side of
@@ -241,8 +269,6 @@ def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None
     side, at most one per copy of an element) and prices the relay that avoids them
     (`place.relay_estimate`: one tree per group of cores that read alike, after a gather);
     the exchange is relayed, as routed and emulated, and faster than its trees or unicasts."""
-    from ophelpers import make_model
-
     from t10c import multicast
     from t10c.chips import PRESETS
     from t10c.driver import CompileOptions
@@ -263,20 +289,9 @@ def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None
     assert relay_estimate(wse2, 8, 2, (64, 64), 24) is None  # one wave: nothing to gain
     assert relay_estimate(wse2, 8, 8, (64, 64), 64) is None  # nothing to gather
 
-    def build(g, xs):
-        # (x * x: a scale by a weight would fold into the GEMV's, `fold_scale_into_matmuls`)
-        return g.node("MatMul", g.node("Mul", xs[0], xs[0]), g.weight(4096, 4096))
-
-    model = make_model("scaled-gemv", build, ((1, 4096),))
+    model = _squared_gemv()
     options = CompileOptions(timing_only=True)
-    used: list[bool] = []
-
-    def counted(*args):
-        got = multicast.relayed(*args)
-        used.append(got is not None)
-        return got
-
-    monkeypatch.setattr(timing, "relayed", counted)
+    used = _count_relays(monkeypatch)
     relayed = compile_model(model, wse2, options)
     assert any(used)
     assert relayed.timeline is not None
@@ -315,26 +330,11 @@ def test_a_relayed_broadcast_matches_onnxruntime(monkeypatch) -> None:
     """On wse2 the squared vector's broadcast into the GEMV's tiles is relayed (the test
     above); the program still computes onnxruntime's numbers, and every op's re-layout is
     predicted as emulated (the reference executor runs the same table)."""
-    from ophelpers import make_model
-
-    from t10c import multicast
     from t10c.chips import PRESETS
     from t10c.driver import CompileOptions
-    from t10c.emulator import timing
 
-    def build(g, xs):
-        return g.node("MatMul", g.node("Mul", xs[0], xs[0]), g.weight(4096, 4096))
-
-    model = make_model("scaled-gemv", build, ((1, 4096),))
-    used: list[bool] = []
-
-    def counted(*args):
-        got = multicast.relayed(*args)
-        used.append(got is not None)
-        return got
-
-    monkeypatch.setattr(timing, "relayed", counted)
-    c = compile_model(model, PRESETS["wse2"], CompileOptions())
+    used = _count_relays(monkeypatch)
+    c = compile_model(_squared_gemv(), PRESETS["wse2"], CompileOptions())
     r = run_compiled(c)
     assert any(used)
     assert r.ok, r.max_rel_err
