@@ -381,22 +381,6 @@ def exchange_estimate(chip: Chip, remote_bytes: int, sent_bytes: int = 0,
     return phase_cycles(chip, load, hops, trees)
 
 
-def relay_estimate(chip: Chip, remote_bytes: int, sent_bytes: int,
-                   region: tuple[int, int], trees: int) -> int | None:
-    """Estimated cycles of the same re-layout relayed (`t10c.multicast.relayed`), or None
-    where that cannot help: where ``trees`` trees from senders of ``sent_bytes`` each would
-    run in waves, each group of cores that read ``remote_bytes`` alike is sent one tree from
-    one of them instead, after a gather of those bytes onto it across the ``region``: about
-    ``sent_bytes / remote_bytes`` of the trees share the busiest link."""
-    if not chip.is_mesh or not chip.routes_per_core or trees <= chip.routes_per_core \
-            or not 0 < sent_bytes < remote_bytes:
-        return None
-    rows, cols = region
-    gather = phase_cycles(chip, remote_bytes, (rows + cols) // 2)
-    return gather + exchange_estimate(chip, remote_bytes, remote_bytes, region,
-                                      max(1, trees * sent_bytes // remote_bytes))
-
-
 def describe(embed: Embedding | None, ncores: int) -> str:
     if embed is None:
         return "row-major (all-to-all numbering)"
@@ -412,7 +396,6 @@ def describe(embed: Embedding | None, ncores: int) -> str:
 
 __all__ = ["Embedding", "choose", "embed_rows", "grid_coords", "grid_physical_cores",
            "physical_cores", "shift_cycles", "group_tile",
-           "exchange_estimate", "relay_estimate", "region_span", "ring_lengths", "interleave",
-           "ring_drivers",
+           "exchange_estimate", "region_span", "ring_lengths", "interleave", "ring_drivers",
            "hops_of_ring", "fits",
            "ROUTES_PER_RING"]

@@ -59,7 +59,7 @@ from .cost import (
     plan_cost,
     spread_owner,
 )
-from .place import exchange_estimate, region_span, relay_estimate
+from .place import exchange_estimate, region_span
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .pod import chip_wanted, element_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
@@ -908,13 +908,8 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                 (hp, wp), (hq, wq) = have_region[n], want_region[m]
                 trees = broadcast_trees(hp, wp, math.prod(p.F), p.out_bytes_per_core,
                                         ncores, remote * nbytes)
-                region = (max(hp, hq), max(wp, wq))
                 cyc = barrier + exchange_estimate(chip, remote * nbytes, p.out_bytes_per_core,
-                                                  region, trees)
-                relay = relay_estimate(chip, remote * nbytes, p.out_bytes_per_core, region,
-                                       trees)
-                if relay is not None:
-                    cyc = min(cyc, barrier + relay)
+                                                  (max(hp, hq), max(wp, wq)), trees)
             elif chip.is_mesh:
                 cyc = barrier + chip.transfer_cycles(remote * nbytes)
             else:
