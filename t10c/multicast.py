@@ -377,8 +377,8 @@ def relay_stages(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     pair = np.unique(e_g * chip.cores + dst)
     p_g, p_dst = pair // chip.cores, pair % chip.cores
     dr, dc = np.divmod(p_dst, cols)
-    far = (np.abs(leg(np.rint(mean_c[p_g]).astype(np.int64), dc, cols, torus)[1])
-           + np.abs(leg(np.rint(mean_r[p_g]).astype(np.int64), dr, rows, torus)[1]))
+    far = (leg(np.rint(mean_c[p_g]).astype(np.int64), dc, cols, torus)[1]
+           + leg(np.rint(mean_r[p_g]).astype(np.int64), dr, rows, torus)[1])
     order = np.lexsort((p_dst, far, p_g))  # by group, then nearness, then core
     starts = np.searchsorted(p_g[order], np.arange(ng))
     relay = p_dst[order[starts]]  # per group
@@ -400,7 +400,7 @@ def relayed(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     Where a few cores each feed many trees a little (an element a core, after a wide
     reduce-scatter), one tree per group takes fewer colours, and so fewer waves, than a
     tree per source."""
-    if not chip.routes_per_core:  # no colour limit: a tree per source is never slower
+    if not chip.routes_per_core:  # no colour limit: the trees run in one wave, a relay adds a stage
         return None
     relay = relay_stages(chip, tree, src, dst, nbytes, group)
     if len(np.unique(relay.spread[0])) >= len(np.unique(np.asarray(tree))):
