@@ -44,7 +44,7 @@ from t10c.codegen.program import (
 from t10c.costs import compute_cycles
 from t10c.dtypes import ceil_div
 from t10c.ir import tile_counts
-from t10c.multicast import Relay, exchange_trees, relayed
+from t10c.multicast import Relay, exchange_trees, multicast_routes
 
 from .routing import Routed, route_phase
 
@@ -496,15 +496,18 @@ class TimingMachine:
 
     def multicast_exchange(self, ins: Exchange, p: Pattern, here: np.ndarray, size: int
                            ) -> None:
-        """Queue a multicast exchange: relayed where that is faster (`t10c.multicast.relayed`),
-        else as its trees (`exchange_trees`), the rule codegen and the planner follow."""
+        """Queue a multicast exchange as codegen and the planner route it
+        (`t10c.multicast.multicast_routes`): relayed, or as its trees (also where unicasts
+        would be faster: the program asks for multicast)."""
         tree, src, dst, count, group = tree_pairs(p, here)
-        relay = relayed(self.chip, tree, src, dst, count * size, group)
-        if relay is not None:
-            self.receive_relay(ins.op, ins.phase, relay)
+        nbytes = count * size
+        routes = multicast_routes(self.chip, tree, src, dst, nbytes, group)
+        if isinstance(routes, Relay):
+            self.receive_relay(ins.op, ins.phase, routes)
         else:
-            self.receive_trees(ins.op, ins.phase,
-                               *exchange_trees(self.chip, tree, src, dst, count * size))
+            self.receive_trees(ins.op, ins.phase, *(
+                routes if routes is not None else exchange_trees(self.chip, tree, src, dst,
+                                                                 nbytes)))
 
     def shift(self, ins: Shift) -> None:
         n = len(ins.src_core)

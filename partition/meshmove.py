@@ -4,7 +4,7 @@ For the chosen plans (`transitions.relayout_cycles`) every moving input of an op
 exchange codegen emits (`codegen.lower.moved_elements`): consumer cores whose tiles start at
 the same place read the same elements, so each (distinct tile, producer core holding some of
 it) is one multicast tree to the cores of that tile; where multicast is not faster than the
-unicasts (the colours' waves, `t10c.multicast.multicast_trees`, the rule codegen follows)
+unicasts (the colours' waves, `t10c.multicast.multicast_routes`, the rule codegen follows)
 the input goes as one unicast per (producer core, consumer core). All of an op's inputs move
 in one phase after one barrier: their trees and unicasts are routed together, link by link,
 as the emulator routes them; the weights a plan fetches from their idle layouts follow, as a
@@ -33,7 +33,7 @@ from t10c.chips import Chip
 from t10c.costs import INDEX_BYTES
 from t10c.dtypes import dtype_bytes
 from t10c.ir import Graph, distinct_rows
-from t10c.multicast import check_pairs, multicast_trees, phase_cycles, relayed, route_trees
+from t10c.multicast import Relay, check_pairs, multicast_routes, phase_cycles, route_trees
 
 from .collectives import chunk_elements, scatter_of
 from .cost import spread_owner
@@ -54,7 +54,7 @@ class Moved:
     dst: np.ndarray
     nbytes: np.ndarray
     multicast: bool
-    #: a relayed exchange (`t10c.multicast.relayed`): the entries above are its gather (as
+    #: a relayed exchange (`t10c.multicast.Relay`): the entries above are its gather (as
     #: unicasts), and these trees (`route_trees`' arguments) its spread, after the phase
     spread: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
@@ -226,14 +226,12 @@ def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,
     pos = np.arange(len(tree)) - np.repeat(np.cumsum(n) - n, n)
     dst = phys.astype(np.int64)[order[start[k_row][tree] + pos]]
     src_t, bytes_t = k_src[tree], count[tree] * nbytes
-    relay = relayed(chip, tree, src_t, dst, bytes_t, k_row[tree])
-    if relay is not None:
-        gather = relay.gather
-        return Moved(np.arange(len(gather[0])), *gather, False, relay.spread)
-    trees = multicast_trees(chip, tree, src_t, dst, bytes_t)
-    if trees is None:
+    routes = multicast_routes(chip, tree, src_t, dst, bytes_t, k_row[tree])
+    if isinstance(routes, Relay):
+        return Moved(np.arange(len(routes.gather[0])), *routes.gather, False, routes.spread)
+    if routes is None:
         return Moved(tree, src_t, dst, bytes_t, False)
-    return Moved(*trees, True)
+    return Moved(*routes, True)
 
 
 def phase(chip: Chip, pending: list[Pending]) -> int:
@@ -250,6 +248,15 @@ def phase(chip: Chip, pending: list[Pending]) -> int:
     return _PHASES[key]
 
 
+def _apart(trees: list[np.ndarray]) -> np.ndarray:
+    """The tree numbers of several exchanges, one after another, numbered apart."""
+    offset, ids = 0, []
+    for t in trees:
+        ids.append(t + offset)
+        offset = int(ids[-1].max(initial=offset - 1)) + 1
+    return np.concatenate(ids)
+
+
 def _routed(chip: Chip, inputs: list[Moved]) -> int:
     parts: dict[bool, list[Moved]] = {True: [], False: []}
     for m in inputs:
@@ -259,14 +266,10 @@ def _routed(chip: Chip, inputs: list[Moved]) -> int:
     for multicast, ms in parts.items():
         if not ms:
             continue
-        offset = 0
-        ids = []
-        for m in ms:  # trees numbered apart; unicasts one tree each
-            ids.append((m.tree if multicast else np.arange(len(m.tree))) + offset)
-            offset = int(ids[-1].max(initial=offset - 1)) + 1
-        routed = route_trees(chip, np.concatenate(ids), *(np.concatenate([getattr(m, f)
-                                                                            for m in ms])
-                                                          for f in ("src", "dst", "nbytes")))
+        # unicasts one tree each
+        ids = _apart([m.tree if multicast else np.arange(len(m.tree)) for m in ms])
+        routed = route_trees(chip, ids, *(np.concatenate([getattr(m, f) for m in ms])
+                                          for f in ("src", "dst", "nbytes")))
         if routed is None:
             continue
         loads = routed.loads if loads is None else loads + routed.loads
@@ -276,11 +279,7 @@ def _routed(chip: Chip, inputs: list[Moved]) -> int:
     cycles = 0 if loads is None else phase_cycles(chip, int(loads.max()), hops, trees)
     spreads = [m.spread for m in inputs if m.spread is not None]
     if spreads:  # relayed exchanges' second stage, after the rest (the emulator's order)
-        offset, ids = 0, []
-        for t, *_ in spreads:
-            ids.append(t + offset)
-            offset = int(ids[-1].max(initial=offset - 1)) + 1
-        routed = route_trees(chip, np.concatenate(ids),
+        routed = route_trees(chip, _apart([sp[0] for sp in spreads]),
                              *(np.concatenate([sp[k] for sp in spreads]) for k in (1, 2, 3)))
         if routed is not None:
             cycles += phase_cycles(chip, int(routed.loads.max()), routed.hops,

@@ -34,8 +34,8 @@ others, as a core takes the wavelets of a colour it needs). The second sends mor
 but takes far fewer colours where a source feeds many groups a little each, as when a
 vector is broadcast into a GEMV's tiles: there the waves, not the bytes, set the time.
 Where the waves would cost more than sending every copy on its own, an exchange falls back
-to unicast (`prefer_multicast`). Codegen, the emulator and the planner follow these rules
-alike; unicasts take no colours in this model.
+to unicast. Codegen, the emulator and the planner follow these rules alike, one function
+(`multicast_routes`); unicasts take no colours in this model.
 
 An exchange can also be relayed (`relayed`), where that is faster than its trees and its
 unicasts. The cores that read one distinct pattern are a group. Each group's elements are
@@ -321,24 +321,28 @@ def exchange_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarra
     return tree, src, np.asarray(dst), np.asarray(nbytes)
 
 
-def multicast_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
-                    nbytes: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """The trees an exchange of these trees (`route_trees`' arguments) sends
-    (`exchange_trees`) when it goes as multicast, None when it goes as unicasts: multicast
-    only where it is faster, waves included (on its own phase)."""
+def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                     nbytes: np.ndarray, group: np.ndarray | None = None
+                     ) -> Relay | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """How an exchange of these trees (`route_trees`' arguments) goes, whichever is fastest,
+    each on its own phases, waves included: relayed (`relayed`, given each entry's
+    ``group``), as its trees (`exchange_trees`, returned), or as unicasts (None). The one
+    rule codegen, the emulator and the planner follow."""
+    unicast = unicast_cycles(chip, src, dst, nbytes)
     chosen = exchange_trees(chip, tree, src, dst, nbytes)
-    if 0 < tree_cycles(chip, *chosen) < unicast_cycles(chip, src, dst, nbytes):
-        return chosen
-    return None
+    trees = tree_cycles(chip, *chosen)
+    if group is not None:
+        relay = relayed(chip, tree, src, dst, nbytes, group, min(unicast, trees))
+        if relay is not None:
+            return relay
+    return chosen if 0 < trees < unicast else None
 
 
 def prefer_multicast(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
                      nbytes: np.ndarray, group: np.ndarray | None = None) -> bool:
-    """Whether an exchange of these trees goes as multicast (`multicast_trees`), or, given
-    each entry's ``group``, relayed (`relayed`)."""
-    return multicast_trees(chip, tree, src, dst, nbytes) is not None or (
-        group is not None and relayed(chip, tree, src, dst, nbytes, group) is not None)
+    """Whether an exchange of these trees goes as multicast trees or relayed, not as
+    unicasts (`multicast_routes`)."""
+    return multicast_routes(chip, tree, src, dst, nbytes, group) is not None
 
 
 @dataclass(frozen=True)
@@ -394,20 +398,15 @@ def relay_cycles(chip: Chip, relay: Relay) -> int:
 
 
 def relayed(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
-            nbytes: np.ndarray, group: np.ndarray) -> Relay | None:
-    """The exchange's two stages (`relay_stages`) where they are faster than its trees
-    (`exchange_trees`) and its unicasts alike, each on its own phases; None otherwise.
-    Where a few cores each feed many trees a little (an element a core, after a wide
-    reduce-scatter), one tree per group takes fewer colours, and so fewer waves, than a
+            nbytes: np.ndarray, group: np.ndarray, within: int) -> Relay | None:
+    """The exchange's two stages (`relay_stages`) where they take fewer trees and fewer than
+    ``within`` cycles (the faster of its trees and its unicasts, `multicast_routes`); None
+    otherwise. Where a few cores each feed many trees a little (an element a core, after a
+    wide reduce-scatter), one tree per group takes fewer colours, and so fewer waves, than a
     tree per source."""
     if not chip.routes_per_core:  # no colour limit: the trees run in one wave, a relay adds a stage
         return None
     relay = relay_stages(chip, tree, src, dst, nbytes, group)
     if len(np.unique(relay.spread[0])) >= len(np.unique(np.asarray(tree))):
         return None  # no fewer trees
-    cycles = relay_cycles(chip, relay)
-    if cycles >= unicast_cycles(chip, src, dst, nbytes):
-        return None
-    if cycles >= tree_cycles(chip, *exchange_trees(chip, tree, src, dst, nbytes)):
-        return None
-    return relay
+    return relay if relay_cycles(chip, relay) < within else None
