@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import dtype_bytes
+from t10c.dtypes import dtype_bytes, on_chip_dtype
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, distinct_rows, map_to_root
 from t10c.multicast import prefer_multicast
@@ -302,7 +302,7 @@ class _Builder:
         self.instrs.append(Free(op, "free", bid))
 
     def storage(self, tensor: str) -> str:
-        return "int32" if self.graph.tensors[tensor].dtype != "float32" else self.dtype
+        return on_chip_dtype(self.graph.tensors[tensor].dtype, self.dtype)
 
     # -- element tables -------------------------------------------------------------------
     def to_root(self, tensor: str) -> np.ndarray:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 
 from t10c.chips import Chip
+from t10c.dtypes import IntTensors
 from t10c.ir import Graph, TensorExpr
 
 from .align import aligned_variants, plan_on_boxes
@@ -239,7 +240,7 @@ def check_dram_capacity(graph: Graph, chip: Chip, dtype: str) -> None:
 
 
 def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-                   dtype: str, ints: frozenset[str], solver: SolverOptions, mode: str,
+                   dtype: str, ints: IntTensors, solver: SolverOptions, mode: str,
                    margin: int = 1) -> Schedule:
     """When the chosen plans' DRAM loads are issued, within the SRAM the plans leave and
     ``margin`` times the solve's SRAM reserve, and what the graph outputs' write-backs make
@@ -253,7 +254,7 @@ def _dram_schedule(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int]
 
 
 def _finished(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-              dtype: str, ints: frozenset[str], solver: SolverOptions, views: Views,
+              dtype: str, ints: IntTensors, solver: SolverOptions, views: Views,
               fixed: frozenset[int], stream: bool = True
               ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """The last passes over a choice: weight fetches routed (`route_fetches`), kept copies'
@@ -272,7 +273,7 @@ def _finished(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chi
 def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
                    solved: Sequence[int], greedy: Sequence[int] | None,
                    chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip, dtype: str,
-                   ints: frozenset[str], solver: SolverOptions, views: Views
+                   ints: IntTensors, solver: SolverOptions, views: Views
                    ) -> tuple[tuple[OpPlan, ...], list[int], tuple[tuple[str, int, int], ...],
                               list[tuple[int, tuple[OpPlan, ...], list[int]]]]:
     """On a chip with DRAM: the solver's choice (``chosen``, finished), the greedy's and ELK's
@@ -333,7 +334,7 @@ def _best_streamed(graph: Graph, fronts: list[list[OpPlan]], edges: list[Edge],
 
 
 def _steps(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-           dtype: str, ints: frozenset[str], solver: SolverOptions) -> tuple[int, int]:
+           dtype: str, ints: IntTensors, solver: SolverOptions) -> tuple[int, int]:
     """A choice's predicted steps under ELK's preload schedule within the solve's SRAM
     reserve and within twice it (`_streamed_step` judges by their sum)."""
     spent = sum(p.cycles.total for p in plans) + sum(relayout)
@@ -343,14 +344,14 @@ def _steps(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: C
 
 
 def _streamed_step(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-                   dtype: str, ints: frozenset[str], solver: SolverOptions) -> int:
+                   dtype: str, ints: IntTensors, solver: SolverOptions) -> int:
     """A choice's step on a chip with DRAM under ELK's preload schedule within the solve's
     SRAM reserve and under the one within twice it, together (`_stream_weights`)."""
     return sum(_steps(graph, plans, relayout, chip, dtype, ints, solver))
 
 
 def _stream_weights(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int],
-                    chip: Chip, dtype: str, ints: frozenset[str], solver: SolverOptions,
+                    chip: Chip, dtype: str, ints: IntTensors, solver: SolverOptions,
                     fixed: frozenset[int] = frozenset()) -> tuple[OpPlan, ...]:
     """On a chip with DRAM, after the solve: weights the solve kept resident are loaded
     from DRAM instead (each op's plan for its twin, `dram_twins`: the same layout) wherever
@@ -466,7 +467,7 @@ def with_dram_issue(graph: Graph, plan: Plan, chip: Chip, issue: Sequence[int]) 
 
 
 def _timed_stores(graph: Graph, plans: Sequence[OpPlan], waits: dict[int, int], chip: Chip,
-                  dtype: str, ints: frozenset[str]) -> list[tuple[int, int, int]]:
+                  dtype: str, ints: IntTensors) -> list[tuple[int, int, int]]:
     """(op, the op at whose start its write-backs are waited for, their cycles) of every op
     that writes back (``waits``: -1 for none)."""
     return [(k, w, store_cycles(graph, k, plans[k], chip, dtype, ints))
@@ -517,7 +518,7 @@ def _aligns(chip: Chip, search: SearchOptions) -> bool:
 
 
 def _realign(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...], relayout: list[int],
-             chip: Chip, dtype: str, ints: frozenset[str], consts: frozenset[str],
+             chip: Chip, dtype: str, ints: IntTensors, consts: frozenset[str],
              search: SearchOptions, solver: SolverOptions, views: Views,
              fixed: frozenset[int] = frozenset(), spent: list[float] | None = None
              ) -> tuple[tuple[OpPlan, ...], list[int]]:
@@ -556,7 +557,7 @@ RECALIBRATE_CORES = 1 << 16
 
 def _recalibrated(graph: Graph, fronts: list[list[OpPlan]], extra: list[list[int]],
                   edges: list[Edge], choice: tuple[int, ...], chosen: tuple[OpPlan, ...],
-                  relayout: list[int], chip: Chip, dtype: str, ints: frozenset[str],
+                  relayout: list[int], chip: Chip, dtype: str, ints: IntTensors,
                   solver: SolverOptions, views: Views, spent: list[float]
                   ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """A mesh's second look at the edges: the solver priced each re-layout by the closed-form
@@ -598,7 +599,7 @@ def _recalibrated(graph: Graph, fronts: list[list[OpPlan]], extra: list[list[int
 
 
 def _routed_total(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-                  dtype: str, ints: frozenset[str], views: Views) -> int:
+                  dtype: str, ints: IntTensors, views: Views) -> int:
     """A mesh choice's cycles with its weight fetches routed (`route_fetches`)."""
     fetched = route_fetches(graph, plans, chip, dtype, ints, views)
     plans, relayout = fetched if fetched is not None else (plans, relayout)
@@ -606,7 +607,7 @@ def _routed_total(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], 
 
 
 def _total(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int],
-           chip: Chip, dtype: str, ints: frozenset[str], views: Views) -> int:
+           chip: Chip, dtype: str, ints: IntTensors, views: Views) -> int:
     """A choice's exact cycles: its plans' own, the return of the rotated copies they keep
     (`transitions.kept_restores`) and the re-layouts before the ops."""
     kept = kept_restores(graph, tuple(plans), chip, dtype, ints, views)
@@ -614,7 +615,7 @@ def _total(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayout: lis
 
 
 def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
-                  relayout: list[int], chip: Chip, dtype: str, ints: frozenset[str],
+                  relayout: list[int], chip: Chip, dtype: str, ints: IntTensors,
                   solver: SolverOptions, views: Views, fixed: frozenset[int] = frozenset()
                   ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """After the solve: two consecutive ops alike (same expression, same activations read, the
@@ -644,7 +645,7 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
 
 
 def _share_layouts(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-                   dtype: str, ints: frozenset[str], solver: SolverOptions, views: Views,
+                   dtype: str, ints: IntTensors, solver: SolverOptions, views: Views,
                    fronts: list[list[OpPlan]], fixed: frozenset[int] = frozenset()
                    ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """On a mesh, after the solve: two consecutive ops over the same axes that read the same
@@ -705,7 +706,7 @@ def _alike_pairs(ids: list[int], plans: list[OpPlan], by_next: bool = False
 
 
 def _match_reads(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-                 dtype: str, ints: frozenset[str], solver: SolverOptions, views: Views,
+                 dtype: str, ints: IntTensors, solver: SolverOptions, views: Views,
                  fronts: list[list[OpPlan]], fixed: frozenset[int] = frozenset()
                  ) -> tuple[tuple[OpPlan, ...], list[int]]:
     """On a mesh, after the solve: where two consecutive ops read one activation in two
@@ -750,7 +751,7 @@ def _match_reads(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], 
 
 
 def _on_read_tiles(graph: Graph, plans: list[OpPlan], members: list[int], s: int, slot: int,
-                   chip: Chip, dtype: str, ints: frozenset[str], views: Views, cap: int
+                   chip: Chip, dtype: str, ints: IntTensors, views: Views, cap: int
                    ) -> list[OpPlan] | None:
     """``plans`` with every op i of ``members`` computing on the tiles op i - 1 reads of its
     input ``s``, as its input ``slot`` (`_match_reads`); None where one has no such plan
@@ -767,7 +768,7 @@ def _on_read_tiles(graph: Graph, plans: list[OpPlan], members: list[int], s: int
 
 
 def _copied(graph: Graph, plans: list[OpPlan], members: list[int], back: int, chip: Chip,
-            dtype: str, ints: frozenset[str], consts: frozenset[str], cap: int,
+            dtype: str, ints: IntTensors, consts: frozenset[str], cap: int,
             fixed: frozenset[int]) -> list[OpPlan] | None:
     """``plans`` with, for every op i of ``members``, op i - ``back`` taking the plan of op
     i - 1 + ``back`` (its neighbour), costed for itself (`cost.plan_cost`); None where a copy
@@ -788,7 +789,7 @@ def _copied(graph: Graph, plans: list[OpPlan], members: list[int], back: int, ch
 
 
 def _faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, dtype: str,
-            ints: frozenset[str], views: Views) -> tuple[list[int], int] | None:
+            ints: IntTensors, views: Views) -> tuple[list[int], int] | None:
     """A trial choice's exact re-layouts and total where every op's memory stays within
     ``cap`` and the total is below ``cost``; None otherwise (the shared-copy passes)."""
     if int(chosen_memory(views.terms(), trial).max(initial=0)) > cap:
@@ -821,7 +822,7 @@ def _front_ids(fronts: list[list[OpPlan]]) -> list[int]:
 
 
 def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
-                  dtype: str, ints: frozenset[str], consts: frozenset[str],
+                  dtype: str, ints: IntTensors, consts: frozenset[str],
                   search: SearchOptions) -> list[list[OpPlan]]:
     """Every op's front plus the plans aligned to its producers' (`align.py`), in
     topological order so that alignment carries along chains; repeated layers share them."""
@@ -851,7 +852,7 @@ def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], c
 
 
 def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip,
-           dtype: str, ints: frozenset[str], views: Views) -> list[Edge]:
+           dtype: str, ints: IntTensors, views: Views) -> list[Edge]:
     """Every producer -> consumer edge with its re-layout costs; ops with equal fronts
     (``keys``, repeated layers) share them."""
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}

@@ -44,7 +44,7 @@ import math
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import ceil_div
+from t10c.dtypes import IntTensors, ceil_div
 from t10c.ir import Graph
 
 from .cost import plan_cost
@@ -75,7 +75,7 @@ def _grid(origin: np.ndarray, shape: np.ndarray, extent: tuple[int, ...]
 
 
 def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip: Chip,
-                 dtype: str, ints: frozenset[str], consts: frozenset[str],
+                 dtype: str, ints: IntTensors, consts: frozenset[str],
                  weights_home: bool = False) -> OpPlan | None:
     """The plan of op ``i`` whose input ``slot`` tiles are the boxes plan ``produced`` of op
     ``j`` leaves, on the cores holding them; None when there is none."""
@@ -90,7 +90,7 @@ def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip
 
 
 def plan_on_boxes(graph: Graph, i: int, slot: int, origin: np.ndarray, shape: np.ndarray,
-                  phys: np.ndarray, chip: Chip, dtype: str, ints: frozenset[str],
+                  phys: np.ndarray, chip: Chip, dtype: str, ints: IntTensors,
                   consts: frozenset[str], weights_home: bool = False) -> OpPlan | None:
     """The plan of op ``i`` whose input ``slot`` tiles are the boxes ``origin`` (one row per
     core) of ``shape``, core ``c``'s on physical core ``phys[c]`` (what a producer leaves,
@@ -147,7 +147,7 @@ def _same(a: OpPlan, b: OpPlan) -> bool:
 
 
 def aligned_variants(graph: Graph, i: int, fronts: list[list[OpPlan]], chip: Chip,
-                     dtype: str, ints: frozenset[str], consts: frozenset[str], limit: int,
+                     dtype: str, ints: IntTensors, consts: frozenset[str], limit: int,
                      weights_home: bool = False) -> list[OpPlan]:
     """Up to ``limit`` plans of op ``i`` aligned to plans on its producers' fronts (earlier
     ops' fronts, aligned variants included), not already on its own front."""

@@ -26,8 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from t10c.chips import Chip
-from t10c.costs import INDEX_BYTES
-from t10c.dtypes import dtype_bytes
+from t10c.dtypes import dtype_bytes, on_chip_dtype
 from t10c.ir import Graph
 
 from .plan import OpPlan
@@ -73,9 +72,10 @@ def ideal_cycles(fronts: Sequence[Sequence[OpPlan]],
 
 
 def tensor_bytes(graph: Graph, name: str, dtype: str) -> int:
-    """Bytes of a tensor on chip: floats in the storage dtype, integers as indices."""
+    """Bytes of a tensor on chip: floats in the storage dtype, integers in theirs
+    (`on_chip_dtype`)."""
     t = graph.tensors[name]
-    return t.numel * (INDEX_BYTES if t.dtype != "float32" else dtype_bytes(dtype))
+    return t.numel * dtype_bytes(on_chip_dtype(t.dtype, dtype))
 
 
 def dram_ideal_cycles(graph: Graph, chip: Chip, dtype: str) -> list[int]:

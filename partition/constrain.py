@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import IntTensors
 from t10c.ir import Graph, TensorExpr
 
 from .chosen import Plan, PlanError
@@ -165,7 +166,7 @@ def _template_ok(op: TensorExpr, tpl, want: dict[tuple[int, str], int]) -> bool:
 
 
 def constrained_front(graph: Graph, op: TensorExpr, c: Constraint, chip: Chip, dtype: str,
-                      opts: SearchOptions, limit: int, ints: frozenset[str],
+                      opts: SearchOptions, limit: int, ints: IntTensors,
                       consts: frozenset[str]) -> Constrained:
     """Every plan of ``op`` obeying ``c`` (the search's pruning relaxed), reduced to its Pareto
     front in (hot bytes, cycles); raises `ConstraintError` if none exists or none fits."""
@@ -257,7 +258,7 @@ class Replay:
     sram_bytes_per_core: int
 
 
-def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: frozenset[str],
+def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: IntTensors,
                  consts: frozenset[str]) -> None:
     """Refuse a plan read back from plan.json that was not made for this graph, chip and
     dtype: its ops and their axes are compared, every cost it predicts and every re-layout
@@ -331,7 +332,7 @@ def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: fro
 def apply_constraints(graph: Graph, chip: Chip, dtype: str, opts: SearchOptions, limit: int,
                       constraints: tuple[Constraint, ...], fronts: list[list[OpPlan]],
                       smallest: list[OpPlan | None], least_cold: list[int], keys: list[tuple],
-                      ints: frozenset[str], consts: frozenset[str]) -> None:
+                      ints: IntTensors, consts: frozenset[str]) -> None:
     """Replace, in place, the front (and smallest plan, least resident bytes and search key)
     of every op a constraint names; repeated layers under the same constraint share the work.
     The key gains the constraint, so that re-layout costs are not shared with unconstrained

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from t10c.chips import DTYPES, Chip
-from t10c.costs import INDEX_BYTES, compute_cycles
-from t10c.dtypes import ceil_div
+from t10c.costs import compute_cycles
+from t10c.dtypes import IntTensors, ceil_div
 from t10c.elementwise import body_cost
 from t10c.ir import TensorExpr
 
@@ -53,20 +53,21 @@ from .plan import Cycles, Geometry
 from .pod import reduce_pairs, ring_cross, spread_cross
 
 
-def element_bytes(op: TensorExpr, index: int, dtype: str, int_tensors: frozenset[str]) -> int:
+def element_bytes(op: TensorExpr, index: int, dtype: str, int_tensors: IntTensors) -> int:
     """Bytes per element of operand ``index`` on chip: accumulators of reductions are fp32."""
     operand = op.operands[index]
     if operand.tensor in int_tensors:
-        return INDEX_BYTES
+        return int_tensors.bytes_of(operand.tensor, dtype)
     if index == len(op.inputs) and op.combine is not None:
         return 4
     return DTYPES[dtype]
 
 
 def home_bytes(op: TensorExpr, shapes: dict[str, tuple[int, ...]], chip: Chip, dtype: str,
-               const_tensors: frozenset[str]) -> int:
+               int_tensors: IntTensors, const_tensors: frozenset[str]) -> int:
     """Bytes per core of the op's weights spread evenly over all cores (the vgm home)."""
-    return sum(ceil_div(math.prod(shapes[o.tensor]), chip.cores) * DTYPES[dtype]
+    return sum(ceil_div(math.prod(shapes[o.tensor]), chip.cores)
+               * int_tensors.bytes_of(o.tensor, dtype)
                for o in op.inputs if o.tensor in const_tensors)
 
 
@@ -83,7 +84,7 @@ class EpilogueCost:
 
 
 def epilogue_cost(op: TensorExpr, share: Any, chip: Chip, dtype: str,
-                  int_tensors: frozenset[str], const_tensors: frozenset[str],
+                  int_tensors: IntTensors, const_tensors: frozenset[str],
                   shapes: dict[str, tuple[int, ...]]) -> EpilogueCost:
     """What op's epilogue costs per core on ``share`` elements of its finished result
     (``share`` may be a numpy array, `vcost`: the arithmetic is elementwise).
@@ -100,12 +101,13 @@ def epilogue_cost(op: TensorExpr, share: Any, chip: Chip, dtype: str,
     rate = chip.vector_ops_per_cycle[dtype]
     compute = chip.compute_overhead_cycles + ceil_div(share * max(1, body_cost(op.epilogue)),
                                                       rate)
-    each = [share * (INDEX_BYTES if o.tensor in int_tensors else DTYPES[dtype]) for o in op.extra]
+    each = [share * int_tensors.bytes_of(o.tensor, dtype) for o in op.extra]
     moved = sum(b for b, o in zip(each, op.extra) if o.tensor not in const_tensors)
     weights = sum(b for b, o in zip(each, op.extra) if o.tensor in const_tensors)
     if chip.cores == 1:
         return EpilogueCost(compute, moved, sum(each), weights)
-    idle = sum(ceil_div(math.prod(shapes[o.tensor]), chip.cores - 1) * DTYPES[dtype]
+    idle = sum(ceil_div(math.prod(shapes[o.tensor]), chip.cores - 1)
+               * int_tensors.bytes_of(o.tensor, dtype)
                for o in op.extra if o.tensor in const_tensors)
     return EpilogueCost(compute, moved, sum(each) + idle, idle, weights)
 
@@ -115,7 +117,7 @@ def idle_cores(chip: Chip) -> range:
     return range(1, chip.cores) if chip.cores > 1 else range(1)
 
 
-def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
+def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: IntTensors,
               const_tensors: frozenset[str], weights_home: bool = False,
               kept: frozenset[int] = frozenset()) -> tuple[Cycles, int, int, int]:
     """(cycles, hot bytes, cold bytes, output bytes) per core of one plan.
@@ -230,13 +232,13 @@ def plan_cost(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str]
         hot = max(hot, cold + tile_bytes[out] + first + sending + keeping)
     hot += epi.hot  # the epilogue's operands live through the whole op
     if weights_home:
-        cold = home_bytes(op, geo.shapes, chip, dtype, const_tensors)
+        cold = home_bytes(op, geo.shapes, chip, dtype, int_tensors, const_tensors)
         hot += cold
     cold += epi.cold
     return Cycles(compute, shift, sync, reduce), hot, cold, out_bytes
 
 
-def fetch_estimate(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
+def fetch_estimate(geo: Geometry, chip: Chip, dtype: str, int_tensors: IntTensors,
                    const_tensors: frozenset[str], weights_home: bool,
                    epi: EpilogueCost | None = None) -> tuple[int, int]:
     """(shift, sync) cycles `plan_cost` counts for fetching the plan's weights from their idle
@@ -259,7 +261,7 @@ def fetch_estimate(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset
     return shift, chip.sync_cycles
 
 
-def fetch_bytes(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[str],
+def fetch_bytes(geo: Geometry, chip: Chip, dtype: str, int_tensors: IntTensors,
                 const_tensors: frozenset[str], weights_home: bool,
                 epi: EpilogueCost | None = None) -> int:
     """The bytes a core of the plan fetches from the weights' idle layouts (`fetch_estimate`):
@@ -276,7 +278,7 @@ def fetch_bytes(geo: Geometry, chip: Chip, dtype: str, int_tensors: frozenset[st
 
 
 def weights_whole(op: TensorExpr, shapes: dict[str, tuple[int, ...]], dtype: str,
-                  int_tensors: frozenset[str], const_tensors: frozenset[str]) -> int:
+                  int_tensors: IntTensors, const_tensors: frozenset[str]) -> int:
     """The bytes of all of ``op``'s weights, whole."""
     return sum(element_bytes(op, i, dtype, int_tensors) * math.prod(shapes[o.tensor])
                for i, o in enumerate(op.inputs) if o.tensor in const_tensors)
@@ -303,7 +305,7 @@ def spread_owner(numel: int, over: range, elems: np.ndarray | None = None) -> np
 
 
 def kept_bytes(geo: Geometry, slots: frozenset[int], chip: Chip, dtype: str,
-               int_tensors: frozenset[str], const_tensors: frozenset[str],
+               int_tensors: IntTensors, const_tensors: frozenset[str],
                weights_home: bool = False) -> int:
     """Bytes per core beyond the plan's own hot bytes when the buffers of input ``slots``
     stay allocated after the steps, through the reduce-scatter and the epilogue, so that

@@ -19,9 +19,10 @@ except ImportError:  # pragma: no cover - numpy 1.x
     from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 from t10c.chips import Chip
-from t10c.dtypes import ceil_div, dtype_bytes, fmt_bytes
+from t10c.dtypes import ceil_div, fmt_bytes, on_chip_dtype
 from t10c.ir import Graph
 
+from .bounds import tensor_bytes
 from .chosen import DoesNotFitError
 from .plan import OpPlan
 from .solve import SolverOptions, least_peak
@@ -103,15 +104,18 @@ def diagnose(graph: Graph, chip: Chip, fronts: list[list[OpPlan]], least_cold: l
                  f"{fmt_bytes(peak.working)} of its working buffers and {fmt_bytes(peak.live)} "
                  f"for {peak.live_tensors} live activation(s); {usable}."]
     weights = weight_roots(graph)
-    total_weight_bytes = sum(n for n, _ in weights) * dtype_bytes(dtype)
+    total_weight_bytes = sum(tensor_bytes(graph, name, dtype) for _, name in weights)
+    stored = " and ".join(sorted({on_chip_dtype(graph.tensors[name].dtype, dtype)
+                                  for _, name in weights})) or dtype
     heavy = sorted(zip(least_cold, (op.name for op in graph.ops)), reverse=True)[:5]
     lines += [
-        f"the weights alone are {total_weight_bytes / 1e6:.1f} MB in {dtype}; the chip has "
+        f"the weights alone are {total_weight_bytes / 1e6:.1f} MB in {stored}; the chip has "
         f"{chip.total_sram_bytes / 1e6:.1f} MB of SRAM in all.",
         "ops with the most resident bytes per core:"]
     lines += [f"  {name}: {fmt_bytes(b)}" for b, name in heavy]
     lines.append("largest weight tensors:")
-    lines += [f"  {name}: {n * dtype_bytes(dtype) / 1e6:.1f} MB" for n, name in weights[:5]]
+    lines += [f"  {name}: {tensor_bytes(graph, name, dtype) / 1e6:.1f} MB"
+              for _, name in weights[:5]]
     lines.append("What would help: " + "; ".join(_advice(need, resident, working, cap, opts,
                                                           dtype, chip)) + ".")
     return "\n".join(lines)

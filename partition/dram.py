@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import DTYPES
+from t10c.dtypes import DTYPES, IntTensors
 from t10c.ir import Append, Gathered, Graph, TensorExpr, Window, tile_counts
 
 from .bounds import tensor_bytes
@@ -74,7 +74,7 @@ def dram_operands(graph: Graph, op: TensorExpr, weights: bool) -> list[int]:
 
 
 def dram_figures(graph: Graph, op: TensorExpr, p: OpPlan, chip: Chip, dtype: str,
-                 ints: frozenset[str], weights: bool) -> tuple[int, int, int]:
+                 ints: IntTensors, weights: bool) -> tuple[int, int, int]:
     """(bytes per core, DMA cycles, weight bytes per core) of plan ``p``'s DRAM loads: one
     load per DRAM operand of the tile each of the plan's cores holds (its bytes in SRAM; the
     load carries the tensor's elements it holds, `Chip.dma_load_cycles`)."""
@@ -92,7 +92,7 @@ def dram_figures(graph: Graph, op: TensorExpr, p: OpPlan, chip: Chip, dtype: str
 
 
 def with_dram_inputs(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip,
-                     dtype: str, ints: frozenset[str]) -> list[OpPlan]:
+                     dtype: str, ints: IntTensors) -> list[OpPlan]:
     """The front with the DMA loads of its graph inputs priced (their tiles are hot already)."""
     if not dram_operands(graph, op, weights=False):
         return front
@@ -104,7 +104,7 @@ def with_dram_inputs(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Ch
 
 
 def dram_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip, dtype: str,
-               ints: frozenset[str]) -> list[OpPlan]:
+               ints: IntTensors) -> list[OpPlan]:
     """Every resident-weight plan of the front again with its weights in DRAM: no longer
     resident, loaded by DMA into the plan's layout before each run."""
     if not any(graph.root(o.tensor) in graph.constants for o in op.inputs):
@@ -285,7 +285,7 @@ def stored_elements(graph: Graph, tensor: str) -> int:
 
 
 def store_cycles(graph: Graph, n: int, p: OpPlan, chip: Chip, dtype: str,
-                 ints: frozenset[str]) -> int:
+                 ints: IntTensors) -> int:
     """Cycles of the DMA stores that write op n's graph outputs back under plan ``p``
     (`Chip.dram_store_cycles`, one store per output tensor, back to back on the queue)."""
     op = graph.ops[n]

@@ -16,8 +16,7 @@ import hashlib
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.costs import INDEX_BYTES
-from t10c.dtypes import ceil_div, dtype_bytes
+from t10c.dtypes import IntTensors, ceil_div
 from t10c.ir import Graph, TensorExpr, unravel
 
 from .place import exchange_estimate
@@ -74,13 +73,13 @@ def extra_box(graph: Graph, i: int, k: int, plan: OpPlan
 
 def extra_edge_cost(graph: Graph, j: int, i: int, k: int, producer: list[OpPlan],
                     consumer: list[OpPlan], chip: Chip, dtype: str,
-                    int_tensors: frozenset[str]) -> tuple[tuple[int, ...], ...]:
+                    int_tensors: IntTensors) -> tuple[tuple[int, ...], ...]:
     """Cycles to bring ``extra[k]`` of op i from producer j's layout, for every (producer
     plan, consumer plan) pair."""
     operand = graph.ops[i].extra[k]
     direct = operand.tensor == graph.ops[j].output.tensor
     extent = np.asarray(graph.tensors[operand.tensor].shape)
-    nbytes = INDEX_BYTES if operand.tensor in int_tensors else dtype_bytes(dtype)
+    nbytes = int_tensors.bytes_of(operand.tensor, dtype)
     haves = [_output_box(graph, j, p) if direct else None for p in producer]
     wants = [extra_box(graph, i, k, q) for q in consumer]
     moving = (lambda b: exchange_estimate(chip, b)) if chip.is_mesh else chip.transfer_cycles

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import ceil_div
+from t10c.dtypes import IntTensors, ceil_div
 from t10c.elementwise import body_inputs
 from t10c.ir import INDIRECT, TensorExpr
 
@@ -266,7 +266,7 @@ def _drivers(op: TensorExpr, combo: tuple[_AxisRotation, ...], F: tuple[int, ...
 
 
 def _search(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
-            int_tensors: frozenset[str], const_tensors: frozenset[str], opts: SearchOptions):
+            int_tensors: IntTensors, const_tensors: frozenset[str], opts: SearchOptions):
     """Yield (template, rotations, F rows, costs) for every template with legal rows."""
     extents = tuple(e for _, e in op.axes)
     grid = _factor_grids(extents, [True] * len(extents), chip.cores, opts,
@@ -306,7 +306,7 @@ def _plan(op: TensorExpr, tpl: Template, combo, F: np.ndarray, c: CostArrays, r:
 
 
 def enumerate_plans(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
-                    int_tensors: frozenset[str], const_tensors: frozenset[str],
+                    int_tensors: IntTensors, const_tensors: frozenset[str],
                     opts: SearchOptions = SearchOptions()) -> list[OpPlan]:
     """Every legal plan of ``op`` that survives pruning, costed (all of them materialised)."""
     plans: list[OpPlan] = []
@@ -346,7 +346,7 @@ class SearchResult:
 
 
 def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
-                 int_tensors: frozenset[str], const_tensors: frozenset[str],
+                 int_tensors: IntTensors, const_tensors: frozenset[str],
                  opts: SearchOptions = SearchOptions(), limit: int | None = None
                  ) -> SearchResult:
     """The Pareto front in (hot bytes, cycles) of ``op``'s plans, computed on arrays: only the
@@ -389,12 +389,12 @@ _PARTS_LIMIT = 256
 
 
 def _parts(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
-           int_tensors: frozenset[str], const_tensors: frozenset[str], opts: SearchOptions
+           int_tensors: IntTensors, const_tensors: frozenset[str], opts: SearchOptions
            ) -> list:
     """`_search`'s templates, remembered in this process (read-only: the front is cut from
     them without changing them)."""
     key = (repr(dataclasses.replace(chip, sram_bytes_per_core=1)), dtype, op.signature(),
-           tuple((o.tensor in int_tensors, o.tensor in const_tensors, shapes[o.tensor])
+           tuple((int_tensors.get(o.tensor), o.tensor in const_tensors, shapes[o.tensor])
                  for o in (*op.operands, *op.extra)), opts)
     if key in _PARTS:
         _PARTS.move_to_end(key)

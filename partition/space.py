@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from t10c.chips import Chip
+from t10c.dtypes import IntTensors, on_chip_dtype
 from t10c.ir import Graph, TensorExpr
 
 from .cost import plan_cost
@@ -67,9 +68,11 @@ class Space:
     least_cold: tuple[int, ...]
 
 
-def tensor_sets(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
-    """The integer tensors and the constant (weight) tensors of ``graph``."""
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+def tensor_sets(graph: Graph) -> tuple[IntTensors, frozenset[str]]:
+    """The integer tensors (with their types on chip) and the constant (weight) tensors of
+    ``graph``."""
+    ints = IntTensors({n: on_chip_dtype(t.dtype, "fp32") for n, t in graph.tensors.items()
+                       if t.dtype != "float32"})
     consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
     return ints, consts
 
@@ -78,7 +81,7 @@ def op_keys(graph: Graph) -> list[tuple]:
     """A key per op under which identical ops (repeated layers) share searches and edges."""
     ints, consts = tensor_sets(graph)
     return [(op.signature(), tuple(o.tensor in consts for o in op.reads),
-             tuple(o.tensor in ints for o in op.reads)) for op in graph.ops]
+             tuple(ints.get(o.tensor) for o in op.reads)) for op in graph.ops]
 
 
 def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_limit: int,
@@ -121,12 +124,12 @@ _FOUND_LIMIT = 4096
 
 
 def _searched(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
-              ints: frozenset[str], consts: frozenset[str], search: SearchOptions,
+              ints: IntTensors, consts: frozenset[str], search: SearchOptions,
               limit: int) -> SearchResult:
     """`search.search_front`, remembered under everything it reads (plans are renamed by
     the caller)."""
     key = (repr(chip), dtype, op.signature(), op.name,
-           tuple((o.tensor, shapes[o.tensor], o.tensor in ints, o.tensor in consts)
+           tuple((o.tensor, shapes[o.tensor], ints.get(o.tensor), o.tensor in consts)
                  for o in op.operands), search, limit)
     if key not in _FOUND:
         if len(_FOUND) >= _FOUND_LIMIT:
@@ -136,7 +139,7 @@ def _searched(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[in
 
 
 def warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip, dtype: str,
-                  ints: frozenset[str], consts: frozenset[str]) -> list[OpPlan]:
+                  ints: IntTensors, consts: frozenset[str]) -> list[OpPlan]:
     """For an op with weights, every plan of its front again with the weights kept in the
     compact idle layout and warmed up before each run: fewer resident bytes for some fetch
     time (what vgm does for every op). Twins that would save nothing are left out."""

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.dtypes import IntTensors
 from t10c.ir import Graph, map_to_root
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
@@ -584,7 +585,7 @@ class Views:
                 layout_key(producer), chip.cores, chip.grid)
 
     def fetch_crossing(self, i: int, plan: OpPlan, chip: Chip, dtype: str,
-                       int_tensors: frozenset[str]) -> np.ndarray:
+                       int_tensors: IntTensors) -> np.ndarray:
         """A pod: (2, chips), the bytes into and out of each chip of op ``i``'s weight
         fetches under ``plan`` (`pod_fetches`): warmed-up weights from their spread over
         every core into the input tiles, epilogue weights from their spread over
@@ -673,7 +674,7 @@ class Views:
         return got
 
     def kept_bytes(self, i: int, plan: OpPlan, slots: frozenset[int], chip: Chip, dtype: str,
-                   int_tensors: frozenset[str]) -> int:
+                   int_tensors: IntTensors) -> int:
         """`cost.kept_bytes` of op ``i`` under ``plan`` keeping ``slots``, once per (op
         expression, plan, slots, dtype) while the chip stays the same."""
         if not slots:
@@ -682,7 +683,7 @@ class Views:
             geo, slots, chip, dtype, int_tensors, self.const_tensors(), plan.home))
 
     def kept_cycles(self, i: int, plan: OpPlan, slots: frozenset[int], chip: Chip, dtype: str,
-                    int_tensors: frozenset[str]) -> tuple[Cycles, Cycles]:
+                    int_tensors: IntTensors) -> tuple[Cycles, Cycles]:
         """`cost.plan_cost`'s cycles of op ``i`` under ``plan``, without and with keeping
         ``slots`` for the next op, once per (op expression, plan, slots, dtype) while the
         chip stays the same."""
@@ -845,7 +846,7 @@ def _transfer(chip: Chip, nbytes: int, cross: int = 0) -> int:
 
 
 def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
-              consumer: list[OpPlan], chip: Chip, dtype: str, int_tensors: frozenset[str],
+              consumer: list[OpPlan], chip: Chip, dtype: str, int_tensors: IntTensors,
               views: Views | None = None) -> tuple[tuple[int | None, ...], ...]:
     """Re-layout cycles of input ``slot`` of op ``i`` alone, barrier included, for every
     (producer plan, consumer plan) pair of the edge from op ``j``; None marks a pair the
@@ -969,7 +970,7 @@ _CHIP_WANTS: dict[tuple, np.ndarray] = {}
 
 
 def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-                  dtype: str, int_tensors: frozenset[str], views: Views | None = None
+                  dtype: str, int_tensors: IntTensors, views: Views | None = None
                   ) -> dict[tuple[int, int], int]:
     """Inputs that read the previous op's re-laid copy instead of receiving their own:
     ``{(op, slot): slot of op - 1}``.
@@ -993,7 +994,7 @@ def shared_inputs(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
 
 
 def _sharing(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
-             int_tensors: frozenset[str], views: Views
+             int_tensors: IntTensors, views: Views
              ) -> tuple[dict[tuple[int, int], int], list[int]]:
     """`shared_inputs`, and the SRAM per op the chosen plans and the kept copies leave."""
     if chip.has_dram:
@@ -1040,7 +1041,7 @@ def _would_move(views: Views, i: int, slot: int, j: int,
 
 
 def kept_restores(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
-                  int_tensors: frozenset[str], views: Views | None = None
+                  int_tensors: IntTensors, views: Views | None = None
                   ) -> tuple[OpPlan, ...]:
     """The chosen plans with the cycles of their kept copies' return (`shared_inputs`): a
     plan that keeps an input it rotates for the next op shifts it back to its step-0
@@ -1071,7 +1072,7 @@ def _slack(plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, views: Views) -
 
 
 def hoisted_fetches(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-                    dtype: str, int_tensors: frozenset[str], views: Views | None = None,
+                    dtype: str, int_tensors: IntTensors, views: Views | None = None,
                     sharing: tuple[dict[tuple[int, int], int], list[int]] | None = None
                     ) -> frozenset[int]:
     """Ops whose epilogue weights (a bias) are fetched in the previous op's reduce-scatter
@@ -1178,7 +1179,7 @@ class _Phase:
 
 
 def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-              dtype: str, int_tensors: frozenset[str], views: Views, producer: dict[str, int],
+              dtype: str, int_tensors: IntTensors, views: Views, producer: dict[str, int],
               shared: dict[tuple[int, int], int], fetch: bool = False) -> _Phase:
     """Op i's re-layout phase under ``plans``: its moved inputs and, on a mesh, the
     activations its epilogue reads (codegen moves them in the same phase); with ``fetch``,
@@ -1232,7 +1233,7 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
 
 
 def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
-             int_tensors: frozenset[str], views: Views) -> list:
+             int_tensors: IntTensors, views: Views) -> list:
     """The exchanges that bring op i's weights from their idle layouts (`cost.spread_owner`)
     into ``plan``'s tiles, as codegen emits them: warmed-up weights (`OpPlan.home`, spread
     over every core) into their input tiles, epilogue weights (spread over `idle_cores`)
@@ -1307,7 +1308,7 @@ def _phase_cycles(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan]
 
 
 def merged_phases(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-                  dtype: str, int_tensors: frozenset[str], views: Views | None = None
+                  dtype: str, int_tensors: IntTensors, views: Views | None = None
                   ) -> dict[int, int]:
     """Ops whose inputs move in an earlier op's re-layout phase: ``{op: the op whose phase
     carries them}``.
@@ -1327,7 +1328,7 @@ def merged_phases(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: 
 
 
 def _merging(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip, dtype: str,
-             int_tensors: frozenset[str], views: Views, fetch: bool = False
+             int_tensors: IntTensors, views: Views, fetch: bool = False
              ) -> tuple[dict[int, int], list[_Phase], frozenset[int]]:
     """`merged_phases`, every op's own phase (with ``fetch``, its routed weight fetches:
     `route_fetches`) and the hoisted fetches."""
@@ -1381,7 +1382,7 @@ def _merging(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
 
 
 def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip: Chip,
-                    dtype: str, int_tensors: frozenset[str], views: Views | None = None,
+                    dtype: str, int_tensors: IntTensors, views: Views | None = None,
                     fetch: bool = False) -> list[int]:
     """The re-layout cycles before every op for one choice of plans, all inputs of an op in
     one phase (exactly what the emulator measures on an all-to-all chip); an input that reads
@@ -1395,7 +1396,7 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
 
 
 def pod_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
-                int_tensors: frozenset[str], views: Views) -> tuple[OpPlan, ...]:
+                int_tensors: IntTensors, views: Views) -> tuple[OpPlan, ...]:
     """The chosen plans, on a pod, with the bytes of their weight fetches that cross between
     chips counted element by element (`pod.element_cross`, `Views.fetch_crossing`) instead
     of estimated as spread evenly (`cost.fetch_estimate`): the fetch phase as the emulator
@@ -1420,7 +1421,7 @@ def pod_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
 
 
 def route_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: str,
-                  int_tensors: frozenset[str], views: Views | None = None
+                  int_tensors: IntTensors, views: Views | None = None
                   ) -> tuple[tuple[OpPlan, ...], list[int]] | None:
     """The chosen plans with their weight fetches routed, and the re-layout cycles with them.
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.costs import body_ops, prologue_ops
-from t10c.dtypes import ceil_div
+from t10c.dtypes import IntTensors, ceil_div
 from t10c.ir import INDIRECT, TensorExpr, Window, is_contraction
 
 from .collectives import reduce_estimate
@@ -87,7 +87,7 @@ def mesh_rings(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip
 
 
 def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: str,
-              shapes: dict[str, tuple[int, ...]], int_tensors: frozenset[str],
+              shapes: dict[str, tuple[int, ...]], int_tensors: IntTensors,
               const_tensors: frozenset[str], weights_home: bool = False,
               mesh: bool = False) -> CostArrays:
     axes = op.axis_names
@@ -282,7 +282,7 @@ def costs_for(op: TensorExpr, tpl: Template, F: np.ndarray, chip: Chip, dtype: s
                                          + sending), hot)
     hot = hot + epi.hot
     if weights_home:
-        cold = ones * home_bytes(op, shapes, chip, dtype, const_tensors)
+        cold = ones * home_bytes(op, shapes, chip, dtype, int_tensors, const_tensors)
         hot = hot + cold
     cold = cold + epi.cold
     fed = np.prod(F, axis=1) * sum((tile_bytes[i] for i, o in enumerate(op.inputs)

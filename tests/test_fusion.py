@@ -17,7 +17,7 @@ from ophelpers import check_every_plan
 
 from t10c.chips import PRESETS
 from t10c.driver import CompileOptions, compile_model, run_compiled
-from t10c.dtypes import ceil_div
+from t10c.dtypes import IntTensors, ceil_div
 from t10c.elementwise import erf
 from t10c.frontend.fuse import fuse_elementwise
 from t10c.ir import Graph, Operand, TensorExpr, TensorInfo, Window, expr_from_json, expr_to_json
@@ -213,10 +213,10 @@ def test_fused_costs_vectorised_equal_scalar_and_price_the_epilogue() -> None:
         opts = SearchOptions(chains=True, weights_home=home)
         for p in search_op(graph, op, chip, "fp16", opts):
             geo = geometry(graph, op, p)
-            got = plan_cost(geo, chip, "fp16", frozenset(), consts, home)
+            got = plan_cost(geo, chip, "fp16", IntTensors(), consts, home)
             assert got == (p.cycles, p.hot_bytes_per_core, p.cold_bytes_per_core,
                            p.out_bytes_per_core), p
-            base = plan_cost(geometry(bare, plain, p), chip, "fp16", frozenset(), consts, home)
+            base = plan_cost(geometry(bare, plain, p), chip, "fp16", IntTensors(), consts, home)
             # the epilogue adds vector work and two buffers (the residual's exchange is an
             # edge of the whole-graph choice)
             assert got[0].compute > base[0].compute

@@ -13,6 +13,7 @@ from t10c.chips import PRESETS, ChipError, chip_from_dict
 from t10c.codegen import generate
 from t10c.codegen.program import Compute, Shift
 from t10c.driver import CompileOptions, compile_model, run_compiled
+from t10c.dtypes import IntTensors
 from t10c.emulator import emulate
 from t10c.emulator.routing import hops, route
 from t10c.partition import SearchOptions, geometry, plan_cost, search_op, verify_plan
@@ -170,7 +171,7 @@ def test_vectorised_mesh_costs_equal_the_scalar_definition() -> None:
         for home in (False, True):
             opts = SearchOptions(chains=True, weights_home=home)
             for p in search_op(graph, graph.ops[0], chip, "fp16", opts):
-                got = plan_cost(geometry(graph, graph.ops[0], p), chip, "fp16", frozenset(),
+                got = plan_cost(geometry(graph, graph.ops[0], p), chip, "fp16", IntTensors(),
                                 consts, home)
                 assert got == (p.cycles, p.hot_bytes_per_core, p.cold_bytes_per_core,
                                p.out_bytes_per_core), p
@@ -415,7 +416,7 @@ def test_a_rotated_copy_goes_home_for_the_next_op(chip, monkeypatch) -> None:
         # reduce-scatter then shares); codegen emits it into the kept buffer
         gate = g.ops[i - 1].name
         alone = plan_cost(geometry(g, g.ops[i - 1], plan.ops[i - 1]), chip, plan.dtype,
-                          frozenset(), frozenset(o.tensor for o in g.ops[i - 1].inputs[1:]))[0]
+                          IntTensors(), frozenset(o.tensor for o in g.ops[i - 1].inputs[1:]))[0]
         assert plan.ops[i - 1].cycles.sync == alone.sync + chip.sync_cycles
         assert plan.ops[i - 1].cycles.total >= alone.total
         first = next(ins for ins in c.program.instrs

@@ -13,6 +13,7 @@ import pytest
 from t10c.chips import load_chip
 from t10c.cli import EXIT_FAIL, EXIT_USAGE, main
 from t10c.driver import CompileOptions
+from t10c.dtypes import IntTensors
 from t10c.frontend import to_graph
 from t10c.models import build
 from t10c.partition import (
@@ -126,7 +127,7 @@ def test_a_constrained_front_holds_pruned_plans_and_only_obeying_ones() -> None:
     from t10c.partition.constrain import constrained_front
     mm = next(op for op in graph.ops if op.name == Q)
     c = Constraint(Q, (("m", 4),), (("in1", "n", 2),))
-    got = constrained_front(graph, mm, c, chip, "fp16", SearchOptions(), 16, frozenset(),
+    got = constrained_front(graph, mm, c, chip, "fp16", SearchOptions(), 16, IntTensors(),
                             frozenset(o.tensor for o in mm.inputs[1:]))
     assert got.front
     for p in got.front:

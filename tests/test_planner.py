@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from t10c.chips import PRESETS
 from t10c.codegen import generate
+from t10c.dtypes import IntTensors
 from t10c.emulator import emulate
 from t10c.ir import Graph, Operand, TensorExpr, TensorInfo
 from t10c.partition import Plan, SearchOptions, search_op, verify_plan
@@ -138,7 +139,7 @@ def test_vectorised_costs_equal_the_scalar_definition() -> None:
         opts = SearchOptions(chains=True, weights_home=home)
         for p in search_op(graph, graph.ops[0], chip, "fp16", opts):
             cycles, hot, cold, out = plan_cost(geometry(graph, graph.ops[0], p), chip, "fp16",
-                                               frozenset(), consts, home)
+                                               IntTensors(), consts, home)
             assert (cycles, hot, cold, out) == (p.cycles, p.hot_bytes_per_core,
                                                 p.cold_bytes_per_core, p.out_bytes_per_core), p
 

@@ -14,6 +14,7 @@ from t10c.chips import PRESETS, ChipError, chip_from_dict, describe
 from t10c.codegen import generate
 from t10c.codegen.pattern import chip_pair_counts, from_table
 from t10c.codegen.program import Alloc, Buffer, Exchange, Fill, Program, Shift, Store
+from t10c.dtypes import IntTensors
 from t10c.emulator import emulate
 from t10c.emulator.timing import TimingMachine
 from t10c.partition import Plan, SearchOptions, geometry, search_op
@@ -213,7 +214,7 @@ def test_every_warm_up_on_a_pod_is_predicted_exactly() -> None:
                      shapes)
     op = graph.ops[0]
     twins = warm_up_twins(graph, op, search_op(graph, op, POD, "fp16", SearchOptions()), POD,
-                          "fp16", frozenset(), frozenset({"W"}))
+                          "fp16", IntTensors(), frozenset({"W"}))
     assert len(twins) > 100 and all(p.home for p in twins)
     rng = np.random.default_rng(1)
     feeds = {"A": rng.standard_normal((8, 64)).astype(np.float32)}

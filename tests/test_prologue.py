@@ -18,6 +18,7 @@ from ophelpers import check_every_plan
 
 from t10c.chips import PRESETS
 from t10c.driver import CompileOptions, compile_model, run_compiled
+from t10c.dtypes import IntTensors
 from t10c.frontend.fuse import fuse_elementwise
 from t10c.graphcheck import GraphError, verify_graph
 from t10c.ir import Graph, Operand, TensorExpr, TensorInfo, expr_from_json, expr_to_json
@@ -194,13 +195,13 @@ def test_prologue_costs_vectorised_equal_scalar_and_price_the_prologue() -> None
     plans = search_op(graph, op, chip, "fp16", SearchOptions(chains=True))
     for p in plans:
         geo = geometry(graph, op, p)
-        got = plan_cost(geo, chip, "fp16", frozenset(), consts)
+        got = plan_cost(geo, chip, "fp16", IntTensors(), consts)
         assert got == (p.cycles, p.hot_bytes_per_core, p.cold_bytes_per_core,
                        p.out_bytes_per_core), p
         if not any(p.rot[2:]):
             q = dataclasses.replace(p, rot=p.rot[:2] + p.rot[-1:], chain=p.chain[:2]
                                     + p.chain[-1:])
-            base = plan_cost(geometry(bare, plain, q), chip, "fp16", frozenset(), consts)
+            base = plan_cost(geometry(bare, plain, q), chip, "fp16", IntTensors(), consts)
             # the prologue adds vector work on every step and its operands' tiles
             assert got[0].compute > base[0].compute and got[1] > base[1]
 

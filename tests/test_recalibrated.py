@@ -12,6 +12,7 @@ import pytest
 import t10c.partition as partition
 from t10c.chips import chip_from_dict
 from t10c.driver import CompileOptions, compile_model, run_compiled
+from t10c.dtypes import IntTensors
 from t10c.partition.solve import SolverOptions
 
 MESH64 = chip_from_dict({"base": "wse2", "name": "mesh64", "grid": [64, 64], "cores": 4096})
@@ -61,7 +62,7 @@ def test_a_wafer_sized_mesh_keeps_the_first_choice(monkeypatch) -> None:
     monkeypatch.setattr(partition, "RECALIBRATE_CORES", MESH64.cores - 1)
     monkeypatch.setattr(partition, "choose_plans", lambda *a, **k: pytest.fail("solved"))
     got = partition._recalibrated(compiled.graph, [], [], [], (), plans, relayout, MESH64,
-                                  "fp16", frozenset(), SolverOptions(), None, [])
+                                  "fp16", IntTensors(), SolverOptions(), None, [])
     assert got == (plans, relayout)
 
 

@@ -29,6 +29,7 @@ from t10c.partition import (
     verify_plan,
 )
 from t10c.partition.align import aligned_plan
+from t10c.partition.space import tensor_sets
 from t10c.partition.transitions import (
     Views,
     consumer_want,
@@ -105,7 +106,7 @@ def _warm_ops(graph: Graph, chosen) -> frozenset[str]:
 
 def _warm(graph: Graph, op, p):
     """Plan ``p`` again with its weights warmed up from the compact idle layout."""
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    ints = tensor_sets(graph)[0]
     consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
     cycles, hot, cold, out = plan_cost(geometry(graph, op, p), CHIP, "fp32", ints, consts,
                                        weights_home=True)
@@ -120,7 +121,7 @@ def _planned(name: str, build, epilogues: bool = True):
     graph = frontend.to_graph(model, name=name, epilogues=epilogues)
     inputs = make_inputs(graph, 0)
     want, _ = reference(model, inputs)
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    ints = tensor_sets(graph)[0]
     return graph, plan_graph(graph, CHIP, "fp32"), inputs, want, ints, Views(graph)
 
 
@@ -185,7 +186,7 @@ def test_predicted_relayout_equals_emulated_op_by_op(name: str) -> None:
     base = plan_graph(graph, CHIP, "fp32")
     inputs = make_inputs(graph, 0)
     want, _ = reference(model, inputs)
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    ints = tensor_sets(graph)[0]
     views = Views(graph)
     partial = 0  # pairs where some but not all wanted elements were already local
     scattered = 0  # moving inputs whose producer's result ended reduce-scattered
@@ -250,7 +251,7 @@ def test_exchange_that_moves_nothing_has_no_barrier() -> None:
     emits no barrier, and the emulator records no re-layout."""
     graph, _ = _graph("scatter")
     base = plan_graph(graph, CHIP, "fp32")
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    ints = tensor_sets(graph)[0]
     consumers = [i for i, op in enumerate(graph.ops)
                  if any(graph.root(o.tensor) not in graph.constants
                         and graph.root(o.tensor) not in graph.inputs for o in op.inputs)]
@@ -277,7 +278,7 @@ def test_aligned_plans_need_no_relayout_and_compute_the_same() -> None:
     onnxruntime with the op's cores permuted."""
     graph, model = _graph("chain")
     base = plan_graph(graph, CHIP, "fp32")
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    ints = tensor_sets(graph)[0]
     consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
     inputs = make_inputs(graph, 0)
     want, _ = reference(model, inputs)
@@ -426,7 +427,7 @@ def test_alike_neighbours_take_each_others_plan_to_share() -> None:
     model = make_model("shared", _shared_model, ((16, 256),))
     graph = frontend.to_graph(model, name="shared", epilogues=False)
     base = plan_graph(graph, CHIP, "fp32")
-    ints = frozenset(n for n, t in graph.tensors.items() if t.dtype != "float32")
+    ints = tensor_sets(graph)[0]
     views = Views(graph)
     keys = op_keys(graph)
     k = next(i for i, op in enumerate(graph.ops) if i and op.inputs[0].tensor
