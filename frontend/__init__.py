@@ -5,8 +5,10 @@ The pipeline, as `to_graph` runs it:
 1. `load_model`: an ONNX path or a ModelProto (zoo names are resolved by the driver);
 2. `check_and_infer`: pin dynamic input dimensions (``--shape``), check, infer every shape;
 3. `fold_batchnorm` (`rewrite.py`): BatchNormalization after a Conv with constant weights is
-   folded into the Conv; `fold_scale_into_matmuls`: a constant per-column scale read only
-   by matmuls with constant weights (RMSNorm's weight) is folded into them;
+   folded into the Conv; `keep_quantized_weights`: a matmul reading int8 weights through a
+   DequantizeLinear reads them as they are and scales its result; `fold_scale_into_matmuls`:
+   a constant per-column scale read only by matmuls with constant float weights (RMSNorm's
+   weight) is folded into them;
    `fold_repeat_kv`: grouped-query attention's keys and values, repeated to every query head
    (Expand, Reshape), are read unrepeated by matmuls whose rows are the query heads of a
    group; on mesh chips and chips with DRAM `split_cache_concat`: attention matmuls
@@ -46,7 +48,14 @@ from . import shapes as _shapes  # noqa: F401
 from .context import REGISTRY, Context, Unsupported, attrs, pick
 from .fuse import fuse_elementwise, prune
 from .loader import FrontendError, ModelNotFoundError, check_and_infer, load_model
-from .rewrite import fold_batchnorm, fold_repeat_kv, fold_scale_into_matmuls, split_cache_concat
+from .rewrite import (
+    fold_batchnorm,
+    fold_repeat_kv,
+    fold_scale_into_matmuls,
+    keep_quantized_weights,
+    split_cache_concat,
+    split_large_matmuls,
+)
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
            "Lowered", "device_graph", "load_model", "lower", "to_graph", "supported_ops",
@@ -110,9 +119,26 @@ def _gather_elements(data: np.ndarray, indices: np.ndarray, axis: int = 0) -> li
     return [np.take_along_axis(data, indices, axis=axis)]
 
 
+def _dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None = None,
+                axis: int = 1, block_size: int = 0, output_dtype: int = 0) -> list[np.ndarray]:
+    """``DequantizeLinear`` of a constant: ``(x - zero_point) * scale``, the scale and zero
+    point per tensor or along ``axis``."""
+    if block_size:
+        raise Unsupported("blocked DequantizeLinear (block_size) is not supported")
+    if output_dtype not in (0, onnx.TensorProto.FLOAT):
+        raise Unsupported("DequantizeLinear to a type other than float32 is not supported")
+    zero = np.zeros((), np.float32) if zero_point is None else zero_point.astype(np.float32)
+    if scale.ndim == 1 and x.ndim > 0:
+        shape = [1] * x.ndim
+        shape[axis % x.ndim] = scale.shape[0]
+        scale, zero = scale.reshape(shape), (zero.reshape(shape) if zero.ndim else zero)
+    return [((x.astype(np.float32) - zero) * scale.astype(np.float32)).astype(np.float32)]
+
+
 #: numpy folds for ops whose reference implementation fails on inputs exporters produce
-#: (onnx 1.17-1.23's GatherElements cannot take a [1, n] data tensor with [1, m] indices)
-FOLDS = {"GatherElements": _gather_elements}
+#: (onnx 1.17-1.23's GatherElements cannot take a [1, n] data tensor with [1, m] indices;
+#: onnx 1.19's reference evaluator has no DequantizeLinear before opset 19)
+FOLDS = {"GatherElements": _gather_elements, "DequantizeLinear": _dequantize}
 
 
 def _fold(node: onnx.NodeProto, ctx: Context, opsets: dict[str, int]) -> None:
@@ -167,11 +193,12 @@ class Lowered:
 
 
 def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = None,
-          weights: Mapping[str, np.ndarray] | None = None, split_cache: bool = False
-          ) -> Lowered:
+          weights: Mapping[str, np.ndarray] | None = None, split_cache: bool = False,
+          split_weights: tuple[int, int] | None = None) -> Lowered:
     """Lower every node that can be lowered, collecting the ones that cannot (no exception
     for unsupported nodes; `to_graph` raises them all at once). ``weights``: the values of
-    shape-only initializers, by name (`to_graph`); ``split_cache``: `split_cache_concat`."""
+    shape-only initializers, by name (`to_graph`); ``split_cache``: `split_cache_concat`;
+    ``split_weights``: ``(max_bytes, float_bytes)`` for `split_large_matmuls`."""
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
     opsets = _opsets(model)
@@ -198,7 +225,10 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 
     outputs = {o.name for o in model.graph.output}
     nodes = fold_batchnorm(list(model.graph.node), ctx.constants, outputs)
+    nodes = keep_quantized_weights(nodes, ctx.constants, ctx.shapes, outputs)
     nodes = fold_scale_into_matmuls(nodes, ctx.constants, ctx.shapes, outputs)
+    if split_weights is not None and opset >= 4:  # (Concat takes any axis from opset 4)
+        nodes = split_large_matmuls(nodes, ctx.constants, ctx.shapes, *split_weights)
     if opset >= 5:  # (Reshape takes its shape as an input from opset 5)
         nodes = fold_repeat_kv(nodes, ctx.constants, ctx.shapes, outputs)
     if split_cache and opset >= 10:  # (Slice takes its bounds as inputs from opset 10)
@@ -261,7 +291,7 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
              name: str | None = None, fuse: bool = True, epilogues: bool = True,
              prologues: bool = False, weights: Mapping[str, np.ndarray] | None = None,
-             split_cache: bool = False) -> Graph:
+             split_cache: bool = False, split_weights: tuple[int, int] | None = None) -> Graph:
     """Lower a model (an ONNX path or a ModelProto) to the device graph.
 
     ``weights`` gives the values of shape-only initializers by name (a zoo model built apart,
@@ -277,10 +307,12 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
     compiler asks for it on mesh chips, where re-laying the cache out every step costs its
     distance, and on chips with DRAM, where the cache lives off chip (`t10c.driver.chip_graph`);
     on an all-to-all chip without DRAM the two more ops cost more than the re-layout saves.
-    Raises `UnsupportedModelError` listing every node that cannot be lowered.
+    ``split_weights`` (``(max_bytes, float_bytes)``): matmuls with larger constant weights are
+    split over column blocks (`rewrite.split_large_matmuls`; the compiler asks for it on
+    chips with DRAM). Raises `UnsupportedModelError` listing every node that cannot be lowered.
     """
     model = load_model(source)
-    low = lower(model, pinned, weights, split_cache)
+    low = lower(model, pinned, weights, split_cache, split_weights)
     if low.problems:
         raise UnsupportedModelError(low.problems)
     return device_graph(low, name, fuse, epilogues, prologues)

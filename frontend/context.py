@@ -133,6 +133,14 @@ class Context:
         self.constants[name] = value
         return name
 
+    def matmul_operand(self, name: str) -> str:
+        """`float_operand`, except that an int8 constant (a quantized weight,
+        `rewrite.keep_quantized_weights`) stays int8: a contraction computes in float
+        whatever its operands are stored as, and int8 values are exact in any float."""
+        if name in self.constants and self.constants[name].dtype == np.int8:
+            return name
+        return self.float_operand(name)
+
     def float_operand(self, name: str) -> str:
         """``name`` itself, or for a bool or integer constant a float32 copy of it: on chip,
         elementwise operands are floats."""

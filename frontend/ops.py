@@ -469,7 +469,7 @@ def matmul(ctx: Context, node: onnx.NodeProto, a: str, b: str, out: str, name: s
         lead = len(batch) - (len(shape) - 2)
         keep = [d for d in range(len(shape) - 2)
                 if not (shape[d] == 1 and batch[lead + d] > 1)]
-        tensor = ctx.float_operand(name)
+        tensor = ctx.matmul_operand(name)
         if len(keep) != len(shape) - 2:
             squeezed = ctx.fresh(name)
             ctx.view(squeezed, tensor, tuple(shape[d] for d in keep) + shape[-2:])

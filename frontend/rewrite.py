@@ -5,9 +5,16 @@ constant weights is folded into that Conv: ``W' = W * s`` per output channel and
 ``B' = (B - mean) * s + bias`` with ``s = scale / sqrt(var + eps)``. The Conv then writes the
 BatchNormalization's output and the BatchNormalization node disappears.
 
+`keep_quantized_weights`: a matmul reading int8 weights through a ``DequantizeLinear``
+reads the int8 weights themselves and scales its result: the weights stay a byte an element
+on chip.
+
 `fold_scale_into_matmuls`: a constant per-column scale whose result only matmuls with
-constant weights read is folded into those weights (RMSNorm's weight before LLaMA's
+constant float weights read is folded into those weights (RMSNorm's weight before LLaMA's
 projections).
+
+`split_large_matmuls`: on a chip with DRAM, a matmul whose constant weights would take more
+than half of the chip's SRAM becomes several over column blocks of them, concatenated.
 
 `fold_repeat_kv`: grouped-query attention's repeated keys and values are read unrepeated.
 
@@ -25,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from t10c.dtypes import ceil_div
 from t10c.shape_only import has_values, values_unknown
 
 
@@ -71,12 +79,126 @@ def fold_batchnorm(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray]
     return [merged.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
 
 
+def keep_quantized_weights(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                           shapes: dict[str, tuple[int, ...]], outputs: set[str]
+                           ) -> list[onnx.NodeProto]:
+    """``nodes`` with every ``MatMul(a, DequantizeLinear(w, s))`` of a constant int8 matrix
+    ``w`` (``[K, N]``), a constant scale ``s`` per tensor or per column (``axis`` 1) and no
+    zero point (or an all-zero one) rewritten as ``MatMul(a, w) * s``: symmetric quantization
+    scales whole columns, so the scale moves past the sum over K, and the matmul reads the
+    int8 weights, a byte an element on chip (`t10c.dtypes.on_chip_dtype`), their values
+    exact in the float type it computes in. The scale then fuses into the matmul as an
+    epilogue. A ``DequantizeLinear`` that does not fit (asymmetric, blocked, per row, read
+    by anything but a matmul's weight) is left alone, and lowering folds it into a float
+    constant, stored in ``--dtype`` like any other."""
+    _, readers = _producers_and_readers(nodes)
+    dropped: set[int] = set()
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    for k, dq in enumerate(nodes):
+        if dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx") \
+                or dq.output[0] in outputs or len(dq.input) < 2:
+            continue
+        w_name, s_name = dq.input[:2]
+        zp = dq.input[2] if len(dq.input) > 2 else ""
+        w, s = constants.get(w_name), constants.get(s_name)
+        if w is None or s is None or w.dtype != np.int8 or w.ndim != 2 \
+                or s.dtype.kind != "f" or _int_attr(dq, "block_size", 0) \
+                or _int_attr(dq, "output_dtype", 0) not in (0, onnx.TensorProto.FLOAT):
+            continue
+        if zp and (zp not in constants or not has_values(constants[zp])
+                   or np.any(constants[zp])):
+            continue
+        per_column = s.ndim == 1 and s.shape[0] == w.shape[1] \
+            and _int_attr(dq, "axis", 1) % 2 == 1
+        if s.size != 1 and not per_column:
+            continue
+        mms = readers.get(dq.output[0], [])
+        if not mms or any(m.op_type != "MatMul" or m.domain not in ("", "ai.onnx")
+                          or list(m.input) != [m.input[0], dq.output[0]]
+                          or m.input[0] == dq.output[0] for m in mms):
+            continue
+        scale = s_name if s.ndim == 1 else f"{s_name}~scalar"
+        if s.ndim != 1:  # a per-tensor scale, as a scalar that broadcasts
+            constants[scale] = s.reshape(())
+        for m in mms:
+            out = m.output[0]
+            product = f"{out}~int8"
+            shapes[product] = shapes[out]
+            read = onnx.NodeProto()
+            read.CopyFrom(m)
+            del read.input[:], read.output[:]
+            read.input.extend([m.input[0], w_name])
+            read.output.append(product)
+            scaled = helper.make_node("Mul", [product, scale], [out],
+                                      name=f"{m.name or out}/dequantize")
+            replaced[id(m)] = [read, scaled]
+        dropped.add(k)
+    return [r for k, n in enumerate(nodes) if k not in dropped
+            for r in replaced.get(id(n), [n])]
+
+
+#: `split_large_matmuls` cuts columns in multiples of this (a matrix unit's tile edge)
+SPLIT_ALIGN = 32
+
+
+def split_large_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                        shapes: dict[str, tuple[int, ...]], max_bytes: int, float_bytes: int
+                        ) -> list[onnx.NodeProto]:
+    """``nodes`` with every ``MatMul(a, W)`` of a constant matrix ``W`` (``[K, N]``) larger
+    than ``max_bytes`` (int8 a byte an element, floats ``float_bytes``) split into as many
+    matmuls over column blocks of ``W`` (``W[:, j0:j1]``, new constants; in multiples of
+    `SPLIT_ALIGN` columns) as keep each block within ``max_bytes``, their results joined by a
+    ``Concat`` along the last axis into the matmul's output.
+
+    On a chip with off-chip memory every op's weights are loaded into SRAM before it runs, all
+    of them at once: an op whose weights exceed the SRAM (LLaMA-3-8B's LM head, 525 MB in int8
+    against a Wormhole n150's 105 MB) has no plan at all. As blocks, they are ops of their
+    own, whose loads the schedule preloads and overlaps like any other's; the Concat's copy
+    is of the result only. The driver asks for half the chip's SRAM (`t10c.driver.chip_graph`):
+    room beside a block for its activations and the next op's preload."""
+    dropped: dict[int, list[onnx.NodeProto]] = {}
+    for k, mm in enumerate(nodes):
+        if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or len(mm.input) != 2:
+            continue
+        a, w_name = mm.input
+        w = constants.get(w_name)
+        out = mm.output[0]
+        if w is None or w.ndim != 2 or a in constants or out not in shapes:
+            continue
+        size = 1 if w.dtype == np.int8 else float_bytes
+        pieces = ceil_div(w.size * size, max_bytes)
+        if pieces < 2:
+            continue
+        n = w.shape[1]
+        width = ceil_div(ceil_div(n, pieces), SPLIT_ALIGN) * SPLIT_ALIGN
+        if width >= n:
+            continue
+        parts = []
+        for j, start in enumerate(range(0, n, width)):
+            stop = min(n, start + width)
+            block, part = f"{w_name}~cols{j}", f"{out}~cols{j}"
+            constants[block] = (np.ascontiguousarray(w[:, start:stop]) if has_values(w)
+                                else values_unknown((w.shape[0], stop - start), w.dtype))
+            shapes[part] = shapes[out][:-1] + (stop - start,)
+            piece = onnx.NodeProto()
+            piece.CopyFrom(mm)
+            del piece.input[:], piece.output[:]
+            piece.input.extend([a, block])
+            piece.output.append(part)
+            piece.name = f"{mm.name or out}~cols{j}"
+            parts.append(piece)
+        concat = helper.make_node("Concat", [p.output[0] for p in parts], [out],
+                                  name=f"{mm.name or out}/join", axis=len(shapes[out]) - 1)
+        dropped[k] = [*parts, concat]
+    return [r for k, n in enumerate(nodes) for r in dropped.get(k, [n])]
+
+
 def fold_scale_into_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
                             shapes: dict[str, tuple[int, ...]], outputs: set[str]
                             ) -> list[onnx.NodeProto]:
     """``nodes`` with every ``Mul(y, g)`` by a constant vector ``g`` along ``y``'s last axis,
-    whose result only ``MatMul(., W)`` nodes read, each with a constant matrix ``W`` that it
-    alone reads, folded into those weights: ``(y * g) @ W = y @ (g[:, None] * W)``. The
+    whose result only ``MatMul(., W)`` nodes read, each with a constant float matrix ``W``
+    that it alone reads, folded into those weights: ``(y * g) @ W = y @ (g[:, None] * W)``. The
     matmuls read ``y`` and the scaled weights (added to ``constants``, the unread ones
     dropped), and the Mul disappears. LLaMA's RMSNorm weight then leaves the normalisation,
     which becomes an op without weights of its own (on a wafer its copy of the residual can
@@ -102,6 +224,7 @@ def fold_scale_into_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np
         if not mms or any(m.op_type != "MatMul" or m.domain not in ("", "ai.onnx")
                           or list(m.input).index(mul.output[0]) != 0 or m.input[1] == g_name
                           or m.input[1] not in constants or count[m.input[1]] != 1
+                          or constants[m.input[1]].dtype.kind != "f"
                           or constants[m.input[1]].shape[:1] != g.shape
                           or constants[m.input[1]].ndim != 2 for m in mms):
             continue

@@ -22,7 +22,7 @@ import onnx
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
-from t10c.shape_only import SHAPE_ONLY_LOCATION
+from t10c.shape_only import shape_only_tensor
 
 OPSET = 17
 """Opset of the default ``ai.onnx`` domain used by every zoo model."""
@@ -143,13 +143,8 @@ class GraphBuilder:
         if apart is not None and array.size >= SHAPE_ONLY_MIN_ELEMS:
             apart[name] = np.ascontiguousarray(array)
         if (not self.materialize or apart is not None) and array.size >= SHAPE_ONLY_MIN_ELEMS:
-            tensor = self.model.graph.initializer.add()
-            tensor.name = name
-            tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-            tensor.dims.extend(array.shape)
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            entry = tensor.external_data.add()
-            entry.key, entry.value = "location", SHAPE_ONLY_LOCATION
+            self.model.graph.initializer.add().CopyFrom(
+                shape_only_tensor(name, array.shape, array.dtype))
             return name
         # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them [1])
         tensor = numpy_helper.from_array(np.asarray(array, order="C"), name=name)

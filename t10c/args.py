@@ -17,6 +17,7 @@ from typing import NoReturn, TypeVar
 
 from t10c.chips import PRESETS
 from t10c.models import ALIASES, ZOO_NAMES, is_zoo_name
+from t10c.models.quantize import QUANTIZED_TYPES
 from t10c.partition.search import SearchOptions
 from t10c.strategies import STRATEGIES
 
@@ -197,6 +198,10 @@ def model_args(p: argparse.ArgumentParser, batches: bool = False) -> None:
     bench, mesh-compare); with ``batches``, ``--batch`` takes a list (bench: a row each)."""
     p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
                    help="storage dtype for memory, timing and numerics (default: fp16)")
+    p.add_argument("--quantize", choices=QUANTIZED_TYPES,
+                   help="store the model's matmul weights as int8, a scale per output column "
+                        "(weight-only; the model gains DequantizeLinear nodes, which "
+                        "onnxruntime checks as they are)")
     p.add_argument("--seq-len", type=int_at_least(1),
                    help="sequence length of zoo transformers (128)")
     if batches:

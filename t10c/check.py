@@ -31,8 +31,9 @@ import numpy as np
 import onnx
 
 from t10c.chips import DTYPES, Chip, ChipError, load_chip
-from t10c.dtypes import INDEX_DTYPE, dtype_bytes
+from t10c.dtypes import dtype_bytes, on_chip_dtype
 from t10c.ir import Graph
+from t10c.models.quantize import QUANTIZED_TYPES
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -53,6 +54,8 @@ class CheckReport:
     dtype: str
     complete: bool
     errors: list[str] = field(default_factory=list)
+    #: of `weight_bytes`, those of int8 (quantized) weights
+    int8_bytes: int = 0
 
     @property
     def room(self) -> int:
@@ -70,9 +73,10 @@ class CheckReport:
 
 
 def _parameters(model: onnx.ModelProto) -> int:
-    """Elements of the model's floating-point initializers (shape constants excluded)."""
+    """Elements of the model's floating-point and int8 (quantized) initializers (shape
+    constants excluded)."""
     floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
-              onnx.TensorProto.BFLOAT16}
+              onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8}
     return sum(math.prod(t.dims) for t in model.graph.initializer if t.data_type in floats)
 
 
@@ -87,7 +91,7 @@ def weight_bytes(model: onnx.ModelProto, constants: dict[str, np.ndarray], dtype
 
     A constant folded from another by a `SAME_WEIGHT_OPS` node counts as its source (the
     larger of the two, as a Cast may widen). Floats are stored at ``dtype``; integer
-    constants (indices) at the on-chip index type.
+    constants at their type on chip (`on_chip_dtype`: int8 weights a byte, indices 4).
     """
     produced_by = {out: node for node in model.graph.node for out in node.output}
 
@@ -103,7 +107,8 @@ def weight_bytes(model: onnx.ModelProto, constants: dict[str, np.ndarray], dtype
 
     largest: dict[str, int] = {}
     for name, value in constants.items():
-        per = dtype_bytes(dtype) if value.dtype.kind == "f" else dtype_bytes(INDEX_DTYPE)
+        per = dtype_bytes(on_chip_dtype("float32" if value.dtype.kind == "f" else str(value.dtype),
+                                        dtype))
         root = source(name)
         largest[root] = max(largest.get(root, 0), value.size * per)
     return sum(largest.values())
@@ -111,17 +116,18 @@ def weight_bytes(model: onnx.ModelProto, constants: dict[str, np.ndarray], dtype
 
 def check_model(source: str | onnx.ModelProto, chip: Chip, dtype: str = "fp16",
                 pinned: dict[str, tuple[int, ...]] | None = None, seq_len: int | None = None,
-                batch: int | None = None) -> CheckReport:
+                batch: int | None = None, quantize: str | None = None) -> CheckReport:
     """Lower ``source`` without its values and report (raises `FrontendError` for a model that
     cannot be read, `UnknownModelError`/`ModelNotFoundError` for a bad name).
 
-    Shape-only: a zoo model is built without drawing its weights, so the largest (gpt2-xl)
+    ``quantize``: as `t10c.driver.load_source`'s. Shape-only: a zoo model is built without
+    drawing its weights, so the largest (gpt2-xl)
     check in well under a gigabyte. FLOPs are `Graph.flops`, the count compile prints.
     """
     from t10c import frontend
     from t10c.driver import load_source
 
-    model = load_source(source, seq_len=seq_len, batch=batch, weights=False)
+    model = load_source(source, seq_len=seq_len, batch=batch, weights=False, quantize=quantize)
     name = source if isinstance(source, str) else (model.graph.name or "model")
     nodes = Counter(n.op_type for n in model.graph.node)
     params = _parameters(model)
@@ -149,7 +155,7 @@ def check_model(source: str | onnx.ModelProto, chip: Chip, dtype: str = "fp16",
     return CheckReport(str(name), low.opset, nodes, unsupported,
                        Counter(op.kind for op in graph.ops), params, graph.flops(),
                        weight_bytes(model, graph.constants, dtype), chip, dtype, complete,
-                       errors)
+                       errors, sum(v.size for v in graph.constants.values() if v.dtype == np.int8))
 
 
 def _mb(n: float) -> str:
@@ -173,15 +179,16 @@ def format_report(r: CheckReport) -> str:
     total = r.room
     verdict = "fit in it" if r.fits else "do NOT fit"
     counted = "each counted once" + ("" if r.complete else ", of the supported part")
+    stored = r.dtype + (f" ({_mb(r.int8_bytes)} of them int8)" if r.int8_bytes else "")
     sram = (f"{_mb(r.chip.total_sram_bytes)} of SRAM ({r.chip.cores} cores x "
             f"{r.chip.sram_bytes_per_core // 1024} KiB)")
     if r.chip.has_dram:
-        lines.append(f"weights ({counted}): {_mb(r.weight_bytes)} at {r.dtype} against "
+        lines.append(f"weights ({counted}): {_mb(r.weight_bytes)} at {stored} against "
                      f"{_mb(total)} of DRAM on {r.chip.name}, beside {sram}: they {verdict} "
                      f"({100 * r.weight_bytes / total:.1f}% of the DRAM; what does not stay "
                      "in SRAM is loaded before the ops that read it)")
     else:
-        lines.append(f"weights on chip ({counted}): {_mb(r.weight_bytes)} at {r.dtype} "
+        lines.append(f"weights on chip ({counted}): {_mb(r.weight_bytes)} at {stored} "
                      f"against {sram} on {r.chip.name}: they {verdict} "
                      f"({100 * r.weight_bytes / total:.1f}% of the chip)")
     if r.ok:
@@ -214,6 +221,8 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                                                       "(default: ipu-mk2)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp16",
                    help="storage dtype of the weights (default: fp16)")
+    p.add_argument("--quantize", choices=QUANTIZED_TYPES,
+                   help="store the matmul weights as int8, a scale per output column")
     p.add_argument("--seq-len", type=int, help="sequence length of zoo transformers")
     p.add_argument("--batch", type=int, help="batch size of zoo models")
     from t10c.args import shape_arg as _shape_arg
@@ -233,7 +242,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         report = check_model(args.model, chip, args.dtype, dict(args.shape), args.seq_len,
-                             args.batch)
+                             args.batch, args.quantize)
     except (models.UnknownModelError, frontend.ModelNotFoundError) as exc:
         print(f"t10c: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

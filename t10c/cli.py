@@ -317,8 +317,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     chip = load_chip(args.chip)
     try:
         # explain plans one op: shapes are all it needs, so zoo weights are not drawn
-        model = load_source(args.model, seq_len=args.seq_len, batch=args.batch, weights=False)
-        graph = chip_graph(model, chip, dict(args.shape))
+        model = load_source(args.model, seq_len=args.seq_len, batch=args.batch, weights=False,
+                            quantize=args.quantize)
+        graph = chip_graph(model, chip, dict(args.shape), dtype=args.dtype)
     except (models.UnknownModelError, frontend.ModelNotFoundError) as exc:
         return _error(str(exc), EXIT_USAGE)
     except frontend.FrontendError as exc:
@@ -373,7 +374,8 @@ def _base_options(args: argparse.Namespace):
 
     timing_only = bool(getattr(args, "timing_only", False))
     return CompileOptions(dtype=args.dtype, seq_len=args.seq_len, batch=args.batch,
-                          pinned=dict(args.shape), search=search_options(args),
+                          quantize=args.quantize, pinned=dict(args.shape),
+                          search=search_options(args),
                           timing_only=timing_only, weights=not timing_only)
 
 
@@ -471,16 +473,17 @@ def _predicted_cycles(directory: Path) -> int | None:
     return value if type(value) is int else None
 
 
-def _save_program_dir(compiled, out: Path, source: str) -> None:
+def _save_program_dir(compiled, out: Path, copied: bool) -> None:
     """The program and what `cmd_run` needs to run it alone: weights, input specs, and the
-    model (written here for a zoo model; a file model is copied by `cmd_compile`)."""
-    from t10c import frontend, models
+    model (written here for a zoo model or a quantized one; a file model as it is is copied
+    by `cmd_compile`: ``copied``)."""
+    from t10c import frontend
     from t10c.rundir import save_run_files
 
     compiled.program.save(out)
     if frontend.has_weights(compiled.graph):  # shape-only: nothing to run, nothing to save
         save_run_files(out, compiled.program, compiled.graph,
-                       compiled.model if models.is_zoo_name(source) else None, compiled.weights)
+                       None if copied else compiled.model, compiled.weights)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -660,7 +663,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return _error(f"core {args.core} does not exist (the chip has {chip.cores} cores: "
                       f"0 to {chip.cores - 1})", EXIT_USAGE)
     options = CompileOptions(
-        dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, pinned=dict(args.shape),
+        dtype=args.dtype, quantize=args.quantize, seq_len=args.seq_len, batch=args.batch,
+        pinned=dict(args.shape),
         search=strategy_search(args.strategy, search_options(args)),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
                              planner=args.planner, relative_gap=args.gap,
@@ -823,7 +827,9 @@ def _write_compile(compiled, args: argparse.Namespace) -> float:
     from t10c import models, outputs
     from t10c.planfile import compile_document, plan_document, write_json
 
-    keep_model = not models.is_zoo_name(args.model)  # keep the model next to its program
+    # keep the model next to its program: a file as it is, else the model compiled (a zoo
+    # model's is rebuilt, a quantized one's has the int8 weights)
+    keep_model = not models.is_zoo_name(args.model) and args.quantize is None
     steps = 2 + (compiled.timeline is None) + keep_model
     start = time.perf_counter()
     with StageProgress() as progress, outputs.directory(args.out) as tmp:
@@ -832,7 +838,7 @@ def _write_compile(compiled, args: argparse.Namespace) -> float:
         done = 1
         progress("write", done, steps)
         if compiled.timeline is None:
-            _save_program_dir(compiled, tmp, args.model)
+            _save_program_dir(compiled, tmp, keep_model)
             done += 1
             progress("write", done, steps)
         model_file = None

@@ -24,6 +24,7 @@ from t10c.codegen import Buffer, Program, StreamedOverflow, generate, stream, st
 from t10c.codegen.epilogue import program_exprs
 from t10c.codegen.memory import Layout
 from t10c.codegen.verify import verify_program
+from t10c.dtypes import dtype_bytes
 from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
@@ -56,6 +57,9 @@ TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 @dataclass(frozen=True)
 class CompileOptions:
     dtype: str = "fp16"
+    #: ``--quantize``: store the model's matmul weights as this type (``"int8"``,
+    #: `t10c.models.quantize`); None keeps them in ``dtype``
+    quantize: str | None = None
     seq_len: int | None = None
     batch: int | None = None
     pinned: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -135,16 +139,32 @@ class RunResult:
 
 def load_source(source: str | Path | onnx.ModelProto, *, seq_len: int | None = None,
                 batch: int | None = None, weights: bool = True,
-                apart: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+                apart: dict[str, np.ndarray] | None = None,
+                quantize: str | None = None) -> onnx.ModelProto:
     """The model a user named: a zoo name is built (``weights=False``: shape-only, see
     `t10c.frontend.SHAPE_ONLY_LOCATION`; given ``apart``, its large weights go there, the
     model holding them shape-only: `t10c.models.build_apart`), anything else is loaded by the
-    frontend as ONNX.
+    frontend as ONNX. ``quantize`` (``"int8"``): its matmul weights are then stored so
+    (`t10c.models.quantize.quantize_weights`; a model it cannot quantize raises
+    `frontend.FrontendError`).
 
     Raises `t10c.models.UnknownModelError` (with "did you mean") for a name that is neither a
     file nor a zoo model and does not look like a path, `frontend.ModelNotFoundError` for a
     missing path, `frontend.FrontendError` for a model that cannot be read.
     """
+    model = _loaded(source, seq_len, batch, weights, apart)
+    if quantize is None:
+        return model
+    from t10c.models.quantize import QuantizeError, quantize_weights
+
+    try:
+        return quantize_weights(model, quantize, apart)
+    except QuantizeError as exc:
+        raise frontend.FrontendError(str(exc)) from None
+
+
+def _loaded(source: str | Path | onnx.ModelProto, seq_len: int | None, batch: int | None,
+            weights: bool, apart: dict[str, np.ndarray] | None) -> onnx.ModelProto:
     if isinstance(source, onnx.ModelProto):
         return frontend.load_model(source)
     name = str(source)
@@ -166,7 +186,7 @@ def load_source(source: str | Path | onnx.ModelProto, *, seq_len: int | None = N
 
 def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, ...]],
                name: str | None = None, fuse: str = "all",
-               weights: dict[str, np.ndarray] | None = None) -> Graph:
+               weights: dict[str, np.ndarray] | None = None, dtype: str = "fp16") -> Graph:
     """The device graph ``model`` is planned as on ``chip`` (`frontend.to_graph` with the
     fusion ``fuse`` names). A decode step's key/value cache is read where it lives: on a mesh
     (where re-laying the whole cache out costs its distance) and on a chip with DRAM (where
@@ -174,11 +194,15 @@ def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, 
     itself (`rewrite.split_cache_concat`), and the new cache is the old one grown in place by
     the step's new entries, which are all the program writes back (`partition.grow_in_place`:
     to DRAM, or to the host, which holds the old cache as the step's input). On a chip with
-    DRAM an embedding's rows are read from the table there by DMA (`partition.gather_by_dma`)."""
+    DRAM an embedding's rows are read from the table there by DMA (`partition.gather_by_dma`),
+    and a matmul whose weights (in ``dtype``, or int8) would take more than half the chip's
+    SRAM is split over blocks of their columns (`rewrite.split_large_matmuls`)."""
+    split = ((chip.cores * chip.sram_bytes_per_core // 2, dtype_bytes(dtype))
+             if chip.has_dram else None)
     graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=fuse != "none",
                               epilogues=fuse in ("all", "prologues"),
                               prologues=fuse == "prologues", weights=weights or {},
-                              split_cache=chip.is_mesh or chip.has_dram)
+                              split_cache=chip.is_mesh or chip.has_dram, split_weights=split)
     if chip.has_dram:
         graph = gather_by_dma(graph)
     return grow_in_place(graph) if chip.is_mesh or chip.has_dram else graph
@@ -198,9 +222,10 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
     # bytes (bert-large: 1.3 GB less)
     weights: dict[str, np.ndarray] = {}
     model = load_source(source, seq_len=options.seq_len, batch=options.batch,
-                        weights=options.weights, apart=weights)
+                        weights=options.weights, apart=weights, quantize=options.quantize)
     name = source if isinstance(source, str) else (model.graph.name or "model")
-    graph = chip_graph(model, chip, options.pinned, _short(name), options.fuse, weights)
+    graph = chip_graph(model, chip, options.pinned, _short(name), options.fuse, weights,
+                       options.dtype)
     if options.check:
         verify_graph(graph)
     if options.constraints:  # what is wrong with them is said before any search
@@ -408,6 +433,10 @@ def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.log_severity_level = 3
+    # the model's own arithmetic: onnxruntime would otherwise fuse a DequantizeLinear and the
+    # MatMul reading it into an integer matmul that quantizes the activations too (0.6% off
+    # the float result on a 64-deep product)
+    opts.add_session_config_entry("session.disable_quant_qdq", "1")
     session = ort.InferenceSession(model.SerializeToString(), opts,
                                    providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

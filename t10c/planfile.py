@@ -256,7 +256,8 @@ def compile_document(c: Compiled, source: str, seq_len: int | None, batch: int |
         "pinned": {k: list(v) for k, v in pinned.items()},
         "chip": {k: (list(v) if isinstance(v, tuple) else v)
                  for k, v in dataclasses.asdict(c.chip).items()},
-        "dtype": c.plan.dtype, "timings_s": {k: round(v, 4) for k, v in sorted(timings.items())},
+        "dtype": c.plan.dtype, "quantize": c.options.quantize,
+        "timings_s": {k: round(v, 4) for k, v in sorted(timings.items())},
         "solver_wall_s": c.plan.solver.wall_s,
         # `--plan FILE`: "replayed", or the constraints obeyed, in the file's own format
         "given_plan": ("replayed" if c.options.replay is not None else

@@ -407,7 +407,8 @@ def _title(entries: list[Entry]) -> tuple[str, str]:
     opts = next((e.compiled.options for e in entries if e.compiled), None)
     bits = [f"strategies {', '.join(dict.fromkeys(e.strategy for e in entries))}"]
     if opts is not None:
-        bits += [f"dtype {opts.dtype}",
+        bits += [f"dtype {opts.dtype}" + (f", {opts.quantize} matmul weights"
+                                          if opts.quantize else ""),
                  f"sequence length {opts.seq_len if opts.seq_len is not None else 'default'}",
                  f"batch {opts.batch if opts.batch is not None else 'default'}",
                  f"solver {opts.solver.planner} (limit {opts.solver.time_limit_s:g}, "

@@ -22,6 +22,19 @@ def is_shape_only(tensor: onnx.TensorProto) -> bool:
         e.key == "location" and e.value == SHAPE_ONLY_LOCATION for e in tensor.external_data)
 
 
+def shape_only_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype | type
+                      ) -> onnx.TensorProto:
+    """A shape-only initializer named ``name``: ``shape`` and ``dtype``, no values."""
+    tensor = onnx.TensorProto()
+    tensor.name = name
+    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    tensor.dims.extend(shape)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", SHAPE_ONLY_LOCATION
+    return tensor
+
+
 def values_unknown(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """The array a shape-only weight stands for in a graph: its shape and dtype, no values
     (zero strides: nothing is allocated)."""

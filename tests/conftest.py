@@ -40,7 +40,7 @@ TIERS: dict[str, str] = {
     "test_outputs": "e2e", "test_pipeline": "e2e", "test_planfile": "e2e",
     "test_plan_override": "e2e", "test_plan_space": "e2e",
     "test_planner": "unit", "test_program_files": "e2e", "test_progress": "e2e",
-    "test_prologue": "e2e",
+    "test_prologue": "e2e", "test_quantize": "e2e",
     "test_reference_executor": "unit", "test_registry": "unit",
     "test_recalibrated": "e2e", "test_relayout": "e2e", "test_report": "e2e",
     "test_reduced": "unit", "test_run_dir": "e2e", "test_solver": "unit",
