@@ -8,6 +8,7 @@ A spec (TOML)::
     chip = "ipu-mk2"                   # a preset or a chip .toml file (relative to the spec)
     timing_only = true                 # default: true (false: emulate and check on data)
     dtype = "fp16"                     # optional, as for compile: seq_len, batch too
+    quantize = "int8"                  # optional: int8 matmul weights (compile's --quantize)
 
     [grid]                             # any field of the chip file, each with its values
     sram_bytes_per_core = [327680, 655360]
@@ -46,6 +47,7 @@ from typing import Any
 
 from t10c import __version__
 from t10c.chips import PRESETS, Chip, ChipError, chip_from_dict
+from t10c.models.quantize import QUANTIZED_TYPES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -53,7 +55,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 FORMAT = "t10c-sweep/1"
-SPEC_KEYS = {"models", "strategies", "chip", "timing_only", "dtype", "seq_len", "batch", "grid"}
+SPEC_KEYS = {"models", "strategies", "chip", "timing_only", "dtype", "quantize", "seq_len",
+             "batch", "grid"}
 #: the figures of a point, as results.json and results.csv name them
 FIGURES = ("latency_us", "cycles", "roofline_fraction", "ideal_fraction",
            "peak_sram_bytes_per_core", "matches_onnxruntime", "error")
@@ -158,6 +161,11 @@ def load_spec(path: Path) -> Spec:
                    for k in ("seq_len", "batch")):
         raise SweepError(f"{path}: dtype is fp16 or fp32, timing_only true or false, seq_len "
                          "and batch positive integers")
+    if "quantize" in data:  # (only then in the points' descriptions: older keys still hold)
+        if data["quantize"] not in QUANTIZED_TYPES:
+            raise SweepError(f"{path}: quantize is one of {', '.join(QUANTIZED_TYPES)} (or "
+                             f"left out for float weights), not {data['quantize']!r}")
+        options["quantize"] = data["quantize"]
     points: list[Point] = []
     refs = [_model_ref(m, root) for m in models]
     for (model, ref), values in itertools.product(refs, itertools.product(*grid.values())):
@@ -190,8 +198,9 @@ def run_point(description: dict[str, Any]) -> dict[str, Any]:
     chip = chip_from_dict({**description["chip"], "name": description["load"]["name"],
                            "description": "a sweep's point"}, origin="sweep point")
     o = description["options"]
-    options = CompileOptions(dtype=o["dtype"], seq_len=o["seq_len"], batch=o["batch"],
-                             timing_only=o["timing_only"], weights=not o["timing_only"])
+    options = CompileOptions(dtype=o["dtype"], quantize=o.get("quantize"), seq_len=o["seq_len"],
+                             batch=o["batch"], timing_only=o["timing_only"],
+                             weights=not o["timing_only"])
     start = time.perf_counter()
     entry = run_entry(description["load"]["model"], chip, description["strategy"], options)
     figures: dict[str, Any] = {"error": entry.error}

@@ -68,6 +68,7 @@ def test_bad_specs_are_one_line(tmp_path, capsys) -> None:
         ('models = ["mlp"]\n[grid]\nsram_bytes_per_core = [-1]', "sram_bytes_per_core"),
         ('models = ["no/such.onnx"]', "neither a zoo model nor a file"),
         ("models = [", "is not TOML"),
+        ('models = ["mlp"]\nquantize = "int4"', "quantize is one of int8"),
     ]:
         assert main(["sweep", str(_spec(tmp_path, text))]) == 2, text
         err = capsys.readouterr().err
@@ -83,6 +84,10 @@ def test_points_are_keyed_by_what_they_compute(tmp_path) -> None:
     # a spec that reaches the same chip by another route names the same points
     same = load_spec(_spec(tmp_path, SPEC.replace("[65536, 655360]", "[655360]")))
     assert {point_key(_canonical(p)) for p in same.points} <= set(keys)
+    # int8 weights are other points; a spec without quantize keeps the keys it had
+    int8 = load_spec(_spec(tmp_path, 'quantize = "int8"\n' + SPEC))
+    assert all(p.description["options"]["quantize"] == "int8" for p in int8.points)
+    assert not {point_key(_canonical(p)) for p in int8.points} & set(keys)
 
 
 def test_pareto_front() -> None:
