@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 try:
-    from t10c import __version__, heap
+    from t10c import __version__
     from t10c.args import (
         MESH_ROWS,
         Parser,
@@ -232,7 +232,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code. Every failure is one line on stderr."""
-    heap.tune()  # the planner's wafer-sized arrays reuse the heap (`t10c.heap`)
     try:
         args = build_parser().parse_args(argv)
         return _dispatch(args)

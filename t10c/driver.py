@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from t10c import frontend, models
+from t10c import frontend, heap, models
 from t10c.chips import Chip
 from t10c.codegen import Buffer, Program, StreamedOverflow, generate, stream, streamed_layout
 from t10c.codegen.epilogue import program_exprs
@@ -213,6 +213,7 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
                   progress: Progress | None = None) -> Compiled:
     """Compile a zoo name, ONNX path or ModelProto for ``chip``, telling ``progress`` how far
     each stage has come."""
+    heap.tune_for(chip)  # a wafer's planner arrays reuse the heap (`t10c.heap`)
     if options.fuse == "best":
         return _best_fusion(source, chip, options, progress)
     start = time.perf_counter()

@@ -190,11 +190,9 @@ def _canonical(point: Point) -> dict[str, Any]:
 def run_point(description: dict[str, Any]) -> dict[str, Any]:
     """Compile (and time, or emulate) one point; a failure is a result, not an exception.
     Runs in a worker process or a Ray task: it takes and returns plain data."""
-    from t10c import heap
     from t10c.compare import run_entry
     from t10c.driver import CompileOptions
 
-    heap.tune()  # a spawned worker or a Ray task starts with the allocator's defaults
     chip = chip_from_dict({**description["chip"], "name": description["load"]["name"],
                            "description": "a sweep's point"}, origin="sweep point")
     o = description["options"]

@@ -1,7 +1,7 @@
 """`t10c.heap`: after `tune`, the planner's few-megabyte arrays come from the heap, not from
 fresh ``mmap`` regions the kernel must zero again each time (glibc hosts; skipped elsewhere).
-Run in a child process, which starts with the allocator's defaults (the CLI's tests have
-tuned this one)."""
+Run in a child process, which starts with the allocator's defaults (a wafer compile in
+this one would have tuned it)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,20 @@ def test_wafer_sized_arrays_come_from_the_heap_once_tuned() -> None:
                          check=True).stdout.split()
     # by default glibc maps such a block afresh; tuned, it is carved from the heap
     assert out == ["True", "True", "True", "0"]
+
+
+def test_only_a_wafer_compile_tunes_the_heap() -> None:
+    """The emulator runs slower on the tuned heap: a compile for the IPU leaves glibc's
+    defaults, one for a wafer tunes them (in a child process, which starts untuned)."""
+    child = """
+from t10c import heap
+from t10c.chips import PRESETS
+from t10c.driver import CompileOptions, compile_model
+compile_model("mlp", PRESETS["test16"], CompileOptions(weights=False))
+print(heap._done, heap.tune_for(PRESETS["ipu-mk2"]), heap.tune_for(PRESETS["wse2"]))
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True).stdout.split()
+    tuned = "True" if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc" \
+        else "False"
+    assert out == ["False", "False", tuned]
