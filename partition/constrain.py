@@ -256,6 +256,8 @@ class Replay:
     axes: tuple[tuple[tuple[str, int], ...], ...]
     cores: int
     sram_bytes_per_core: int
+    #: the model's matmul weights were stored so (``--quantize``), or None
+    quantize: str | None = None
 
 
 def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: IntTensors,

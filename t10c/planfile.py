@@ -103,8 +103,12 @@ def plan_document(c: Compiled) -> dict[str, Any]:
             **({"dram_bytes_per_core": p.dram_bytes_per_core, "dram_cycles": p.dram_cycles}
                if p.dram_cycles else {}),
         })
+    # int8 weights (--quantize) make another graph: said only where set, so that the plans of
+    # float models read as they did
+    quantized = {"quantize": c.options.quantize} if c.options.quantize else {}
     return {
         "format": PLAN_FORMAT, "model": c.name, "chip": c.chip.name, "dtype": plan.dtype,
+        **quantized,
         "cores": c.chip.cores, "sram_bytes_per_core": c.chip.sram_bytes_per_core,
         "indirect_axis": INDIRECT,
         "ops": ops, "total_cycles": plan.total_cycles,
@@ -314,7 +318,8 @@ def load_plan_arg(path: str | Path) -> Replay | tuple[Constraint, ...]:
         try:
             axes = tuple(tuple((str(a), int(o["axes"][a])) for a in o["axis_order"])
                          for o in doc["ops"])
-            return Replay(plan, axes, int(doc["cores"]), int(doc["sram_bytes_per_core"]))
+            return Replay(plan, axes, int(doc["cores"]), int(doc["sram_bytes_per_core"]),
+                          doc.get("quantize"))
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFileError(f"{path}: a malformed or missing field ({exc!r})") from exc
     return constraints_from(doc, str(path))

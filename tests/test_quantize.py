@@ -4,6 +4,7 @@ against onnxruntime as written, and a matmul too large for the chip's SRAM still
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +156,15 @@ def test_quantize_cli_errors_and_run_dir(capsys: pytest.CaptureFixture[str],
     assert "OK" in capsys.readouterr().out
     assert main(["check", str(new), "--chip", "test16", "--quantize", "int8"]) == 0
     assert "(0.0 MB of them int8)" in capsys.readouterr().out
+    # the plan says it was made for int8 weights: replayed with them, the same plan
+    plan = out / "plan.json"
+    assert json.loads(plan.read_text())["quantize"] == "int8"
+    again = tmp_path / "again"
+    assert main(["compile", str(new), "--chip", "test16", "--quantize", "int8",
+                 "--plan", str(plan), "-o", str(again)]) == 0
+    assert (again / "plan.json").read_bytes() == plan.read_bytes()
+    capsys.readouterr()
+    assert main(["compile", str(new), "--chip", "test16", "--plan", str(plan)]) == EXIT_FAIL
+    assert capsys.readouterr().err.strip() == (
+        "t10c: error: the plan was made with --quantize int8: compile with --quantize int8 "
+        "or without --plan")
