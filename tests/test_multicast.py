@@ -6,6 +6,7 @@ by op, and multicast programs against onnxruntime on a 64 x 64 and a 24 x 40 mes
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import numpy as np
 import onnx
@@ -259,6 +260,7 @@ def _count_relays(monkeypatch) -> list[bool]:
         return got
 
     monkeypatch.setattr(multicast, "relayed", counted)
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (routes kept from before)
     return used
 
 
@@ -295,6 +297,7 @@ def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None
     # (the one rule codegen, the emulator and the planner follow)
     monkeypatch.setattr(multicast, "relayed", lambda *args: None)
     monkeypatch.setattr(meshmove, "_PHASES", {})  # (the phases priced with relays)
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (and the routes kept)
     direct = compile_model(model, wse2, options)
     assert [p.F for p in relayed.plan.ops] == [p.F for p in direct.plan.ops]
     assert direct.timeline is not None
@@ -320,6 +323,26 @@ def test_a_relay_by_hand_on_a_4x4_mesh() -> None:
     # the spread: one hop with 4 bytes
     assert unicast_cycles(mesh, *r.gather) == 5 + 1
     assert relay_cycles(mesh, r) == (5 + 1) + (1 + 1)
+
+
+def test_routes_asked_again_are_the_kept_read_only_answer(monkeypatch) -> None:
+    """The planner, codegen and the emulator ask `multicast_routes` the same: the answer is
+    kept (by chip and arrays), read-only so that no caller can change it for the next."""
+    from t10c import multicast
+
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())
+    mesh = chip_from_dict({"base": "wse2", "name": "m4", "grid": [4, 4], "cores": 16})
+    tree, src = np.array([0, 0, 1, 1]), np.array([0, 0, 1, 1])
+    dst, nbytes, group = np.array([14, 15, 14, 15]), np.full(4, 2), np.zeros(4, dtype=int)
+    first = multicast.multicast_routes(mesh, tree, src, dst, nbytes, group)
+    assert isinstance(first, tuple)  # two trees (the test above: faster than its relay)
+    assert multicast.multicast_routes(mesh, tree.copy(), src, dst, nbytes, group) is first
+    with pytest.raises(ValueError, match="read-only"):
+        first[0][0] = 3
+    same = chip_from_dict({"base": "wse2", "name": "m4", "grid": [4, 4], "cores": 16})
+    again = multicast.multicast_routes(same, tree, src, dst, nbytes, group)
+    assert again is not first and all(np.array_equal(a, b) for a, b in zip(again, first))
+    assert multicast.multicast_routes(mesh, tree, src, dst, nbytes + 1, group) is not first
 
 
 def test_a_relayed_broadcast_matches_onnxruntime(monkeypatch) -> None:
