@@ -235,13 +235,11 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
     if options.replay is not None:
-        if options.replay.quantize != options.quantize:
-            made = (f"with --quantize {options.replay.quantize}" if options.replay.quantize
-                    else "with float weights")
-            raise PlanError(f"the plan was made {made}: compile "
-                            + (f"with --quantize {options.replay.quantize}"
-                               if options.replay.quantize else "without --quantize")
-                            + " or without --plan")
+        made = options.replay.quantize
+        if made != options.quantize:  # another graph: say so before its ops disagree
+            fix = f"with --quantize {made}" if made else "without --quantize"
+            raise PlanError(f"the plan was made {fix if made else 'with float weights'}: "
+                            f"compile {fix} or without --plan")
         plan = replay_plan(graph, options.replay, chip, options.dtype)
     else:
         with _sigint_kept():

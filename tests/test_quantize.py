@@ -168,3 +168,11 @@ def test_quantize_cli_errors_and_run_dir(capsys: pytest.CaptureFixture[str],
     assert capsys.readouterr().err.strip() == (
         "t10c: error: the plan was made with --quantize int8: compile with --quantize int8 "
         "or without --plan")
+    floats = tmp_path / "floats"
+    assert main(["compile", str(new), "--chip", "test16", "-o", str(floats)]) == 0
+    capsys.readouterr()
+    assert main(["compile", str(new), "--chip", "test16", "--quantize", "int8", "--plan",
+                 str(floats / "plan.json")]) == EXIT_FAIL
+    assert capsys.readouterr().err.strip() == (
+        "t10c: error: the plan was made with float weights: compile without --quantize or "
+        "without --plan")
