@@ -38,7 +38,7 @@ from t10c.ir import Graph, TensorExpr, distinct_rows, map_to_root
 from t10c.multicast import prefer_multicast
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
-from t10c.partition.cost import idle_cores, spread_owner
+from t10c.partition.cost import fetches_epilogue_weights, idle_cores, spread_owner
 from t10c.partition.dram import appended, dram_operands, store_waits, tail_index
 from t10c.partition.space import tensor_sets
 from t10c.partition.transitions import Views, hoisted_fetches, merged_phases, shared_inputs
@@ -458,12 +458,12 @@ class _Builder:
                 self.weights[n, i] = self.bring_input(op, geo, i, [])[0]
         weights = [k for k, o in enumerate(op.extra)
                    if self.graph.root(o.tensor) in self.graph.constants]
-        if weights and len(idle_cores(self.chip)) > 1:  # fetched by each run
+        if weights and fetches_epilogue_weights(self.chip):  # fetched by each run
             for k in weights:
                 root = self.graph.root(op.extra[k].tensor)
                 if root not in self.idle:
                     self.idle[root] = self.load_home(root, op.name, idle_cores(self.chip))
-        elif weights:  # one core: resident beside the result
+        elif weights:  # one core, or a wafer: resident beside the result
             geo = geometry(self.graph, op, self.plan.ops[n])
             flat, valid = self.final_elements(op, geo)[:2]
             for k in weights:

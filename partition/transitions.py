@@ -54,6 +54,7 @@ from .cost import (
     epilogue_cost,
     fetch_bytes,
     fetch_estimate,
+    fetches_epilogue_weights,
     final_share,
     idle_cores,
     kept_bytes,
@@ -610,7 +611,7 @@ class Views:
         idle = idle_cores(chip)
         for k, operand in enumerate(op.extra):
             root = graph.root(operand.tensor)
-            if root in graph.constants and len(idle) > 1:
+            if root in graph.constants and fetches_epilogue_weights(chip):
                 owner = _spread(graph.tensors[root].numel, idle)
                 got += self._extra_cross(i, k, plan, chip, owner) * element_bytes_of(
                     operand.tensor, dtype, int_tensors)
@@ -831,7 +832,7 @@ def fetches(graph: Graph, i: int, plan: OpPlan, chip: Chip) -> bool:
     up, or its epilogue reads one: `cost.epilogue_cost`): that fetch has a barrier of its own
     (`cost.plan_cost`), which codegen shares with the re-layout."""
     op = graph.ops[i]
-    if len(idle_cores(chip)) > 1 and op.epilogue is not None and \
+    if fetches_epilogue_weights(chip) and op.epilogue is not None and \
             any(graph.root(o.tensor) in graph.constants for o in op.extra):
         return True
     return plan.home and any(graph.root(o.tensor) in graph.constants for o in op.inputs)
@@ -1254,7 +1255,7 @@ def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
     idle = idle_cores(chip)
     for k, operand in enumerate(op.extra):
         root = graph.root(operand.tensor)
-        if root in graph.constants and len(idle) > 1:
+        if root in graph.constants and fetches_epilogue_weights(chip):
             spread = Spread(graph.tensors[root].numel, idle)
             nbytes = element_bytes_of(operand.tensor, dtype, int_tensors)
             out.append(views.pending(

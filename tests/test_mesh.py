@@ -494,3 +494,32 @@ def test_views_of_one_activation_share_a_received_copy() -> None:
     r = run_compiled(c)
     assert r.ok, r.max_rel_err
     assert r.timeline.cycles == plan.total_cycles
+
+
+def test_a_wafer_keeps_epilogue_weights_beside_the_result() -> None:
+    """A bias (an epilogue weight) waits in a compact idle layout and is fetched before each
+    run on an all-to-all chip; on a mesh without DRAM the fetch would cross the mesh before
+    every op, so it stays resident beside the result: no fetch phase, and the run still
+    matches onnxruntime, predicted as emulated."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from t10c.partition.cost import fetches_epilogue_weights
+
+    assert fetches_epilogue_weights(PRESETS["ipu-mk2"])
+    assert fetches_epilogue_weights(PRESETS["wormhole-n150"])  # (a torus with DRAM)
+    assert not fetches_epilogue_weights(MESH64) and not fetches_epilogue_weights(PRESETS["wse2"])
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((64, 96)).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(96).astype(np.float32), "B")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["xw"]),
+         helper.make_node("Add", ["xw", "B"], ["y"])],
+        "bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 96])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    for chip, fetched in ((MESH64, False), (PRESETS["test16"], True)):
+        c = compile_model(model, chip)
+        assert c.graph.ops[0].epilogue is not None
+        r = run_compiled(c)
+        assert r.ok and r.timeline.cycles == c.plan.total_cycles
+        assert any(rec.phase == "fetch" for rec in r.timeline.records) == fetched, chip.name
