@@ -194,11 +194,11 @@ class Lowered:
 
 def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = None,
           weights: Mapping[str, np.ndarray] | None = None, split_cache: bool = False,
-          split_weights: tuple[int, int] | None = None) -> Lowered:
+          split_weights: tuple[int, str] | None = None) -> Lowered:
     """Lower every node that can be lowered, collecting the ones that cannot (no exception
     for unsupported nodes; `to_graph` raises them all at once). ``weights``: the values of
     shape-only initializers, by name (`to_graph`); ``split_cache``: `split_cache_concat`;
-    ``split_weights``: ``(max_bytes, float_bytes)`` for `split_large_matmuls`."""
+    ``split_weights``: ``(max_bytes, storage dtype)`` for `split_large_matmuls`."""
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
     opsets = _opsets(model)
@@ -291,7 +291,7 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
              name: str | None = None, fuse: bool = True, epilogues: bool = True,
              prologues: bool = False, weights: Mapping[str, np.ndarray] | None = None,
-             split_cache: bool = False, split_weights: tuple[int, int] | None = None) -> Graph:
+             split_cache: bool = False, split_weights: tuple[int, str] | None = None) -> Graph:
     """Lower a model (an ONNX path or a ModelProto) to the device graph.
 
     ``weights`` gives the values of shape-only initializers by name (a zoo model built apart,
@@ -307,7 +307,7 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
     compiler asks for it on mesh chips, where re-laying the cache out every step costs its
     distance, and on chips with DRAM, where the cache lives off chip (`t10c.driver.chip_graph`);
     on an all-to-all chip without DRAM the two more ops cost more than the re-layout saves.
-    ``split_weights`` (``(max_bytes, float_bytes)``): matmuls with larger constant weights are
+    ``split_weights`` (``(max_bytes, storage dtype)``): matmuls with larger constant weights are
     split over column blocks (`rewrite.split_large_matmuls`; the compiler asks for it on
     chips with DRAM). Raises `UnsupportedModelError` listing every node that cannot be lowered.
     """

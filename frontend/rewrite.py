@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from t10c.dtypes import ceil_div
+from t10c.dtypes import ceil_div, dtype_bytes, on_chip_dtype
 from t10c.shape_only import has_values, values_unknown
 
 
@@ -142,10 +142,11 @@ SPLIT_ALIGN = 32
 
 
 def split_large_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
-                        shapes: dict[str, tuple[int, ...]], max_bytes: int, float_bytes: int
+                        shapes: dict[str, tuple[int, ...]], max_bytes: int, storage: str
                         ) -> list[onnx.NodeProto]:
     """``nodes`` with every ``MatMul(a, W)`` of a constant matrix ``W`` (``[K, N]``) larger
-    than ``max_bytes`` (int8 a byte an element, floats ``float_bytes``) split into as many
+    than ``max_bytes`` on chip (`t10c.dtypes.on_chip_dtype`: floats in ``storage``, int8 a
+    byte) split into as many
     matmuls over column blocks of ``W`` (``W[:, j0:j1]``, new constants; in multiples of
     `SPLIT_ALIGN` columns) as keep each block within ``max_bytes``, their results joined by a
     ``Concat`` along the last axis into the matmul's output.
@@ -165,7 +166,8 @@ def split_large_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.nda
         out = mm.output[0]
         if w is None or w.ndim != 2 or a in constants or out not in shapes:
             continue
-        size = 1 if w.dtype == np.int8 else float_bytes
+        size = dtype_bytes(on_chip_dtype("float32" if w.dtype.kind == "f" else str(w.dtype),
+                                         storage))
         pieces = ceil_div(w.size * size, max_bytes)
         if pieces < 2:
             continue

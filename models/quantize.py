@@ -78,12 +78,14 @@ def quantize_weights(model: onnx.ModelProto, kind: str = "int8",
     if not chosen:
         return out
     kept = [t for t in graph.initializer if t.name not in chosen]
+    used = {t.name for t in graph.initializer} | {i.name for i in graph.input} | {
+        o for n in graph.node for o in n.output}
     dequantize = []
     added: list[onnx.TensorProto] = []
     for t in graph.initializer:
         if t.name not in chosen:
             continue
-        q_name, s_name = _fresh(f"{t.name}~int8", graph), _fresh(f"{t.name}~scale", graph)
+        q_name, s_name = _fresh(f"{t.name}~int8", used), _fresh(f"{t.name}~scale", used)
         shape = tuple(t.dims)
         values = apart.pop(t.name, None) if is_shape_only(t) else numpy_helper.to_array(t)
         if values is None:  # shape-only: so are its quantized values and scales
@@ -131,12 +133,11 @@ def _matmul_weights(graph: onnx.GraphProto) -> set[str]:
     return (floats & read_as_weight) - read_otherwise
 
 
-def _fresh(name: str, graph: onnx.GraphProto) -> str:
-    """``name``, or ``name`` with a number, not yet used in ``graph``."""
-    used = {t.name for t in graph.initializer} | {i.name for i in graph.input} | {
-        o for n in graph.node for o in n.output}
+def _fresh(name: str, used: set[str]) -> str:
+    """``name``, or ``name`` with a number, not in ``used``; then in it."""
     candidate, k = name, 1
     while candidate in used:
         k += 1
         candidate = f"{name}{k}"
+    used.add(candidate)
     return candidate

@@ -885,11 +885,13 @@ def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip
     return edges
 
 
-def replay_plan(graph: Graph, replay: Replay, chip: Chip, dtype: str) -> Plan:
-    """The plan read back from plan.json, for ``graph`` on ``chip``, once every op's costs and
-    re-layouts are re-derived and agree (`constrain.check_replay`); raises `PlanError`."""
+def replay_plan(graph: Graph, replay: Replay, chip: Chip, dtype: str,
+                quantize: str | None = None) -> Plan:
+    """The plan read back from plan.json, for ``graph`` (its matmul weights stored as
+    ``quantize``) on ``chip``, once every op's costs and re-layouts are re-derived and agree
+    (`constrain.check_replay`); raises `PlanError`."""
     ints, consts = tensor_sets(graph)
-    check_replay(graph, replay, chip, dtype, ints, consts)
+    check_replay(graph, replay, chip, dtype, ints, consts, quantize)
     return replay.plan
 
 

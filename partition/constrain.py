@@ -261,11 +261,15 @@ class Replay:
 
 
 def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: IntTensors,
-                 consts: frozenset[str]) -> None:
-    """Refuse a plan read back from plan.json that was not made for this graph, chip and
-    dtype: its ops and their axes are compared, every cost it predicts and every re-layout
-    are re-derived. Each refusal is one line saying which."""
+                 consts: frozenset[str], quantize: str | None = None) -> None:
+    """Refuse a plan read back from plan.json that was not made for this graph, chip, dtype
+    and weight type (``quantize``): its ops and their axes are compared, every cost it
+    predicts and every re-layout are re-derived. Each refusal is one line saying which."""
     plan = replay.plan
+    if replay.quantize != quantize:  # another graph: said before its ops disagree
+        fix = f"with --quantize {replay.quantize}" if replay.quantize else "without --quantize"
+        made = fix if replay.quantize else "with float weights"
+        raise PlanError(f"the plan was made {made}: compile {fix} or without --plan")
     if plan.dtype != dtype:
         raise PlanError(f"the plan was made for dtype {plan.dtype}, not {dtype}: add "
                         f"--dtype {plan.dtype} or compile without --plan")

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.dtypes import IntTensors
 from t10c.ir import Graph, distinct_rows
 from t10c.multicast import Relay, check_pairs, multicast_routes, phase_cycles, route_trees
 
@@ -189,11 +188,6 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan,
                                                    graph.tensors[op.extra[k].tensor].shape,
                                                    geo.reduce_group, nbytes)).encode(),
                                              dtype=np.uint8)), make)
-
-
-def element_bytes_of(tensor: str, dtype: str, int_tensors: IntTensors) -> int:
-    """Bytes per element of an epilogue operand on chip (`epilogue.extra_edge_cost`'s)."""
-    return int_tensors.bytes_of(tensor, dtype)
 
 
 def _whole_tiles(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]

@@ -592,8 +592,6 @@ class Views:
         every core into the input tiles, epilogue weights from their spread over
         `idle_cores` beside the finished result (`_fetched`), each element once per chip
         that wants it from another; kept per (op, layout)."""
-        from .meshmove import element_bytes_of  # (builds on this)
-
         key = ("fetch", self.op_key(i), layout_key(plan), plan.home, dtype, chip.cores,
                chip.chips, tuple(self.chain(o.tensor) for o in self.graph.ops[i].reads))
         got = _CROSSINGS.get(key)
@@ -613,8 +611,8 @@ class Views:
             root = graph.root(operand.tensor)
             if root in graph.constants and fetches_epilogue_weights(chip):
                 owner = _spread(graph.tensors[root].numel, idle)
-                got += self._extra_cross(i, k, plan, chip, owner) * element_bytes_of(
-                    operand.tensor, dtype, int_tensors)
+                got += self._extra_cross(i, k, plan, chip, owner) * int_tensors.bytes_of(
+                    operand.tensor, dtype)
         _remember(key, got)
         return got
 
@@ -1185,8 +1183,6 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
     """Op i's re-layout phase under ``plans``: its moved inputs and, on a mesh, the
     activations its epilogue reads (codegen moves them in the same phase); with ``fetch``,
     a mesh plan's weight fetches routed (`route_fetches`)."""
-    from .meshmove import element_bytes_of  # (builds on this)
-
     op = graph.ops[i]
     got = _Phase.empty(chip)
     for slot, j in _moved_inputs(graph, i, producer, shared):
@@ -1211,7 +1207,7 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
         for k, operand in enumerate(op.extra):
             source = producer.get(graph.root(operand.tensor))
             if source is not None:
-                nbytes = element_bytes_of(operand.tensor, dtype, int_tensors)
+                nbytes = int_tensors.bytes_of(operand.tensor, dtype)
                 phys, remote, crossed = views.extra_moved(i, k, source, plans[i],
                                                           plans[source], chip)
                 if crossed is not None:
@@ -1221,7 +1217,7 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
         for k, operand in enumerate(op.extra):  # move in the same phase (codegen's)
             source = producer.get(graph.root(operand.tensor))
             if source is not None:
-                nbytes = element_bytes_of(operand.tensor, dtype, int_tensors)
+                nbytes = int_tensors.bytes_of(operand.tensor, dtype)
                 got.routed.append(views.pending(
                     ("extra", views.op_key(i), k, layout_key(plans[i]), views.op_key(source),
                      layout_key(plans[source]), views.chain(operand.tensor), nbytes,
@@ -1239,7 +1235,7 @@ def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
     into ``plan``'s tiles, as codegen emits them: warmed-up weights (`OpPlan.home`, spread
     over every core) into their input tiles, epilogue weights (spread over `idle_cores`)
     beside the finished result."""
-    from .meshmove import Spread, element_bytes_of  # (builds on this)
+    from .meshmove import Spread  # (builds on this)
 
     op = graph.ops[i]
     out = []
@@ -1257,7 +1253,7 @@ def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
         root = graph.root(operand.tensor)
         if root in graph.constants and fetches_epilogue_weights(chip):
             spread = Spread(graph.tensors[root].numel, idle)
-            nbytes = element_bytes_of(operand.tensor, dtype, int_tensors)
+            nbytes = int_tensors.bytes_of(operand.tensor, dtype)
             out.append(views.pending(
                 ("fetch extra", views.op_key(i), k, layout_key(plan),
                  views.chain(operand.tensor), spread, nbytes, chip.cores, chip.grid),

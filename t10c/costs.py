@@ -10,11 +10,8 @@ from __future__ import annotations
 import math
 
 from t10c.chips import Chip
-from t10c.dtypes import INDEX_DTYPE, dtype_bytes
 from t10c.elementwise import body_cost
 from t10c.ir import TensorExpr, is_contraction
-
-INDEX_BYTES = dtype_bytes(INDEX_DTYPE)  # integer operands (embedding indices) on chip
 
 
 def body_ops(op: TensorExpr) -> int:

@@ -24,7 +24,6 @@ from t10c.codegen import Buffer, Program, StreamedOverflow, generate, stream, st
 from t10c.codegen.epilogue import program_exprs
 from t10c.codegen.memory import Layout
 from t10c.codegen.verify import verify_program
-from t10c.dtypes import dtype_bytes
 from t10c.emulator import Timeline, TimingMachine, emulate
 from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
@@ -197,8 +196,7 @@ def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, 
     DRAM an embedding's rows are read from the table there by DMA (`partition.gather_by_dma`),
     and a matmul whose weights (in ``dtype``, or int8) would take more than half the chip's
     SRAM is split over blocks of their columns (`rewrite.split_large_matmuls`)."""
-    split = ((chip.cores * chip.sram_bytes_per_core // 2, dtype_bytes(dtype))
-             if chip.has_dram else None)
+    split = (chip.cores * chip.sram_bytes_per_core // 2, dtype) if chip.has_dram else None
     graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=fuse != "none",
                               epilogues=fuse in ("all", "prologues"),
                               prologues=fuse == "prologues", weights=weights or {},
@@ -235,12 +233,7 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
         progress("frontend", 1, 1)
     t_front = time.perf_counter()
     if options.replay is not None:
-        made = options.replay.quantize
-        if made != options.quantize:  # another graph: say so before its ops disagree
-            fix = f"with --quantize {made}" if made else "without --quantize"
-            raise PlanError(f"the plan was made {fix if made else 'with float weights'}: "
-                            f"compile {fix} or without --plan")
-        plan = replay_plan(graph, options.replay, chip, options.dtype)
+        plan = replay_plan(graph, options.replay, chip, options.dtype, options.quantize)
     else:
         with _sigint_kept():
             plan = plan_graph(graph, chip, options.dtype, options.search, options.solver,

@@ -36,7 +36,7 @@ DTYPES: dict[str, DType] = {
     "fp16": DType("fp16", 2, np.float16, float("nan")),
     "fp32": DType("fp32", 4, np.float32, float("nan")),
     "int32": DType("int32", 4, np.int32, int(np.iinfo(np.int32).min)),
-    # symmetric quantization uses -127..127, so -128 is never a weight
+    # symmetric quantization stops at -127 (`t10c.models.quantize.INT8_MAX`): -128 is no weight
     "int8": DType("int8", 1, np.int8, int(np.iinfo(np.int8).min)),
 }
 
