@@ -1427,9 +1427,10 @@ def route_fetches(graph: Graph, plans: tuple[OpPlan, ...], chip: Chip, dtype: st
     Codegen sends the fetch after the re-layout, behind the same barrier. So for each routed
     plan (`routed_on`) that fetches, the estimate leaves the plan's cycles, and the fetch,
     routed as codegen emits it (`_fetched`), joins its re-layout phase: exact, as the
-    re-layouts are. Plans under the all-to-all assumption, and chips with DRAM, keep the
-    estimate; None when no plan's fetch is routed (``relayout`` stands)."""
-    if not chip.is_mesh or chip.has_dram:
+    re-layouts are; on a mesh with DRAM too (its epilogue weights are fetched so). Plans
+    under the all-to-all assumption keep the estimate; None when no plan's fetch is routed
+    (``relayout`` stands)."""
+    if not chip.is_mesh:
         return None
     routed = [i for i, p in enumerate(plans) if routed_on(chip, p) and fetches(graph, i, p, chip)]
     if not routed:

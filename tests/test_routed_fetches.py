@@ -2,7 +2,8 @@
 mesh plan that fetches its weights from their idle layouts (vgm's warm-up of every weight, an
 epilogue's bias) has the fetch out of its own cycles and in its re-layout phase, routed as
 codegen emits it (a bias broadcast over the result's rows travels one tree per distinct
-table); the prediction equals the emulated cycles, and the outputs are onnxruntime's."""
+table), on meshes with DRAM as without; the prediction equals the emulated cycles, and the
+outputs are onnxruntime's."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ MESH = chip_from_dict({"base": "wse2", "name": "mesh8x12", "grid": [8, 12], "cor
 #: chip of its own, so that no cached search carries the patched rule to other tests
 FETCHING = chip_from_dict({"base": "wse2", "name": "mesh8x12-fetching", "grid": [8, 12],
                            "cores": 96})
+#: a mesh with DRAM (GDDR at its edge), where epilogue weights are fetched by the rule itself
+DRAM_MESH = chip_from_dict({"base": "wormhole-n150", "name": "mesh8x12-dram",
+                            "topology": "mesh2d", "grid": [8, 12], "cores": 96})
 
 MODELS = {
     # every weight warmed up from its idle layout
@@ -31,6 +35,9 @@ MODELS = {
     # biases (epilogue weights) fetched beside the result
     "t10-bert": (lambda: build_bert(32, 1, 2, 64, vocab=40, max_pos=16, seq_len=8,
                                     name="bert-small"), "t10", FETCHING),
+    # the same, on a mesh with DRAM: one barrier for the re-layout and the fetch
+    "t10-bert-dram": (lambda: build_bert(32, 1, 2, 64, vocab=40, max_pos=16, seq_len=8,
+                                         name="bert-small"), "t10", DRAM_MESH),
 }
 
 
