@@ -209,6 +209,11 @@ class _Builder:
         #: streaming with an offline layout of the whole program (`streamed_layout`): its
         #: addresses by buffer id, so every op is generated (a replayed op would skip buffers)
         self.fixed = fixed
+        #: whether a Compute carries its per-core slice tables (offsets, origin): a streamed
+        #: program is timed or laid out, never run on data, and neither reads them (a
+        #: wafer's ops have them for hundreds of thousands of cores at every step); it gets
+        #: tables of no columns instead, which no program kept or verified ever holds
+        self.tables = sink is None
         self.replays = hasattr(sink, "replay") and fixed is None
         #: a streamed run's online first-fit must fit as it goes (`StreamedOverflow`)
         self.check_fit = sink is not None and fixed is None
@@ -974,9 +979,13 @@ class _Builder:
         layers share the arrays, read-only)."""
         memo = ("step", key, s, rotating)
         if memo not in self.memo:
-            offsets = tuple(_frozen(geo.slice_offsets(i, s).astype(np.int32))
-                            for i in range(nin + 1))
-            origin = _frozen(geo.origin(s).astype(np.int64))
+            if self.tables:
+                offsets = tuple(_frozen(geo.slice_offsets(i, s).astype(np.int32))
+                                for i in range(nin + 1))
+                origin = _frozen(geo.origin(s).astype(np.int64))
+            else:  # (streamed: `tables`) a row per core still, of no columns
+                origin = _frozen(np.empty((geo.ncores, 0), dtype=np.int64))
+                offsets = (_frozen(np.empty((geo.ncores, 0), dtype=np.int32)),) * (nin + 1)
             movers: list[int] = []
             sources: list[np.ndarray] = []
             if s < geo.steps - 1:

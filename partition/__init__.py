@@ -6,9 +6,11 @@ This stage sees only tensor expressions; it never looks at ONNX op types.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 
+from t10c import forked
 from t10c.chips import Chip
 from t10c.dtypes import IntTensors
 from t10c.ir import Graph, TensorExpr
@@ -48,7 +50,15 @@ from .inductive import inductive_choice
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans, chosen_memory, liveness
-from .space import Space, baseline_options, op_keys, space_of, tensor_sets, union
+from .space import (
+    Space,
+    baseline_options,
+    op_keys,
+    prefetch,
+    space_of,
+    tensor_sets,
+    union,
+)
 from .transitions import (
     Views,
     edge_cost,
@@ -113,6 +123,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         if progress:
             progress("search", searched[0], searches * len(graph.ops))
 
+    prefetch(graph, chip, dtype, [*wide, *(baselines or (search,))], front_limit)
     spaces = [space_of(graph, chip, dtype, s, front_limit, tick, every_twin=True) for s in wide]
     spaces += [space_of(graph, chip, dtype, s, front_limit, tick)
                for s in (baselines or (search,))]
@@ -854,35 +865,51 @@ def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], c
 def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip,
            dtype: str, ints: IntTensors, views: Views) -> list[Edge]:
     """Every producer -> consumer edge with its re-layout costs; ops with equal fronts
-    (``keys``, repeated layers) share them."""
+    (``keys``, repeated layers) share them. On a chip large enough that they take long
+    (`t10c.forked.jobs_for`), the distinct edges are priced in forked processes too (the
+    same costs wherever they are computed), each process pricing whole producers' edges,
+    whose layouts it then builds once."""
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    cache: dict[tuple, tuple[tuple[int | None, ...], ...]] = {}
-    edges = []
+    found: list[tuple[int, int, int, int | None]] = []  # (j, i, slot, epilogue operand)
+    index: dict[tuple, int] = {}
+    where = []  # (j, i, slot, distinct edge)
     for i, op in enumerate(graph.ops):
-        for slot, operand in enumerate(op.inputs):
+        reads = [(slot, o, None) for slot, o in enumerate(op.inputs)] + \
+            [(len(op.inputs) + 1 + k, o, k) for k, o in enumerate(op.extra)]  # (epilogue
+        for slot, operand, k in reads:  # operands: slots past the output's)
             j = producer.get(graph.root(operand.tensor))
             if j is None:
                 continue
             direct = operand.tensor == graph.ops[j].output.tensor
             key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape,
                    views.chain(operand.tensor))
-            if key not in cache:
-                cache[key] = edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype,
-                                       ints, views)
-            edges.append(Edge(j, i, slot, cache[key]))
-        for k, operand in enumerate(op.extra):  # epilogue operands: slots past the output's
-            j = producer.get(graph.root(operand.tensor))
-            if j is None:
-                continue
-            slot = len(op.inputs) + 1 + k
-            direct = operand.tensor == graph.ops[j].output.tensor
-            key = (keys[j], keys[i], slot, direct, graph.tensors[operand.tensor].shape,
-                   views.chain(operand.tensor))
-            if key not in cache:
-                cache[key] = extra_edge_cost(graph, j, i, k, fronts[j], fronts[i], chip, dtype,
-                                             ints)
-            edges.append(Edge(j, i, slot, cache[key]))
-    return edges
+            if key not in index:
+                index[key] = len(found)
+                found.append((j, i, slot, k))
+            where.append((j, i, slot, index[key]))
+
+    def price(edge: tuple[int, int, int, int | None]) -> tuple[tuple[int | None, ...], ...]:
+        j, i, slot, k = edge
+        if k is None:
+            return edge_cost(graph, j, i, slot, fronts[j], fronts[i], chip, dtype, ints, views)
+        return extra_edge_cost(graph, j, i, k, fronts[j], fronts[i], chip, dtype, ints)
+
+    jobs = forked.jobs_for(chip.cores * len(found))
+    # a process prices whole producers (their layouts are built once there): the work of
+    # a producer's edges, by the cores its and its consumers' plans span
+    work = [sum(math.prod(p.F) for p in fronts[j]) + sum(math.prod(p.F) for p in fronts[i])
+            for j, i, _, _ in found]
+    by_producer: dict[int, list[int]] = {}
+    for n, (j, _, _, _) in enumerate(found):
+        by_producer.setdefault(keys[j], []).append(n)
+    groups = list(by_producer.values())
+    priced = forked.map_forked(lambda group: [price(found[n]) for n in group], groups,
+                               [sum(work[n] for n in g) for g in groups], jobs)
+    cost: list[tuple[tuple[int | None, ...], ...]] = [()] * len(found)
+    for group, costs in zip(groups, priced):
+        for n, c in zip(group, costs):
+            cost[n] = c
+    return [Edge(j, i, slot, cost[n]) for j, i, slot, n in where]
 
 
 def replay_plan(graph: Graph, replay: Replay, chip: Chip, dtype: str,

@@ -31,6 +31,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from t10c import forked
 from t10c.chips import Chip
 from t10c.dtypes import IntTensors, on_chip_dtype
 from t10c.ir import Graph, TensorExpr
@@ -123,14 +124,54 @@ _FOUND: dict[tuple, SearchResult] = {}
 _FOUND_LIMIT = 4096
 
 
+def _found_key(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
+               ints: IntTensors, consts: frozenset[str], search: SearchOptions,
+               limit: int) -> tuple:
+    """What `search.search_front` reads: its memo's key (`_FOUND`)."""
+    return (repr(chip), dtype, op.signature(), op.name,
+            tuple((o.tensor, shapes[o.tensor], ints.get(o.tensor), o.tensor in consts)
+                  for o in op.operands), search, limit)
+
+
+def prefetch(graph: Graph, chip: Chip, dtype: str, searches: list[SearchOptions],
+             limit: int) -> None:
+    """Search the distinct ops of every space ``searches`` will build (`space_of`), into
+    `_FOUND`, in forked processes too where the chip is large enough for that to pay
+    (`t10c.forked.jobs_for`: a wafer's searches take seconds each); elsewhere `space_of`
+    searches as it goes. The same fronts either way."""
+    ints, consts = tensor_sets(graph)
+    todo: dict[tuple, tuple[TensorExpr, dict[str, tuple[int, ...]], SearchOptions]] = {}
+    keys = op_keys(graph)
+    for search in dict.fromkeys(searches):
+        seen: set[tuple] = set()
+        for op, key in zip(graph.ops, keys):
+            if key in seen:
+                continue
+            seen.add(key)
+            shapes = operand_shapes(graph, op)
+            found = _found_key(op, chip, dtype, shapes, ints, consts, search, limit)
+            if found not in _FOUND and found not in todo:
+                todo[found] = (op, shapes, search)
+    jobs = forked.jobs_for(chip.cores * len(todo))
+    if jobs < 2:
+        return
+    pieces = list(todo.values())
+    # (a search's work grows with the op's axes: each is factored over the cores)
+    fronts = forked.map_forked(
+        lambda piece: search_front(piece[0], chip, dtype, piece[1], ints, consts, piece[2],
+                                   limit),
+        pieces, [len(op.axis_names) for op, _, _ in pieces], jobs)
+    if len(_FOUND) + len(todo) > _FOUND_LIMIT:
+        _FOUND.clear()
+    _FOUND.update(zip(todo, fronts))
+
+
 def _searched(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
               ints: IntTensors, consts: frozenset[str], search: SearchOptions,
               limit: int) -> SearchResult:
     """`search.search_front`, remembered under everything it reads (plans are renamed by
     the caller)."""
-    key = (repr(chip), dtype, op.signature(), op.name,
-           tuple((o.tensor, shapes[o.tensor], ints.get(o.tensor), o.tensor in consts)
-                 for o in op.operands), search, limit)
+    key = _found_key(op, chip, dtype, shapes, ints, consts, search, limit)
     if key not in _FOUND:
         if len(_FOUND) >= _FOUND_LIMIT:
             _FOUND.clear()

@@ -122,22 +122,26 @@ class Have:
     def holding(self, phys: np.ndarray) -> np.ndarray:
         """Per physical core of ``phys``, whether the producer left any element there."""
         if self.boxes is None:
-            return np.isin(phys, self._owning)
+            owned = self._owned
+            return np.where(phys < len(owned), owned[np.minimum(phys, len(owned) - 1)], False) \
+                if len(owned) else np.zeros(len(phys), dtype=bool)
         at = self._at(phys)
         return (at >= 0) & self._nonempty[np.maximum(at, 0)]
 
     def holds_on_all(self, phys: np.ndarray) -> bool:
         """Whether the producer left some element on every one of the distinct physical
         cores ``phys`` (not if they outnumber the cores it left any on)."""
-        if self.boxes is None and len(phys) > len(self._owning):
-            return False
         return bool(self.holding(phys).all())
 
     @cached_property
-    def _owning(self) -> np.ndarray:
-        """Element-wise owners: the physical cores that own an element, ascending."""
+    def _owned(self) -> np.ndarray:
+        """Element-wise owners: per physical core up to the last owner, whether it owns an
+        element (a mask, not the sorted owners: a wafer's tensors have a few hundred
+        thousand elements to sort, its cores a mask of 850,000 bytes to fill)."""
         assert self.owner is not None
-        return np.unique(self.owner[self.owner >= 0])
+        owned = np.zeros(int(self.owner.max(initial=-1)) + 1, dtype=bool)
+        owned[self.owner[self.owner >= 0]] = True
+        return owned
 
     @cached_property
     def _nonempty(self) -> np.ndarray:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 try:
-    from t10c import __version__
+    from t10c import __version__, forked
     from t10c.args import (
         MESH_ROWS,
         Parser,
@@ -234,13 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code. Every failure is one line on stderr."""
     try:
         args = build_parser().parse_args(argv)
+        forked.jobs()  # a bad T10C_JOBS is said before any work
         return _dispatch(args)
     except SystemExit as exc:  # argparse: --help, --version, or a usage error it reported
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except KeyboardInterrupt:
         print("\nt10c: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except ChipError as exc:
+    except (ChipError, forked.JobsError) as exc:
         return _error(str(exc), EXIT_USAGE)
     except OutputError as exc:
         return _error(str(exc), EXIT_FAIL)

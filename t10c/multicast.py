@@ -169,7 +169,7 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     if not counts:  # one destination a tree: its legs are its route's (no sort, no scatter)
         xy = _Legs.of(None, None, sr, sc, dr, dc, rows, cols, torus)
         return Trees(xy.loads(nbytes, False), np.zeros((4, rows, cols), dtype=np.int64), hops)
-    _, first, t_of = np.unique(tree, return_index=True, return_inverse=True)
+    _, first, t_of = distinct(tree, first=True, inverse=True)
     t_of = t_of.reshape(-1)
     xy = _Legs.of(t_of, first, sr, sc, dr, dc, rows, cols, torus)
     yx = _Legs.of(t_of, first, sc, sr, dc, dr, cols, rows, torus)
@@ -182,6 +182,35 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
             loads += sub.loads(nbytes, transposed)
             trees += sub.loads(np.ones(len(nbytes), dtype=np.int64), transposed)
     return Trees(loads, trees, hops)
+
+
+def distinct(x: np.ndarray, first: bool = False, inverse: bool = False) -> Any:
+    """`np.unique` of a 1-d array (its values; with ``first`` and ``inverse`` also
+    each value's first index and each element's value number, in that order), without the
+    sort where ``x`` is sorted already: an exchange's entries come tree by tree, millions of
+    them on a wafer, and sorting them again was a tenth of bert-large's compile there."""
+    x = np.asarray(x).ravel()
+    if len(x) > 1 and not bool((x[1:] >= x[:-1]).all()):
+        return np.unique(x, return_index=first, return_inverse=inverse)
+    new = np.empty(len(x), dtype=bool)
+    new[:1] = True
+    np.not_equal(x[1:], x[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    out = [x[starts]]
+    if first:
+        out.append(starts)
+    if inverse:
+        out.append(np.cumsum(new, dtype=np.intp) - 1)
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def count_distinct(x: np.ndarray) -> int:
+    """How many distinct values the 1-d array ``x`` holds (`distinct`; a count over core
+    numbers where they are not sorted)."""
+    x = np.asarray(x).ravel()
+    if len(x) and x.dtype.kind in "iu" and x.min() >= 0 and x.max() < max(4 * len(x), 1 << 20):
+        return int(np.count_nonzero(np.bincount(x)))
+    return len(distinct(x))
 
 
 @dataclass(frozen=True)
@@ -224,7 +253,7 @@ class _Legs:
             np.maximum.at(pos, t_of, np.maximum(delta_b, 0))
             np.maximum.at(neg, t_of, np.maximum(-delta_b, 0))
             # each destination line: as far either way as any destination on it
-            _, cfirst, c_of = np.unique(t_of * nb + db, return_index=True, return_inverse=True)
+            _, cfirst, c_of = distinct(t_of * nb + db, first=True, inverse=True)
             c_of = c_of.reshape(-1)
             cpos = np.zeros(len(cfirst), dtype=np.int64)
             cneg = np.zeros(len(cfirst), dtype=np.int64)
@@ -302,7 +331,7 @@ def by_source(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.nda
     source core."""
     tree, src, dst, nbytes = (np.asarray(a, dtype=np.int64).ravel()
                               for a in np.broadcast_arrays(tree, src, dst, nbytes))
-    _, first = np.unique(tree, return_index=True)
+    _, first = distinct(tree, first=True)
     total = np.bincount(src[first], weights=nbytes[first]).astype(np.int64)
     base = int(dst.max(initial=0)) + 1
     pair = np.unique(src * base + dst)
@@ -316,7 +345,7 @@ def exchange_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarra
     group of destinations and source, `route_trees`' arguments) or merged per source core
     (`by_source`), whichever phase is faster on its own (the given ones on a tie)."""
     tree, src = np.asarray(tree).ravel(), np.asarray(src).ravel()
-    if len(np.unique(tree)) == len(np.unique(src)):  # one tree per source already
+    if count_distinct(tree) == count_distinct(src):  # one tree per source already
         return tree, src, np.asarray(dst), np.asarray(nbytes)
     merged = by_source(tree, src, dst, nbytes)
     if tree_cycles(chip, *merged) < tree_cycles(chip, tree, src, dst, nbytes):
@@ -404,7 +433,7 @@ def relay_stages(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
                                      for a in np.broadcast_arrays(tree, src, dst, nbytes, group))
     rows, cols = chip.grid
     torus = chip.topology == "torus2d"
-    _, first = np.unique(tree, return_index=True)  # one entry per tree: its group and source
+    _, first = distinct(tree, first=True)  # one entry per tree: its group and source
     t_group, t_src, t_bytes = group[first], src[first], nbytes[first]
     g_ids, t_g = np.unique(t_group, return_inverse=True)
     t_g = t_g.reshape(-1)
@@ -444,6 +473,6 @@ def relayed(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     if not chip.routes_per_core:  # no colour limit: the trees run in one wave, a relay adds a stage
         return None
     relay = relay_stages(chip, tree, src, dst, nbytes, group)
-    if len(np.unique(relay.spread[0])) >= len(np.unique(np.asarray(tree))):
+    if count_distinct(relay.spread[0]) >= count_distinct(tree):
         return None  # no fewer trees
     return relay if relay_cycles(chip, relay) < within else None

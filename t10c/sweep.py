@@ -233,6 +233,14 @@ def read_done(store: Path) -> dict[str, dict[str, Any]]:
 Progress = Callable[[str, int, int], None]
 
 
+def run_point_alone(description: dict[str, Any]) -> dict[str, Any]:
+    """`run_point` in a worker beside others (a local pool's, a Ray task's): the sweep shares
+    the cores among its points, so a point's compile keeps to its own process
+    (``T10C_JOBS=1``, `t10c.forked`). The worker is the sweep's, so its environment is too."""
+    os.environ["T10C_JOBS"] = "1"
+    return run_point(description)
+
+
 def _local(todo: list[Point], workers: int) -> Iterator[tuple[Point, dict[str, Any]]]:
     """The points' results as they finish, from ``workers`` processes (inline for one)."""
     if workers == 1:
@@ -244,7 +252,7 @@ def _local(todo: list[Point], workers: int) -> Iterator[tuple[Point, dict[str, A
 
     # spawn, not fork: a worker must not inherit the solver's threads in a forked state
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(run_point, p.description): p for p in todo}
+        futures = {pool.submit(run_point_alone, p.description): p for p in todo}
         try:
             for f in cf.as_completed(futures):
                 yield futures[f], f.result()
@@ -264,7 +272,7 @@ def _ray(todo: list[Point], address: str) -> Iterator[tuple[Point, dict[str, Any
         ray.init(address=None if address == "local" else address, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
     try:
-        task = ray.remote(num_cpus=1)(run_point)
+        task = ray.remote(num_cpus=1)(run_point_alone)
         refs = {task.remote(p.description): p for p in todo}
         pending = list(refs)
         while pending:

@@ -24,6 +24,8 @@ from t10c.emulator.routing import hops, route
 from t10c.emulator.timing import TimingMachine
 from t10c.multicast import (
     by_source,
+    count_distinct,
+    distinct,
     exchange_trees,
     phase_cycles,
     prefer_multicast,
@@ -48,6 +50,22 @@ def _links(loads: np.ndarray) -> dict[tuple[str, int, int], int]:
     names = ("east", "west", "south", "north")
     return {(names[d], int(a), int(b)): int(loads[d, a, b])
             for d, a, b in zip(*np.nonzero(loads))}
+
+
+@pytest.mark.parametrize("sort", [True, False])
+def test_distinct_is_numpys_unique(sort: bool) -> None:
+    """`distinct` skips the sort of a sorted array and gives what `np.unique` gives either
+    way: values, first indices and inverse; `count_distinct` counts them."""
+    rng = np.random.default_rng(3)
+    for x in (rng.integers(0, 50, 400), rng.integers(-5, 3, 9), np.zeros(0, np.int64),
+              np.array([7]), rng.integers(0, 1 << 40, 300)):
+        x = np.sort(x) if sort else x
+        want = np.unique(x, return_index=True, return_inverse=True)
+        got = distinct(x, first=True, inverse=True)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(distinct(x), want[0])
+        assert count_distinct(x) == len(want[0])
 
 
 def test_tree_link_loads_by_hand_on_a_3x3_mesh() -> None:

@@ -1,0 +1,99 @@
+"""Independent work shared among forked processes (`t10c.forked`): the same results, in the
+same order, whichever process computed them; a child that fails has its pieces computed by
+the parent; ``T10C_JOBS`` is read and refused in one line; and a wafer-sized chip's edges
+priced in two processes are the edges priced in one (`partition._edges`), and its ops
+searched there the ops searched here (`space.prefetch`)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from t10c import forked
+from t10c.chips import chip_from_dict
+from t10c.cli import main
+from t10c.driver import CompileOptions, compile_model
+from t10c.models.bert import build_bert
+
+
+def _square_slowly(k: int) -> tuple[int, int]:
+    time.sleep(0.05)  # long enough that the child takes some of the pieces
+    return k * k, os.getpid()
+
+
+def test_pieces_come_back_in_order_from_both_processes() -> None:
+    pieces = list(range(10))
+    got = forked.map_forked(_square_slowly, pieces, costs=[k % 3 for k in pieces], n=2)
+    assert [v for v, _ in got] == [k * k for k in pieces]
+    assert len({pid for _, pid in got}) == 2, "the child computed some of the pieces"
+    assert forked.map_forked(_square_slowly, pieces[:1], [1.0], n=4) == \
+        [(0, os.getpid())], "one piece: no child"
+
+
+def test_a_failed_child_has_its_pieces_computed_by_the_parent() -> None:
+    parent = os.getpid()
+
+    def dies_in_a_child(k: int) -> int:
+        time.sleep(0.02)
+        if os.getpid() != parent:
+            os._exit(3)  # as if killed: no result sent
+        return k + 100
+
+    assert forked.map_forked(dies_in_a_child, list(range(8)), [1.0] * 8, n=3) == \
+        [k + 100 for k in range(8)]
+
+
+def test_an_error_surfaces_wherever_the_piece_ran() -> None:
+    def fails_on_five(k: int) -> int:
+        time.sleep(0.02)
+        if k == 5:
+            raise ValueError("piece five")
+        return k
+
+    with pytest.raises(ValueError, match="piece five"):
+        forked.map_forked(fails_on_five, list(range(8)), [1.0] * 8, n=2)
+
+
+def test_jobs_come_from_the_environment(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("T10C_JOBS", "3")
+    assert forked.jobs() == 3
+    monkeypatch.delenv("T10C_JOBS")
+    assert 1 <= forked.jobs() <= forked.MAX_JOBS
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("T10C_JOBS", bad)
+        with pytest.raises(forked.JobsError):
+            forked.jobs()
+        assert main(["chips"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"t10c: error: T10C_JOBS={bad!r} is not a positive whole number of "
+                       "processes; unset it or set it to 1 or more"]
+
+
+def test_edges_priced_in_two_processes_are_those_priced_in_one(monkeypatch) -> None:
+    """On a mesh, with the threshold lowered so that its edges are shared: the plan, its
+    re-layouts and its cycles are those of the same compile in one process."""
+    from t10c.partition import space, transitions
+
+    chip = chip_from_dict({"base": "wse2", "name": "mesh8x12-forked", "grid": [8, 12],
+                           "cores": 96})
+    model = build_bert(32, 2, 2, 64, vocab=40, max_pos=16, seq_len=8, name="bert-small")
+    calls = []
+    shared = forked.map_forked
+
+    def counted(fn, pieces, costs, n):  # type: ignore[no-untyped-def]
+        calls.append(n)
+        return shared(fn, pieces, costs, n)
+
+    monkeypatch.setattr(forked, "map_forked", counted)
+    plans = []
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("T10C_JOBS", jobs)
+        monkeypatch.setattr(forked, "FORKED_WORK", 0)
+        for cache in (transitions._MOST, transitions._HAVES, transitions._WANTS, space._FOUND):
+            cache.clear()  # searched and priced afresh each time, not looked up
+        plan = compile_model(model, chip, CompileOptions(dtype="fp32")).plan
+        plans.append((plan.ops, plan.relayout_cycles, plan.total_cycles))
+    assert 1 in calls and 2 in calls
+    assert plans[0] == plans[1]
