@@ -8,7 +8,10 @@ The pipeline, as `to_graph` runs it:
    folded into the Conv; `keep_quantized_weights`: a matmul reading int8 weights through a
    DequantizeLinear reads them as they are and scales its result; `fold_scale_into_matmuls`:
    a constant per-column scale read only by matmuls with constant float weights (RMSNorm's
-   weight) is folded into them;
+   weight) is folded into them; with ``siblings`` `fuse_sibling_matmuls`: matmuls that read
+   one activation with constant weights of their own (q, k and v) become one, its result
+   sliced, and `slice_heads_after_split`: a Split's pieces read as heads are sliced after
+   the heads' views;
    `fold_repeat_kv`: grouped-query attention's keys and values, repeated to every query head
    (Expand, Reshape), are read unrepeated by matmuls whose rows are the query heads of a
    group; on mesh chips and chips with DRAM `split_cache_concat`: attention matmuls
@@ -52,7 +55,9 @@ from .rewrite import (
     fold_batchnorm,
     fold_repeat_kv,
     fold_scale_into_matmuls,
+    fuse_sibling_matmuls,
     keep_quantized_weights,
+    slice_heads_after_split,
     split_cache_concat,
     split_large_matmuls,
 )
@@ -194,11 +199,12 @@ class Lowered:
 
 def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = None,
           weights: Mapping[str, np.ndarray] | None = None, split_cache: bool = False,
-          split_weights: tuple[int, str] | None = None) -> Lowered:
+          split_weights: tuple[int, str] | None = None, siblings: bool = False) -> Lowered:
     """Lower every node that can be lowered, collecting the ones that cannot (no exception
     for unsupported nodes; `to_graph` raises them all at once). ``weights``: the values of
     shape-only initializers, by name (`to_graph`); ``split_cache``: `split_cache_concat`;
-    ``split_weights``: ``(max_bytes, storage dtype)`` for `split_large_matmuls`."""
+    ``split_weights``: ``(max_bytes, storage dtype)`` for `split_large_matmuls`;
+    ``siblings``: `fuse_sibling_matmuls`."""
     skel = check_and_infer(model, pinned)
     opset = _opset(model)
     opsets = _opsets(model)
@@ -227,6 +233,11 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
     nodes = fold_batchnorm(list(model.graph.node), ctx.constants, outputs)
     nodes = keep_quantized_weights(nodes, ctx.constants, ctx.shapes, outputs)
     nodes = fold_scale_into_matmuls(nodes, ctx.constants, ctx.shapes, outputs)
+    if siblings and opset >= 2:  # (Split from opset 2)
+        max_bytes, storage = split_weights if split_weights is not None else (None, "fp16")
+        nodes = fuse_sibling_matmuls(nodes, ctx.constants, ctx.shapes, outputs, opset,
+                                     max_bytes, storage)
+        nodes = slice_heads_after_split(nodes, ctx.constants, ctx.shapes, opset)
     if split_weights is not None and opset >= 4:  # (Concat takes any axis from opset 4)
         nodes = split_large_matmuls(nodes, ctx.constants, ctx.shapes, *split_weights)
     if opset >= 5:  # (Reshape takes its shape as an input from opset 5)
@@ -291,7 +302,8 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
 def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
              name: str | None = None, fuse: bool = True, epilogues: bool = True,
              prologues: bool = False, weights: Mapping[str, np.ndarray] | None = None,
-             split_cache: bool = False, split_weights: tuple[int, str] | None = None) -> Graph:
+             split_cache: bool = False, split_weights: tuple[int, str] | None = None,
+             siblings: bool = False) -> Graph:
     """Lower a model (an ONNX path or a ModelProto) to the device graph.
 
     ``weights`` gives the values of shape-only initializers by name (a zoo model built apart,
@@ -309,10 +321,13 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
     on an all-to-all chip without DRAM the two more ops cost more than the re-layout saves.
     ``split_weights`` (``(max_bytes, storage dtype)``): matmuls with larger constant weights are
     split over column blocks (`rewrite.split_large_matmuls`; the compiler asks for it on
-    chips with DRAM). Raises `UnsupportedModelError` listing every node that cannot be lowered.
+    chips with DRAM). With ``siblings`` (``--fuse siblings``), matmuls that read one
+    activation with constant weights of their own become one
+    (`rewrite.fuse_sibling_matmuls`). Raises `UnsupportedModelError` listing every node that
+    cannot be lowered.
     """
     model = load_model(source)
-    low = lower(model, pinned, weights, split_cache, split_weights)
+    low = lower(model, pinned, weights, split_cache, split_weights, siblings)
     if low.problems:
         raise UnsupportedModelError(low.problems)
     return device_graph(low, name, fuse, epilogues, prologues)

@@ -13,6 +13,11 @@ on chip.
 constant float weights read is folded into those weights (RMSNorm's weight before LLaMA's
 projections).
 
+`fuse_sibling_matmuls`: matmuls that read one activation with constant weights of their own
+(q, k and v; gate and up) become one over the weights side by side, its result sliced;
+`slice_heads_after_split`: a Split's piece read as attention's heads is sliced after the
+heads' Reshape and Transpose (both with ``--fuse siblings``).
+
 `split_large_matmuls`: on a chip with DRAM, a matmul whose constant weights would take more
 than half of the chip's SRAM becomes several over column blocks of them, concatenated.
 
@@ -193,6 +198,201 @@ def split_large_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.nda
                                   name=f"{mm.name or out}/join", axis=len(shapes[out]) - 1)
         dropped[k] = [*parts, concat]
     return [r for k, n in enumerate(nodes) for r in dropped.get(k, [n])]
+
+
+def fuse_sibling_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                         shapes: dict[str, tuple[int, ...]], outputs: set[str], opset: int,
+                         max_bytes: int | None = None, storage: str = "fp16"
+                         ) -> list[onnx.NodeProto]:
+    """``nodes`` with the matmuls that read one activation with constant weights of their own
+    (attention's q, k and v; a gated MLP's gate and up) made one: ``MatMul(x, [W_1 ... W_n])``
+    over the weights side by side (a new constant), ``+ [b_1 ... b_n]`` where each of them
+    was followed by an ``Add`` of a constant bias over its columns (the Adds go), and a
+    slice of its columns for each of the matmuls' (or the Adds') outputs (`_piece`), where
+    the first of them was.
+
+    One op where there were n: the activation is laid out for it once, and the barriers, the
+    reductions and the fetches are one op's. The slices are copies, which fold into the ops
+    that read them point by point (`fuse.py`, rule 2). Left as they are: weights that
+    anything else reads, and on a chip with DRAM (``max_bytes``, `split_large_matmuls`) a
+    concatenation larger than ``max_bytes`` on chip, which would be split up again."""
+    _, readers = _producers_and_readers(nodes)
+    groups: dict[str, list[int]] = {}
+    for k, mm in enumerate(nodes):
+        if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or len(mm.input) != 2:
+            continue
+        x, w_name = mm.input
+        w = constants.get(w_name)
+        out = mm.output[0]
+        if w is None or w.ndim != 2 or w.dtype.kind != "f" or x in constants or \
+                out not in shapes or len(readers.get(w_name, [])) != 1 or w_name in outputs:
+            continue
+        groups.setdefault(x, []).append(k)
+    size = dtype_bytes(on_chip_dtype("float32", storage))
+    at: dict[int, list[onnx.NodeProto]] = {}
+    dropped: set[int] = set()
+    position = {id(n): k for k, n in enumerate(nodes)}
+    for x, members in groups.items():
+        mms = [nodes[k] for k in members]
+        ws = [constants[mm.input[1]] for mm in mms]
+        if len(members) < 2 or len({w.shape[0] for w in ws}) != 1:
+            continue
+        width = sum(w.shape[1] for w in ws)
+        if max_bytes is not None and ws[0].shape[0] * width * size > max_bytes:
+            continue
+        biases = [_bias_add(mm, w.shape[1], readers, constants, shapes, outputs)
+                  for mm, w in zip(mms, ws)]
+        with_bias = all(b is not None for b in biases)
+        base = _joined_name([mm.name or mm.output[0] for mm in mms])
+        weight = f"{mms[0].input[1]}~fused"
+        constants[weight] = (np.concatenate(ws, axis=1) if all(has_values(w) for w in ws)
+                             else values_unknown((ws[0].shape[0], width), ws[0].dtype))
+        for mm in mms:
+            del constants[mm.input[1]]
+        product = f"{mms[0].output[0]}~fused"
+        shapes[product] = shapes[mms[0].output[0]][:-1] + (width,)
+        made = [helper.make_node("MatMul", [x, weight], [product], name=base)]
+        pieces = [mm.output[0] for mm in mms]
+        if with_bias:
+            adds = [b for b in biases if b is not None]
+            values = [constants[name].reshape(-1) for _, name in adds]
+            bias = f"{adds[0][1]}~fused"
+            constants[bias] = (np.concatenate(values) if all(has_values(v) for v in values)
+                               else values_unknown((width,), values[0].dtype))
+            biased = f"{product}+bias"
+            shapes[biased] = shapes[product]
+            made.append(helper.make_node("Add", [product, bias], [biased], name=f"{base}/bias"))
+            product, pieces = biased, [add.output[0] for add, _ in adds]
+            dropped.update(position[id(add)] for add, _ in adds)
+        start = 0
+        for j, (piece, w) in enumerate(zip(pieces, ws)):
+            stop = start + int(w.shape[1])
+            made += _piece(product, piece, start, stop, f"{base}/{j}", readers, shapes,
+                           constants, opset, position, dropped)
+            start = stop
+        at[members[0]] = made
+        dropped.update(members[1:])
+    return [r for k, n in enumerate(nodes) if k not in dropped for r in at.get(k, [n])]
+
+
+def _piece(product: str, piece: str, start: int, stop: int, name: str,
+           readers: dict[str, list[onnx.NodeProto]], shapes: dict[str, tuple[int, ...]],
+           constants: dict[str, np.ndarray], opset: int, position: dict[int, int],
+           dropped: set[int]) -> list[onnx.NodeProto]:
+    """The nodes that make ``piece``, columns ``start:stop`` of the fused ``product``.
+
+    Where the piece's one reader is a Reshape that splits its columns into heads of ``D``
+    (``[..., n] -> [..., n / D, D]``, ``start`` a multiple of ``D``), perhaps read only by a
+    Transpose (attention's heads), the slice is taken after them instead: ``product``
+    reshaped into heads, transposed the same way, and sliced along the heads, into the
+    Transpose's (or the Reshape's) output; the two go. Reshape and Transpose are views on
+    chip, and a slice read point by point folds into its reader (`fuse.py`, rule 2), where a
+    slice read through views would stay a copy op of its own."""
+    rank = len(shapes[product])
+    axis, lo, hi, source, out = rank - 1, start, stop, product, piece
+    made: list[onnx.NodeProto] = []
+    chain = readers.get(piece, [])
+    if opset >= 10 and len(chain) == 1 and chain[0].op_type == "Reshape" and \
+            chain[0].output[0] in shapes:
+        reshape = chain[0]
+        heads = shapes[reshape.output[0]]
+        width = stop - start
+        if len(heads) == rank + 1 and heads[:rank - 1] == shapes[piece][:-1] and \
+                heads[-1] and heads[-2] * heads[-1] == width and start % heads[-1] == 0:
+            size = heads[-1]
+            shape = f"{name}/heads"
+            constants[shape] = np.array([*heads[:-2], shapes[product][-1] // size, size],
+                                        dtype=np.int64)
+            source = f"{product}~{name}/heads"
+            shapes[source] = tuple(int(v) for v in constants[shape])
+            made.append(helper.make_node("Reshape", [product, shape], [source],
+                                         name=f"{name}/heads"))
+            axis, lo, hi, out = rank - 1, start // size, stop // size, reshape.output[0]
+            dropped.add(position[id(reshape)])
+            after = readers.get(reshape.output[0], [])
+            if len(after) == 1 and after[0].op_type == "Transpose":
+                transpose = after[0]
+                perm = [int(v) for v in _ints_attr(transpose, "perm")] or \
+                    list(range(rank, -1, -1))
+                moved = f"{source}~T"
+                shapes[moved] = tuple(shapes[source][p] for p in perm)
+                made.append(helper.make_node("Transpose", [source], [moved], perm=perm,
+                                             name=f"{name}/transpose"))
+                source, axis, out = moved, perm.index(rank - 1), transpose.output[0]
+                dropped.add(position[id(transpose)])
+    if opset >= 10:  # (the bounds as inputs)
+        bounds = [f"{name}/{what}" for what in ("starts", "ends", "axes")]
+        for b, v in zip(bounds, (lo, hi, axis)):
+            constants[b] = np.array([v], dtype=np.int64)
+        made.append(helper.make_node("Slice", [source, *bounds], [out], name=name))
+    else:
+        made.append(helper.make_node("Slice", [source], [out], name=name, starts=[lo],
+                                     ends=[hi], axes=[axis]))
+    return made
+
+
+def slice_heads_after_split(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                            shapes: dict[str, tuple[int, ...]], opset: int
+                            ) -> list[onnx.NodeProto]:
+    """``nodes`` with each ``Split`` of a last axis made one slice per piece (`_piece`): a
+    piece read as attention's heads (a Reshape into heads, a Transpose) is sliced after
+    them, where it folds into its reader, rather than copied before them (GPT-2's ``c_attn``
+    split into q, k and v); any other piece is the slice the Split's lowering makes, under
+    the same name."""
+    if opset < 10:  # (Slice takes its bounds as inputs from opset 10)
+        return nodes
+    _, readers = _producers_and_readers(nodes)
+    position = {id(n): k for k, n in enumerate(nodes)}
+    at: dict[int, list[onnx.NodeProto]] = {}
+    dropped: set[int] = set()
+    for k, split in enumerate(nodes):
+        if split.op_type != "Split" or split.domain not in ("", "ai.onnx"):
+            continue
+        data = split.input[0]
+        if data not in shapes or not all(o and o in shapes for o in split.output):
+            continue
+        rank = len(shapes[data])
+        widths = [shapes[o][-1] for o in split.output]
+        if not rank or _int_attr(split, "axis", 0) % rank != rank - 1 or \
+                sum(widths) != shapes[data][-1]:
+            continue
+        base = split.name or split.output[0]
+        made: list[onnx.NodeProto] = []
+        start = 0
+        for j, (piece, width) in enumerate(zip(split.output, widths)):
+            made += _piece(data, piece, start, start + width, f"{base}/{j}", readers, shapes,
+                           constants, opset, position, dropped)
+            start += width
+        at[k] = made
+    return [r for k, n in enumerate(nodes) if k not in dropped for r in at.get(k, [n])]
+
+
+def _bias_add(mm: onnx.NodeProto, columns: int, readers: dict[str, list[onnx.NodeProto]],
+              constants: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
+              outputs: set[str]) -> tuple[onnx.NodeProto, str] | None:
+    """The ``Add`` of a constant bias over its ``columns`` columns that is the only reader of
+    matmul ``mm``'s result, and the bias's name; None if there is none."""
+    out = mm.output[0]
+    rd = readers.get(out, [])
+    if len(rd) != 1 or out in outputs or rd[0].op_type != "Add" or len(rd[0].input) != 2:
+        return None
+    add = rd[0]
+    bias = add.input[1] if add.input[0] == out else add.input[0]
+    b = constants.get(bias)
+    if b is None or b.dtype.kind != "f" or b.size != columns or \
+            (b.ndim and b.shape[-1] != columns) or shapes.get(add.output[0]) != shapes[out]:
+        return None
+    return add, bias
+
+
+def _joined_name(names: list[str]) -> str:
+    """One name for ops fused side by side: the parts of their names ``/`` separates that
+    differ, joined by ``+`` between the parts they share (``layer0/attn/q+k+v/MatMul``)."""
+    split = [n.split("/") for n in names]
+    if len({len(s) for s in split}) != 1:
+        return "+".join(names)
+    parts = ["+".join(dict.fromkeys(column)) for column in zip(*split)]
+    return "/".join(parts)
 
 
 def fold_scale_into_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],

@@ -80,14 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --run or --timing-only, write the timeline as a Chrome trace "
                         "(Perfetto opens it)")
     model_args(c)
-    c.add_argument("--fuse", choices=("all", "prologues", "best", "inline", "none"),
+    c.add_argument("--fuse", choices=("all", "prologues", "siblings", "best", "inline",
+                                      "none"),
                    default="all",
                    help="all (default): elementwise chains inlined and elementwise consumers "
                         "folded into the matmul or reduction before them as epilogues; "
                         "prologues: also Softmax's and LayerNorm's tails folded into the "
-                        "matmuls that read them; best: whichever of all and prologues the "
-                        "planner predicts faster (compiles twice); inline: no epilogues; none: "
-                        "no fusion, one op per lowered node")
+                        "matmuls that read them; siblings: all, and the matmuls that read one "
+                        "activation with weights of their own (q, k, v; gate, up) made one; "
+                        "best: whichever of all and prologues the planner predicts faster "
+                        "(compiles twice); inline: no epilogues; none: no fusion, one op per "
+                        "lowered node")
     c.add_argument("--no-fuse", dest="fuse", action="store_const", const="none",
                    help="the same as --fuse none")
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")

@@ -72,8 +72,10 @@ class CompileOptions:
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
     #: "all": elementwise inlining and epilogues; "prologues": those and prologues (Softmax's
-    #: and LayerNorm's tails into the matmuls after them); "best": whichever of the two the
-    #: planner predicts faster (compiles twice); "inline": inlining only; "none": no fusion
+    #: and LayerNorm's tails into the matmuls after them); "siblings": "all" and sibling
+    #: matmuls made one (`frontend.rewrite.fuse_sibling_matmuls`); "best": whichever of "all"
+    #: and "prologues" the planner predicts faster (compiles twice); "inline": inlining only;
+    #: "none": no fusion
     fuse: str = "all"
     #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
@@ -198,8 +200,9 @@ def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, 
     SRAM is split over blocks of their columns (`rewrite.split_large_matmuls`)."""
     split = (chip.cores * chip.sram_bytes_per_core // 2, dtype) if chip.has_dram else None
     graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=fuse != "none",
-                              epilogues=fuse in ("all", "prologues"),
-                              prologues=fuse == "prologues", weights=weights or {},
+                              epilogues=fuse in ("all", "prologues", "siblings"),
+                              prologues=fuse == "prologues", siblings=fuse == "siblings",
+                              weights=weights or {},
                               split_cache=chip.is_mesh or chip.has_dram, split_weights=split)
     if chip.has_dram:
         graph = gather_by_dma(graph)

@@ -1,0 +1,148 @@
+"""Sibling matmuls fused (`frontend.rewrite.fuse_sibling_matmuls`): matmuls that read one
+activation with constant weights of their own become one matmul over the weights side by
+side, its biases added as one, its result split; the model computes what onnxruntime
+computes; weights something else reads, and on a chip with DRAM a concatenation too large
+for it, are left alone; the zoo's attention projections become one op per layer; and a
+Split's pieces read as heads are sliced after the heads' views (GPT-2). Asked
+for with ``--fuse siblings`` (`CompileOptions.fuse`; ``to_graph(siblings=True)``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from t10c.chips import chip_from_dict, load_chip
+from t10c.driver import CompileOptions, chip_graph, compile_model, load_source, run_compiled
+from t10c.frontend import to_graph
+from t10c.frontend.rewrite import _joined_name, slice_heads_after_split
+
+
+def _siblings(biases: tuple[bool, ...] = (True, True, True), shared: bool = False,
+              opset: int = 17, k: int = 24, widths: tuple[int, ...] = (16, 8, 8)
+              ) -> onnx.ModelProto:
+    """``x`` times three weights (``q``, ``k``, ``v``), each with a bias where ``biases``
+    says; ``shared``: ``v``'s weight is also read by a fourth matmul."""
+    rng = np.random.default_rng(7)
+    nodes, inits, outs = [], [], []
+    for name, width, bias in zip("qkv", widths, biases):
+        inits.append(numpy_helper.from_array(
+            rng.standard_normal((k, width)).astype(np.float32), f"{name}.w"))
+        nodes.append(helper.make_node("MatMul", ["x", f"{name}.w"], [f"{name}.xw"],
+                                      name=f"l0/{name}/MatMul"))
+        out = f"{name}.xw"
+        if bias:
+            inits.append(numpy_helper.from_array(
+                rng.standard_normal(width).astype(np.float32), f"{name}.b"))
+            nodes.append(helper.make_node("Add", [out, f"{name}.b"], [f"{name}.y"],
+                                          name=f"l0/{name}/Add"))
+            out = f"{name}.y"
+        nodes.append(helper.make_node("Relu", [out], [name], name=f"l0/{name}/Relu"))
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [4, width]))
+    if shared:
+        nodes.append(helper.make_node("MatMul", ["x2", "v.w"], ["again"], name="again"))
+        outs.append(helper.make_tensor_value_info("again", TensorProto.FLOAT, [4, widths[2]]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])]
+    if shared:
+        inputs.append(helper.make_tensor_value_info("x2", TensorProto.FLOAT, [4, k]))
+    graph = helper.make_graph(nodes, "siblings", inputs, outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=8)
+
+
+def _contractions(model: onnx.ModelProto) -> list[str]:
+    return [op.name for op in to_graph(model, siblings=True).ops if op.reduction_axes]
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+@pytest.mark.parametrize("biases", [(True, True, True), (True, False, True)])
+def test_siblings_become_one_matmul_that_computes_the_same(opset: int,
+                                                           biases: tuple[bool, ...]) -> None:
+    model = _siblings(biases, opset=opset)
+    assert _contractions(model) == ["l0/q+k+v/MatMul"]
+    graph = to_graph(model, siblings=True)
+    fused = graph.ops[0]
+    if all(biases):  # the biases added once, as the fused matmul's epilogue
+        assert fused.epilogue is not None and len(fused.extra) == 1
+    compiled = compile_model(model, load_chip("test16"),
+                             CompileOptions(dtype="fp32", fuse="siblings"))
+    result = run_compiled(compiled)
+    assert result.ok, result.max_rel_err
+
+
+def test_weights_read_elsewhere_are_not_fused() -> None:
+    assert sorted(_contractions(_siblings(shared=True))) == [
+        "again", "l0/q+k/MatMul", "l0/v/MatMul"]
+
+
+def test_only_when_asked_for() -> None:
+    model = _siblings()
+    assert len(_contractions(model)) == 1
+    for fuse in ("all", "prologues", "inline", "none"):
+        graph = chip_graph(model, load_chip("test16"), {}, fuse=fuse)
+        assert sorted(op.name for op in graph.ops if op.reduction_axes) == \
+            ["l0/k/MatMul", "l0/q/MatMul", "l0/v/MatMul"], fuse
+    graph = chip_graph(model, load_chip("test16"), {}, fuse="siblings")
+    assert [op.name for op in graph.ops if op.reduction_axes] == ["l0/q+k+v/MatMul"]
+
+
+def test_a_chip_with_dram_fuses_only_what_it_would_not_split_again() -> None:
+    """On a chip with DRAM the weights side by side must stay within the split's bound
+    (half the SRAM): 16 KiB cores hold 24 x 32 fp16 weights once, not 24 x 1,024."""
+    chip = chip_from_dict({"base": "test64-dram", "name": "dram16k", "cores": 16,
+                           "grid": [4, 4], "sram_bytes_per_core": 2048})
+    small = chip_graph(_siblings(), chip, {}, fuse="siblings")
+    assert [op.name for op in small.ops if op.reduction_axes] == ["l0/q+k+v/MatMul"]
+    wide = chip_graph(_siblings(widths=(512, 256, 256)), chip, {}, fuse="siblings")
+    names = [op.name for op in wide.ops if op.reduction_axes]
+    assert not any("+" in n for n in names), names
+
+
+def test_joined_names() -> None:
+    assert _joined_name(["a/attn/q/MatMul", "a/attn/k/MatMul", "a/attn/v/MatMul"]) == \
+        "a/attn/q+k+v/MatMul"
+    assert _joined_name(["a/q_proj/MatMul", "a/k_proj/MatMul"]) == "a/q_proj+k_proj/MatMul"
+    assert _joined_name(["x/MatMul", "MatMul_3"]) == "x/MatMul+MatMul_3"
+
+
+@pytest.mark.parametrize("model, fused, copies", [
+    ("bert-tiny", "layer0/attn/q+k+v/MatMul", False),
+    # the rotary embedding reads the query and the keys through windows (rotate_half), and
+    # the values are the step's new cache entries: their slices stay copies
+    ("llama-tiny-decode", "layers0/attn/q_proj+k_proj+v_proj/MatMul", True)])
+def test_the_zoos_projections_are_one_op(model: str, fused: str, copies: bool) -> None:
+    """One matmul for q, k and v; on bert no copy of their heads: each slice is taken after
+    the heads' Reshape and Transpose, and folds into the op that reads it."""
+    plain, graph = (to_graph(load_source(model), siblings=s) for s in (False, True))
+    names = {op.name for op in graph.ops}
+    assert fused in names, sorted(names)
+    assert any(_is_copy(op) for op in graph.ops) == copies, [op.name for op in graph.ops]
+    assert sum(bool(op.reduction_axes) for op in graph.ops) < \
+        sum(bool(op.reduction_axes) for op in plain.ops)
+
+
+def _is_copy(op) -> bool:  # type: ignore[no-untyped-def]
+    return op.body == ("in", 0) and len(op.inputs) == 1 and not op.reduction_axes
+
+
+def test_a_split_read_as_heads_is_sliced_after_the_heads_views() -> None:
+    """GPT-2's ``c_attn`` is one matmul already, split into q, k and v: each piece sliced
+    after its heads' Reshape and Transpose folds into its reader (three copy ops a layer
+    fewer), computing what onnxruntime computes."""
+    model = load_source("gpt2-tiny")
+    plain, sliced = (to_graph(model, siblings=s) for s in (False, True))
+    assert sum(op.name.endswith(("/Split/0", "/Split/1", "/Split/2")) for op in plain.ops) > 0
+    assert not any(_is_copy(op) for op in sliced.ops), [op.name for op in sliced.ops]
+    assert len(sliced.ops) < len(plain.ops)
+    compiled = compile_model(model, load_chip("ipu-mk2"),
+                             CompileOptions(dtype="fp32", fuse="siblings"))
+    result = run_compiled(compiled)
+    assert result.ok, result.max_rel_err
+    # a Split of another axis, or before opset 10, is left to the Split's own lowering
+    split = helper.make_node("Split", ["x"], ["a", "b"], axis=0)
+    assert slice_heads_after_split([split], {}, {"x": (4, 6), "a": (2, 6), "b": (2, 6)},
+                                   17) == [split]
+    split = helper.make_node("Split", ["x"], ["a", "b"], axis=1)
+    assert slice_heads_after_split([split], {}, {"x": (4, 6), "a": (4, 3), "b": (4, 3)},
+                                   9) == [split]
