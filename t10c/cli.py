@@ -80,17 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --run or --timing-only, write the timeline as a Chrome trace "
                         "(Perfetto opens it)")
     model_args(c)
-    c.add_argument("--fuse", choices=("all", "prologues", "siblings", "best", "inline",
-                                      "none"),
-                   default="all",
-                   help="all (default): elementwise chains inlined and elementwise consumers "
-                        "folded into the matmul or reduction before them as epilogues; "
-                        "prologues: also Softmax's and LayerNorm's tails folded into the "
-                        "matmuls that read them; siblings: all, and the matmuls that read one "
-                        "activation with weights of their own (q, k, v; gate, up) made one; "
-                        "best: whichever of all and prologues the planner predicts faster "
-                        "(compiles twice); inline: no epilogues; none: no fusion, one op per "
-                        "lowered node")
+    fuse_arg(c)
     c.add_argument("--no-fuse", dest="fuse", action="store_const", const="none",
                    help="the same as --fuse none")
     c.add_argument("--emit", choices=("asm",), help="print the program of one core")
@@ -139,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also show the plans FILE gives the op (a constraints file: the front "
                         "obeying it; a plan.json: its plan) and where they sit against the front")
     model_args(e)
+    fuse_arg(e)
 
     cp = sub.add_parser("compare", help="compare strategies and chips on one model",
                         description="Compile and emulate MODEL under each strategy on each chip "
@@ -157,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--format", choices=("html", "md", "json"),
                     help="report format (default: html for -o FILE.html, else md)")
     model_args(cp)
+    fuse_arg(cp)
 
     b = sub.add_parser("bench", help="the benchmark matrix: models x chips x strategies",
                        description="Compile time, emulated latency per strategy, speedups over "
@@ -172,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time every plan without data (no onnxruntime check): for models too "
                         "large to emulate functionally, such as bert-large at batch 8")
     model_args(b, batches=True)
+    fuse_arg(b)
 
     sw = sub.add_parser("sweep", help="a design-space sweep: models x chip fields x strategies",
                         description="Compile every point of SPEC's grid (see t10c/sweep.py "
@@ -215,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--functional", dest="timing_only", action="store_false",
                       help="run on data and check against onnxruntime")
     model_args(mc)
+    fuse_arg(mc)
 
     r = sub.add_parser("run", help="emulate a compiled directory (compile -o DIR) again",
                        description="Load DIR's program, emulate it on seeded random inputs, "
@@ -322,7 +316,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         # explain plans one op: shapes are all it needs, so zoo weights are not drawn
         model = load_source(args.model, seq_len=args.seq_len, batch=args.batch, weights=False,
                             quantize=args.quantize)
-        graph = chip_graph(model, chip, dict(args.shape), dtype=args.dtype)
+        # (`best` is a choice between two whole compiles: one op is shown as `all` has it)
+        graph = chip_graph(model, chip, dict(args.shape), dtype=args.dtype,
+                           fuse="all" if args.fuse == "best" else args.fuse)
     except (models.UnknownModelError, frontend.ModelNotFoundError) as exc:
         return _error(str(exc), EXIT_USAGE)
     except frontend.FrontendError as exc:
@@ -372,13 +368,28 @@ def _given_plans(args: argparse.Namespace, graph, op, chip, opts):
     return plans, f"obeying {c.pattern} ({c.describe()})"
 
 
+def fuse_arg(p: argparse.ArgumentParser) -> None:
+    """``--fuse``, for every command that compiles a model."""
+    p.add_argument("--fuse", choices=("all", "prologues", "siblings", "best", "inline",
+                                      "none"),
+                   default="all",
+                   help="all (default): elementwise chains inlined and elementwise consumers "
+                        "folded into the matmul or reduction before them as epilogues; "
+                        "prologues: also Softmax's and LayerNorm's tails folded into the "
+                        "matmuls that read them; siblings: all, and the matmuls that read one "
+                        "activation with weights of their own (q, k, v; gate, up) made one; "
+                        "best: whichever of all and prologues the planner predicts faster "
+                        "(compiles twice); inline: no epilogues; none: no fusion, one op per "
+                        "lowered node")
+
+
 def _base_options(args: argparse.Namespace):
     from t10c.driver import CompileOptions
 
     timing_only = bool(getattr(args, "timing_only", False))
     return CompileOptions(dtype=args.dtype, seq_len=args.seq_len, batch=args.batch,
                           quantize=args.quantize, pinned=dict(args.shape),
-                          search=search_options(args),
+                          search=search_options(args), fuse=args.fuse,
                           timing_only=timing_only, weights=not timing_only)
 
 

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from t10c.chips import chip_from_dict, load_chip
+from t10c.cli import main
 from t10c.driver import CompileOptions, chip_graph, compile_model, load_source, run_compiled
 from t10c.frontend import to_graph
 from t10c.frontend.rewrite import _joined_name, slice_heads_after_split
@@ -146,3 +147,16 @@ def test_a_split_read_as_heads_is_sliced_after_the_heads_views() -> None:
     split = helper.make_node("Split", ["x"], ["a", "b"], axis=1)
     assert slice_heads_after_split([split], {}, {"x": (4, 6), "a": (4, 3), "b": (4, 3)},
                                    9) == [split]
+
+
+def test_the_commands_that_compile_take_it(capsys) -> None:
+    """``--fuse siblings`` on explain (the fused op's front) and bench (its table)."""
+    assert main(["explain", "bert-tiny", "--op", "layer0/attn/q+k+v/MatMul", "--chip",
+                 "test16", "--fuse", "siblings"]) == 0
+    assert "layer0/attn/q+k+v/MatMul" in capsys.readouterr().out
+    assert main(["explain", "bert-tiny", "--op", "layer0/attn/q+k+v/MatMul", "--chip",
+                 "test16"]) == 2  # no such op without it
+    capsys.readouterr()
+    assert main(["bench", "--models", "bert-tiny", "--chips", "test16", "--timing-only",
+                 "--fuse", "siblings"]) == 0
+    assert "| bert-tiny |" in capsys.readouterr().out
