@@ -160,3 +160,16 @@ def test_the_commands_that_compile_take_it(capsys) -> None:
     assert main(["bench", "--models", "bert-tiny", "--chips", "test16", "--timing-only",
                  "--fuse", "siblings"]) == 0
     assert "| bert-tiny |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("chip", ["test64-dram", "mesh64x64"])
+def test_a_decode_step_with_fused_projections_runs_on_a_mesh_and_with_dram(chip: str) -> None:
+    """The decode step's cache read where it lives and grown in place (meshes, DRAM) with its
+    keys and values slices of the fused projection: the outputs are onnxruntime's."""
+    target = load_chip(chip) if chip != "mesh64x64" else chip_from_dict(
+        {"base": "wse2", "name": "mesh64x64", "grid": [64, 64], "cores": 4096})
+    compiled = compile_model("llama-tiny-decode", target, CompileOptions(fuse="siblings"))
+    assert any("q_proj+k_proj+v_proj" in op.name for op in compiled.graph.ops)
+    result = run_compiled(compiled)
+    assert result.ok, result.max_rel_err
+    assert result.timeline.cycles == compiled.plan.total_cycles
