@@ -321,10 +321,10 @@ def to_graph(source, *, pinned: dict[str, tuple[int, ...]] | None = None,
     on an all-to-all chip without DRAM the two more ops cost more than the re-layout saves.
     ``split_weights`` (``(max_bytes, storage dtype)``): matmuls with larger constant weights are
     split over column blocks (`rewrite.split_large_matmuls`; the compiler asks for it on
-    chips with DRAM). With ``siblings`` (``--fuse siblings``), matmuls that read one
-    activation with constant weights of their own become one
-    (`rewrite.fuse_sibling_matmuls`). Raises `UnsupportedModelError` listing every node that
-    cannot be lowered.
+    chips with DRAM). With ``siblings`` (the compiler asks for it under ``--fuse all``, its
+    default, and ``prologues``), matmuls that read one activation with constant weights of
+    their own become one (`rewrite.fuse_sibling_matmuls`). Raises `UnsupportedModelError`
+    listing every node that cannot be lowered.
     """
     model = load_model(source)
     low = lower(model, pinned, weights, split_cache, split_weights, siblings)

@@ -16,7 +16,7 @@ projections).
 `fuse_sibling_matmuls`: matmuls that read one activation with constant weights of their own
 (q, k and v; gate and up) become one over the weights side by side, its result sliced;
 `slice_heads_after_split`: a Split's piece read as attention's heads is sliced after the
-heads' Reshape and Transpose (both with ``--fuse siblings``).
+heads' Reshape and Transpose (both under ``--fuse all`` and ``prologues``).
 
 `split_large_matmuls`: on a chip with DRAM, a matmul whose constant weights would take more
 than half of the chip's SRAM becomes several over column blocks of them, concatenated.

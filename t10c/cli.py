@@ -370,17 +370,18 @@ def _given_plans(args: argparse.Namespace, graph, op, chip, opts):
 
 def fuse_arg(p: argparse.ArgumentParser) -> None:
     """``--fuse``, for every command that compiles a model."""
-    p.add_argument("--fuse", choices=("all", "prologues", "siblings", "best", "inline",
+    p.add_argument("--fuse", choices=("all", "epilogues", "prologues", "best", "inline",
                                       "none"),
                    default="all",
-                   help="all (default): elementwise chains inlined and elementwise consumers "
-                        "folded into the matmul or reduction before them as epilogues; "
-                        "prologues: also Softmax's and LayerNorm's tails folded into the "
-                        "matmuls that read them; siblings: all, and the matmuls that read one "
-                        "activation with weights of their own (q, k, v; gate, up) made one; "
-                        "best: whichever of all and prologues the planner predicts faster "
-                        "(compiles twice); inline: no epilogues; none: no fusion, one op per "
-                        "lowered node")
+                   help="all (default): elementwise chains inlined, elementwise consumers "
+                        "folded into the matmul or reduction before them as epilogues, and "
+                        "the matmuls that read one activation with weights of their own (q, "
+                        "k, v; gate, up) made one; epilogues: all but those matmuls kept "
+                        "apart; prologues: all, and Softmax's and LayerNorm's tails folded "
+                        "into the matmuls that read them; best: whichever of all and "
+                        "prologues the planner predicts faster (compiles twice); inline: no "
+                        "epilogues (nor sibling matmuls made one); none: no fusion, one op "
+                        "per lowered node")
 
 
 def _base_options(args: argparse.Namespace):

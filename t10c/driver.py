@@ -71,11 +71,11 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
-    #: "all": elementwise inlining and epilogues; "prologues": those and prologues (Softmax's
-    #: and LayerNorm's tails into the matmuls after them); "siblings": "all" and sibling
-    #: matmuls made one (`frontend.rewrite.fuse_sibling_matmuls`); "best": whichever of "all"
-    #: and "prologues" the planner predicts faster (compiles twice); "inline": inlining only;
-    #: "none": no fusion
+    #: "all": elementwise inlining, epilogues and sibling matmuls made one
+    #: (`frontend.rewrite.fuse_sibling_matmuls`); "epilogues": "all" with sibling matmuls
+    #: kept apart; "prologues": "all" and prologues (Softmax's and LayerNorm's tails into the
+    #: matmuls after them); "best": whichever of "all" and "prologues" the planner predicts
+    #: faster (compiles twice); "inline": inlining only; "none": no fusion
     fuse: str = "all"
     #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
@@ -200,8 +200,9 @@ def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, 
     SRAM is split over blocks of their columns (`rewrite.split_large_matmuls`)."""
     split = (chip.cores * chip.sram_bytes_per_core // 2, dtype) if chip.has_dram else None
     graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=fuse != "none",
-                              epilogues=fuse in ("all", "prologues", "siblings"),
-                              prologues=fuse == "prologues", siblings=fuse == "siblings",
+                              epilogues=fuse in ("all", "prologues", "epilogues"),
+                              prologues=fuse == "prologues",
+                              siblings=fuse in ("all", "prologues"),
                               weights=weights or {},
                               split_cache=chip.is_mesh or chip.has_dram, split_weights=split)
     if chip.has_dram:

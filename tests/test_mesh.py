@@ -373,7 +373,8 @@ def test_neighbours_on_a_mesh_read_one_received_copy(monkeypatch) -> None:
     from t10c.partition.space import tensor_sets
     from t10c.partition.transitions import shared_inputs
 
-    c = compile_model("llama-tiny-decode", MESH64)
+    apart = CompileOptions(fuse="epilogues")  # q, k and v apart: k reads q's copy
+    c = compile_model("llama-tiny-decode", MESH64, apart)
     ints = tensor_sets(c.graph)[0]
     shared = shared_inputs(c.graph, c.plan.ops, MESH64, c.plan.dtype, ints)
     names = {c.graph.ops[i].name for i, _ in shared}
@@ -384,7 +385,8 @@ def test_neighbours_on_a_mesh_read_one_received_copy(monkeypatch) -> None:
     # without the swap the same compile is slower
     monkeypatch.setattr(planner, "_share_layouts", lambda graph, chosen, relayout, *a, **k:
                         (chosen, relayout))
-    assert compile_model("llama-tiny-decode", MESH64).plan.total_cycles > c.plan.total_cycles
+    assert compile_model("llama-tiny-decode", MESH64, apart).plan.total_cycles > \
+        c.plan.total_cycles
 
 
 @pytest.mark.parametrize("chip", [MESH64, PRESETS["ipu-mk2"]], ids=["64x64", "ipu-mk2"])
@@ -402,7 +404,8 @@ def test_a_rotated_copy_goes_home_for_the_next_op(chip, monkeypatch) -> None:
     held = {"F_op": {"k": 8, "n": 44}, "f_t": {"in0": {"k": 2}}}
     options = CompileOptions(constraints=constraints_from({"op": [
         {"name": "layers*/mlp/gate_proj/MatMul", **held},
-        {"name": "layers*/mlp/up_proj/MatMul", **held}]}, "test"))
+        {"name": "layers*/mlp/up_proj/MatMul", **held}]}, "test"),
+        fuse="epilogues")  # (the gate and the up projection apart)
     c = compile_model("llama-tiny-decode", chip, options)
     g, plan = c.graph, c.plan
     shared = transitions.shared_inputs(g, plan.ops, chip, plan.dtype, tensor_sets(g)[0])

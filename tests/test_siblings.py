@@ -4,7 +4,8 @@ side, its biases added as one, its result split; the model computes what onnxrun
 computes; weights something else reads, and on a chip with DRAM a concatenation too large
 for it, are left alone; the zoo's attention projections become one op per layer; and a
 Split's pieces read as heads are sliced after the heads' views (GPT-2). Asked
-for with ``--fuse siblings`` (`CompileOptions.fuse`; ``to_graph(siblings=True)``)."""
+by ``--fuse all`` (the default) and ``prologues``, not by ``epilogues`` (`CompileOptions.fuse`;
+``to_graph(siblings=True)``)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_siblings_become_one_matmul_that_computes_the_same(opset: int,
     if all(biases):  # the biases added once, as the fused matmul's epilogue
         assert fused.epilogue is not None and len(fused.extra) == 1
     compiled = compile_model(model, load_chip("test16"),
-                             CompileOptions(dtype="fp32", fuse="siblings"))
+                             CompileOptions(dtype="fp32"))
     result = run_compiled(compiled)
     assert result.ok, result.max_rel_err
 
@@ -77,15 +78,16 @@ def test_weights_read_elsewhere_are_not_fused() -> None:
         "again", "l0/q+k/MatMul", "l0/v/MatMul"]
 
 
-def test_only_when_asked_for() -> None:
+def test_all_and_prologues_make_them_one() -> None:
     model = _siblings()
     assert len(_contractions(model)) == 1
-    for fuse in ("all", "prologues", "inline", "none"):
+    for fuse in ("all", "prologues"):
+        graph = chip_graph(model, load_chip("test16"), {}, fuse=fuse)
+        assert [op.name for op in graph.ops if op.reduction_axes] == ["l0/q+k+v/MatMul"]
+    for fuse in ("epilogues", "inline", "none"):
         graph = chip_graph(model, load_chip("test16"), {}, fuse=fuse)
         assert sorted(op.name for op in graph.ops if op.reduction_axes) == \
             ["l0/k/MatMul", "l0/q/MatMul", "l0/v/MatMul"], fuse
-    graph = chip_graph(model, load_chip("test16"), {}, fuse="siblings")
-    assert [op.name for op in graph.ops if op.reduction_axes] == ["l0/q+k+v/MatMul"]
 
 
 def test_a_chip_with_dram_fuses_only_what_it_would_not_split_again() -> None:
@@ -93,9 +95,9 @@ def test_a_chip_with_dram_fuses_only_what_it_would_not_split_again() -> None:
     (half the SRAM): 16 KiB cores hold 24 x 32 fp16 weights once, not 24 x 1,024."""
     chip = chip_from_dict({"base": "test64-dram", "name": "dram16k", "cores": 16,
                            "grid": [4, 4], "sram_bytes_per_core": 2048})
-    small = chip_graph(_siblings(), chip, {}, fuse="siblings")
+    small = chip_graph(_siblings(), chip, {})
     assert [op.name for op in small.ops if op.reduction_axes] == ["l0/q+k+v/MatMul"]
-    wide = chip_graph(_siblings(widths=(512, 256, 256)), chip, {}, fuse="siblings")
+    wide = chip_graph(_siblings(widths=(512, 256, 256)), chip, {})
     names = [op.name for op in wide.ops if op.reduction_axes]
     assert not any("+" in n for n in names), names
 
@@ -137,7 +139,7 @@ def test_a_split_read_as_heads_is_sliced_after_the_heads_views() -> None:
     assert not any(_is_copy(op) for op in sliced.ops), [op.name for op in sliced.ops]
     assert len(sliced.ops) < len(plain.ops)
     compiled = compile_model(model, load_chip("ipu-mk2"),
-                             CompileOptions(dtype="fp32", fuse="siblings"))
+                             CompileOptions(dtype="fp32"))
     result = run_compiled(compiled)
     assert result.ok, result.max_rel_err
     # a Split of another axis, or before opset 10, is left to the Split's own lowering
@@ -150,15 +152,15 @@ def test_a_split_read_as_heads_is_sliced_after_the_heads_views() -> None:
 
 
 def test_the_commands_that_compile_take_it(capsys) -> None:
-    """``--fuse siblings`` on explain (the fused op's front) and bench (its table)."""
+    """``--fuse`` on explain (the fused op's front; `epilogues` has no such op) and bench."""
     assert main(["explain", "bert-tiny", "--op", "layer0/attn/q+k+v/MatMul", "--chip",
-                 "test16", "--fuse", "siblings"]) == 0
+                 "test16"]) == 0
     assert "layer0/attn/q+k+v/MatMul" in capsys.readouterr().out
     assert main(["explain", "bert-tiny", "--op", "layer0/attn/q+k+v/MatMul", "--chip",
-                 "test16"]) == 2  # no such op without it
+                 "test16", "--fuse", "epilogues"]) == 2
     capsys.readouterr()
     assert main(["bench", "--models", "bert-tiny", "--chips", "test16", "--timing-only",
-                 "--fuse", "siblings"]) == 0
+                 "--fuse", "epilogues"]) == 0
     assert "| bert-tiny |" in capsys.readouterr().out
 
 
@@ -168,7 +170,7 @@ def test_a_decode_step_with_fused_projections_runs_on_a_mesh_and_with_dram(chip:
     keys and values slices of the fused projection: the outputs are onnxruntime's."""
     target = load_chip(chip) if chip != "mesh64x64" else chip_from_dict(
         {"base": "wse2", "name": "mesh64x64", "grid": [64, 64], "cores": 4096})
-    compiled = compile_model("llama-tiny-decode", target, CompileOptions(fuse="siblings"))
+    compiled = compile_model("llama-tiny-decode", target, CompileOptions())
     assert any("q_proj+k_proj+v_proj" in op.name for op in compiled.graph.ops)
     result = run_compiled(compiled)
     assert result.ok, result.max_rel_err
