@@ -146,6 +146,20 @@ def keep_quantized_weights(nodes: list[onnx.NodeProto], constants: dict[str, np.
 SPLIT_ALIGN = 32
 
 
+def _by_constant_matrix(mm: onnx.NodeProto, constants: dict[str, np.ndarray],
+                        shapes: dict[str, tuple[int, ...]]
+                        ) -> tuple[str, str, np.ndarray] | None:
+    """(activation, weight name, weight) where ``mm`` is ``MatMul(a, W)`` of a computed ``a``
+    and a constant matrix ``W``, its result's shape known; None otherwise."""
+    if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or len(mm.input) != 2:
+        return None
+    a, w_name = mm.input
+    w = constants.get(w_name)
+    if w is None or w.ndim != 2 or a in constants or mm.output[0] not in shapes:
+        return None
+    return a, w_name, w
+
+
 def split_large_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
                         shapes: dict[str, tuple[int, ...]], max_bytes: int, storage: str
                         ) -> list[onnx.NodeProto]:
@@ -164,13 +178,10 @@ def split_large_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.nda
     room beside a block for its activations and the next op's preload."""
     dropped: dict[int, list[onnx.NodeProto]] = {}
     for k, mm in enumerate(nodes):
-        if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or len(mm.input) != 2:
+        if (found := _by_constant_matrix(mm, constants, shapes)) is None:
             continue
-        a, w_name = mm.input
-        w = constants.get(w_name)
+        a, w_name, w = found
         out = mm.output[0]
-        if w is None or w.ndim != 2 or a in constants or out not in shapes:
-            continue
         size = dtype_bytes(on_chip_dtype("float32" if w.dtype.kind == "f" else str(w.dtype),
                                          storage))
         pieces = ceil_div(w.size * size, max_bytes)
@@ -219,13 +230,10 @@ def fuse_sibling_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.nd
     _, readers = _producers_and_readers(nodes)
     groups: dict[str, list[int]] = {}
     for k, mm in enumerate(nodes):
-        if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or len(mm.input) != 2:
+        if (found := _by_constant_matrix(mm, constants, shapes)) is None:
             continue
-        x, w_name = mm.input
-        w = constants.get(w_name)
-        out = mm.output[0]
-        if w is None or w.ndim != 2 or w.dtype.kind != "f" or x in constants or \
-                out not in shapes or len(readers.get(w_name, [])) != 1 or w_name in outputs:
+        x, w_name, w = found
+        if w.dtype.kind != "f" or len(readers.get(w_name, [])) != 1 or w_name in outputs:
             continue
         groups.setdefault(x, []).append(k)
     size = dtype_bytes(on_chip_dtype("float32", storage))

@@ -378,8 +378,9 @@ def fuse_arg(p: argparse.ArgumentParser) -> None:
                         "the matmuls that read one activation with weights of their own (q, "
                         "k, v; gate, up) made one; epilogues: all but those matmuls kept "
                         "apart; prologues: all, and Softmax's and LayerNorm's tails folded "
-                        "into the matmuls that read them; best: whichever of all and "
-                        "prologues the planner predicts faster (compiles twice); inline: no "
+                        "into the matmuls that read them; best: whichever of all, epilogues "
+                        "and prologues the planner predicts faster (compiles three times); "
+                        "inline: no "
                         "epilogues (nor sibling matmuls made one); none: no fusion, one op "
                         "per lowered node")
 

@@ -74,8 +74,9 @@ class CompileOptions:
     #: "all": elementwise inlining, epilogues and sibling matmuls made one
     #: (`frontend.rewrite.fuse_sibling_matmuls`); "epilogues": "all" with sibling matmuls
     #: kept apart; "prologues": "all" and prologues (Softmax's and LayerNorm's tails into the
-    #: matmuls after them); "best": whichever of "all" and "prologues" the planner predicts
-    #: faster (compiles twice); "inline": inlining only; "none": no fusion
+    #: matmuls after them); "best": whichever of "all", "epilogues" and "prologues" the
+    #: planner predicts faster (compiles three times); "inline": inlining only; "none": no
+    #: fusion
     fuse: str = "all"
     #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
@@ -279,13 +280,15 @@ def compile_model(source: str | onnx.ModelProto, chip: Chip,
 
 def _best_fusion(source: str | onnx.ModelProto, chip: Chip, options: CompileOptions,
                  progress: Progress | None) -> Compiled:
-    """``--fuse best``: compile with and without prologues and keep the compile whose plan
-    the planner predicts faster (the one without on a tie). Whether prologues pay depends on
-    the whole-graph plan (`frontend/fuse.py`), so only the whole-graph solve can tell."""
+    """``--fuse best``: compile under ``all``, ``epilogues`` (sibling matmuls apart) and
+    ``prologues`` and keep the compile whose plan the planner predicts faster (the first of
+    equals, in that order). Whether prologues, or one matmul for q, k and v, pay depends on
+    the whole-graph plan (`frontend/fuse.py`; on wse2 the fused q, k and v made bert-large
+    slower and LLaMA-3-8B's decode step faster), so only the whole-graph solve can tell."""
     import dataclasses
 
     tried = [compile_model(source, chip, dataclasses.replace(options, fuse=fuse), progress)
-             for fuse in ("all", "prologues")]
+             for fuse in ("all", "epilogues", "prologues")]
     best = min(tried, key=lambda c: c.plan.total_cycles)  # min keeps the first on a tie
     timings = dict(best.timings, total_s=sum(c.timings["total_s"] for c in tried))
     return dataclasses.replace(best, timings=timings)
