@@ -233,7 +233,7 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
     nodes = fold_batchnorm(list(model.graph.node), ctx.constants, outputs)
     nodes = keep_quantized_weights(nodes, ctx.constants, ctx.shapes, outputs)
     nodes = fold_scale_into_matmuls(nodes, ctx.constants, ctx.shapes, outputs)
-    if siblings and opset >= 2:  # (Split from opset 2)
+    if siblings:
         max_bytes, storage = split_weights if split_weights is not None else (None, "fp16")
         nodes = fuse_sibling_matmuls(nodes, ctx.constants, ctx.shapes, outputs, opset,
                                      max_bytes, storage)

@@ -874,9 +874,10 @@ def _edges(graph: Graph, keys: list[int], fronts: list[list[OpPlan]], chip: Chip
     index: dict[tuple, int] = {}
     where = []  # (j, i, slot, distinct edge)
     for i, op in enumerate(graph.ops):
+        # (slot, operand, epilogue operand): an epilogue's operands take slots past the output
         reads = [(slot, o, None) for slot, o in enumerate(op.inputs)] + \
-            [(len(op.inputs) + 1 + k, o, k) for k, o in enumerate(op.extra)]  # (epilogue
-        for slot, operand, k in reads:  # operands: slots past the output's)
+            [(len(op.inputs) + 1 + k, o, k) for k, o in enumerate(op.extra)]
+        for slot, operand, k in reads:
             j = producer.get(graph.root(operand.tensor))
             if j is None:
                 continue
