@@ -217,10 +217,11 @@ def fuse_sibling_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.nd
                          ) -> list[onnx.NodeProto]:
     """``nodes`` with the matmuls that read one activation with constant weights of their own
     (attention's q, k and v; a gated MLP's gate and up) made one: ``MatMul(x, [W_1 ... W_n])``
-    over the weights side by side (a new constant), ``+ [b_1 ... b_n]`` where each of them
-    was followed by an ``Add`` of a constant bias over its columns (the Adds go), and a
-    slice of its columns for each of the matmuls' (or the Adds') outputs (`_piece`), where
-    the first of them was.
+    over the weights side by side, or woven where their results meet point by point
+    (`_weave`), as a new constant; ``+ [b_1 ... b_n]`` where each of them was followed by an
+    ``Add`` of a constant bias over its columns (the Adds go); and a slice of its columns
+    for each of the matmuls' (or the Adds') outputs (`_piece`, `_strided_piece`), where the
+    first of them was.
 
     One op where there were n: the activation is laid out for it once, and the barriers, the
     reductions and the fetches are one op's. The slices are copies, which fold into the ops
@@ -252,20 +253,22 @@ def fuse_sibling_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.nd
                   for mm, w in zip(mms, ws)]
         with_bias = all(b is not None for b in biases)
         base = _joined_name([mm.name or mm.output[0] for mm in mms])
+        pieces = [mm.output[0] for mm in mms]
+        woven = opset >= 10 and _weave(pieces, [int(w.shape[1]) for w in ws], readers, shapes)
         weight = f"{mms[0].input[1]}~fused"
-        constants[weight] = (np.concatenate(ws, axis=1) if all(has_values(w) for w in ws)
+        constants[weight] = (_side_by_side(ws, woven) if all(has_values(w) for w in ws)
                              else values_unknown((ws[0].shape[0], width), ws[0].dtype))
         for mm in mms:
             del constants[mm.input[1]]
         product = f"{mms[0].output[0]}~fused"
         shapes[product] = shapes[mms[0].output[0]][:-1] + (width,)
         made = [helper.make_node("MatMul", [x, weight], [product], name=base)]
-        pieces = [mm.output[0] for mm in mms]
         if with_bias:
             adds = [b for b in biases if b is not None]
-            values = [constants[name].reshape(-1) for _, name in adds]
+            values = [constants[name].reshape(1, -1) for _, name in adds]
             bias = f"{adds[0][1]}~fused"
-            constants[bias] = (np.concatenate(values) if all(has_values(v) for v in values)
+            constants[bias] = (_side_by_side(values, woven).reshape(-1)
+                               if all(has_values(v) for v in values)
                                else values_unknown((width,), values[0].dtype))
             biased = f"{product}+bias"
             shapes[biased] = shapes[product]
@@ -274,6 +277,10 @@ def fuse_sibling_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.nd
             dropped.update(position[id(add)] for add, _ in adds)
         start = 0
         for j, (piece, w) in enumerate(zip(pieces, ws)):
+            if woven:
+                made += _strided_piece(product, piece, j, len(ws), width, f"{base}/{j}",
+                                       shapes, constants)
+                continue
             stop = start + int(w.shape[1])
             made += _piece(product, piece, start, stop, f"{base}/{j}", readers, shapes,
                            constants, opset, position, dropped)
@@ -281,6 +288,54 @@ def fuse_sibling_matmuls(nodes: list[onnx.NodeProto], constants: dict[str, np.nd
         at[members[0]] = made
         dropped.update(members[1:])
     return [r for k, n in enumerate(nodes) if k not in dropped for r in at.get(k, [n])]
+
+
+def _weave(pieces: list[str], widths: list[int], readers: dict[str, list[onnx.NodeProto]],
+           shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether the fused matmul's columns interleave its pieces' (column ``i`` of piece
+    ``j`` at ``i * n + j`` of ``n`` pieces) rather than lie side by side: where the pieces
+    are as wide and meet in one node within a few steps of same-shaped nodes (a gated MLP's
+    ``act(gate) * up``). Whatever contiguous run of columns a core then computes holds the
+    same columns of every piece, so the op that combines them point by point reads them
+    where they were computed; side by side, column ``i`` of the gate and of the up
+    projection lie half the matmul apart (on a wafer, half the wafer). Either way computes
+    the same values."""
+    if len(set(widths)) != 1:
+        return False
+
+    def reach(piece: str) -> set[int]:
+        shape, seen, frontier = shapes.get(piece), set(), [piece]
+        for _ in range(_WEAVE_STEPS):
+            same = [r for t in frontier for r in readers.get(t, [])
+                    if r.output and shapes.get(r.output[0]) == shape]
+            seen.update(id(r) for r in same)
+            frontier = [r.output[0] for r in same]
+        return seen
+    return bool(set.intersection(*(reach(p) for p in pieces)))
+
+
+_WEAVE_STEPS = 3  # act(gate) * up: sigmoid, gate * sigmoid, * up
+
+
+def _side_by_side(parts: list[np.ndarray], woven: bool) -> np.ndarray:
+    """The columns of ``parts`` (2-D, as many rows) in one matrix: one after another, or
+    woven (`_weave`)."""
+    if not woven:
+        return np.concatenate(parts, axis=1)
+    return np.stack(parts, axis=2).reshape(parts[0].shape[0], -1)
+
+
+def _strided_piece(product: str, piece: str, j: int, n: int, width: int, name: str,
+                   shapes: dict[str, tuple[int, ...]], constants: dict[str, np.ndarray]
+                   ) -> list[onnx.NodeProto]:
+    """The Slice that makes ``piece``, every ``n``-th column of the woven ``product`` from
+    column ``j`` (`_weave`): a copy through the window ``n * i + j``, which folds into its
+    reader (`fuse.py`, rule 2)."""
+    axis = len(shapes[product]) - 1
+    bounds = [f"{name}/{what}" for what in ("starts", "ends", "axes", "steps")]
+    for b, v in zip(bounds, (j, width, axis, n)):
+        constants[b] = np.array([v], dtype=np.int64)
+    return [helper.make_node("Slice", [product, *bounds], [piece], name=name)]
 
 
 def _piece(product: str, piece: str, start: int, stop: int, name: str,

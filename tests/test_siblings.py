@@ -175,3 +175,48 @@ def test_a_decode_step_with_fused_projections_runs_on_a_mesh_and_with_dram(chip:
     result = run_compiled(compiled)
     assert result.ok, result.max_rel_err
     assert result.timeline.cycles == compiled.plan.total_cycles
+
+
+def _gated_mlp(k: int = 24, width: int = 32) -> onnx.ModelProto:
+    """LLaMA's MLP: ``down(silu(x @ gate) * (x @ up))``, SiLU as ``g * sigmoid(g)``."""
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("gate.w", (k, width)), ("up.w", (k, width)),
+                                 ("down.w", (width, k)))]
+    nodes = [helper.make_node("MatMul", ["x", "gate.w"], ["g"], name="mlp/gate_proj/MatMul"),
+             helper.make_node("MatMul", ["x", "up.w"], ["u"], name="mlp/up_proj/MatMul"),
+             helper.make_node("Sigmoid", ["g"], ["s"], name="mlp/Sigmoid"),
+             helper.make_node("Mul", ["g", "s"], ["a"], name="mlp/act"),
+             helper.make_node("Mul", ["a", "u"], ["h"], name="mlp/Mul"),
+             helper.make_node("MatMul", ["h", "down.w"], ["y"], name="mlp/down_proj/MatMul")]
+    graph = helper.make_graph(
+        nodes, "gated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, k])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8)
+
+
+def test_a_gated_mlps_projections_are_woven() -> None:
+    """Gate and up, combined point by point, interleave their columns in the fused weight:
+    the gating op reads column ``i`` of each at ``2 i`` and ``2 i + 1`` of the product
+    (strided windows), so any run of columns a core computes holds both halves of its
+    points; the model still computes what onnxruntime computes. q, k and v, as wide but
+    each read apart, stay side by side."""
+    model = _gated_mlp()
+    graph = to_graph(model, siblings=True)
+    gating = next(op for op in graph.ops if op.name == "mlp/Mul")
+    windows = sorted((a.terms, a.offset) for o in gating.inputs for a in o.axes
+                     if not isinstance(a, str))
+    assert windows == [(((windows[0][0][0][0], 2),), 0), (((windows[0][0][0][0], 2),), 1)]
+    weight = next(v for name, v in graph.constants.items() if name.endswith("~fused"))
+    source = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert np.array_equal(weight[:, 0::2], source["gate.w"])
+    assert np.array_equal(weight[:, 1::2], source["up.w"])
+    result = run_compiled(compile_model(model, load_chip("test16"),
+                                        CompileOptions(dtype="fp32")))
+    assert result.ok, result.max_rel_err
+    apart = _siblings(widths=(8, 8, 8))
+    qkv = to_graph(apart, siblings=True)
+    weight = next(v for name, v in qkv.constants.items() if name.endswith(".w~fused"))
+    source = {t.name: numpy_helper.to_array(t) for t in apart.graph.initializer}
+    assert np.array_equal(weight, np.concatenate([source[f"{n}.w"] for n in "qkv"], axis=1))
