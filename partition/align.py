@@ -10,7 +10,11 @@ module builds the consumer plan that wants exactly those boxes:
 
 - ``F`` over the consumer's axes is the grid's shape on the axes the input indexes (1 on the
   others), with one compute step and nothing rotating; its blocks ``ceil(E / F)`` must equal
-  the producer's boxes, or the grid cannot be matched;
+  the producer's boxes, or the grid cannot be matched. An input dimension read through a
+  window of one term, ``coef * axis + offset`` (a strided or shifted slice folded into its
+  reader: a gated MLP's woven gate and up halves, `frontend.rewrite._weave`), takes blocks
+  of ``box / coef`` points (one point where the boxes are single elements), each reading
+  within one box;
 - on an all-to-all chip any physical core can run any logical core, so logical core ``c``
   runs on the core that holds box ``c`` (`OpPlan.cores`).
 
@@ -45,7 +49,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import IntTensors, ceil_div
-from t10c.ir import Graph
+from t10c.ir import Dim, Graph
 
 from .cost import plan_cost
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
@@ -100,24 +104,44 @@ def plan_on_boxes(graph: Graph, i: int, slot: int, origin: np.ndarray, shape: np
     op = graph.ops[i]
     operand = op.inputs[slot]
     names = op.axis_names
-    if any(not isinstance(d, str) or d not in names for d in operand.axes) or \
-            len(set(operand.axes)) != len(operand.axes):
-        return None  # windows and data-indexed dimensions have no simple tiles
+    reads = [_read(d) for d in operand.axes]
+    if any(r is None or r[0] not in names for r in reads) or \
+            len({r[0] for r in reads if r}) != len(reads):
+        return None  # windows of several terms, data-indexed dimensions: no simple tiles
     grid = _grid(origin, shape, graph.tensors[operand.tensor].shape)
     if grid is None:
         return None
     per_dim, index = grid
     F = [1] * len(names)
-    for d, a in enumerate(operand.axes):
-        F[names.index(a)] = per_dim[d]
+    blocks = []  # per operand dimension: the box index each block of its axis reads
+    for d, r in enumerate(reads):
+        assert r is not None
+        a, coef, offset = r
+        extent = op.axes[names.index(a)][1]
+        box = int(shape[d])
+        if box % coef and box != 1:
+            return None
+        block = max(box // coef, 1)  # a block of the axis reads within one box
+        F[names.index(a)] = ceil_div(extent, block)
+        if ceil_div(extent, F[names.index(a)]) != block:
+            return None
+        first = coef * np.arange(F[names.index(a)]) * block + offset
+        last = first + coef * (block - 1)
+        k = first // box
+        if (last // box != k).any() or (first < 0).any() or (k >= per_dim[d]).any():
+            return None
+        blocks.append(k)
     if math.prod(F) > chip.cores:
         return None
     # logical core c (row-major over F) wants the box whose grid index its coordinates give
     holder = np.full(math.prod(per_dim), -1, dtype=np.int64)
     holder[index[index >= 0]] = phys[index >= 0]
     coords = np.stack(np.unravel_index(np.arange(math.prod(F)), F), axis=1)
-    dims = [names.index(a) for a in operand.axes]
-    cores = holder[np.ravel_multi_index(tuple(coords[:, dims].T), per_dim)]
+    dims = [names.index(r[0]) for r in reads if r]
+    cores = holder[np.ravel_multi_index(
+        tuple(k[coords[:, a]] for k, a in zip(blocks, dims)), per_dim)]
+    if (cores < 0).any():
+        return None
     nops = len(op.operands)
     T = (1,) * len(names)
     rot: tuple[tuple[str, ...], ...] = ((),) * nops
@@ -138,6 +162,18 @@ def plan_on_boxes(graph: Graph, i: int, slot: int, origin: np.ndarray, shape: np
     return OpPlan(op.name, tuple(F), T, rot, drivers, chain,
                   Cycles(cycles.compute, cycles.shift, cycles.sync, cycles.reduce), hot, cold,
                   out, home=weights_home, cores=placed_or_none, aligned=slot)
+
+
+def _read(dim: Dim) -> tuple[str, int, int] | None:
+    """An operand dimension as (axis, coef, offset): the dimension's index is ``coef *
+    axis + offset`` (a plain axis: coef 1, offset 0; a strided or shifted slice read
+    point by point: a window of one term). None for a window of several terms."""
+    if isinstance(dim, str):
+        return dim, 1, 0
+    if len(dim.terms) != 1 or dim.terms[0][1] < 1:
+        return None
+    (axis, coef), = dim.terms
+    return axis, coef, dim.offset
 
 
 def _same(a: OpPlan, b: OpPlan) -> bool:

@@ -213,25 +213,36 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
 
 def result_boxes(geo: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
     """The box each logical core holds of the result after the op, (origins, shape), when
-    every core holds one: always without a reduce-scatter, and with one when the group
-    divides the tile's outermost dimension longer than 1 (each member's contiguous chunk of
-    the row-major tile is then whole rows of it). None otherwise."""
+    every core holds one of one shape: always without a reduce-scatter, and with one when
+    each member's contiguous chunk of the row-major tile is a box, i.e. whole rows of some
+    dimension's run (``chunk = k x`` the product of the dimensions after it, ``k`` dividing
+    that dimension). Members whose chunk lies wholly in the padding (a group larger than
+    the tile, as a decode step's matvec reduced over hundreds of cores leaves) hold a box
+    past the tensor's end, which holds nothing. None otherwise."""
     out = len(geo.op.inputs)
     origin = geo.tile_origin(out, geo.steps - 1)
     shape = np.asarray(geo.tile_shape(out))
-    group = geo.reduce_group
-    if group == 1:
+    if geo.reduce_group == 1:
         return origin, shape
-    outer = [d for d, n in enumerate(shape) if n > 1]
-    if not outer or shape[outer[0]] % group:
+    _, pos, chunk = scatter_members(geo)
+    inner = 1
+    for d in range(len(shape) - 1, -1, -1):
+        if chunk % inner == 0 and shape[d] % (chunk // inner) == 0:
+            break
+        inner *= int(shape[d])
+    else:
         return None
-    d = outer[0]
-    _, pos, _ = scatter_members(geo)
-    origin = origin.copy()
-    shape = shape.copy()
-    shape[d] //= group
-    origin[:, d] += pos * shape[d]
-    return origin, shape
+    run = chunk // inner
+    box = np.ones_like(shape)
+    box[d] = run
+    box[d + 1:] = shape[d + 1:]
+    start = pos.astype(np.int64) * chunk  # the chunk's first element, row-major in the tile
+    held = start < math.prod(shape)
+    within = np.stack(np.unravel_index(np.where(held, start, 0), tuple(shape)), axis=1)
+    origin = origin + within
+    # a chunk in the padding: a box past the tensor's end (of every dimension), holding nothing
+    origin[~held] = np.iinfo(np.int32).max
+    return origin, box
 
 
 def producer_have(graph: Graph, j: int, plan: OpPlan, tensor: str,

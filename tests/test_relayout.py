@@ -13,7 +13,7 @@ import pytest
 from ophelpers import G, make_model
 
 from t10c import frontend
-from t10c.chips import PRESETS, load_chip
+from t10c.chips import PRESETS, chip_from_dict, load_chip
 from t10c.codegen import generate
 from t10c.codegen.program import Exchange, Sync
 from t10c.driver import make_inputs, max_rel_err, reference, time_only
@@ -313,6 +313,69 @@ def test_aligned_plans_need_no_relayout_and_compute_the_same() -> None:
                 if len([o for o in op.inputs if o.tensor in producer]) == 1:
                     assert relayout[i] == 0
     assert built >= 5 and permuted >= 1
+
+
+def _woven_gemv() -> tuple[Graph, object]:
+    """A decode step's gated MLP: ``x[1, 256]`` times gate and up, made one matmul with
+    woven columns (`frontend.rewrite._weave`), gated by ``g * sigmoid(g) * u``, which reads
+    the product through the strided windows ``2 i`` and ``2 i + 1``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((256, 4)).astype(np.float32), n)
+             for n in ("gate", "up")]
+    nodes = [helper.make_node("MatMul", ["x", "gate"], ["g"]),
+             helper.make_node("MatMul", ["x", "up"], ["u"]),
+             helper.make_node("Sigmoid", ["g"], ["s"]),
+             helper.make_node("Mul", ["g", "s"], ["a"]),
+             helper.make_node("Mul", ["a", "u"], ["h"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "woven", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 4])], inits),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return frontend.to_graph(model, name="woven", epilogues=False, siblings=True), model
+
+
+@pytest.mark.parametrize("chip", [CHIP, chip_from_dict({"base": "wse2", "name": "mesh16",
+                                                         "grid": [4, 4], "cores": 16})],
+                         ids=["test16", "mesh4x4"])
+def test_aligned_to_a_scattered_matvec_through_strided_windows(chip) -> None:
+    """A matvec reduced over more cores than its tile has elements leaves one element (or
+    none) per core, boxes all the same (`transitions.result_boxes`); the gating op reads its
+    two woven halves through windows ``2 i + j``, and a plan aligned to either input runs
+    each point on the core that holds that input's element (`align.plan_on_boxes`): that
+    input moves nothing, and the program matches onnxruntime."""
+    graph, model = _woven_gemv()
+    gate = next(i for i, op in enumerate(graph.ops) if len(op.inputs) == 2 and
+                not op.reduction_axes)
+    j = next(k for k, op in enumerate(graph.ops) if op.reduction_axes)
+    assert all(not isinstance(d, str) for o in graph.ops[gate].inputs for d in o.axes[-1:])
+    base = plan_graph(graph, chip, "fp32")
+    ints = tensor_sets(graph)[0]
+    consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
+    inputs = make_inputs(graph, 0)
+    want, _ = reference(model, inputs)
+    scattered = 0
+    for p in search_op(graph, graph.ops[j], chip, "fp32"):
+        geo = geometry(graph, graph.ops[j], p)
+        tile = math.prod(geo.tile_shape(len(graph.ops[j].inputs)))
+        for slot in (0, 1):
+            q = aligned_plan(graph, gate, slot, j, p, chip, "fp32", ints, consts)
+            if q is None:
+                continue
+            scattered += geo.reduce_group > tile
+            chosen = list(base.ops)
+            chosen[j], chosen[gate] = dataclasses.replace(p, op=graph.ops[j].name), q
+            relayout = relayout_cycles(graph, chosen, chip, "fp32", ints)
+            plan = dataclasses.replace(base, ops=tuple(chosen), relayout_cycles=tuple(relayout))
+            verify_plan(graph, plan, chip)
+            outputs, _, _ = emulate(generate(graph, plan, chip), chip, inputs, graph.constants)
+            assert max_rel_err(outputs, want) < 1e-4
+            have = producer_have(graph, j, p, graph.ops[gate].inputs[slot].tensor, None)
+            w = consumer_want(graph, gate, slot, q)
+            shape = np.asarray(graph.tensors[graph.ops[gate].inputs[slot].tensor].shape)
+            assert not remote_counts([have], w, shape, None).any()
+    assert scattered >= 1
 
 
 def _no_sharing(monkeypatch) -> None:
