@@ -373,12 +373,16 @@ class Machine(TimingMachine):
                 values.append(gather_slices(where, tiles[k], offsets, sizes)[0])
                 continue
             shared = None if placed else self.mem.tiles(bid)
-            if shared is not None and n and (offsets == offsets[0]).all():
+            if shared is not None and n:
                 blocks, index = shared  # the distinct tiles' blocks, and each core's tile
-                cut = np.broadcast_to(offsets[0], (len(blocks), len(offsets[0])))
-                values.append(Replicated(
-                    gather_slices(blocks, tiles[k], cut, sizes)[0], index[:n],
-                    partial(self.operand, bid, tiles[k], offsets, sizes)))
+                dense = partial(self.operand, bid, tiles[k], offsets, sizes)
+                if (offsets == offsets[0]).all():
+                    cut = np.broadcast_to(offsets[0], (len(blocks), len(offsets[0])))
+                    values.append(Replicated(
+                        gather_slices(blocks, tiles[k], cut, sizes)[0], index[:n], dense))
+                else:
+                    values.append(replicated_at(blocks, index[:n], tiles[k], offsets, sizes,
+                                                dense))
                 continue
             values.append(self.operand(bid, tiles[k], offsets, sizes, rows if placed else None))
         with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
@@ -640,6 +644,19 @@ def copy_rows(values: np.ndarray, which: np.ndarray, dst: np.ndarray,
         np.take(values, which, axis=0, out=dst[rows], mode="clip")  # in range: unbuffered
     else:
         dst[rows] = values[which]
+
+
+def replicated_at(blocks: np.ndarray, index: np.ndarray, tile: tuple[int, ...],
+                  offsets: np.ndarray, sizes: tuple[int, ...],
+                  dense: Callable[[], np.ndarray]) -> Replicated:
+    """The sub-blocks of ``sizes`` at each core's own ``offsets`` of its tile
+    ``blocks[index[c]]``, as the distinct (tile, offset) pairs' sub-blocks and each core's
+    pair: a replicated weight read at a different place by each core of a ring (a rotating
+    plan's step) is cut from its few distinct tiles, not first copied onto every core."""
+    pairs, which = unique_rows(np.column_stack([index, offsets]))
+    windows = sliding_window_view(blocks.reshape((len(blocks), *tile)), sizes,
+                                  axis=tuple(range(1, len(tile) + 1)))
+    return Replicated(windows[(pairs[:, 0],) + tuple(pairs[:, 1:].T)], which, dense)
 
 
 def unique_rows(origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -454,7 +454,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"t10c: error: emulation failed: {exc}", file=sys.stderr)
         return EXIT_FAIL
     try:
-        ref, ref_wall = reference(run.model, inputs)
+        ref, ref_wall = reference(run.model, inputs, args.dir / "model.onnx")
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own kinds
         print(f"t10c: error: onnxruntime cannot run {args.dir / 'model.onnx'}: "
               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)

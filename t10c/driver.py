@@ -431,9 +431,11 @@ def make_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return draw_inputs(input_specs(graph), seed)
 
 
-def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
-              ) -> tuple[dict[str, np.ndarray], float]:
-    """onnxruntime's outputs on ``inputs``, and its wall time (the session run only)."""
+def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
+              path: Path | None = None) -> tuple[dict[str, np.ndarray], float]:
+    """onnxruntime's outputs on ``inputs``, and its wall time (the session run only).
+    ``path``: the file ``model`` was read from, which onnxruntime then reads itself (a
+    model with its weights is not serialised again: for bert-base that took seconds)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -443,8 +445,8 @@ def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
     # MatMul reading it into an integer matmul that quantizes the activations too (0.6% off
     # the float result on a 64-deep product)
     opts.add_session_config_entry("session.disable_quant_qdq", "1")
-    session = ort.InferenceSession(model.SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path) if path is not None else model.SerializeToString(),
+                                   opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     inputs = dict(inputs)
     elem = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}

@@ -34,7 +34,14 @@ from t10c.driver import (
 )
 from t10c.emulator import Machine, TimingMachine, kernels
 from t10c.emulator.kernels import ROUND_BLOCK, round_fp16
-from t10c.emulator.machine import HostTiles, Memory, Pool, edge_tiles, load_tiles
+from t10c.emulator.machine import (
+    HostTiles,
+    Memory,
+    Pool,
+    edge_tiles,
+    load_tiles,
+    replicated_at,
+)
 from t10c.emulator.reference import run_reference
 from t10c.emulator.timing import Spans
 from t10c.partition.search import SearchOptions
@@ -280,6 +287,29 @@ def test_whole_grid_cut_is_element_by_element(shape: list[int], tile: list[int],
         tiles, counts = load_tiles(host, o, t)
         assert np.array_equal(tiles, edge_tiles(host, o, t))
     assert load_tiles(host, origin, t)[1].sum() == host.size  # every element once
+
+
+@settings(max_examples=40, deadline=None)
+@given(tile=st.lists(st.integers(1, 5), min_size=1, max_size=3), distinct=st.integers(1, 4),
+       cores=st.integers(1, 24), seed=st.integers(0, 99))
+def test_replicated_tiles_read_at_each_cores_offset(tile: list[int], distinct: int,
+                                                    cores: int, seed: int) -> None:
+    """A replicated tile read at a different offset by each core (a rotating plan's step)
+    comes from the distinct (tile, offset) pairs (`machine.replicated_at`): each core's
+    sub-block is what it would read from its own copy of the tile, and the pairs are no
+    more than the cores."""
+    rng = np.random.default_rng(seed)
+    t = tuple(tile)
+    sizes = tuple(int(rng.integers(1, b + 1)) for b in t)
+    blocks = rng.standard_normal((distinct, int(np.prod(t)))).astype(np.float32)
+    index = rng.integers(0, distinct, cores)
+    offsets = np.stack([rng.integers(0, b - s + 1, cores) for b, s in zip(t, sizes)], axis=1)
+    got = replicated_at(blocks, index, t, offsets, sizes, lambda: blocks[index])
+    assert len(got.blocks) <= cores and got.index.shape == (cores,)
+    for c in range(cores):
+        own = blocks[index[c]].reshape(t)
+        want = own[tuple(slice(o, o + s) for o, s in zip(offsets[c], sizes))]
+        assert np.array_equal(got.blocks[got.index[c]], want)
 
 
 def test_reused_memory_reads_as_zero_where_written_in_parts() -> None:
