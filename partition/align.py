@@ -86,7 +86,7 @@ def aligned_plan(graph: Graph, i: int, slot: int, j: int, produced: OpPlan, chip
     if graph.ops[i].inputs[slot].tensor != graph.ops[j].output.tensor:
         return None
     pgeo = geometry(graph, graph.ops[j], produced)
-    boxes = result_boxes(pgeo)
+    boxes = result_boxes(pgeo, any_chunk=True)
     if boxes is None:
         return None
     return plan_on_boxes(graph, i, slot, *boxes, pgeo.phys, chip, dtype, ints, consts,

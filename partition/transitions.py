@@ -48,7 +48,7 @@ from t10c.dtypes import IntTensors
 from t10c.ir import Graph, map_to_root
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
-from .collectives import chunk_elements, scatter_of
+from .collectives import chunk_elements, scatter_of, scatter_unit
 from .cost import (
     element_bytes,
     epilogue_cost,
@@ -211,26 +211,35 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     return owner
 
 
-def result_boxes(geo: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
+def result_boxes(geo: Geometry, any_chunk: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
     """The box each logical core holds of the result after the op, (origins, shape), when
     every core holds one of one shape: always without a reduce-scatter, and with one when
-    each member's contiguous chunk of the row-major tile is a box, i.e. whole rows of some
-    dimension's run (``chunk = k x`` the product of the dimensions after it, ``k`` dividing
-    that dimension). Members whose chunk lies wholly in the padding (a group larger than
-    the tile, as a decode step's matvec reduced over hundreds of cores leaves) hold a box
-    past the tensor's end, which holds nothing. None otherwise."""
+    the group divides the tile's outermost dimension longer than 1 (each member's chunk of
+    the row-major tile is then whole rows of it). With ``any_chunk`` (the aligned plans,
+    `align.py`), wherever each member's chunk is a box: whole rows of some dimension's run
+    (``chunk = k x`` the product of the dimensions after it, ``k`` dividing that
+    dimension); members whose chunk lies wholly in the padding (a group larger than the
+    tile, as a decode step's matvec reduced over hundreds of cores leaves) hold a box past
+    the tensor's end, which holds nothing. (The re-layout pricing takes such chunks element
+    by element, `result_box_set`: on a wafer, faster than a box per core.) None otherwise."""
     out = len(geo.op.inputs)
     origin = geo.tile_origin(out, geo.steps - 1)
     shape = np.asarray(geo.tile_shape(out))
     if geo.reduce_group == 1:
         return origin, shape
-    _, pos, chunk = scatter_members(geo)
+    outer = [d for d, n in enumerate(shape) if n > 1]
+    if not any_chunk and (not outer or shape[outer[0]] % geo.reduce_group):
+        return None
+    chunk = scatter_unit(math.prod(shape), geo.reduce_group)  # (`scatter_of`'s unit)
     inner = 1
     for d in range(len(shape) - 1, -1, -1):
         if chunk % inner == 0 and shape[d] % (chunk // inner) == 0:
             break
         inner *= int(shape[d])
     else:
+        return None
+    _, pos, unit = scatter_members(geo)
+    if unit != chunk:
         return None
     run = chunk // inner
     box = np.ones_like(shape)
