@@ -331,11 +331,19 @@ def _strided_piece(product: str, piece: str, j: int, n: int, width: int, name: s
     """The Slice that makes ``piece``, every ``n``-th column of the woven ``product`` from
     column ``j`` (`_weave`): a copy through the window ``n * i + j``, which folds into its
     reader (`fuse.py`, rule 2)."""
-    axis = len(shapes[product]) - 1
-    bounds = [f"{name}/{what}" for what in ("starts", "ends", "axes", "steps")]
-    for b, v in zip(bounds, (j, width, axis, n)):
+    return [_slice(product, piece, name, constants, j, width, len(shapes[product]) - 1, n)]
+
+
+def _slice(source: str, out: str, name: str, constants: dict[str, np.ndarray], start: int,
+           stop: int, axis: int, step: int | None = None, prefix: str | None = None
+           ) -> onnx.NodeProto:
+    """``out = source[start:stop:step]`` along ``axis``, as a Slice of opset 10 or later: its
+    bounds constant inputs named ``prefix`` (``name/``) and what they are."""
+    what = ("starts", "ends", "axes") + (("steps",) if step is not None else ())
+    bounds = [f"{prefix if prefix is not None else name + '/'}{w}" for w in what]
+    for b, v in zip(bounds, (start, stop, axis, step)):
         constants[b] = np.array([v], dtype=np.int64)
-    return [helper.make_node("Slice", [product, *bounds], [piece], name=name)]
+    return helper.make_node("Slice", [source, *bounds], [out], name=name)
 
 
 def _piece(product: str, piece: str, start: int, stop: int, name: str,
@@ -384,10 +392,7 @@ def _piece(product: str, piece: str, start: int, stop: int, name: str,
                 source, axis, out = moved, perm.index(rank - 1), transpose.output[0]
                 dropped.add(position[id(transpose)])
     if opset >= 10:  # (the bounds as inputs)
-        bounds = [f"{name}/{what}" for what in ("starts", "ends", "axes")]
-        for b, v in zip(bounds, (lo, hi, axis)):
-            constants[b] = np.array([v], dtype=np.int64)
-        made.append(helper.make_node("Slice", [source, *bounds], [out], name=name))
+        made.append(_slice(source, out, name, constants, lo, hi, axis))
     else:
         made.append(helper.make_node("Slice", [source], [out], name=name, starts=[lo],
                                      ends=[hi], axes=[axis]))
@@ -728,12 +733,11 @@ def split_cache_concat(nodes: list[onnx.NodeProto], constants: dict[str, np.ndar
             a = mm.input[0]
             if not columns:  # the columns of A that meet this part's rows
                 a = f"{tag}/A"
-                bounds = [f"{a}.starts", f"{a}.ends", f"{a}.axes"]
-                for c, v in zip(bounds, (offset, offset + width, rank - 1)):
-                    constants[c], shapes[c] = np.array([v], dtype=np.int64), (1,)
+                cut = _slice(mm.input[0], a, f"{tag}/Slice", constants, offset, offset + width,
+                             rank - 1, prefix=f"{a}.")
+                shapes.update((c, (1,)) for c in cut.input[1:])
                 shapes[a] = shapes[mm.input[0]][:-1] + (width,)
-                new.append(helper.make_node("Slice", [mm.input[0], *bounds], [a],
-                                            name=f"{tag}/Slice"))
+                new.append(cut)
             shapes[tag] = shapes[a][:-1] + (shapes[b][-1],)
             new.append(helper.make_node("MatMul", [a, b], [tag], name=tag))
             product = tag

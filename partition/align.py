@@ -117,15 +117,15 @@ def plan_on_boxes(graph: Graph, i: int, slot: int, origin: np.ndarray, shape: np
     for d, r in enumerate(reads):
         assert r is not None
         a, coef, offset = r
-        extent = op.axes[names.index(a)][1]
+        at, extent = names.index(a), op.axes[names.index(a)][1]
         box = int(shape[d])
         if box % coef and box != 1:
             return None
         block = max(box // coef, 1)  # a block of the axis reads within one box
-        F[names.index(a)] = ceil_div(extent, block)
-        if ceil_div(extent, F[names.index(a)]) != block:
+        F[at] = ceil_div(extent, block)
+        if ceil_div(extent, F[at]) != block:
             return None
-        first = coef * np.arange(F[names.index(a)]) * block + offset
+        first = coef * np.arange(F[at]) * block + offset
         last = first + coef * (block - 1)
         k = first // box
         if (last // box != k).any() or (first < 0).any() or (k >= per_dim[d]).any():

@@ -35,6 +35,7 @@ try:
         strategy_arg,
     )
     from t10c.chips import PRESETS, ChipError, describe, load_chip
+    from t10c.fusion import FUSE_CHOICES, fuse_help
     from t10c.models import ZOO_NAMES as ZOO
     from t10c.outputs import OutputError
     from t10c.partition.solve import CHOICES
@@ -369,20 +370,8 @@ def _given_plans(args: argparse.Namespace, graph, op, chip, opts):
 
 
 def fuse_arg(p: argparse.ArgumentParser) -> None:
-    """``--fuse``, for every command that compiles a model."""
-    p.add_argument("--fuse", choices=("all", "epilogues", "prologues", "best", "inline",
-                                      "none"),
-                   default="all",
-                   help="all (default): elementwise chains inlined, elementwise consumers "
-                        "folded into the matmul or reduction before them as epilogues, and "
-                        "the matmuls that read one activation with weights of their own (q, "
-                        "k, v; gate, up) made one; epilogues: all but those matmuls kept "
-                        "apart; prologues: all, and Softmax's and LayerNorm's tails folded "
-                        "into the matmuls that read them; best: whichever of all, epilogues "
-                        "and prologues the planner predicts faster (compiles three times); "
-                        "inline: no "
-                        "epilogues (nor sibling matmuls made one); none: no fusion, one op "
-                        "per lowered node")
+    """``--fuse``, for every command that compiles a model (`t10c.fusion`)."""
+    p.add_argument("--fuse", choices=FUSE_CHOICES, default=FUSE_CHOICES[0], help=fuse_help())
 
 
 def _base_options(args: argparse.Namespace):

@@ -25,6 +25,7 @@ from t10c.codegen.epilogue import program_exprs
 from t10c.codegen.memory import Layout
 from t10c.codegen.verify import verify_program
 from t10c.emulator import Timeline, TimingMachine, emulate
+from t10c.fusion import BEST_OF, FUSIONS
 from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
 from t10c.partition import (
@@ -71,12 +72,8 @@ class CompileOptions:
     #: timing only: no data, for chips too large to emulate functionally; the program is
     #: streamed op by op into a data-less emulator instead of being kept
     timing_only: bool = False
-    #: "all": elementwise inlining, epilogues and sibling matmuls made one
-    #: (`frontend.rewrite.fuse_sibling_matmuls`); "epilogues": "all" with sibling matmuls
-    #: kept apart; "prologues": "all" and prologues (Softmax's and LayerNorm's tails into the
-    #: matmuls after them); "best": whichever of "all", "epilogues" and "prologues" the
-    #: planner predicts faster (compiles three times); "inline": inlining only; "none": no
-    #: fusion
+    #: a fusion mode (`t10c.fusion.FUSIONS`), or "best": whichever of `t10c.fusion.BEST_OF`
+    #: the planner predicts faster
     fuse: str = "all"
     #: run the verifiers between stages: the graph's (`t10c.graphcheck`) after the frontend and
     #: the program's (`codegen.verify_program`, against the chip) after codegen; the plan's
@@ -200,11 +197,10 @@ def chip_graph(model: onnx.ModelProto, chip: Chip, pinned: dict[str, tuple[int, 
     and a matmul whose weights (in ``dtype``, or int8) would take more than half the chip's
     SRAM is split over blocks of their columns (`rewrite.split_large_matmuls`)."""
     split = (chip.cores * chip.sram_bytes_per_core // 2, dtype) if chip.has_dram else None
-    graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=fuse != "none",
-                              epilogues=fuse in ("all", "prologues", "epilogues"),
-                              prologues=fuse == "prologues",
-                              siblings=fuse in ("all", "prologues"),
-                              weights=weights or {},
+    mode = FUSIONS[fuse]
+    graph = frontend.to_graph(model, pinned=pinned, name=name, fuse=mode.inline,
+                              epilogues=mode.epilogues, prologues=mode.prologues,
+                              siblings=mode.siblings, weights=weights or {},
                               split_cache=chip.is_mesh or chip.has_dram, split_weights=split)
     if chip.has_dram:
         graph = gather_by_dma(graph)
@@ -288,7 +284,7 @@ def _best_fusion(source: str | onnx.ModelProto, chip: Chip, options: CompileOpti
     import dataclasses
 
     tried = [compile_model(source, chip, dataclasses.replace(options, fuse=fuse), progress)
-             for fuse in ("all", "epilogues", "prologues")]
+             for fuse in BEST_OF]
     best = min(tried, key=lambda c: c.plan.total_cycles)  # min keeps the first on a tie
     timings = dict(best.timings, total_s=sum(c.timings["total_s"] for c in tried))
     return dataclasses.replace(best, timings=timings)
