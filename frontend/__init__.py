@@ -60,6 +60,7 @@ from .rewrite import (
     slice_heads_after_split,
     split_cache_concat,
     split_large_matmuls,
+    split_softmax_over_parts,
 )
 
 __all__ = ["FrontendError", "ModelNotFoundError", "UnsupportedModelError", "UnsupportedNode",
@@ -244,6 +245,7 @@ def lower(model: onnx.ModelProto, pinned: dict[str, tuple[int, ...]] | None = No
         nodes = fold_repeat_kv(nodes, ctx.constants, ctx.shapes, outputs)
     if split_cache and opset >= 10:  # (Slice takes its bounds as inputs from opset 10)
         nodes = split_cache_concat(nodes, ctx.constants, ctx.shapes, set(inputs), outputs)
+        nodes = split_softmax_over_parts(nodes, ctx.constants, ctx.shapes, outputs, opset)
     poisoned: set[str] = set()
     used_names: set[str] = set()
     for index, node in enumerate(nodes):

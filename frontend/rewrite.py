@@ -24,7 +24,9 @@ than half of the chip's SRAM becomes several over column blocks of them, concate
 `fold_repeat_kv`: grouped-query attention's repeated keys and values are read unrepeated.
 
 `split_cache_concat`: an attention matmul over ``Concat(past cache, new entries)`` becomes
-one matmul per part, so that the one over the past reads the graph input itself.
+one matmul per part, so that the one over the past reads the graph input itself;
+`split_softmax_over_parts`: the Softmax over the scores' parts it leaves, and the Slices
+that take the parts back for the context matmuls, become statistics per part.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import onnx
@@ -768,6 +771,171 @@ def split_cache_concat(nodes: list[onnx.NodeProto], constants: dict[str, np.ndar
         return nodes
     out = [n for j, n in enumerate(nodes) for n in replaced.get(j, [n]) if id(n) not in absorbed]
     return _without_unread(out, chains, outputs)
+
+
+#: the opset from which a reduction takes its axes as an input rather than an attribute
+AXES_AS_INPUT = {"ReduceSum": 13, "ReduceMax": 18}
+
+
+def split_softmax_over_parts(nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray],
+                             shapes: dict[str, tuple[int, ...]], outputs: set[str], opset: int
+                             ) -> list[onnx.NodeProto]:
+    """``nodes`` with every Softmax over the last axis of a Concat along that axis, whose
+    result is read only by Slices that each take one of the Concat's parts back, computed
+    part by part (as flash-decoding does): with ``s_k`` the parts,
+
+        m = max_k max(s_k),   e_k = exp(s_k - m),   z = sum_k sum(e_k),   p_k = e_k / z
+
+    and each Slice's result ``p_k``. Reshapes that keep the last axis may stand between the
+    Concat, the Softmax and the Slices (attention's heads merged and split again): a row of
+    the Softmax is then a row of the Concat. This is the shape `split_cache_concat` leaves
+    in a decode step, the scores over the past cache and over the new entries side by side:
+    without it the scores are copied into one tensor, normalised there, and sliced again for
+    the context matmuls, and on a mesh each of those copies crosses the attention's cores.
+    Split, the statistics are reductions over each part where it lies, and each part's
+    probabilities fold into the matmul that reads them (`fuse.py`, prologues). The sums run
+    in a different order than over the whole row, by at most a rounding per part."""
+    producer, readers = _producers_and_readers(nodes)
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    gone: set[int] = set()
+    for j, sm in enumerate(nodes):
+        if sm.op_type != "Softmax" or sm.domain not in ("", "ai.onnx"):
+            continue
+        found = _softmax_over_parts(sm, producer, readers, constants, shapes, outputs, opset)
+        if found is None:
+            continue
+        concat, views, slices = found
+        replaced[j] = _softmax_parts(sm, concat, slices, shapes, constants, opset)
+        gone.update(id(n) for n in (concat, *views, *(s for s, _ in slices)))
+    if not replaced:
+        return nodes
+    return [n for j, n in enumerate(nodes) for n in replaced.get(j, [n]) if id(n) not in gone]
+
+
+def _softmax_over_parts(sm: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
+                        readers: dict[str, list[onnx.NodeProto]],
+                        constants: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
+                        outputs: set[str], opset: int
+                        ) -> tuple[onnx.NodeProto, list[onnx.NodeProto],
+                                   list[tuple[onnx.NodeProto, int]]] | None:
+    """(the Concat, the Reshapes between it, the Softmax and the Slices, and every Slice with
+    the part it takes) when ``sm`` is a Softmax `split_softmax_over_parts` splits; else
+    None."""
+    x, y = sm.input[0], sm.output[0]
+    if x not in shapes or y not in shapes or not shapes[x]:
+        return None
+    rank, width = len(shapes[x]), shapes[x][-1]
+    # before opset 13 Softmax flattens from its axis: over the last one alone it is the same
+    if _int_attr(sm, "axis", -1 if opset >= 13 else 1) % rank != rank - 1:
+        return None
+
+    def kept(t: str) -> bool:  # a tensor of the chain: read once, rows of ``width``
+        return t not in outputs and len(readers.get(t, [])) == 1 \
+            and shapes.get(t, (0,))[-1:] == (width,)
+
+    views: list[onnx.NodeProto] = []
+    node = producer.get(x)
+    while node is not None and node.op_type == "Reshape" and kept(node.output[0]):
+        views.append(node)
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx") \
+            or len(node.input) < 2 or not kept(node.output[0]) \
+            or not all(p in shapes for p in node.input):
+        return None
+    concat = node
+    crank = len(shapes[concat.output[0]])
+    if _int_attr(concat, "axis", 0) % crank != crank - 1:
+        return None
+    starts = [0]
+    for p in concat.input:
+        starts.append(starts[-1] + shapes[p][-1])
+    if y in outputs:
+        return None
+    slices: list[tuple[onnx.NodeProto, int]] = []
+    frontier = [y]
+    while frontier:
+        t = frontier.pop()
+        for r in readers.get(t, []):
+            if r.op_type == "Reshape" and r.input[0] == t and shapes.get(r.output[0], (0,))[-1:] \
+                    == (width,) and r.output[0] not in outputs:
+                views.append(r)
+                frontier.append(r.output[0])
+                continue
+            part = _sliced_part(r, t, starts, shapes, constants)
+            if part is None:
+                return None
+            slices.append((r, part))
+    return (concat, views, slices) if slices else None
+
+
+def _sliced_part(node: onnx.NodeProto, source: str, starts: list[int],
+                 shapes: dict[str, tuple[int, ...]], constants: dict[str, np.ndarray]
+                 ) -> int | None:
+    """The part ``k`` when ``node`` is a Slice of ``source`` along its last axis from
+    ``starts[k]`` to ``starts[k + 1]`` in steps of one (bounds as constant inputs); else
+    None."""
+    if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.input) < 4 \
+            or node.input[0] != source or node.output[0] not in shapes \
+            or not all(b in constants for b in node.input[1:] if b):
+        return None
+    rank = len(shapes[source])
+    bounds = [constants[b].reshape(-1) if b else None for b in node.input[1:5]]
+    begin, end, axes = bounds[:3]
+    steps = bounds[3] if len(bounds) > 3 else None
+    if begin is None or end is None or axes is None or len(axes) != 1 or len(begin) != 1 \
+            or len(end) != 1 or int(axes[0]) % rank != rank - 1 \
+            or (steps is not None and (len(steps) != 1 or int(steps[0]) != 1)):
+        return None
+    dim = starts[-1]
+    lo, hi = (min(max(int(v) + (dim if v < 0 else 0), 0), dim) for v in (begin[0], end[0]))
+    for k in range(len(starts) - 1):
+        if (lo, hi) == (starts[k], starts[k + 1]):
+            return k
+    return None
+
+
+def _softmax_parts(sm: onnx.NodeProto, concat: onnx.NodeProto,
+                   slices: list[tuple[onnx.NodeProto, int]], shapes: dict[str, tuple[int, ...]],
+                   constants: dict[str, np.ndarray], opset: int) -> list[onnx.NodeProto]:
+    """The nodes of the Softmax computed part by part (`split_softmax_over_parts`), each
+    Slice's result written by them."""
+    name = sm.name or sm.output[0]
+    parts = list(concat.input)
+    rows = shapes[parts[0]][:-1] + (1,)
+    new: list[onnx.NodeProto] = []
+
+    def node(op: str, ins: list[str], out: str, shape: tuple[int, ...], **kw: Any) -> str:
+        shapes[out] = shape
+        new.append(helper.make_node(op, ins, [out], name=out, **kw))
+        return out
+
+    def over_row(op: str, part: str, k: int, tag: str) -> str:  # a one-wide part is its own
+        if shapes[part][-1] == 1:
+            return part
+        if opset >= AXES_AS_INPUT[op]:
+            constants[f"{name}/axes"] = np.array([-1], dtype=np.int64)
+            return node(op, [part, f"{name}/axes"], f"{name}/{tag}{k}", rows, keepdims=1)
+        return node(op, [part], f"{name}/{tag}{k}", rows, axes=[-1], keepdims=1)
+
+    peaks = [over_row("ReduceMax", p, k, "max") for k, p in enumerate(parts)]
+    peak = node("Max", peaks, f"{name}/max", rows)
+    exps = [node("Exp", [node("Sub", [p, peak], f"{name}/shifted{k}", shapes[p])],
+                 f"{name}/exp{k}", shapes[p]) for k, p in enumerate(parts)]
+    total = node("Sum", [over_row("ReduceSum", e, k, "sum") for k, e in enumerate(exps)],
+                 f"{name}/sum", rows)
+    done: dict[int, str] = {}
+    for s, k in slices:
+        out = s.output[0]
+        if k in done or shapes[out] != shapes[parts[k]]:
+            source = done.get(k) or node("Div", [exps[k], total], f"{name}/part{k}",
+                                         shapes[parts[k]])
+            done[k] = source
+            target = f"{out}.shape"
+            constants[target] = np.array(shapes[out], dtype=np.int64)
+            node("Reshape", [source, target], out, shapes[out])
+        else:
+            done[k] = node("Div", [exps[k], total], out, shapes[out])
+    return new
 
 
 def _cache_operand(b: str, producer: dict[str, onnx.NodeProto],

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import helper
 from ophelpers import CHIPS
 
 from t10c.chips import PRESETS, chip_from_dict
@@ -21,6 +23,7 @@ from t10c.driver import CompileOptions, compile_model, make_inputs, run_compiled
 from t10c.emulator.reference import run_reference
 from t10c.frontend import to_graph
 from t10c.models import ALIASES, LLAMA_SIZES, ZOO_NAMES, build, build_llama_decode
+from t10c.models._builder import OPSET
 
 TINY = LLAMA_SIZES["llama-tiny"]
 
@@ -132,24 +135,27 @@ def test_cli_compiles_and_runs_the_decode_step(capsys: pytest.CaptureFixture[str
 
 
 def _folded(model: onnx.ModelProto, split: bool = False) -> onnx.ModelProto:
-    """``model`` with `fold_repeat_kv` applied to its nodes, and `split_cache_concat` after it
-    with ``split``, as the frontend applies them."""
-    from t10c.frontend.rewrite import fold_repeat_kv, split_cache_concat
+    """``model`` with `fold_repeat_kv` applied to its nodes, and `split_cache_concat` and
+    `split_softmax_over_parts` after it with ``split``, as the frontend applies them."""
+    from t10c.frontend.rewrite import fold_repeat_kv, split_cache_concat, split_softmax_over_parts
 
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: tuple(_dims(v)) for v in [*inferred.graph.value_info,
                                                  *inferred.graph.input, *inferred.graph.output]}
-    constants: dict[str, np.ndarray] = {}
+    given = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    constants = dict(given)
     outputs = {o.name for o in model.graph.output}
     nodes = fold_repeat_kv(list(model.graph.node), constants, shapes, outputs)
     if split:
         inputs = {i.name for i in model.graph.input}
         nodes = split_cache_concat(nodes, constants, shapes, inputs, outputs)
+        nodes = split_softmax_over_parts(nodes, constants, shapes, outputs, OPSET)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    out.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in constants.items())
+    out.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in constants.items()
+                                 if k not in given)
     return out
 
 
@@ -215,6 +221,50 @@ def test_attention_reads_the_cache_input_itself_when_split() -> None:
     assert sum(op.name.endswith("_cache/Concat") for op in graph.ops) == 2 * TINY.layers
     whole = to_graph(model)
     assert not any("/cache0" in op.name for op in whole.ops)
+
+
+def test_the_softmax_over_the_cache_parts_is_computed_part_by_part() -> None:
+    """After the split (`split_softmax_over_parts`): the scores are never concatenated nor
+    normalised as one row: each part's maximum and sum are reductions of their own (the new
+    token's one-wide part is its own), the parts' probabilities are what the context matmuls
+    read, and the rewritten model still computes what the model does (onnxruntime on both,
+    the ONNX checker on the rewrite)."""
+    model = build("llama-tiny-decode", seq_len=8, batch=2)
+    split = _folded(model, split=True)
+    onnx.checker.check_model(split, full_check=True)
+    kinds = Counter(n.op_type for n in split.graph.node)
+    assert kinds["Softmax"] == 0
+    assert not any(n.op_type == "Concat" and "scores" in n.name for n in split.graph.node)
+    assert kinds["ReduceMax"] == kinds["ReduceSum"] == TINY.layers  # the past part's
+    feeds = _feeds(model, 2)
+    for want, got in zip(_session(model).run(None, feeds), _session(split).run(None, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    graph = to_graph(model, split_cache=True)
+    names = {op.name.split("/", 1)[1] for op in graph.ops if op.name.startswith("layers0/")}
+    assert {"attn/Softmax/max0", "attn/Softmax/sum0"} <= names
+    assert not {"attn/Softmax", "attn/scores/MatMul/cache"} & names
+
+
+def test_a_softmax_not_over_the_parts_alone_is_left_whole() -> None:
+    """A Softmax over a Concat stays one when its result is sliced across the parts, or the
+    Concat is read by anything else."""
+    from t10c.frontend.rewrite import split_softmax_over_parts
+
+    def nodes(cut: tuple[int, int], also_read: bool) -> list[onnx.NodeProto]:
+        made = [helper.make_node("Concat", ["a", "b"], ["ab"], axis=-1),
+                helper.make_node("Softmax", ["ab"], ["p"], axis=-1),
+                helper.make_node("Slice", ["p", "lo", "hi", "ax"], ["p0"])]
+        return made + ([helper.make_node("Neg", ["ab"], ["n"])] if also_read else [])
+
+    shapes = {"a": (2, 6), "b": (2, 1), "ab": (2, 7), "p": (2, 7), "p0": (2, 6), "n": (2, 7)}
+    for cut, also_read, split in (((0, 6), False, True), ((0, 5), False, False),
+                                  ((1, 7), False, False), ((0, 6), True, False)):
+        constants = {"lo": np.array([cut[0]]), "hi": np.array([cut[1]]), "ax": np.array([1])}
+        given = nodes(cut, also_read)
+        got = split_softmax_over_parts(given, constants, dict(shapes), {"p0"}, OPSET)
+        assert ("Softmax" not in {n.op_type for n in got}) == split, (cut, also_read)
+        if not split:
+            assert got == given
 
 
 def test_a_broadcast_that_is_no_head_repeat_is_left_alone() -> None:

@@ -366,19 +366,21 @@ def test_an_exchange_too_large_to_route_is_refused_in_one_line(tmp_path, capsys,
 def test_neighbours_on_a_mesh_read_one_received_copy(monkeypatch) -> None:
     """After the solve, two neighbours over the same axes that read one activation in two
     layouts try each other's plan (`partition._share_layouts`), so that the second reads the
-    first one's received copy: llama-tiny-decode's k projection takes a plan that reads
-    the normalised vector as the q projection (left by the solve) does. The copy is kept on
-    a mesh, the routed prices see the phase it saves, and the run matches onnxruntime."""
+    first one's received copy: one of llama-tiny-decode's k and v projections takes a plan
+    that reads the normalised vector as the projection before it (left by the solve) does.
+    The copy is kept on a mesh, the routed prices see the phase it saves, and the run matches
+    onnxruntime."""
     import t10c.partition as planner
     from t10c.partition.space import tensor_sets
     from t10c.partition.transitions import shared_inputs
 
-    apart = CompileOptions(fuse="epilogues")  # q, k and v apart: k reads q's copy
+    # q, k and v apart, a 32-token cache: k or v reads a copy
+    apart = CompileOptions(fuse="epilogues", seq_len=32)
     c = compile_model("llama-tiny-decode", MESH64, apart)
     ints = tensor_sets(c.graph)[0]
     shared = shared_inputs(c.graph, c.plan.ops, MESH64, c.plan.dtype, ints)
     names = {c.graph.ops[i].name for i, _ in shared}
-    assert any(n.endswith("k_proj/MatMul") for n in names), names
+    assert any(n.endswith(("k_proj/MatMul", "v_proj/MatMul")) for n in names), names
     r = run_compiled(c)
     assert r.ok, r.max_rel_err
     assert r.timeline.cycles == c.plan.total_cycles
@@ -478,22 +480,39 @@ def test_an_op_computes_on_the_tiles_its_neighbour_read(monkeypatch) -> None:
 
 def test_views_of_one_activation_share_a_received_copy() -> None:
     """Softmax's max and sum read the scores through views of their own (the frontend gives
-    each reader of the reshaped scores a view tensor) along the same chain: held to one
-    layout, the sum reads the max's received copy (`Views.same_read`) and moves nothing
-    of it; the run matches onnxruntime and the prediction equals the emulated time."""
+    each reader of reshaped scores a view tensor, here dropping the unit axes of
+    ``[1, 32, 1, 24]``) along the same chain: held to one layout, the sum reads the max's
+    received copy (`Views.same_read`) and moves nothing of it; the run matches onnxruntime
+    and the prediction equals the emulated time. (A decode step's Softmax over its cache
+    is computed part by part on a mesh, `rewrite.split_softmax_over_parts`, so this is a
+    model of its own.)"""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from t10c.partition.space import tensor_sets
+    from t10c.partition.transitions import shared_inputs
     from t10c.planfile import constraints_from
 
-    held = {"F_op": {"d1": 4, "d3": 43}}
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((64, 768)).astype(np.float32), "W")
+    shape = numpy_helper.from_array(np.array([1, 32, 1, 192], dtype=np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["xw"], name="scores"),
+         helper.make_node("Reshape", ["xw", "shape"], ["heads"], name="heads"),
+         helper.make_node("Softmax", ["heads"], ["p"], axis=-1, name="sm")],
+        "softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 32, 1, 192])], [w, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    held = {"F_op": {"d1": 8, "d3": 48}}
     options = CompileOptions(constraints=constraints_from({"op": [
-        {"name": "layers*/attn/Softmax/max", **held},
-        {"name": "layers*/attn/Softmax/sum", **held}]}, "test"))
-    c = compile_model("llama-tiny-decode", MESH64, options)
+        {"name": "sm/max", **held}, {"name": "sm/sum", **held}]}, "test"))
+    c = compile_model(model, MESH64, options)
     g, plan = c.graph, c.plan
-    shared, sums = _shared_after(c, "Softmax/sum", "Softmax/max")
-    for i in sums:
-        mine, theirs = g.ops[i].inputs[0].tensor, g.ops[i - 1].inputs[0].tensor
-        assert mine != theirs and g.root(mine) == g.root(theirs)
-        assert shared.get((i, 0)) == 0
+    i = next(k for k, op in enumerate(g.ops) if op.name == "sm/sum")
+    assert g.ops[i - 1].name == "sm/max"
+    mine, theirs = g.ops[i].inputs[0].tensor, g.ops[i - 1].inputs[0].tensor
+    assert mine != theirs and g.root(mine) == g.root(theirs)
+    shared = shared_inputs(g, plan.ops, MESH64, plan.dtype, tensor_sets(g)[0])
+    assert shared.get((i, 0)) == 0
     r = run_compiled(c)
     assert r.ok, r.max_rel_err
     assert r.timeline.cycles == plan.total_cycles
