@@ -702,10 +702,11 @@ def test_plan_file_keeps_the_dram_schedule(tiny_runs: dict, tmp_path) -> None:
 
 
 def test_timing_only_run_times_the_dram_schedule(tiny_runs: dict) -> None:
-    """The streamed timing-only run (repeated layers replayed) waits for the same loads."""
+    """The streamed timing-only run (repeated layers replayed) waits for the same loads as
+    the functional run on the same chip."""
     from t10c.driver import CompileOptions, compile_model
 
-    c = compile_model("llama-tiny-decode", PRESETS["test64-dram"],
+    c = compile_model("llama-tiny-decode", TINY_DRAM,
                       CompileOptions(timing_only=True, weights=False))
     assert c.timeline is not None
     assert c.timeline.cycles == tiny_runs["t10"][1].timeline.cycles

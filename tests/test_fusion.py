@@ -32,7 +32,7 @@ ROWSUM = TensorExpr("rowsum", (("m", M), ("k", K)), Operand("C", ("m",)),
                     (Operand("A", ("m", "k")),), "sum", ("in", 0))
 SHAPES = {"A": (M, K), "W": (K, N), "b": (N,), "R": (M, N), "C": (M, N), "D": (M, N),
           "E": (M, N), "T": (N, M), "X": (M, N, 3), "F": (M, N, 3), "P": (M, N + 2)}
-INPUTS = ("A", "R", "X", "P")
+INPUTS = ("A", "R", "X", "P", "S", "H", "V")
 
 
 def ew(name: str, out: str, ins: list[tuple[str, tuple]], body: tuple,
@@ -368,3 +368,37 @@ def test_a_scalar_statistic_folds_its_scalar_steps(chip: str) -> None:
     assert ops[0].epilogue == ("recip", ("sqrt", ("add", ("acc",), ("const", pytest.approx(1e-5)))))
     result = run_compiled(compile_model(model, PRESETS[chip], CompileOptions(dtype="fp32")))
     assert result.ok, f"{chip}: {result.max_rel_err:.3g}"
+
+
+def test_a_cheap_op_an_epilogue_reads_is_recomputed_by_its_readers() -> None:
+    """Rule 5: ``P = exp(V - 1)``, read by a row sum's epilogue and by an elementwise op, is
+    computed by both (the epilogue reads ``V`` instead of ``P``) and its op is gone. ``P``
+    keeps its op where its recomputation would add two extras to the epilogue, and where the
+    epilogue is a matmul's (whose result is as large as ``P``)."""
+    rows = (("i", M),)
+    shapes = {**SHAPES, "V": (M,), "S": (M,), "H": (M,), "Q": (M,), "G": (M,), "Y": (M,),
+              "Z": (M, N), "U": (M, N)}
+    cheap = ew("p", "Q", [("V", ("i",))], ("exp", ("sub", ("in", 0), ("const", 1.0))),
+               axes=rows, out_axes=("i",))
+    res = ew("res", "Y", [("C", ("i",)), ("Q", ("i",))], ("add", ("in", 0), ("in", 1)),
+             axes=rows, out_axes=("i",))
+    other = ew("other", "G", [("Q", ("i",))], ("mul", ("in", 0), ("const", 2.0)),
+               axes=rows, out_axes=("i",))
+    sums = {**shapes, "C": (M,)}
+    fused = fuse_elementwise(graph_of([ROWSUM, cheap, res, other], ("Y", "G"), sums))
+    assert [op.name for op in fused.ops] == ["rowsum", "other"]
+    total, doubled = fused.ops
+    assert [o.tensor for o in total.extra] == ["V"]
+    assert total.epilogue == ("add", ("acc",), ("exp", ("sub", ("in", 0), ("const", 1.0))))
+    assert [o.tensor for o in doubled.inputs] == ["V"]
+    # three inputs in place of one extra: P keeps its op
+    wide = ew("p", "Q", [("V", ("i",)), ("S", ("i",)), ("H", ("i",))],
+              ("add", ("add", ("in", 0), ("in", 1)), ("in", 2)), axes=rows, out_axes=("i",))
+    fused = fuse_elementwise(graph_of([ROWSUM, wide, res, other], ("Y", "G"), sums))
+    assert "p" in [op.name for op in fused.ops]
+    # a matmul's residual epilogue: P keeps its op
+    big = ew("p", "Z", [("R", IJ)], ("exp", ("sub", ("in", 0), ("const", 1.0))))
+    mres = ew("res", "D", [("C", IJ), ("Z", IJ)], ("add", ("in", 0), ("in", 1)))
+    mother = ew("other", "U", [("Z", IJ)], ("mul", ("in", 0), ("const", 2.0)))
+    fused = fuse_elementwise(graph_of([MM, big, mres, mother], ("D", "U"), shapes))
+    assert "p" in [op.name for op in fused.ops]

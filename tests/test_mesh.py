@@ -366,29 +366,31 @@ def test_an_exchange_too_large_to_route_is_refused_in_one_line(tmp_path, capsys,
 def test_neighbours_on_a_mesh_read_one_received_copy(monkeypatch) -> None:
     """After the solve, two neighbours over the same axes that read one activation in two
     layouts try each other's plan (`partition._share_layouts`), so that the second reads the
-    first one's received copy: one of llama-tiny-decode's k and v projections takes a plan
-    that reads the normalised vector as the projection before it (left by the solve) does.
-    The copy is kept on a mesh, the routed prices see the phase it saves, and the run matches
-    onnxruntime."""
+    first one's received copy: llama-tiny's up projection (gate and up apart, 8 tokens)
+    takes a plan that reads the normalised vector as the gate projection (left by the solve)
+    does. The copy is kept on a mesh, the routed prices see the phase it saves, and the run
+    matches onnxruntime."""
     import t10c.partition as planner
     from t10c.partition.space import tensor_sets
     from t10c.partition.transitions import shared_inputs
 
-    # q, k and v apart, a 32-token cache: k or v reads a copy
-    apart = CompileOptions(fuse="epilogues", seq_len=32)
-    c = compile_model("llama-tiny-decode", MESH64, apart)
-    ints = tensor_sets(c.graph)[0]
-    shared = shared_inputs(c.graph, c.plan.ops, MESH64, c.plan.dtype, ints)
-    names = {c.graph.ops[i].name for i, _ in shared}
-    assert any(n.endswith(("k_proj/MatMul", "v_proj/MatMul")) for n in names), names
+    def up_reads_a_copy(c) -> bool:
+        shared = shared_inputs(c.graph, c.plan.ops, MESH64, c.plan.dtype,
+                               tensor_sets(c.graph)[0])
+        return any(c.graph.ops[i].name.endswith("up_proj/MatMul") for i, _ in shared)
+
+    apart = CompileOptions(fuse="epilogues", seq_len=8)
+    c = compile_model("llama-tiny", MESH64, apart)
+    assert up_reads_a_copy(c)
     r = run_compiled(c)
     assert r.ok, r.max_rel_err
     assert r.timeline.cycles == c.plan.total_cycles
-    # without the swap the same compile is slower
+    # without the swap the up projection receives its own copy, and the compile is slower
     monkeypatch.setattr(planner, "_share_layouts", lambda graph, chosen, relayout, *a, **k:
                         (chosen, relayout))
-    assert compile_model("llama-tiny-decode", MESH64, apart).plan.total_cycles > \
-        c.plan.total_cycles
+    without = compile_model("llama-tiny", MESH64, apart)
+    assert not up_reads_a_copy(without)
+    assert without.plan.total_cycles > c.plan.total_cycles
 
 
 @pytest.mark.parametrize("chip", [MESH64, PRESETS["ipu-mk2"]], ids=["64x64", "ipu-mk2"])
@@ -451,6 +453,41 @@ def _shared_after(c, name: str, before: str) -> tuple[dict[tuple[int, int], int]
     assert len(ops) == 2
     assert all(g.ops[i - 1].name.endswith(before) for i in ops)
     return shared, ops
+
+
+def test_a_sum_takes_its_max_plan_to_read_its_copy(monkeypatch) -> None:
+    """Neighbours whose operands differ (a decode step's Softmax sum over the past cache's
+    scores reads their max too) try each other's plan where it rotates nothing
+    (`partition._share_layouts`): llama-tiny-decode's sum (a 64-token cache) then computes
+    on the max's tiles and reads its received copy of the scores; the run matches
+    onnxruntime, the prediction
+    equals the emulated time, and without the pass the compile is slower. Plans are traded
+    so only between two reductions: an elementwise op's plan may be aligned to a producer's
+    layout, whose cores no reduction group would sit on (bert-mini's Softmax sum had taken
+    such a plan from the Softmax after it, and ran 2x its prediction)."""
+    import t10c.partition as planner
+    from t10c.partition.space import tensor_sets
+    from t10c.partition.transitions import shared_inputs
+
+    c = compile_model("llama-tiny-decode", MESH64, CompileOptions(seq_len=64))
+    g, plan = c.graph, c.plan
+    shared = shared_inputs(g, plan.ops, MESH64, plan.dtype, tensor_sets(g)[0])
+    sums = [i for i, op in enumerate(g.ops) if op.name.endswith("Softmax/sum0")]
+    assert len(sums) == 2
+    for i in sums:
+        assert g.ops[i - 1].name.endswith("Softmax/max0")
+        assert plan.ops[i].F == plan.ops[i - 1].F and (i, 0) in shared
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    assert r.timeline.cycles == plan.total_cycles
+    mini = compile_model("bert-mini", MESH64, CompileOptions(timing_only=True))
+    assert all(p.aligned < 0 for p, op in zip(mini.plan.ops, mini.graph.ops)
+               if op.combine is not None)
+    assert mini.timeline is not None and mini.timeline.cycles == mini.plan.total_cycles
+    monkeypatch.setattr(planner, "_share_layouts", lambda graph, chosen, relayout, *a, **k:
+                        (chosen, relayout))
+    assert compile_model("llama-tiny-decode", MESH64,
+                         CompileOptions(seq_len=64)).plan.total_cycles > plan.total_cycles
 
 
 def test_an_op_computes_on_the_tiles_its_neighbour_read(monkeypatch) -> None:
