@@ -297,6 +297,56 @@ def test_a_masked_softmax_is_left_whole() -> None:
     assert result.ok, result.max_rel_err
 
 
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_the_parts_reductions_are_written_for_the_models_opset(opset: int) -> None:
+    """The reductions the split writes take their axes as the model's opset wants them (an
+    attribute before opset 13 for ReduceSum and 18 for ReduceMax, an input after): the ONNX
+    checker accepts the rewritten model, onnxruntime computes what the model does, and so
+    does the compiled model on a mesh. Before opset 13 a Softmax over its last axis, named
+    explicitly, is split too."""
+    from t10c.frontend.rewrite import split_softmax_over_parts
+
+    f = onnx.TensorProto.FLOAT
+    nodes = [helper.make_node("Concat", ["s0", "s1"], ["s"], axis=-1),
+             helper.make_node("Softmax", ["s"], ["p"], axis=2),
+             helper.make_node("Slice", ["p", "lo0", "hi0", "ax"], ["p0"]),
+             helper.make_node("Slice", ["p", "lo1", "hi1", "ax"], ["p1"]),
+             helper.make_node("MatMul", ["p0", "v0"], ["c0"]),
+             helper.make_node("MatMul", ["p1", "v1"], ["c1"]),
+             helper.make_node("Add", ["c0", "c1"], ["context"])]
+    consts = {"lo0": np.array([0]), "hi0": np.array([5]), "lo1": np.array([5]),
+              "hi1": np.array([6]), "ax": np.array([2])}
+    dims = {"s0": [2, 3, 5], "s1": [2, 3, 1], "v0": [2, 5, 4], "v1": [2, 1, 4]}
+    model = helper.make_model(helper.make_graph(
+        nodes, "parts", [helper.make_tensor_value_info(n, f, d) for n, d in dims.items()],
+        [helper.make_tensor_value_info("context", f, [2, 3, 4])],
+        [onnx.numpy_helper.from_array(v, k) for k, v in consts.items()]),
+        opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {v.name: tuple(_dims(v)) for v in [*inferred.graph.value_info,
+                                                 *inferred.graph.input, *inferred.graph.output]}
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    given = set(constants)
+    split_nodes = split_softmax_over_parts(list(model.graph.node), constants, shapes,
+                                           {"context"}, opset)
+    assert "Softmax" not in {n.op_type for n in split_nodes}
+    split = onnx.ModelProto()
+    split.CopyFrom(model)
+    del split.graph.node[:]
+    split.graph.node.extend(split_nodes)
+    split.graph.initializer.extend(onnx.numpy_helper.from_array(v, k)
+                                   for k, v in constants.items() if k not in given)
+    onnx.checker.check_model(split, full_check=True)
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal(d).astype(np.float32) for n, d in dims.items()}
+    want, = _session(model).run(None, feeds)
+    got, = _session(split).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    mesh = chip_from_dict({"base": "wse2", "name": "mesh8", "grid": [8, 8], "cores": 64})
+    result = run_compiled(compile_model(model, mesh, CompileOptions(dtype="fp32")))
+    assert result.ok, result.max_rel_err
+
+
 def test_a_softmax_not_over_the_parts_alone_is_left_whole() -> None:
     """A Softmax over a Concat stays one when its result is sliced across the parts, or the
     Concat is read by anything else."""
