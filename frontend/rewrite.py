@@ -307,7 +307,8 @@ def _weave(pieces: list[str], widths: list[int], readers: dict[str, list[onnx.No
         return False
 
     def reach(piece: str) -> set[int]:
-        shape, seen, frontier = shapes.get(piece), set(), [piece]
+        shape, frontier = shapes.get(piece), [piece]
+        seen: set[int] = set()
         for _ in range(_WEAVE_STEPS):
             same = [r for t in frontier for r in readers.get(t, [])
                     if r.output and shapes.get(r.output[0]) == shape]
@@ -793,8 +794,9 @@ def split_softmax_over_parts(nodes: list[onnx.NodeProto], constants: dict[str, n
     without it the scores are copied into one tensor, normalised there, and sliced again for
     the context matmuls, and on a mesh each of those copies crosses the attention's cores.
     Split, the statistics are reductions over each part where it lies, and each part's
-    probabilities fold into the matmul that reads them (`fuse.py`, prologues). The sums run
-    in a different order than over the whole row, by at most a rounding per part."""
+    probabilities are what its context matmul reads (an elementwise op on the statistics'
+    cores, or with ``--fuse prologues`` the matmul's prologue). The sums run in a different
+    order than over the whole row, by at most a rounding per part."""
     producer, readers = _producers_and_readers(nodes)
     replaced: dict[int, list[onnx.NodeProto]] = {}
     gone: set[int] = set()
@@ -875,19 +877,18 @@ def _sliced_part(node: onnx.NodeProto, source: str, starts: list[int],
     ``starts[k]`` to ``starts[k + 1]`` in steps of one (bounds as constant inputs); else
     None."""
     if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.input) < 4 \
-            or node.input[0] != source or node.output[0] not in shapes \
+            or not node.input[3] or node.input[0] != source or node.output[0] not in shapes \
             or not all(b in constants for b in node.input[1:] if b):
         return None
     rank = len(shapes[source])
-    bounds = [constants[b].reshape(-1) if b else None for b in node.input[1:5]]
-    begin, end, axes = bounds[:3]
-    steps = bounds[3] if len(bounds) > 3 else None
-    if begin is None or end is None or axes is None or len(axes) != 1 or len(begin) != 1 \
-            or len(end) != 1 or int(axes[0]) % rank != rank - 1 \
-            or (steps is not None and (len(steps) != 1 or int(steps[0]) != 1)):
+    step = node.input[4] if len(node.input) > 4 and node.input[4] else None  # (default 1)
+    begin, end, axes, steps = (constants[b].reshape(-1) if b else np.ones(1, np.int64)
+                               for b in (*node.input[1:4], step))
+    if any(len(b) != 1 for b in (begin, end, axes, steps)) \
+            or int(axes[0]) % rank != rank - 1 or int(steps[0]) != 1:
         return None
-    dim = starts[-1]
-    lo, hi = (min(max(int(v) + (dim if v < 0 else 0), 0), dim) for v in (begin[0], end[0]))
+    # ONNX clamps like Python slices do (as the Slice lowering, `layout._slice_node`)
+    lo, hi, _ = slice(int(begin[0]), int(end[0])).indices(starts[-1])
     for k in range(len(starts) - 1):
         if (lo, hi) == (starts[k], starts[k + 1]):
             return k
@@ -923,18 +924,16 @@ def _softmax_parts(sm: onnx.NodeProto, concat: onnx.NodeProto,
                  f"{name}/exp{k}", shapes[p]) for k, p in enumerate(parts)]
     total = node("Sum", [over_row("ReduceSum", e, k, "sum") for k, e in enumerate(exps)],
                  f"{name}/sum", rows)
-    done: dict[int, str] = {}
+    probs: dict[int, str] = {}  # each part's probabilities, made once
     for s, k in slices:
         out = s.output[0]
-        if k in done or shapes[out] != shapes[parts[k]]:
-            source = done.get(k) or node("Div", [exps[k], total], f"{name}/part{k}",
-                                         shapes[parts[k]])
-            done[k] = source
-            target = f"{out}.shape"
-            constants[target] = np.array(shapes[out], dtype=np.int64)
-            node("Reshape", [source, target], out, shapes[out])
-        else:
-            done[k] = node("Div", [exps[k], total], out, shapes[out])
+        if k not in probs and shapes[out] == shapes[parts[k]]:  # written where the Slice wrote
+            probs[k] = node("Div", [exps[k], total], out, shapes[out])
+            continue
+        if k not in probs:
+            probs[k] = node("Div", [exps[k], total], f"{name}/part{k}", shapes[parts[k]])
+        constants[f"{out}.shape"] = np.array(shapes[out], dtype=np.int64)
+        node("Reshape", [probs[k], f"{out}.shape"], out, shapes[out])
     return new
 
 

@@ -36,8 +36,8 @@ FUSIONS: dict[str, Fusion] = {
 #: the modes ``--fuse best`` compiles under, the first kept among equals
 BEST_OF = ("all", "epilogues", "prologues")
 
-#: every ``--fuse`` value, the default first
-FUSE_CHOICES = ("all", "epilogues", "prologues", "best", "inline", "none")
+#: every ``--fuse`` value, the default first: the modes ``best`` tries, ``best``, the others
+FUSE_CHOICES = (*BEST_OF, "best", *(m for m in FUSIONS if m not in BEST_OF))
 
 
 def fuse_help() -> str:
