@@ -48,6 +48,10 @@ from .dram import (
 from .epilogue import extra_edge_cost
 from .inductive import inductive_choice
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
+from .refine import faster as _faster
+from .refine import refine
+from .refine import renamed as _rename
+from .refine import total_cycles as _total
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import Edge, SolverOptions, choose_plans, chosen_memory, liveness
 from .space import (
@@ -198,11 +202,16 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
             if (_total(graph, other, again, chip, dtype, ints, views)
                     < _total(graph, chosen, relayout, chip, dtype, ints, views)):
                 chosen, relayout = other, again
+    refined: tuple[int, int] | tuple[()] = ()
     if solver.planner != "greedy" and chip.is_mesh and not chip.has_dram:
         chosen, relayout = _share_layouts(graph, chosen, relayout, chip, dtype, ints, solver,
                                           views, fronts, fixed)
         chosen, relayout = _match_reads(graph, chosen, relayout, chip, dtype, ints, solver,
                                         views, fronts, fixed)
+    if solver.refine and solver.planner != "greedy" and not chip.has_dram:
+        chosen, relayout, refined = refine(graph, chosen, relayout, chip, dtype, ints, search,
+                                           solver, views, _front_ids(fronts), fixed,
+                                           solver.refine, progress)
     chosen, relayout = _finished(graph, chosen, relayout, chip, dtype, ints, solver, views,
                                  fixed)
     choices: tuple[tuple[str, int, int], ...] = ()
@@ -219,7 +228,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         greedy_objective_cycles=result.greedy_objective_cycles,
         wall_s=round(result.wall_s, 3), workers=solver.workers, seed=solver.seed,
         time_limit_s=solver.time_limit_s, deterministic_s=round(sum(spent), 3),
-        method=result.method, choices=choices)
+        method=result.method, choices=choices, refined=refined)
 
     def made(plans: tuple[OpPlan, ...], relayout: list[int], first: int) -> Plan:
         """The plan of one candidate, its entry of ``choices`` first."""
@@ -485,10 +494,6 @@ def _timed_stores(graph: Graph, plans: Sequence[OpPlan], waits: dict[int, int], 
             for k, w in sorted(waits.items()) if w >= 0]
 
 
-def _rename(plan: OpPlan, name: str) -> OpPlan:
-    return dataclasses.replace(plan, op=name)
-
-
 def _share(progress: Progress | None, n: int, solves: int) -> Progress | None:
     """Solve ``n`` of ``solves`` reported as its share of one "solve" display."""
     if progress is None or solves == 1:
@@ -615,14 +620,6 @@ def _routed_total(graph: Graph, plans: tuple[OpPlan, ...], relayout: list[int], 
     fetched = route_fetches(graph, plans, chip, dtype, ints, views)
     plans, relayout = fetched if fetched is not None else (plans, relayout)
     return _total(graph, plans, relayout, chip, dtype, ints, views)
-
-
-def _total(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int],
-           chip: Chip, dtype: str, ints: IntTensors, views: Views) -> int:
-    """A choice's exact cycles: its plans' own, the return of the rotated copies they keep
-    (`transitions.kept_restores`) and the re-layouts before the ops."""
-    kept = kept_restores(graph, tuple(plans), chip, dtype, ints, views)
-    return sum(p.cycles.total for p in kept) + sum(relayout)
 
 
 def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
@@ -813,17 +810,6 @@ def _copied(graph: Graph, plans: list[OpPlan], members: list[int], back: int, ch
         trial[k] = dataclasses.replace(plan, cycles=cycles, hot_bytes_per_core=hot,
                                        cold_bytes_per_core=cold, out_bytes_per_core=out)
     return trial
-
-
-def _faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, dtype: str,
-            ints: IntTensors, views: Views) -> tuple[list[int], int] | None:
-    """A trial choice's exact re-layouts and total where every op's memory stays within
-    ``cap`` and the total is below ``cost``; None otherwise (the shared-copy passes)."""
-    if int(chosen_memory(views.terms(), trial).max(initial=0)) > cap:
-        return None
-    again = relayout_cycles(graph, trial, chip, dtype, ints, views)
-    total = _total(graph, trial, again, chip, dtype, ints, views)
-    return (again, total) if total < cost else None
 
 
 def _alike_reads(graph: Graph, a: TensorExpr, b: TensorExpr) -> bool:

@@ -45,11 +45,17 @@ class SolverReport:
     #: each with its predicted steps under ELK's preload schedule within the solve's SRAM
     #: reserve and within twice it (judged by their sum); empty elsewhere
     choices: tuple[tuple[str, int, int], ...] = ()
+    #: with `--refine` (`refine.py`): the routed trials spent and the cycles they saved;
+    #: empty (and not in plan.json) without
+    refined: tuple[int, int] | tuple[()] = ()
 
     def document(self) -> dict[str, object]:
-        """The fields plan.json stores (all but ``wall_s`` and ``deterministic_s``)."""
+        """The fields plan.json stores (all but ``wall_s`` and ``deterministic_s``, and
+        ``refined`` where empty)."""
         doc = asdict(self)
         del doc["wall_s"], doc["deterministic_s"]
+        if not self.refined:
+            del doc["refined"]
         return doc
 
     @staticmethod
@@ -63,7 +69,15 @@ class SolverReport:
                                      else int(doc["greedy_objective_cycles"])),
             wall_s=wall_s, workers=int(doc["workers"]), seed=int(doc["seed"]),
             time_limit_s=float(doc["time_limit_s"]), method=str(doc.get("method", "")),
-            choices=tuple((str(name), int(a), int(b)) for name, a, b in doc.get("choices", ())))
+            choices=tuple((str(name), int(a), int(b)) for name, a, b in doc.get("choices", ())),
+            refined=_refined(doc.get("refined", ())))
+
+
+def _refined(stored: object) -> tuple[int, int] | tuple[()]:
+    """`SolverReport.refined` read back from plan.json."""
+    if not isinstance(stored, (list, tuple)) or len(stored) != 2:
+        return ()
+    return int(stored[0]), int(stored[1])
 
 
 #: the report of a plan put together by hand (tests, tools), not chosen by a solver

@@ -97,6 +97,8 @@ class SolverOptions:
     #: end a solve once its search stalls (`solve_in_chunks`), before the limit; False
     #: searches the whole limit
     early_stop: bool = True
+    #: exact pricings of the local search after the solve (`refine.py`); 0 for none
+    refine: int = 0
 
 
 #: the whole-graph choices compared on a chip with DRAM (`partition._best_streamed`), by

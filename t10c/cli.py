@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 0.001)")
     c.add_argument("--front", type=int_at_least(1), default=16,
                    help="plans kept per op on its Pareto front (default: 16)")
+    c.add_argument("--refine", type=int_at_least(0), default=0, metavar="TRIALS",
+                   help="after the solve, try plans off the fronts op by op, each move "
+                        "priced exactly (routed on a mesh), at most TRIALS pricings: slower "
+                        "compiles, faster plans (default: 0, off)")
     c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
     c.add_argument("--plan", type=Path, metavar="FILE",
                    help="a plan.json to replay (the same plans, checked against the model and "
@@ -673,7 +677,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         search=strategy_search(args.strategy, search_options(args)),
         solver=SolverOptions(time_limit_s=args.time_limit, workers=args.workers,
                              planner=args.planner, relative_gap=args.gap,
-                             early_stop=args.early_stop, choice=args.choice),
+                             early_stop=args.early_stop, choice=args.choice,
+                             refine=args.refine),
         # zoo weights are drawn only when the program will run, here or from -o DIR
         weights=args.run or (args.out is not None and not args.timing_only),
         front_limit=args.front, timing_only=args.timing_only, fuse=args.fuse,
@@ -775,6 +780,10 @@ def _print_summary(compiled, timing_only: bool) -> None:
               f"{s.deterministic_s} s over the compile's solves")
         if s.choices:
             print(_choices_line(s.choices))
+        if s.refined:
+            trials, saved = s.refined
+            print(f"refined: {trials} trial(s) of --refine {options.solver.refine} "
+                  f"saved {saved} cycles")
     if options.constraints:
         print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program

@@ -228,6 +228,25 @@ def test_user_chip_compiles(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     assert code == 0 and out.startswith("; core 7 of 8")
 
 
+def test_refine_reports_its_trials(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`--refine TRIALS` prints what its trials saved under the solver line, and plan.json
+    keeps it; on bert-mini (ipu-mk2) six trials find a faster plan."""
+    code, out, err = run(capsys, "compile", "bert-mini", "--timing-only", "--no-table",
+                         "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "refined:" not in out
+    base = json.loads((tmp_path / "out" / "plan.json").read_text())
+    code, out, err = run(capsys, "compile", "bert-mini", "--timing-only", "--no-table",
+                         "--refine", "6", "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("refined:"))
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    trials, saved = plan["solver"]["refined"]
+    assert line == f"refined: {trials} trial(s) of --refine 6 saved {saved} cycles"
+    assert 0 < trials <= 6 and saved > 0
+    assert plan["total_cycles"] < base["total_cycles"]
+
+
 def test_dynamic_dimension_needs_shape(capsys: pytest.CaptureFixture[str],
                                        tmp_path: Path) -> None:
     path = dynamic_model(tmp_path / "dyn.onnx")
@@ -395,6 +414,8 @@ BAD_VALUES = [
               ("--workers", "at least 1", "-3")),
     ErrorCase("front-zero", compile_with("--front", "0"), EXIT_USAGE,
               ("--front", "at least 1")),
+    ErrorCase("refine-negative", compile_with("--refine", "-1"), EXIT_USAGE,
+              ("--refine", "at least 0")),
     ErrorCase("gap-above-one", compile_with("--gap", "2"), EXIT_USAGE,
               ("--gap", "at most 1")),
     ErrorCase("gap-nan", compile_with("--gap", "nan"), EXIT_USAGE, ("--gap", "finite")),

@@ -1,0 +1,204 @@
+"""A local search over plans the fronts leave out, each move priced exactly
+(`t10c compile --refine TRIALS`).
+
+The whole-graph solve chooses among each op's Pareto front in (hot bytes, cycles) and prices
+each re-layout edge on its own: on a mesh by a closed-form estimate
+(`place.exchange_estimate`), on an all-to-all chip exactly per edge but not as the joint phase
+of an op's inputs. Both hide plans that are faster in the end: a plan dominated in bytes and
+cycles may span fewer cores, so that what it receives and what it sends travel less far; and
+where the estimate is off by a different factor on different edges, the solve trades real
+cycles for estimated ones. LLaMA-3-8B's decode step on wse2 shows both: the scores' matmul
+over the past cache split the head dimension 128 ways (a 478-cycle reduction) to save a
+broadcast the estimate put at 904 cycles and the routes at 318.
+
+So after the solve and the passes that share copies, the chosen plans are improved op by
+op, each move priced as the emulator times it:
+
+- ops with equal fronts and equal chosen plans (repeated layers) move together, in the
+  order of their cycles (own and re-layout), the costliest first;
+- an op's candidates are its plans that are Pareto-optimal in hot bytes, cycles and cores
+  spanned (the third measure is what the front lacks: a plan's region), within the solve's
+  SRAM limit and, moved in, keeping every op's memory within it; ranked by their own
+  cycles plus the estimated re-layouts from the chosen producers and to the chosen
+  consumers (`transitions.edge_cost`);
+- the best `PER_GROUP` are priced exactly (`transitions.relayout_cycles`: on a mesh the
+  phases routed) and the fastest move that lowers the total is kept;
+- sweeps repeat until one moves nothing; a move already priced beside the same plans around
+  it is not priced again.
+
+``trials`` bounds the exact pricings of the whole pass, so the result never depends on the
+machine's speed or load. It is off by default: on the wafer each trial routes phases over
+hundreds of thousands of cores (about a second), and a decode step's search takes a minute
+or two (README: Performance, Meshes, has the figures)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from t10c.chips import Chip
+from t10c.dtypes import IntTensors
+from t10c.ir import Graph
+
+from .cpsat import Progress
+from .plan import OpPlan, operand_shapes
+from .search import SearchOptions, enumerate_plans
+from .solve import SolverOptions, chosen_memory
+from .transitions import Views, edge_cost, kept_restores, relayout_cycles
+
+#: the exact pricings per group of ops and sweep (its best-ranked candidates)
+PER_GROUP = 3
+
+
+def renamed(plan: OpPlan, name: str) -> OpPlan:
+    return dataclasses.replace(plan, op=name)
+
+
+def total_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int],
+                 chip: Chip, dtype: str, ints: IntTensors, views: Views) -> int:
+    """A choice's exact cycles: its plans' own, the return of the rotated copies they keep
+    (`transitions.kept_restores`) and the re-layouts before the ops."""
+    kept = kept_restores(graph, tuple(plans), chip, dtype, ints, views)
+    return sum(p.cycles.total for p in kept) + sum(relayout)
+
+
+def faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, dtype: str,
+           ints: IntTensors, views: Views) -> tuple[list[int], int] | None:
+    """A trial choice's exact re-layouts and total where every op's memory stays within
+    ``cap`` and the total is below ``cost``; None otherwise."""
+    if int(chosen_memory(views.terms(), trial).max(initial=0)) > cap:
+        return None
+    again = relayout_cycles(graph, trial, chip, dtype, ints, views)
+    total = total_cycles(graph, trial, again, chip, dtype, ints, views)
+    return (again, total) if total < cost else None
+
+
+def refine(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
+           dtype: str, ints: IntTensors, search: SearchOptions, solver: SolverOptions,
+           views: Views, ids: list[int], fixed: frozenset[int], trials: int,
+           progress: Progress | None = None
+           ) -> tuple[tuple[OpPlan, ...], list[int], tuple[int, int]]:
+    """The module's search over ``chosen`` (``ids``: equal for ops with equal fronts), at most
+    ``trials`` exact pricings; ops in ``fixed`` (named by `--plan` constraints) keep their
+    plans; ``progress`` hears of every trial ("refine"). Returns the plans, their re-layouts,
+    and the trials spent with the cycles they saved."""
+    cap = solver.sram_cap(chip.sram_bytes_per_core)
+    consts = views.const_tensors()
+    best = list(chosen)
+    cost = start = total_cycles(graph, best, relayout, chip, dtype, ints, views)
+    pools: dict[int, list[OpPlan]] = {}
+    around = _around(graph)
+    tried: set[tuple] = set()  # the moves routed, each with the plans around it then
+    spent = 0
+    moved = True
+    while moved and spent < trials:  # sweeps, until one moves nothing
+        moved = False
+        for members in _groups(graph, best, relayout, ids, fixed):
+            if spent >= trials:
+                break
+            i = members[0]
+            if ids[i] not in pools:
+                pools[ids[i]] = _candidates(graph, i, chip, dtype, ints, consts, search, cap)
+            current = renamed(best[i], "")
+            near = tuple(renamed(best[n], "") for k in members for n in around[k])
+            moves = []  # the candidates as moves of the whole group, within the memory limit
+            for plan in pools[ids[i]]:
+                if renamed(plan, "") == current or (tuple(members), plan, near) in tried:
+                    continue
+                trial = list(best)
+                for k in members:
+                    trial[k] = renamed(plan, graph.ops[k].name)
+                if int(chosen_memory(views.terms(), trial).max(initial=0)) <= cap:
+                    moves.append((plan, trial))
+            kept = None
+            for plan, trial in _ranked(graph, i, moves, best, chip, dtype, ints, views):
+                if spent >= trials:
+                    break
+                tried.add((tuple(members), plan, near))
+                spent += 1
+                if progress:
+                    progress("refine", spent, trials)
+                try:
+                    better = faster(graph, trial, cost if kept is None else kept[2], cap, chip,
+                                    dtype, ints, views)
+                except MemoryError:  # too many pairs to route on this machine: no move
+                    better = None
+                if better is not None:
+                    kept = (trial, *better)
+            if kept is not None:
+                best, relayout, cost = kept
+                moved = True
+    if progress:
+        progress("refine", trials, trials)
+    return tuple(best), relayout, (spent, start - cost)
+
+
+def _around(graph: Graph) -> list[list[int]]:
+    """Per op, the ops whose choice its move is priced beside: its producers, its consumers
+    and its neighbours in the order (which may read its received copies)."""
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    around: list[set[int]] = [{k for k in (i - 1, i + 1) if 0 <= k < len(graph.ops)}
+                              for i in range(len(graph.ops))]
+    for i, op in enumerate(graph.ops):
+        for operand in (*op.inputs, *op.extra):
+            j = producer.get(graph.root(operand.tensor))
+            if j is not None:
+                around[i].add(j)
+                around[j].add(i)
+    return [sorted(a) for a in around]
+
+
+def _groups(graph: Graph, plans: list[OpPlan], relayout: list[int], ids: list[int],
+            fixed: frozenset[int]) -> list[list[int]]:
+    """The ops that move together (equal fronts, equal chosen plans; none in ``fixed``), the
+    costliest group first (its members' own and re-layout cycles; the earlier on a tie)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(plans):
+        if i not in fixed:
+            groups.setdefault((ids[i], renamed(p, "")), []).append(i)
+    cost = {g[0]: sum(plans[k].cycles.total + relayout[k] for k in g) for g in groups.values()}
+    return sorted(groups.values(), key=lambda g: (-cost[g[0]], g[0]))
+
+
+def _candidates(graph: Graph, i: int, chip: Chip, dtype: str, ints: IntTensors,
+                consts: frozenset[str], search: SearchOptions, cap: int) -> list[OpPlan]:
+    """Op ``i``'s plans within ``cap`` that are Pareto-optimal in hot bytes, cycles and cores
+    spanned, fastest first."""
+    op = graph.ops[i]
+    plans = [p for p in enumerate_plans(op, chip, dtype, operand_shapes(graph, op), ints,
+                                        consts, search) if p.hot_bytes_per_core <= cap]
+    plans.sort(key=lambda p: (p.cycles.total, p.hot_bytes_per_core, math.prod(p.F)))
+    front: list[OpPlan] = []
+    for p in plans:
+        cores = math.prod(p.F)
+        if not any(q.hot_bytes_per_core <= p.hot_bytes_per_core and math.prod(q.F) <= cores
+                   for q in front):
+            front.append(p)
+    return front
+
+
+def _ranked(graph: Graph, i: int, moves: list[tuple[OpPlan, list[OpPlan]]],
+            plans: list[OpPlan], chip: Chip, dtype: str, ints: IntTensors, views: Views
+            ) -> list[tuple[OpPlan, list[OpPlan]]]:
+    """The best `PER_GROUP` of ``moves`` (an op's plan, and the choice that differs from
+    ``plans`` in op ``i``'s group by it): by op ``i``'s own cycles plus the estimated
+    re-layouts of its inputs from their producers and of its result to its consumers (an
+    edge the solver would refuse, an aligned consumer's, counts nothing: the routes
+    decide)."""
+    if not moves:
+        return []
+    pool = [trial[i] for _, trial in moves]
+    producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
+    estimate = [p.cycles.total for p in pool]
+    for slot, operand in enumerate(graph.ops[i].inputs):
+        j = producer.get(graph.root(operand.tensor))
+        if j is not None:
+            row = edge_cost(graph, j, i, slot, [plans[j]], pool, chip, dtype, ints, views)[0]
+            estimate = [e + (c or 0) for e, c in zip(estimate, row)]
+    for k, op in enumerate(graph.ops):
+        for slot, operand in enumerate(op.inputs):
+            if producer.get(graph.root(operand.tensor)) == i:
+                col = edge_cost(graph, i, k, slot, pool, [plans[k]], chip, dtype, ints, views)
+                estimate = [e + (c[0] or 0) for e, c in zip(estimate, col)]
+    order = sorted(range(len(pool)), key=lambda n: (estimate[n], n))
+    return [moves[n] for n in order[:PER_GROUP]]
