@@ -49,7 +49,7 @@ from .epilogue import extra_edge_cost
 from .inductive import inductive_choice
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .refine import faster as _faster
-from .refine import refine
+from .refine import refine_choice
 from .refine import renamed as _rename
 from .refine import total_cycles as _total
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
@@ -209,9 +209,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         chosen, relayout = _match_reads(graph, chosen, relayout, chip, dtype, ints, solver,
                                         views, fronts, fixed)
     if solver.refine and solver.planner != "greedy" and not chip.has_dram:
-        chosen, relayout, refined = refine(graph, chosen, relayout, chip, dtype, ints, search,
-                                           solver, views, _front_ids(fronts), fixed,
-                                           solver.refine, progress)
+        chosen, relayout, refined = refine_choice(graph, chosen, relayout, chip, dtype, ints,
+                                                  search, solver, views, _front_ids(fronts),
+                                                  fixed, solver.refine, progress)
     chosen, relayout = _finished(graph, chosen, relayout, chip, dtype, ints, solver, views,
                                  fixed)
     choices: tuple[tuple[str, int, int], ...] = ()

@@ -73,7 +73,7 @@ def faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, d
     return (again, total) if total < cost else None
 
 
-def refine(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
+def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
            dtype: str, ints: IntTensors, search: SearchOptions, solver: SolverOptions,
            views: Views, ids: list[int], fixed: frozenset[int], trials: int,
            progress: Progress | None = None
