@@ -45,7 +45,7 @@ class SolverReport:
     #: each with its predicted steps under ELK's preload schedule within the solve's SRAM
     #: reserve and within twice it (judged by their sum); empty elsewhere
     choices: tuple[tuple[str, int, int], ...] = ()
-    #: with `--refine` (`refine.py`): the routed trials spent and the cycles they saved;
+    #: with `--refine` (`refine.py`): the exact pricings spent and the cycles they saved;
     #: empty (and not in plan.json) without
     refined: tuple[int, int] | tuple[()] = ()
 
