@@ -27,9 +27,11 @@ op, each move priced as the emulator times it:
   it is not priced again.
 
 ``trials`` bounds the exact pricings of the whole pass, so the result never depends on the
-machine's speed or load. It is off by default: on the wafer each trial routes phases over
-hundreds of thousands of cores (about a second), and a decode step's search takes a minute
-or two (README: Performance, Meshes, has the figures)."""
+machine's speed or load. (A move whose routing would need more than half of the machine's
+memory, `t10c.multicast.check_pairs`, is passed over: on one machine always the same.)
+It is off by default: on the wafer each pricing routes phases over hundreds of thousands of
+cores (about two seconds), and a decode step's search takes minutes (README: Performance,
+Meshes, has the figures)."""
 
 from __future__ import annotations
 
@@ -74,10 +76,10 @@ def faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, d
 
 
 def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
-           dtype: str, ints: IntTensors, search: SearchOptions, solver: SolverOptions,
-           views: Views, ids: list[int], fixed: frozenset[int], trials: int,
-           progress: Progress | None = None
-           ) -> tuple[tuple[OpPlan, ...], list[int], tuple[int, int]]:
+                  dtype: str, ints: IntTensors, search: SearchOptions, solver: SolverOptions,
+                  views: Views, ids: list[int], fixed: frozenset[int], trials: int,
+                  progress: Progress | None = None
+                  ) -> tuple[tuple[OpPlan, ...], list[int], tuple[int, int]]:
     """The module's search over ``chosen`` (``ids``: equal for ops with equal fronts), at most
     ``trials`` exact pricings; ops in ``fixed`` (named by `--plan` constraints) keep their
     plans; ``progress`` hears of every trial ("refine"). Returns the plans, their re-layouts,
@@ -118,13 +120,13 @@ def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int],
                 spent += 1
                 if progress:
                     progress("refine", spent, trials)
-                try:
-                    better = faster(graph, trial, cost if kept is None else kept[2], cap, chip,
-                                    dtype, ints, views)
-                except MemoryError:  # too many pairs to route on this machine: no move
-                    better = None
-                if better is not None:
-                    kept = (trial, *better)
+                try:  # (the move's memory was checked above)
+                    again = relayout_cycles(graph, trial, chip, dtype, ints, views)
+                except MemoryError:  # too many pairs to route in this machine's memory
+                    continue
+                total = total_cycles(graph, trial, again, chip, dtype, ints, views)
+                if total < (cost if kept is None else kept[2]):
+                    kept = (trial, again, total)
             if kept is not None:
                 best, relayout, cost = kept
                 moved = True
