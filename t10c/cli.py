@@ -668,6 +668,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.choice != "best" and (args.planner == "greedy" or args.plan is not None):
         return _error(f"--choice {args.choice} picks among the solve's whole-graph choices: "
                       "drop it, or drop --planner greedy and --plan", EXIT_USAGE)
+    if args.refine and (chip.has_dram or args.planner == "greedy"
+                        or isinstance(given, Replay)):
+        return _error("--refine searches after the solve (constrained ops keep their plans): "
+                      "drop it, or drop --planner greedy and the plan.json replayed"
+                      if not chip.has_dram else
+                      f"--refine applies to chips without off-chip memory; {chip.name} has "
+                      "some (its preload schedule is chosen after the plans): drop --refine",
+                      EXIT_USAGE)
     if args.core is not None and args.core >= chip.cores:
         return _error(f"core {args.core} does not exist (the chip has {chip.cores} cores: "
                       f"0 to {chip.cores - 1})", EXIT_USAGE)
