@@ -60,6 +60,13 @@ class Pattern:
 _WEIGHTS = np.random.default_rng(0x9A77).integers(1, 2 ** 62, size=1 << 16, dtype=np.int64) | 1
 
 
+def _chunk_rows(e: int) -> int:
+    """Rows of an (n, e) table that `dedup_rows` weighs and compares at a time: about 1 M
+    elements, so that its temporaries stay small beside the table (bert-large's largest
+    exchange table is 8 M elements)."""
+    return max(1, (1 << 20) // e)
+
+
 def dedup_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first, inverse): the distinct rows of ``table`` (n, e) in order of first appearance,
     as indices of their first row, and each row's number among them.
@@ -72,11 +79,15 @@ def dedup_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(min(n, 1), dtype=np.int64), np.zeros(n, dtype=np.int64)
     e = table.shape[1]
     weights = np.resize(_WEIGHTS, e)
-    with np.errstate(over="ignore"):
-        key = (table.astype(np.int64, copy=False) * weights[None, :]).sum(axis=1)
+    key = np.empty(n, dtype=np.int64)
+    chunks = [(lo, min(lo + _chunk_rows(e), n)) for lo in range(0, n, _chunk_rows(e))]
+    with np.errstate(over="ignore"):  # (a row's sum is the same, whatever the chunks)
+        for lo, hi in chunks:
+            key[lo:hi] = (table[lo:hi].astype(np.int64) * weights[None, :]).sum(axis=1)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
-    if not (table[first[inverse]] == table).all():  # a collision: compare whole rows
+    if not all((table[first[inverse[lo:hi]]] == table[lo:hi]).all() for lo, hi in chunks):
+        # a collision: compare whole rows
         rows = np.ascontiguousarray(table).view(np.dtype((np.void, table.dtype.itemsize * e)))
         _, first, inverse = np.unique(rows.ravel(), return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -94,7 +105,8 @@ def encode(core: np.ndarray, off: np.ndarray, pat: np.ndarray | None = None) -> 
     core = np.asarray(core)
     off = np.asarray(off)
     u, e = core.shape
-    both = np.empty((u, 2 * e), dtype=np.int64)
+    # (int32 where the tables are: codegen's are, and this is its largest temporary)
+    both = np.empty((u, 2 * e), dtype=np.result_type(core.dtype, off.dtype, np.int32))
     both[:, :e] = core
     both[:, e:] = np.where(core >= 0, off, 0)
     first, inverse = dedup_rows(both)

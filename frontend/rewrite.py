@@ -323,10 +323,36 @@ _WEAVE_STEPS = 3  # act(gate) * up: sigmoid, gate * sigmoid, * up
 
 def _side_by_side(parts: list[np.ndarray], woven: bool) -> np.ndarray:
     """The columns of ``parts`` (2-D, as many rows) in one matrix: one after another, or
-    woven (`_weave`)."""
+    woven (`_weave`). Parts that are already that matrix's columns, views of one buffer in
+    its layout (the zoo's q, k and v: `t10c.models._builder.side_by_side`), give a view of
+    the buffer, not a copy."""
+    whole = _whole_of(parts, woven)
+    if whole is not None:
+        return whole
     if not woven:
         return np.concatenate(parts, axis=1)
     return np.stack(parts, axis=2).reshape(parts[0].shape[0], -1)
+
+
+def _whole_of(parts: list[np.ndarray], woven: bool) -> np.ndarray | None:
+    """The matrix whose columns ``parts`` are, where they are views of it laid out as
+    `_side_by_side` would lay them (same memory, same strides); None otherwise."""
+    base = parts[0].base
+    if base is None or any(p.base is not base or p.ndim != 2 for p in parts):
+        return None
+    rows, width = parts[0].shape[0], sum(p.shape[1] for p in parts)
+    if not isinstance(base, np.ndarray) or base.size != rows * width or \
+            not base.flags.c_contiguous:
+        return None
+    whole = base.reshape(rows, width)  # (a view)
+    start = 0
+    for j, p in enumerate(parts):
+        want = whole[:, j::len(parts)] if woven else whole[:, start:start + p.shape[1]]
+        start += p.shape[1]
+        if (want.shape != p.shape or want.strides != p.strides
+                or want.__array_interface__["data"][0] != p.__array_interface__["data"][0]):
+            return None
+    return whole
 
 
 def _strided_piece(product: str, piece: str, j: int, n: int, width: int, name: str,

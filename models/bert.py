@@ -28,7 +28,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 
-from ._builder import GraphBuilder, draw, weight_rng
+from ._builder import GraphBuilder, draw, side_by_side, weight_rng
 
 WEIGHT_STD = 0.02
 """Std of every weight, embedding and bias (BERT's ``initializer_range``)."""
@@ -83,11 +83,19 @@ def _linear(
     fan_out: int,
 ) -> str:
     """``x @ {scope}.weight + {scope}.bias`` with weight [fan_in, fan_out]."""
+    weight = draw(rng, (fan_in, fan_out), WEIGHT_STD)
+    return _affine(b, scope, x, weight, draw(rng, (fan_out,), WEIGHT_STD))
+
+
+def _affine(b: GraphBuilder, scope: str, x: str, weight: np.ndarray, bias: np.ndarray,
+            copy: bool = True) -> str:
+    """``x @ {scope}.weight + {scope}.bias`` with the values given (``copy``: as
+    `GraphBuilder.initializer` takes the weight)."""
     dotted = scope.replace("/", ".")
-    w = b.initializer(f"{dotted}.weight", draw(rng, (fan_in, fan_out), WEIGHT_STD))
-    bias = b.initializer(f"{dotted}.bias", draw(rng, (fan_out,), WEIGHT_STD))
+    w = b.initializer(f"{dotted}.weight", weight, copy=copy)
+    bias_name = b.initializer(f"{dotted}.bias", bias)
     y = b.node("MatMul", [x, w], f"{scope}/MatMul")
-    return b.node("Add", [y, bias], f"{scope}/Add")
+    return b.node("Add", [y, bias_name], f"{scope}/Add")
 
 
 def _layer_norm(
@@ -149,8 +157,13 @@ def _attention(
     """Multi-head self-attention with output projection, residual and LayerNorm."""
     scope = f"layer{layer}/attn"
     heads: dict[str, str] = {}
-    for part, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
-        y = _linear(b, rng, f"{scope}/{part}", x, hidden, hidden)
+    parts = (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3]))
+    # drawn as `_linear` draws them, one part after another; the weights held side by side
+    drawn = [(draw(rng, (hidden, hidden), WEIGHT_STD), draw(rng, (hidden,), WEIGHT_STD))
+             for _ in parts]
+    weights = side_by_side([w for w, _ in drawn])
+    for (part, perm), weight, (_, bias) in zip(parts, weights, drawn):
+        y = _affine(b, f"{scope}/{part}", x, weight, bias, copy=False)
         y = b.node("Reshape", [y, c.split_heads_shape], f"{scope}/{part}/Reshape")
         heads[part] = b.node("Transpose", [y], f"{scope}/{part}/Transpose", perm=perm)
     scores = b.node("MatMul", [heads["q"], heads["k"]], f"{scope}/scores/MatMul")

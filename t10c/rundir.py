@@ -158,13 +158,16 @@ class _Given:
         head = onnx.TensorProto(name=t.name, dims=value.shape,
                                 data_type=onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
         self.head = head.SerializeToString()
-        self.value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+        self.value = value
         self.size = len(self.head) + _tag_len(_TENSOR_RAW_DATA, value.nbytes) + value.nbytes
 
     def write(self, fh: BinaryIO) -> None:
+        # (contiguous little-endian here, one tensor at a time: a view kept apart, the zoo's
+        # side-by-side q, k and v, is copied only while it is written)
+        value = np.ascontiguousarray(self.value, dtype=self.value.dtype.newbyteorder("<"))
         fh.write(self.head)
-        fh.write(_tag(_TENSOR_RAW_DATA, self.value.nbytes))
-        fh.write(memoryview(self.value).cast("B"))
+        fh.write(_tag(_TENSOR_RAW_DATA, value.nbytes))
+        fh.write(memoryview(value).cast("B"))
 
 
 def _split(message: Message, number: int) -> tuple[bytes, bytes]:

@@ -76,3 +76,33 @@ def test_spread_weights_pattern_is_the_encoded_table(numel, rows, data) -> None:
     for field in ("pat", "start", "runs"):
         w, g = getattr(want, field), getattr(got, field)
         assert (w.dtype, w.shape) == (g.dtype, g.shape) and (w == g).all(), field
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 6), st.integers(1, 7), st.data())
+def test_rows_deduplicated_in_chunks_are_deduplicated_whole(n, e, chunk, data) -> None:
+    """`dedup_rows` weighs and compares a large table a chunk of rows at a time (its
+    temporaries stay small): the distinct rows, in order of first appearance, and each
+    row's number among them, whatever the chunk; `encode` gives one pattern for int32 and
+    int64 tables."""
+    from unittest import mock
+
+    from t10c.codegen import pattern
+
+    values = data.draw(st.lists(st.integers(-1, 3), min_size=n * e, max_size=n * e))
+    table = np.asarray(values, dtype=np.int64).reshape(n, e)
+    rows = [tuple(r) for r in table.tolist()]
+    firsts: dict[tuple, int] = {}
+    for i, r in enumerate(rows):
+        firsts.setdefault(r, i)
+    number = {r: k for k, r in enumerate(firsts)}
+    with mock.patch.object(pattern, "_chunk_rows", lambda _: chunk):
+        first, inverse = pattern.dedup_rows(table)
+        assert first.tolist() == list(firsts.values())
+        assert inverse.tolist() == [number[r] for r in rows]
+        core = np.where(table >= 0, table % 2, -1)
+        wide, narrow = (pattern.encode(core.astype(t), table.astype(t))
+                        for t in (np.int64, np.int32))
+    for field in ("pat", "start", "runs"):
+        w, g = getattr(wide, field), getattr(narrow, field)
+        assert (w.dtype, w.shape) == (g.dtype, g.shape) and (w == g).all(), field

@@ -220,3 +220,26 @@ def test_a_gated_mlps_projections_are_woven() -> None:
     weight = next(v for name, v in qkv.constants.items() if name.endswith(".w~fused"))
     source = {t.name: numpy_helper.to_array(t) for t in apart.graph.initializer}
     assert np.array_equal(weight, np.concatenate([source[f"{n}.w"] for n in "qkv"], axis=1))
+
+
+@pytest.mark.parametrize("woven", [False, True])
+def test_weights_already_side_by_side_are_fused_without_a_copy(woven: bool) -> None:
+    """Parts that are views of one matrix laid out as the fused weight is (the zoo's q, k
+    and v: `models._builder.side_by_side`) give a view of that matrix; any other parts
+    (their own arrays, or views in another order) are copied into a new one, the same
+    values."""
+    from t10c.frontend.rewrite import _side_by_side
+
+    whole = np.arange(6 * 12, dtype=np.float32).reshape(6, 12)
+    parts = ([whole[:, j::3] for j in range(3)] if woven
+             else [whole[:, 0:4], whole[:, 4:8], whole[:, 8:12]])
+    got = _side_by_side(parts, woven)
+    assert np.shares_memory(got, whole) and got.shape == whole.shape
+    want = (np.stack(parts, axis=2).reshape(6, -1) if woven
+            else np.concatenate(parts, axis=1))
+    for other in ([p.copy() for p in parts], parts[::-1], parts[:2]):
+        got = _side_by_side(other, woven)
+        assert not np.shares_memory(got, whole)
+        assert np.array_equal(got, np.stack(other, axis=2).reshape(6, -1) if woven
+                              else np.concatenate(other, axis=1))
+    assert np.array_equal(_side_by_side(parts, woven), want)
