@@ -97,9 +97,10 @@ def side_by_side(draws: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The matrices ``draws`` (as many rows each) copied into one matrix, side by side, and
     returned as its column blocks: views, in the order given, of one buffer. Sibling
     projections of one input (BERT's q, k and v) held so are the matrix the frontend fuses
-    them into (`frontend.rewrite.fuse_sibling_matmuls`), which then takes that buffer as it
-    is instead of copying (bert-large: 288 MiB less at the compile's peak). Shape-only draws
-    (zero strides, `NoWeights`) come back as they are."""
+    them into (`frontend.rewrite.fuse_sibling_matmuls`), which then takes a view of that
+    buffer instead of copying (bert-large: 288 MiB less at the compile's peak). (LLaMA's
+    are scaled by the norm before them first, `frontend.rewrite`: copies either way.)
+    Shape-only draws (zero strides, `NoWeights`) come back as they are."""
     if not draws or any(0 in d.strides for d in draws):
         return list(draws)
     rows = draws[0].shape[0]

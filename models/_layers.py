@@ -32,11 +32,20 @@ def dotted(scope: str) -> str:
 def linear(b: GraphBuilder, rng: np.random.Generator, scope: str, x: str, fan_in: int,
            fan_out: int, std: float, bias: bool = True) -> str:
     """``x @ {scope}.weight (+ {scope}.bias)`` with weight [fan_in, fan_out]."""
-    w = b.initializer(f"{dotted(scope)}.weight", draw(rng, (fan_in, fan_out), std))
+    weight = draw(rng, (fan_in, fan_out), std)
+    return affine(b, scope, x, weight, draw(rng, (fan_out,), 0.02) if bias else None)
+
+
+def affine(b: GraphBuilder, scope: str, x: str, weight: np.ndarray,
+           bias: np.ndarray | None = None, copy: bool = True) -> str:
+    """``x @ {scope}.weight (+ {scope}.bias)`` with the values given, drawn by the caller
+    (``copy=False``: a weight that is a view of sibling projections' buffer, `side_by_side`,
+    kept as it is)."""
+    w = b.initializer(f"{dotted(scope)}.weight", weight, copy=copy)
     y = b.node("MatMul", [x, w], f"{scope}/MatMul")
-    if not bias:
+    if bias is None:
         return y
-    bias_name = b.initializer(f"{dotted(scope)}.bias", draw(rng, (fan_out,), 0.02))
+    bias_name = b.initializer(f"{dotted(scope)}.bias", bias)
     return b.node("Add", [y, bias_name], f"{scope}/Add")
 
 

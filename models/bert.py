@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from ._builder import GraphBuilder, draw, side_by_side, weight_rng
+from ._layers import affine
 
 WEIGHT_STD = 0.02
 """Std of every weight, embedding and bias (BERT's ``initializer_range``)."""
@@ -84,18 +85,7 @@ def _linear(
 ) -> str:
     """``x @ {scope}.weight + {scope}.bias`` with weight [fan_in, fan_out]."""
     weight = draw(rng, (fan_in, fan_out), WEIGHT_STD)
-    return _affine(b, scope, x, weight, draw(rng, (fan_out,), WEIGHT_STD))
-
-
-def _affine(b: GraphBuilder, scope: str, x: str, weight: np.ndarray, bias: np.ndarray,
-            copy: bool = True) -> str:
-    """``x @ {scope}.weight + {scope}.bias`` with the values given (``copy``: as
-    `GraphBuilder.initializer` takes the weight)."""
-    dotted = scope.replace("/", ".")
-    w = b.initializer(f"{dotted}.weight", weight, copy=copy)
-    bias_name = b.initializer(f"{dotted}.bias", bias)
-    y = b.node("MatMul", [x, w], f"{scope}/MatMul")
-    return b.node("Add", [y, bias_name], f"{scope}/Add")
+    return affine(b, scope, x, weight, draw(rng, (fan_out,), WEIGHT_STD))
 
 
 def _layer_norm(
@@ -163,7 +153,7 @@ def _attention(
              for _ in parts]
     weights = side_by_side([w for w, _ in drawn])
     for (part, perm), weight, (_, bias) in zip(parts, weights, drawn):
-        y = _affine(b, f"{scope}/{part}", x, weight, bias, copy=False)
+        y = affine(b, f"{scope}/{part}", x, weight, bias, copy=False)
         y = b.node("Reshape", [y, c.split_heads_shape], f"{scope}/{part}/Reshape")
         heads[part] = b.node("Transpose", [y], f"{scope}/{part}/Transpose", perm=perm)
     scores = b.node("MatMul", [heads["q"], heads["k"]], f"{scope}/scores/MatMul")

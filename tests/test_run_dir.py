@@ -147,3 +147,4 @@ def test_the_zoos_attention_projections_are_held_side_by_side_once(tmp_path) -> 
     fused = graph.constants["layer0.attn.q.weight~fused"]
     assert fused.base is parts[0].base  # a view of it
     assert np.array_equal(fused, np.concatenate(parts, axis=1))
+
