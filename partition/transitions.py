@@ -61,7 +61,7 @@ from .cost import (
     plan_cost,
     spread_owner,
 )
-from .place import exchange_estimate, region_span
+from .place import exchange_estimate, region_span, relayout_estimate
 from .plan import Cycles, Geometry, OpPlan, geometry
 from .pod import chip_wanted, element_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
@@ -870,11 +870,14 @@ def _transfer(chip: Chip, nbytes: int, cross: int = 0) -> int:
 
 def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
               consumer: list[OpPlan], chip: Chip, dtype: str, int_tensors: IntTensors,
-              views: Views | None = None) -> tuple[tuple[int | None, ...], ...]:
+              views: Views | None = None, extents: bool = False
+              ) -> tuple[tuple[int | None, ...], ...]:
     """Re-layout cycles of input ``slot`` of op ``i`` alone, barrier included, for every
     (producer plan, consumer plan) pair of the edge from op ``j``; None marks a pair the
     solver must not choose (a plan aligned to this input beside a producer plan that leaves
-    another layout)."""
+    another layout). ``extents``: a mesh-aware pair is priced from the two regions as they
+    lie (`place.relayout_estimate`, as `refine` ranks its moves), not by the solver's
+    estimate."""
     views = views or Views(graph)
     op = graph.ops[i]
     operand = op.inputs[slot]
@@ -912,6 +915,11 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
     if aware:  # each pair's exchange crosses the union of the two ops' regions
         have_region = [_region(graph, j, p, chip) for p in producer]
         want_region = [_region(graph, i, q, chip) for q in consumer]
+        if extents:
+            have_side = [(*_extent(graph, j, p, chip), math.prod(p.F), p.out_bytes_per_core)
+                         for p in producer]
+            want_side = [(*_extent(graph, i, q, chip), math.prod(q.F), 0) for q in consumer]
+            distinct = graph.tensors[operand.tensor].numel * nbytes
     rows = []
     for n, (p, at) in enumerate(zip(producer, have_index)):
         row: list[int | None] = []
@@ -928,6 +936,9 @@ def edge_cost(graph: Graph, j: int, i: int, slot: int, producer: list[OpPlan],
                 cyc = chip.exchange_cycles(remote * nbytes,
                                            spread_cross(chip, ncores, remote * nbytes,
                                                         chip_want))
+            elif aware and extents:
+                cyc = barrier + relayout_estimate(chip, remote * nbytes, have_side[n],
+                                                  want_side[m], distinct)
             elif aware:  # the producer's tile leaves once (multicast trees)
                 (hp, wp), (hq, wq) = have_region[n], want_region[m]
                 trees = broadcast_trees(hp, wp, math.prod(p.F), p.out_bytes_per_core,
@@ -967,6 +978,15 @@ def _region(graph: Graph, k: int, plan: OpPlan, chip: Chip) -> tuple[int, int]:
         return chip.rows, chip.cols
     op = graph.ops[k]
     return region_span(plan.F, op.axis_names, set(op.reduction_axes), plan.embed)
+
+
+def _extent(graph: Graph, k: int, plan: OpPlan, chip: Chip) -> tuple[int, int]:
+    """(rows, cols) of the cores op ``k`` runs on under ``plan``, as they lie: `_region`,
+    but an aligned plan's the bounding box of the cores it was given."""
+    if plan.cores is not None:
+        row, col = np.divmod(np.asarray(plan.cores, dtype=np.int64), chip.cols)
+        return int(row.max() - row.min()) + 1, int(col.max() - col.min()) + 1
+    return _region(graph, k, plan, chip)
 
 
 def _chip_want(graph: Graph, i: int, slot: int, plan: OpPlan, chip: Chip) -> np.ndarray:

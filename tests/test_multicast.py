@@ -376,3 +376,27 @@ def test_a_relayed_broadcast_matches_onnxruntime(monkeypatch) -> None:
     assert any(used)
     assert r.ok, r.max_rel_err
     assert list(c.plan.relayout_cycles) == _emulated_relayout(c, r)
+
+
+def test_the_region_estimate_of_a_broadcast_and_a_gather_on_wse2() -> None:
+    """`place.relayout_estimate`, which `--refine` ranks its moves by, against phases routed
+    on wse2 (a LLaMA-3-8B decode layer's): a 4096-vector left on 128 cores (16 x 8) and
+    broadcast into the 64 x 1536 tiles of the q, k and v projection (320 x 312 cores, 128 B
+    each) routed in 572 cycles (316 hops, 16 trees of 64 B on the busiest link); the
+    solver's estimate, across the chip's width for the aligned producer, puts it at 44,760.
+    A reduction's 4096 partial sums per core gathered from 672 x 704 cores into 2 routed in
+    1,712 cycles (688 hops, 4096 B on the busiest link)."""
+    from t10c.chips import PRESETS
+    from t10c.partition.place import exchange_estimate, relayout_estimate
+
+    wse2 = PRESETS["wse2"]
+    broadcast = relayout_estimate(wse2, 128, (16, 8, 128, 64), (320, 312, 98304, 0), 8192)
+    assert broadcast == 316 + 16 * 64 // 4 == 572
+    # the solver's: the producer's region the whole chip, so a tree per core of its 996 columns
+    assert exchange_estimate(wse2, 128, 64, (757, 996), 996) > 70 * broadcast
+    gather = relayout_estimate(wse2, 4096, (672, 704, 458752, 4), (1, 2, 2, 0), 8192)
+    assert gather == 688 + 4096 // 4 == 1712
+    # a tile from many producer cores (8 each here) goes relayed: gathered, then spread in
+    # sqrt(256) = 16 trees across both regions (o_proj's input: routed 670 to 1,445)
+    relay = relayout_estimate(wse2, 32, (256, 256, 65536, 4), (376, 352, 131072, 0), 8192)
+    assert relay == (128 + 64 // 4) + (620 + 16 * 32 // 4)
