@@ -33,7 +33,7 @@ op, each move priced as the emulator times it:
 machine's speed or load. (A move whose routing would need more than half of the machine's
 memory, `t10c.multicast.check_pairs`, is passed over: on one machine always the same.)
 It is off by default: on the wafer each pricing routes phases over hundreds of thousands of
-cores (2 to 10 seconds), and a decode step's search takes minutes (README: Performance,
+cores (2 to 35 seconds), and a decode step's search takes minutes (README: Performance,
 Meshes, has the figures: LLaMA-3-8B's decode step on wse2 reaches 2,976 tokens/s with 50
 pricings in about five minutes)."""
 
