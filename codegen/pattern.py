@@ -80,7 +80,8 @@ def dedup_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     e = table.shape[1]
     weights = np.resize(_WEIGHTS, e)
     key = np.empty(n, dtype=np.int64)
-    chunks = [(lo, min(lo + _chunk_rows(e), n)) for lo in range(0, n, _chunk_rows(e))]
+    step = _chunk_rows(e)
+    chunks = [(lo, min(lo + step, n)) for lo in range(0, n, step)]
     with np.errstate(over="ignore"):  # (a row's sum is the same, whatever the chunks)
         for lo, hi in chunks:
             key[lo:hi] = (table[lo:hi].astype(np.int64) * weights[None, :]).sum(axis=1)

@@ -48,7 +48,6 @@ from .dram import (
 from .epilogue import extra_edge_cost
 from .inductive import inductive_choice
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
-from .refine import faster as _faster
 from .refine import refine_choice
 from .refine import renamed as _rename
 from .refine import total_cycles as _total
@@ -810,6 +809,17 @@ def _copied(graph: Graph, plans: list[OpPlan], members: list[int], back: int, ch
         trial[k] = dataclasses.replace(plan, cycles=cycles, hot_bytes_per_core=hot,
                                        cold_bytes_per_core=cold, out_bytes_per_core=out)
     return trial
+
+
+def _faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, dtype: str,
+            ints: IntTensors, views: Views) -> tuple[list[int], int] | None:
+    """A trial choice's exact re-layouts and total where every op's memory stays within
+    ``cap`` and the total is below ``cost``; None otherwise (the shared-copy passes)."""
+    if int(chosen_memory(views.terms(), trial).max(initial=0)) > cap:
+        return None
+    again = relayout_cycles(graph, trial, chip, dtype, ints, views)
+    total = _total(graph, trial, again, chip, dtype, ints, views)
+    return (again, total) if total < cost else None
 
 
 def _alike_reads(graph: Graph, a: TensorExpr, b: TensorExpr) -> bool:

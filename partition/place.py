@@ -408,12 +408,11 @@ def relayout_estimate(chip: Chip, remote_bytes: int, have: tuple[int, int, int, 
       link (fitted).
 
     Fitted against the routed phases of (producer plan, consumer plan) pairs, each input
-    alone: within 1.5x of them for 83% of 152 pairs of llama-tiny-decode and 63% of 158 of
-    bert-mini on a 64 x 64 mesh, and 79% of 131 of a LLaMA-3-8B decode layer on wse2, where
-    the solver's estimate (`exchange_estimate` across the union of the regions, an aligned
-    plan's taken as the whole chip) is within 1.5x for 59%, 46% and 36%, up to 78x too high
-    on the wafer's GEMV inputs. `refine` ranks its candidates by it; steering the solve
-    with it did not give a faster plan (the README's Meshes section has the figures)."""
+    alone, on a 64 x 64 mesh and on wse2, where it is far closer to them than the solver's
+    estimate (`exchange_estimate` across the union of the regions, an aligned plan's taken
+    as the whole chip), which is up to 78x too high on the wafer's GEMV inputs. `refine`
+    ranks its candidates by it; steering the solve with it did not give a faster plan (the
+    README's Meshes section has the figures of both)."""
     if remote_bytes <= 0:
         return 0
     hp, wp, senders, sent = have

@@ -34,8 +34,7 @@ machine's speed or load. (A move whose routing would need more than half of the 
 memory, `t10c.multicast.check_pairs`, is passed over: on one machine always the same.)
 It is off by default: on the wafer each pricing routes phases over hundreds of thousands of
 cores (2 to 35 seconds), and a decode step's search takes minutes (README: Performance,
-Meshes, has the figures: LLaMA-3-8B's decode step on wse2 reaches 2,976 tokens/s with 50
-pricings in about five minutes)."""
+Meshes, has the figures)."""
 
 from __future__ import annotations
 
@@ -66,17 +65,6 @@ def total_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayou
     (`transitions.kept_restores`) and the re-layouts before the ops."""
     kept = kept_restores(graph, tuple(plans), chip, dtype, ints, views)
     return sum(p.cycles.total for p in kept) + sum(relayout)
-
-
-def faster(graph: Graph, trial: list[OpPlan], cost: int, cap: int, chip: Chip, dtype: str,
-           ints: IntTensors, views: Views) -> tuple[list[int], int] | None:
-    """A trial choice's exact re-layouts and total where every op's memory stays within
-    ``cap`` and the total is below ``cost``; None otherwise."""
-    if int(chosen_memory(views.terms(), trial).max(initial=0)) > cap:
-        return None
-    again = relayout_cycles(graph, trial, chip, dtype, ints, views)
-    total = total_cycles(graph, trial, again, chip, dtype, ints, views)
-    return (again, total) if total < cost else None
 
 
 def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
