@@ -31,7 +31,14 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.ir import Graph, distinct_rows
-from t10c.multicast import Relay, check_pairs, multicast_routes, phase_cycles, route_trees
+from t10c.multicast import (
+    Relay,
+    check_pairs,
+    multicast_routes,
+    phase_cycles,
+    route_trees,
+    route_unicasts,
+)
 
 from .collectives import chunk_elements, scatter_of
 from .cost import spread_owner
@@ -259,10 +266,11 @@ def _routed(chip: Chip, inputs: list[Moved]) -> int:
     for multicast, ms in parts.items():
         if not ms:
             continue
-        # unicasts one tree each
-        ids = _apart([m.tree if multicast else np.arange(len(m.tree)) for m in ms])
-        routed = route_trees(chip, ids, *(np.concatenate([getattr(m, f) for m in ms])
-                                          for f in ("src", "dst", "nbytes")))
+        entries = (np.concatenate([getattr(m, f) for m in ms]) for f in ("src", "dst", "nbytes"))
+        if multicast:
+            routed = route_trees(chip, _apart([m.tree for m in ms]), *entries)
+        else:  # unicasts, one tree each
+            routed = route_unicasts(chip, *entries)
         if routed is None:
             continue
         loads = routed.loads if loads is None else loads + routed.loads

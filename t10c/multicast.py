@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,7 +143,7 @@ class Trees:
 
 
 def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
-                nbytes: np.ndarray, *, counts: bool = True) -> Trees | None:
+                nbytes: np.ndarray) -> Trees | None:
     """Route the trees of one phase. One entry per (tree, destination): ``tree`` numbers the
     tree (any integers; entries of a tree share its source and bytes), ``src`` its source
     core, ``dst`` the destination core, ``nbytes`` the tree's bytes. A destination that is
@@ -152,36 +153,95 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     Y first (along the source's column, then along each destination row), whichever takes
     fewer links (X first on a tie): a vector chunk broadcast into one row of a GEMV's tiles
     climbs one column and runs along that row, instead of running along the source's row and
-    climbing every column (module doc). ``counts=False``: every entry is a tree of its own
-    (unicasts, always X first), and the trees per link are not counted (``Trees.counts`` is
-    all zeros)."""
-    tree, src, dst, nbytes = (np.asarray(a, dtype=np.int64).ravel()
-                              for a in np.broadcast_arrays(tree, src, dst, nbytes))
-    keep = (src != dst) & (nbytes > 0)
-    if not keep.any():
-        return None
-    tree, src, dst, nbytes = tree[keep], src[keep], dst[keep], nbytes[keep]
+    climbing every column (module doc). Unicasts: `route_unicasts`."""
+    tree, src, dst, nbytes = (np.ravel(a) for a in np.broadcast_arrays(tree, src, dst, nbytes))
+    if len(tree) > 1 and not bool((tree[1:] >= tree[:-1]).all()):
+        order = np.argsort(tree, kind="stable")  # a tree's entries together
+        tree, src, dst, nbytes = tree[order], src[order], dst[order], nbytes[order]
+    rows, cols = chip.grid
+    loads = np.zeros((4, rows, cols), dtype=np.int64)
+    trees = np.zeros((4, rows, cols), dtype=np.int64)
+    hops = -1
+    for part in _whole_trees(tree):
+        t, s, d, b = (np.asarray(a[part], dtype=np.int64) for a in (tree, src, dst, nbytes))
+        keep = (s != d) & (b > 0)
+        if not keep.all():
+            t, s, d, b = t[keep], s[keep], d[keep], b[keep]
+        if len(t):
+            hops = max(hops, _route_some(chip, t, s, d, b, loads, trees))
+    return None if hops < 0 else Trees(loads, trees, hops)
+
+
+#: entries routed at a time (`route_trees`, `route_unicasts`): a wafer's exchange runs to
+#: tens of millions of them (LLaMA-3-8B decode on wse2: 29 M), and the temporaries of all at
+#: once took gigabytes, and most of the time in fresh memory's page faults (22 s for one
+#: exchange's trees, 5 s in chunks)
+ROUTE_CHUNK = 1 << 19
+
+
+def _whole_trees(tree: np.ndarray) -> Iterator[slice]:
+    """Slices of about `ROUTE_CHUNK` entries of the sorted ``tree`` numbers, each ending
+    where a tree does (a tree longer than a chunk is one slice)."""
+    start, n = 0, len(tree)
+    while start < n:
+        end = start + ROUTE_CHUNK
+        if end >= n:
+            end = n
+        else:  # back to the first entry of the tree at ``end``, or on to the end of the first
+            end = int(np.searchsorted(tree, tree[end], side="left"))
+            if end <= start:
+                end = int(np.searchsorted(tree, tree[start], side="right"))
+        yield slice(start, end)
+        start = end
+
+
+def _route_some(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                nbytes: np.ndarray, loads: np.ndarray, trees: np.ndarray) -> int:
+    """Route whole trees (entries that move), adding their bytes and their number to
+    ``loads`` and ``trees`` per link; their longest route."""
     rows, cols = chip.grid
     torus = chip.topology == "torus2d"
     sr, sc = np.divmod(src, cols)
     dr, dc = np.divmod(dst, cols)
     hops = int((leg(sc, dc, cols, torus)[1] + leg(sr, dr, rows, torus)[1]).max())
-    if not counts:  # one destination a tree: its legs are its route's (no sort, no scatter)
-        xy = _Legs.of(None, None, sr, sc, dr, dc, rows, cols, torus)
-        return Trees(xy.loads(nbytes, False), np.zeros((4, rows, cols), dtype=np.int64), hops)
     _, first, t_of = distinct(tree, first=True, inverse=True)
     t_of = t_of.reshape(-1)
     xy = _Legs.of(t_of, first, sr, sc, dr, dc, rows, cols, torus)
     yx = _Legs.of(t_of, first, sc, sr, dc, dr, cols, rows, torus)
     flip = yx.links < xy.links  # per tree: Y first
-    loads = np.zeros((4, rows, cols), dtype=np.int64)
-    trees = np.zeros((4, rows, cols), dtype=np.int64)
     for legs, chosen, transposed in ((xy, ~flip, False), (yx, flip, True)):
         if chosen.any():
             sub = legs.subset(chosen)
             loads += sub.loads(nbytes, transposed)
             trees += sub.loads(np.ones(len(nbytes), dtype=np.int64), transposed)
-    return Trees(loads, trees, hops)
+    return hops
+
+
+def route_unicasts(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+                   ) -> Trees | None:
+    """`route_trees` where every (``src``, ``dst``, ``nbytes``) transfer is a tree of its
+    own, routed X first; the trees per link are not counted (``Trees.counts`` is all zeros:
+    unicasts take no colours). `ROUTE_CHUNK` transfers at a time: separate routes' loads add
+    up."""
+    src, dst, nbytes = (np.ravel(a) for a in np.broadcast_arrays(src, dst, nbytes))
+    rows, cols = chip.grid
+    torus = chip.topology == "torus2d"
+    loads = np.zeros((4, rows, cols), dtype=np.int64)
+    hops = -1
+    for start in range(0, len(src), ROUTE_CHUNK):
+        part = slice(start, start + ROUTE_CHUNK)
+        s, d, b = (np.asarray(a[part], dtype=np.int64) for a in (src, dst, nbytes))
+        keep = (s != d) & (b > 0)
+        if not keep.all():
+            s, d, b = s[keep], d[keep], b[keep]
+        if not len(s):
+            continue
+        sr, sc = np.divmod(s, cols)
+        dr, dc = np.divmod(d, cols)
+        hops = max(hops, int((leg(sc, dc, cols, torus)[1] + leg(sr, dr, rows, torus)[1]).max()))
+        # one destination a tree: its legs are its route's (no sort, no scatter)
+        loads += _Legs.of(None, None, sr, sc, dr, dc, rows, cols, torus).loads(b, False)
+    return None if hops < 0 else Trees(loads, np.zeros((4, rows, cols), dtype=np.int64), hops)
 
 
 def distinct(x: np.ndarray, first: bool = False, inverse: bool = False) -> Any:
@@ -318,8 +378,7 @@ def tree_cycles(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
 def unicast_cycles(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> int:
     """Cycles of a phase that sends every (source, destination) transfer on its own: each
     entry a tree of one destination, which takes no colour."""
-    src = np.asarray(src).ravel()
-    routed = route_trees(chip, np.arange(len(src)), src, dst, nbytes, counts=False)
+    routed = route_unicasts(chip, src, dst, nbytes)
     return 0 if routed is None else phase_cycles(chip, int(routed.loads.max()), routed.hops)
 
 

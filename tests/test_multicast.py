@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+from t10c import multicast
 from t10c.chips import chip_from_dict
 from t10c.codegen.pattern import from_table
 from t10c.codegen.program import Alloc, Buffer, Exchange, Fill, Program, Shift, Sync
@@ -30,6 +31,7 @@ from t10c.multicast import (
     phase_cycles,
     prefer_multicast,
     route_trees,
+    route_unicasts,
     tree_cycles,
     waves,
 )
@@ -101,9 +103,25 @@ def test_a_tree_of_one_destination_is_its_unicast_route() -> None:
     assert t is not None and u.loads is not None
     assert (t.loads == u.loads).all() and t.hops == u.max_hops
     # unicasts routed without counting trees per link: the same loads and hops
-    fast = route_trees(RECT, np.arange(300), src, dst, nbytes, counts=False)
+    fast = route_unicasts(RECT, src, dst, nbytes)
     assert fast is not None and (fast.loads == t.loads).all() and fast.hops == t.hops
     assert not fast.counts.any()
+
+
+def test_unicasts_routed_in_chunks_load_the_links_as_routed_whole(monkeypatch) -> None:
+    rng = np.random.default_rng(1)
+    src, dst = rng.integers(0, RECT.cores, 1000), rng.integers(0, RECT.cores, 1000)
+    nbytes = rng.integers(0, 99, 1000)
+    dst[:200] = src[:200]  # a chunk's first transfers that stay home
+    whole = route_unicasts(RECT, src, dst, nbytes)
+    monkeypatch.setattr(multicast, "ROUTE_CHUNK", 128)
+    chunked = route_unicasts(RECT, src, dst, nbytes)
+    u = route(RECT, src, dst, nbytes)
+    assert whole is not None and chunked is not None and u.loads is not None
+    assert (chunked.loads == whole.loads).all() and (whole.loads == u.loads).all()
+    assert chunked.hops == whole.hops == u.max_hops
+    # a chunk that moves nothing, and a phase that moves nothing
+    assert route_unicasts(RECT, src[:150], src[:150], nbytes[:150]) is None
 
 
 def test_torus_trees_go_the_shorter_way() -> None:
