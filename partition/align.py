@@ -73,7 +73,9 @@ def _grid(origin: np.ndarray, shape: np.ndarray, extent: tuple[int, ...]
     index = np.full(len(origin), -1, dtype=np.int64)
     if inside.any():
         index[inside] = np.ravel_multi_index(tuple((origin[inside] // shape).T), F)
-    if len(np.unique(index[inside])) != inside.sum() or inside.sum() != math.prod(F):
+    boxes = int(inside.sum())
+    # one box per block: as many boxes as blocks, none two in a block (a count, not a sort)
+    if boxes != math.prod(F) or (boxes and np.bincount(index[inside]).max() > 1):
         return None
     return F, index
 

@@ -33,8 +33,8 @@ op, each move priced as the emulator times it:
 machine's speed or load. (A move whose routing would need more than half of the machine's
 memory, `t10c.multicast.check_pairs`, is passed over: on one machine always the same.)
 It is off by default: on the wafer each pricing routes phases over hundreds of thousands of
-cores (2 to 35 seconds), and a decode step's search takes minutes (README: Performance,
-Meshes, has the figures)."""
+cores (LLaMA-3-8B decode on wse2: its first two moves add about 25 s to a 55 s compile), and
+a search of tens of moves takes minutes (README: Performance, Meshes, has the figures)."""
 
 from __future__ import annotations
 

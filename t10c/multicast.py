@@ -412,21 +412,80 @@ def exchange_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarra
     """The trees an exchange sends when it goes as multicast: its trees as given (one per
     group of destinations and source, `route_trees`' arguments) or merged per source core
     (`by_source`), whichever phase is faster on its own (the given ones on a tie)."""
+    return _exchange_trees(chip, tree, src, dst, nbytes)[1]
+
+
+def _exchange_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                    nbytes: np.ndarray
+                    ) -> tuple[bool, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """`exchange_trees`, and whether its trees are merged per source."""
     tree, src = np.asarray(tree).ravel(), np.asarray(src).ravel()
     if count_distinct(tree) == count_distinct(src):  # one tree per source already
-        return tree, src, np.asarray(dst), np.asarray(nbytes)
+        return False, (tree, src, np.asarray(dst), np.asarray(nbytes))
     merged = by_source(tree, src, dst, nbytes)
     if tree_cycles(chip, *merged) < tree_cycles(chip, tree, src, dst, nbytes):
-        return merged
-    return tree, src, np.asarray(dst), np.asarray(nbytes)
+        return True, merged
+    return False, (tree, src, np.asarray(dst), np.asarray(nbytes))
 
 
 #: `multicast_routes`' last answers, by the chip (held, so that its id is not reused) and a
-#: digest of the arrays: the planner prices an exchange, codegen decides how it goes and the
-#: emulator times it, each asking for the same routes (on wse2, 41 of a one-layer LLaMA-3-8B
-#: decode cut's 109 calls repeat an earlier one). A few only: the arrays run to wafer sizes.
+#: digest of the exchange (`exchange_digest`): the planner prices an exchange, codegen decides
+#: how it goes and the emulator times it, each asking for the same routes (on wse2, 41 of a
+#: one-layer LLaMA-3-8B decode cut's 109 calls repeat an earlier one; with codegen's entries
+#: in another order than the planner's, 60 of the whole step's 123). A few only: the arrays
+#: run to wafer sizes.
 _ROUTES: OrderedDict[tuple[int, bytes], tuple[Chip, Any]] = OrderedDict()
 ROUTES_KEPT = 16
+
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element by element (uint64, wrapping)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MIX1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def exchange_digest(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
+                    group: np.ndarray | None) -> bytes:
+    """A digest of an exchange (`multicast_routes`' arguments) that does not depend on the
+    order of its entries or on how its trees and groups are numbered, only on what it is.
+
+    With groups (each tree one (group, source core); a group's trees go to the group's
+    destinations, and no two groups share one: codegen's patterns, the planner's distinct
+    tiles), an entry is (source, destination, bytes, its group's lowest destination), and
+    the digest is the number of entries, trees and groups and two sums of a 64-bit mix of
+    the entries (a multiset hash): the planner's entries (tree by tree) and codegen's (core
+    by core) hash alike, and both are one pass, where hashing the bytes of a wafer's arrays
+    took seconds. Without groups, or on a chip of 2^21 cores or more, a digest of the arrays
+    as they are."""
+    src, dst, nbytes = (np.asarray(a).ravel() for a in np.broadcast_arrays(src, dst, nbytes))
+    cores = int(max(src.max(initial=0), dst.max(initial=0))) + 1
+    if group is None or cores >= 1 << 21 or not len(src):
+        digest = hashlib.blake2b(digest_size=20)
+        for a in (tree, src, dst, nbytes, group):
+            a = np.ascontiguousarray(np.asarray(a) if a is not None else np.zeros(0))
+            digest.update(f"{a.dtype.str}{a.shape}|".encode())
+            digest.update(a.data)
+        return b"raw" + digest.digest()
+    group = np.broadcast_to(group, src.shape).ravel()
+    if group.min() < 0 or group.max() >= max(4 * len(group), 1 << 20):
+        group = np.unique(group, return_inverse=True)[1].ravel()
+    lowest = np.full(int(group.max()) + 1, cores, dtype=np.int64)
+    np.minimum.at(lowest, group, dst)
+    sums = np.zeros(2, dtype=np.uint64)
+    for start in range(0, len(src), ROUTE_CHUNK):  # (in chunks, as `route_trees` goes)
+        part = slice(start, start + ROUTE_CHUNK)
+        key = (src[part].astype(np.uint64) | (dst[part].astype(np.uint64) << np.uint64(21))
+               | (lowest[group[part]].astype(np.uint64) << np.uint64(42)))
+        h = _mix(key ^ _mix(nbytes[part].astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
+        sums += (h.sum(dtype=np.uint64),
+                 _mix(h ^ np.uint64(0xD6E8FEB86659FD93)).sum(dtype=np.uint64))
+    counts = (len(src), count_distinct(np.asarray(tree).ravel()), count_distinct(group))
+    return repr(("multiset", counts, [int(x) for x in sums])).encode()
 
 
 def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
@@ -436,21 +495,25 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
     each on its own phases, waves included: relayed (`relayed`, given each entry's
     ``group``), as its trees (`exchange_trees`, returned), or as unicasts (None). The one
     rule codegen, the emulator and the planner follow. The arrays returned are read-only:
-    they are kept for the next caller that asks the same (`_ROUTES`)."""
-    digest = hashlib.blake2b(digest_size=20)
-    for a in (tree, src, dst, nbytes, group):
-        if a is None:
-            digest.update(b"none")
-            continue
-        a = np.ascontiguousarray(a)
-        digest.update(f"{a.dtype.str}{a.shape}".encode())
-        digest.update(a.data)
-    key = (id(chip), digest.digest())
+    they are kept for the next caller that asks the same exchange (`_ROUTES`,
+    `exchange_digest`), whose own arrays may list its entries in another order: the routes
+    returned are the same transfers, their loads the same."""
+    digest = exchange_digest(tree, src, dst, nbytes, group)
+    key = (id(chip), digest)
     hit = _ROUTES.get(key)
     if hit is not None:
         _ROUTES.move_to_end(key)
         return hit[1]
-    routes = _routes(chip, tree, src, dst, nbytes, group)
+    routing = repr((chip.grid, chip.topology, chip.cores, chip.hop_latency_cycles,
+                    chip.link_bytes_per_cycle, chip.routes_per_core)).encode()
+    way = _WAYS.get((routing, digest))
+    if way is None:
+        way, routes = _routes(chip, tree, src, dst, nbytes, group)
+        if len(_WAYS) >= _WAYS_LIMIT:
+            _WAYS.clear()
+        _WAYS[routing, digest] = way
+    else:  # decided before, for arrays since dropped: only the way's arrays are made again
+        routes = _the_way(way, chip, tree, src, dst, nbytes, group)
     for a in (routes.gather + routes.spread if isinstance(routes, Relay) else routes or ()):
         a.flags.writeable = False
     _ROUTES[key] = (chip, routes)
@@ -459,17 +522,42 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
     return routes
 
 
+#: how each exchange went (`multicast_routes`), by the chip's routing and the exchange's digest:
+#: unlike the routes, a word each, so the planner's every decision is still there when codegen
+#: and the emulator ask (on wse2, an exchange of 29 M entries takes 10 s to decide)
+_WAYS: dict[tuple[bytes, bytes], str] = {}
+_WAYS_LIMIT = 1 << 16
+
+
 def _routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
             nbytes: np.ndarray, group: np.ndarray | None
-            ) -> Relay | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+            ) -> tuple[str, Relay | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None]:
+    """`multicast_routes`' answer worked out, with the way it goes ("relay", "trees",
+    "by source": the trees merged per source, `exchange_trees`, or "unicast")."""
     unicast = unicast_cycles(chip, src, dst, nbytes)
-    chosen = exchange_trees(chip, tree, src, dst, nbytes)
+    merged, chosen = _exchange_trees(chip, tree, src, dst, nbytes)
     trees = tree_cycles(chip, *chosen)
     if group is not None:
         relay = relayed(chip, tree, src, dst, nbytes, group, min(unicast, trees))
         if relay is not None:
-            return relay
-    return chosen if 0 < trees < unicast else None
+            return "relay", relay
+    if 0 < trees < unicast:
+        return ("by source" if merged else "trees"), chosen
+    return "unicast", None
+
+
+def _the_way(way: str, chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
+             nbytes: np.ndarray, group: np.ndarray | None
+             ) -> Relay | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The routes of an exchange that goes ``way`` (`_routes`), made from its arrays."""
+    if way == "relay" and group is not None:
+        return relay_stages(chip, tree, src, dst, nbytes, group)
+    if way == "by source":
+        return by_source(tree, src, dst, nbytes)
+    if way == "trees":
+        return np.asarray(tree).ravel(), np.asarray(src).ravel(), np.asarray(dst), \
+            np.asarray(nbytes)
+    return None
 
 
 def prefer_multicast(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,

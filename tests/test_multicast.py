@@ -27,9 +27,11 @@ from t10c.multicast import (
     by_source,
     count_distinct,
     distinct,
+    exchange_digest,
     exchange_trees,
     phase_cycles,
     prefer_multicast,
+    relay_cycles,
     route_trees,
     route_unicasts,
     tree_cycles,
@@ -297,6 +299,7 @@ def _count_relays(monkeypatch) -> list[bool]:
 
     monkeypatch.setattr(multicast, "relayed", counted)
     monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (routes kept from before)
+    monkeypatch.setattr(multicast, "_WAYS", {})  # (and the ways decided)
     return used
 
 
@@ -333,7 +336,8 @@ def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None
     # (the one rule codegen, the emulator and the planner follow)
     monkeypatch.setattr(multicast, "relayed", lambda *args: None)
     monkeypatch.setattr(meshmove, "_PHASES", {})  # (the phases priced with relays)
-    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (and the routes kept)
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (and the routes kept,
+    monkeypatch.setattr(multicast, "_WAYS", {})  # and the ways decided)
     direct = compile_model(model, wse2, options)
     assert [p.F for p in relayed.plan.ops] == [p.F for p in direct.plan.ops]
     assert direct.timeline is not None
@@ -346,7 +350,7 @@ def test_a_relay_by_hand_on_a_4x4_mesh() -> None:
     relay is the destination nearest the sources' mean (0, 0.5), which rounds to (0, 0):
     core 14, 5 hops away (15 is 6). It gathers both trees' bytes, then sends them to 15 as
     one tree of 4 bytes."""
-    from t10c.multicast import relay_cycles, relay_stages, unicast_cycles
+    from t10c.multicast import relay_stages, unicast_cycles
 
     mesh = chip_from_dict({"base": "wse2", "name": "m4", "grid": [4, 4], "cores": 16})
     tree = np.array([0, 0, 1, 1])
@@ -367,6 +371,7 @@ def test_routes_asked_again_are_the_kept_read_only_answer(monkeypatch) -> None:
     from t10c import multicast
 
     monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())
+    monkeypatch.setattr(multicast, "_WAYS", {})
     mesh = chip_from_dict({"base": "wse2", "name": "m4", "grid": [4, 4], "cores": 16})
     tree, src = np.array([0, 0, 1, 1]), np.array([0, 0, 1, 1])
     dst, nbytes, group = np.array([14, 15, 14, 15]), np.full(4, 2), np.zeros(4, dtype=int)
@@ -418,3 +423,69 @@ def test_the_region_estimate_of_a_broadcast_and_a_gather_on_wse2() -> None:
     # sqrt(256) = 16 trees across both regions (o_proj's input: routed 670 to 1,445)
     relay = relayout_estimate(wse2, 32, (256, 256, 65536, 4), (376, 352, 131072, 0), 8192)
     assert relay == (128 + 64 // 4) + (620 + 16 * 32 // 4)
+
+
+def test_an_exchange_digests_alike_in_any_order_and_numbering() -> None:
+    # four groups of destinations, each fed by trees from two or three sources
+    rng = np.random.default_rng(2)
+    entries = []
+    for g, dsts in enumerate(np.array_split(rng.permutation(MESH64.cores)[:40], 4)):
+        for s in rng.choice(MESH64.cores, 2 + g % 2, replace=False):
+            nbytes = int(rng.integers(1, 64))
+            entries += [(g, int(s), int(d), nbytes) for d in dsts]
+    group, src, dst, nbytes = (np.array(c) for c in zip(*entries))
+    tree = np.unique(group * MESH64.cores + src, return_inverse=True)[1].ravel()
+    digest = exchange_digest(tree, src, dst, nbytes, group)
+    # listed core by core, trees and groups numbered otherwise: the same exchange
+    order = rng.permutation(len(src))
+    assert exchange_digest(tree[order] * 7 + 3, src[order], dst[order], nbytes[order],
+                           100 - group[order]) == digest
+    # another byte count, another destination, or a tree split in two: another exchange
+    more = nbytes.copy()
+    more[5] += 1
+    moved = dst.copy()
+    moved[0] = int(np.setdiff1d(np.arange(MESH64.cores), dst)[0])
+    split = tree.copy()
+    split[0] = tree.max() + 1
+    for other in (exchange_digest(tree, src, dst, more, group),
+                  exchange_digest(tree, src, moved, nbytes, group),
+                  exchange_digest(split, src, dst, nbytes, group)):
+        assert other != digest
+    # without groups, the arrays as they are
+    assert exchange_digest(tree, src, dst, nbytes, None) != \
+        exchange_digest(tree[order], src[order], dst[order], nbytes[order], None)
+
+
+def test_an_exchange_decided_before_is_not_routed_again(monkeypatch) -> None:
+    """Once the routes are dropped (`ROUTES_KEPT`), the way an exchange went is still kept:
+    the same exchange, its entries in another order and numbered otherwise (as codegen lists
+    what the planner priced), goes the same way without being routed again."""
+    from t10c import multicast
+
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())
+    monkeypatch.setattr(multicast, "_WAYS", {})
+    worked = []
+    work = multicast._routes
+    monkeypatch.setattr(multicast, "_routes", lambda *a: worked.append(1) or work(*a))
+    # on 64 x 64: four groups of 16 cores, each fed by its own source (trees), and then a
+    # vector on 64 cores read whole by 2048 (relayed or trees, as `_routes` decides)
+    src = np.repeat([0, 100, 2000, 4095], 16)
+    dst = np.arange(64) * 61 % 4096
+    group = np.repeat(np.arange(4), 16)
+    for tree, s, d, g in ((group, src, dst, group),
+                          (np.repeat(np.arange(64), 2048), np.repeat(np.arange(64) * 64, 2048),
+                           np.tile(np.arange(2048) * 2 + 1, 64), np.zeros(64 * 2048, int))):
+        nbytes = np.full(len(s), 8)
+        first = multicast.multicast_routes(MESH64, tree, s, d, nbytes, g)
+        monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (dropped)
+        order = np.random.default_rng(3).permutation(len(s))
+        again = multicast.multicast_routes(MESH64, tree[order] + 5, s[order], d[order],
+                                           nbytes[order], g[order] * 3 + 1)
+        assert len(worked) == 1
+        worked.clear()
+        assert type(again) is type(first)
+        if isinstance(first, multicast.Relay):
+            assert isinstance(again, multicast.Relay)
+            assert relay_cycles(MESH64, again) == relay_cycles(MESH64, first)
+        elif first is not None:
+            assert again is not None and tree_cycles(MESH64, *again) == tree_cycles(MESH64, *first)
