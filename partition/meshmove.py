@@ -38,6 +38,7 @@ from t10c.multicast import (
     phase_cycles,
     route_trees,
     route_unicasts,
+    routing_key,
 )
 
 from .collectives import chunk_elements, scatter_of
@@ -238,9 +239,7 @@ def phase(chip: Chip, pending: list[Pending]) -> int:
     """Cycles of one exchange phase moving the ``pending`` inputs (barrier not included):
     multicast inputs as trees, the others as unicasts, routed together
     (`emulator.routing.route_phase` computes the same); once per distinct phase."""
-    routing = (chip.grid, chip.topology, chip.cores, chip.hop_latency_cycles,
-               chip.link_bytes_per_cycle, chip.routes_per_core)
-    key = (repr(routing).encode(), *(p.key for p in pending))
+    key = (routing_key(chip), *(p.key for p in pending))
     if key not in _PHASES:
         if len(_PHASES) >= _PHASES_LIMIT:
             _PHASES.clear()

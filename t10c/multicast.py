@@ -53,7 +53,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,7 +114,7 @@ def line_loads(line: np.ndarray, start: np.ndarray, delta: np.ndarray, nbytes: n
     arrays and cumulative sums: O(legs + links), never a loop over legs.
     """
     width = 2 * size + 1
-    out = []
+    out: list[np.ndarray] = []
     for positive in (True, False):
         sel = delta > 0 if positive else delta < 0
         length = np.abs(delta[sel])
@@ -161,17 +161,11 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     if len(tree) > 1 and not bool((tree[1:] >= tree[:-1]).all()):
         order = np.argsort(tree, kind="stable")  # a tree's entries together
         tree, src, dst, nbytes = tree[order], src[order], dst[order], nbytes[order]
-    rows, cols = chip.grid
-    loads = np.zeros((4, rows, cols), dtype=np.int64)
-    trees = np.zeros((4, rows, cols), dtype=np.int64)
+    loads = np.zeros((4, *chip.grid), dtype=np.int64)
+    trees = np.zeros((4, *chip.grid), dtype=np.int64)
     hops = -1
-    for part in _whole_trees(tree):
-        t, s, d, b = (np.asarray(a[part], dtype=np.int64) for a in (tree, src, dst, nbytes))
-        keep = (s != d) & (b > 0)
-        if not keep.all():
-            t, s, d, b = t[keep], s[keep], d[keep], b[keep]
-        if len(t):
-            hops = max(hops, _route_some(chip, t, s, d, b, loads, trees))
+    for t, s, d, b in _moving(_whole_trees(tree), tree, src, dst, nbytes):
+        hops = max(hops, _route_some(chip, t, s, d, b, loads, trees))
     return None if hops < 0 else Trees(loads, trees, hops)
 
 
@@ -198,15 +192,38 @@ def _whole_trees(tree: np.ndarray) -> Iterator[slice]:
         start = end
 
 
+def _moving(parts: Iterable[slice], *arrays: np.ndarray) -> Iterator[list[np.ndarray]]:
+    """Per slice of ``arrays`` (the last three: source, destination, bytes), the entries
+    that move (source not their destination, some bytes) as int64; slices with none are
+    left out."""
+    for part in parts:
+        cut = [np.asarray(a[part], dtype=np.int64) for a in arrays]
+        src, dst, nbytes = cut[-3:]
+        keep = (src != dst) & (nbytes > 0)
+        if not keep.all():
+            cut = [a[keep] for a in cut]
+        if len(cut[0]):
+            yield cut
+
+
+def _coords(chip: Chip, src: np.ndarray, dst: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Rows and columns of the sources and the destinations, and the longest route."""
+    rows, cols = chip.grid
+    torus = chip.topology == "torus2d"
+    sr, sc = np.divmod(src, cols)
+    dr, dc = np.divmod(dst, cols)
+    hops = int((leg(sc, dc, cols, torus)[1] + leg(sr, dr, rows, torus)[1]).max())
+    return sr, sc, dr, dc, hops
+
+
 def _route_some(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
                 nbytes: np.ndarray, loads: np.ndarray, trees: np.ndarray) -> int:
     """Route whole trees (entries that move), adding their bytes and their number to
     ``loads`` and ``trees`` per link; their longest route."""
     rows, cols = chip.grid
     torus = chip.topology == "torus2d"
-    sr, sc = np.divmod(src, cols)
-    dr, dc = np.divmod(dst, cols)
-    hops = int((leg(sc, dc, cols, torus)[1] + leg(sr, dr, rows, torus)[1]).max())
+    sr, sc, dr, dc, hops = _coords(chip, src, dst)
     _, first, t_of = distinct(tree, first=True, inverse=True)
     t_of = t_of.reshape(-1)
     xy = _Legs.of(t_of, first, sr, sc, dr, dc, rows, cols, torus)
@@ -231,17 +248,10 @@ def route_unicasts(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndar
     torus = chip.topology == "torus2d"
     loads = np.zeros((4, rows, cols), dtype=np.int64)
     hops = -1
-    for start in range(0, len(src), ROUTE_CHUNK):
-        part = slice(start, start + ROUTE_CHUNK)
-        s, d, b = (np.asarray(a[part], dtype=np.int64) for a in (src, dst, nbytes))
-        keep = (s != d) & (b > 0)
-        if not keep.all():
-            s, d, b = s[keep], d[keep], b[keep]
-        if not len(s):
-            continue
-        sr, sc = np.divmod(s, cols)
-        dr, dc = np.divmod(d, cols)
-        hops = max(hops, int((leg(sc, dc, cols, torus)[1] + leg(sr, dr, rows, torus)[1]).max()))
+    chunks = (slice(start, start + ROUTE_CHUNK) for start in range(0, len(src), ROUTE_CHUNK))
+    for s, d, b in _moving(chunks, src, dst, nbytes):
+        sr, sc, dr, dc, longest = _coords(chip, s, d)
+        hops = max(hops, longest)
         # one destination a tree: its legs are its route's (no sort, no scatter)
         _Legs.of(None, None, sr, sc, dr, dc, rows, cols, torus).add_loads(b, False, loads)
     return None if hops < 0 else Trees(loads, np.zeros((4, rows, cols), dtype=np.int64), hops)
@@ -255,7 +265,7 @@ def distinct(x: np.ndarray, first: bool = False, inverse: bool = False) -> Any:
     x = np.asarray(x).ravel()
     if len(x) > 1 and not bool((x[1:] >= x[:-1]).all()):
         if first or inverse:
-            return np.unique(x, return_index=first, return_inverse=inverse)
+            return np.unique(x, return_index=first, return_inverse=inverse)  # type: ignore[call-overload]
         # values only: sorted (a stable sort runs fast over an exchange's ordered runs),
         # not hashed, as np.unique would (3x slower on a wafer's 29 M entries)
         x = np.sort(x, kind="stable")
@@ -419,13 +429,20 @@ def _exchange_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarr
                     nbytes: np.ndarray
                     ) -> tuple[bool, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """`exchange_trees`, and whether its trees are merged per source."""
-    tree, src = np.asarray(tree).ravel(), np.asarray(src).ravel()
-    if count_distinct(tree) == count_distinct(src):  # one tree per source already
-        return False, (tree, src, np.asarray(dst), np.asarray(nbytes))
+    given = _given(tree, src, dst, nbytes)
+    if count_distinct(given[0]) == count_distinct(given[1]):  # one tree per source already
+        return False, given
     merged = by_source(tree, src, dst, nbytes)
-    if tree_cycles(chip, *merged) < tree_cycles(chip, tree, src, dst, nbytes):
+    if tree_cycles(chip, *merged) < tree_cycles(chip, *given):
         return True, merged
-    return False, (tree, src, np.asarray(dst), np.asarray(nbytes))
+    return False, given
+
+
+def _given(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """An exchange's trees as given (`route_trees`' arguments), as arrays."""
+    return np.asarray(tree).ravel(), np.asarray(src).ravel(), np.asarray(dst), \
+        np.asarray(nbytes)
 
 
 #: `multicast_routes`' last answers, by the chip (held, so that its id is not reused) and a
@@ -504,8 +521,7 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
     if hit is not None:
         _ROUTES.move_to_end(key)
         return hit[1]
-    routing = repr((chip.grid, chip.topology, chip.cores, chip.hop_latency_cycles,
-                    chip.link_bytes_per_cycle, chip.routes_per_core)).encode()
+    routing = routing_key(chip)
     way = _WAYS.get((routing, digest))
     if way is None:
         way, routes = _routes(chip, tree, src, dst, nbytes, group)
@@ -527,6 +543,13 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
 #: and the emulator ask (on wse2, an exchange of 29 M entries takes 10 s to decide)
 _WAYS: dict[tuple[bytes, bytes], str] = {}
 _WAYS_LIMIT = 1 << 16
+
+
+def routing_key(chip: Chip) -> bytes:
+    """The fields of ``chip`` that how its exchanges are routed and timed depends on: equal
+    for chips that route alike (a sweep's points that differ elsewhere)."""
+    return repr((chip.grid, chip.topology, chip.cores, chip.hop_latency_cycles,
+                 chip.link_bytes_per_cycle, chip.routes_per_core)).encode()
 
 
 def _routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
@@ -555,8 +578,7 @@ def _the_way(way: str, chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.nd
     if way == "by source":
         return by_source(tree, src, dst, nbytes)
     if way == "trees":
-        return np.asarray(tree).ravel(), np.asarray(src).ravel(), np.asarray(dst), \
-            np.asarray(nbytes)
+        return _given(tree, src, dst, nbytes)
     return None
 
 
