@@ -317,11 +317,14 @@ def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:
     per = np.diff(first)[pat]  # pairs of each row
     check_pairs(int(per.sum()), p.rows)
     row = np.repeat(np.arange(p.rows, dtype=np.int64), per)
-    pos = np.arange(len(row)) - np.repeat(np.cumsum(per) - per, per)
-    idx = first[pat][row] + pos
+    # the pairs of row r are its pattern's, in order: pair e of row r is the pattern's pair
+    # ``e - (first pair of r)``; made in place (a wafer's broadcast is tens of millions of
+    # pairs: every temporary is hundreds of MB of fresh pages)
+    idx = np.arange(len(row), dtype=np.int64)
+    idx -= np.repeat(np.cumsum(per) - per - first[pat], per)
     if with_tree:
-        return k_src[idx], row, total[idx], idx
-    return k_src[idx], row, total[idx]
+        return k_src.take(idx), row, total.take(idx), idx
+    return k_src.take(idx), row, total.take(idx)
 
 
 def check(p: Pattern, width: int, src_elems: int, cores: int) -> str | None:

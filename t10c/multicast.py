@@ -445,14 +445,40 @@ def _given(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarra
         np.asarray(nbytes)
 
 
+class RouteCache:
+    """Routes by key, the least recently asked dropped first once they hold more than
+    ``limit`` bytes of arrays (routes larger than that on their own are not kept)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.items: OrderedDict[tuple[int, bytes], tuple[Chip, Any, int]] = OrderedDict()
+
+    def get(self, key: tuple[int, bytes]) -> tuple[Chip, Any, int] | None:
+        hit = self.items.get(key)
+        if hit is not None:
+            self.items.move_to_end(key)
+        return hit
+
+    def put(self, key: tuple[int, bytes], chip: Chip, routes: Any, size: int) -> None:
+        if size > self.limit or key in self.items:
+            return
+        self.items[key] = (chip, routes, size)  # (the chip held: its id is in the key)
+        self.size += size
+        while self.size > self.limit:
+            self.size -= self.items.popitem(last=False)[1][2]
+
+
+ROUTES_BYTES = 128 << 20
 #: `multicast_routes`' last answers, by the chip (held, so that its id is not reused) and a
 #: digest of the exchange (`exchange_digest`): the planner prices an exchange, codegen decides
 #: how it goes and the emulator times it, each asking for the same routes (on wse2, 41 of a
 #: one-layer LLaMA-3-8B decode cut's 109 calls repeat an earlier one; with codegen's entries
-#: in another order than the planner's, 60 of the whole step's 123). A few only: the arrays
-#: run to wafer sizes.
-_ROUTES: OrderedDict[tuple[int, bytes], tuple[Chip, Any]] = OrderedDict()
-ROUTES_KEPT = 16
+#: in another order than the planner's, 60 of the whole step's 123). Kept within
+#: `ROUTES_BYTES`, the least recently asked dropped first: a relayed exchange's stages are
+#: small beside its entries (a 14.7 M-entry broadcast on wse2 relays in under 0.5 M) and stay, a
+#: wafer's trees of tens of millions of entries do not (their way still does, `_WAYS`).
+_ROUTES = RouteCache(ROUTES_BYTES)
 
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -519,7 +545,6 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
     key = (id(chip), digest)
     hit = _ROUTES.get(key)
     if hit is not None:
-        _ROUTES.move_to_end(key)
         return hit[1]
     routing = routing_key(chip)
     way = _WAYS.get((routing, digest))
@@ -530,11 +555,10 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
         _WAYS[routing, digest] = way
     else:  # decided before, for arrays since dropped: only the way's arrays are made again
         routes = _the_way(way, chip, tree, src, dst, nbytes, group)
-    for a in (routes.gather + routes.spread if isinstance(routes, Relay) else routes or ()):
+    arrays = routes.gather + routes.spread if isinstance(routes, Relay) else routes or ()
+    for a in arrays:
         a.flags.writeable = False
-    _ROUTES[key] = (chip, routes)
-    if len(_ROUTES) > ROUTES_KEPT:
-        _ROUTES.popitem(last=False)
+    _ROUTES.put(key, chip, routes, sum(a.nbytes for a in arrays))
     return routes
 
 
@@ -620,10 +644,7 @@ def relay_stages(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     per = np.bincount(t_g, minlength=ng)
     mean_r = np.bincount(t_g, weights=sr, minlength=ng) / per
     mean_c = np.bincount(t_g, weights=sc, minlength=ng) / per
-    # every (group, destination) once
-    e_g = np.searchsorted(g_ids, group)
-    pair = distinct(e_g * chip.cores + dst)
-    p_g, p_dst = pair // chip.cores, pair % chip.cores
+    p_g, p_dst = _group_destinations(tree, dst, group, g_ids, t_g, first, chip.cores)
     dr, dc = np.divmod(p_dst, cols)
     far = (leg(np.rint(mean_c[p_g]).astype(np.int64), dc, cols, torus)[1]
            + leg(np.rint(mean_r[p_g]).astype(np.int64), dr, rows, torus)[1])
@@ -634,6 +655,35 @@ def relay_stages(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     there = relay[p_g]
     on = p_dst != there
     return Relay((t_src, relay[t_g], t_bytes), (p_g[on], there[on], p_dst[on], total[p_g][on]))
+
+
+def _group_destinations(tree: np.ndarray, dst: np.ndarray, group: np.ndarray,
+                        g_ids: np.ndarray, t_g: np.ndarray, first: np.ndarray, cores: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Every (group, destination) of an exchange once, sorted (``g_ids``: the distinct
+    groups; per distinct tree its group's number ``t_g`` and its first entry ``first``).
+    The trees of a group go to the same destinations (`relay_stages`), so they are the
+    destinations of each group's first tree: a pass over the entries instead of a sort of
+    them all (a wafer's broadcast is tens of millions of entries, its pairs a few hundred
+    thousand). Where the entries do not add up to that (a group whose trees go to
+    different places), every entry's pair."""
+    leads = np.full(len(g_ids), len(t_g), dtype=np.int64)
+    np.minimum.at(leads, t_g, np.arange(len(t_g)))
+    lead_trees = tree[first[leads]]
+    top = int(tree.max())
+    if top < 4 * len(tree) + (1 << 20):  # tree numbers, as the callers give them
+        lead = np.zeros(top + 1, dtype=bool)
+        lead[lead_trees] = True
+        mine = lead[tree]
+    else:
+        mine = np.isin(tree, lead_trees)
+    pair = distinct(np.searchsorted(g_ids, group[mine]) * cores + dst[mine])
+    p_g = pair // cores
+    if int(np.bincount(t_g, minlength=len(g_ids)) @ np.bincount(p_g, minlength=len(g_ids))) \
+            != len(tree):
+        pair = distinct(np.searchsorted(g_ids, group) * cores + dst)
+        p_g = pair // cores
+    return p_g, pair % cores
 
 
 def relay_cycles(chip: Chip, relay: Relay) -> int:
