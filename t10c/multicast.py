@@ -445,40 +445,14 @@ def _given(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarra
         np.asarray(nbytes)
 
 
-class RouteCache:
-    """Routes by key, the least recently asked dropped first once they hold more than
-    ``limit`` bytes of arrays (routes larger than that on their own are not kept)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-        self.items: OrderedDict[tuple[int, bytes], tuple[Chip, Any, int]] = OrderedDict()
-
-    def get(self, key: tuple[int, bytes]) -> tuple[Chip, Any, int] | None:
-        hit = self.items.get(key)
-        if hit is not None:
-            self.items.move_to_end(key)
-        return hit
-
-    def put(self, key: tuple[int, bytes], chip: Chip, routes: Any, size: int) -> None:
-        if size > self.limit or key in self.items:
-            return
-        self.items[key] = (chip, routes, size)  # (the chip held: its id is in the key)
-        self.size += size
-        while self.size > self.limit:
-            self.size -= self.items.popitem(last=False)[1][2]
-
-
-ROUTES_BYTES = 128 << 20
 #: `multicast_routes`' last answers, by the chip (held, so that its id is not reused) and a
 #: digest of the exchange (`exchange_digest`): the planner prices an exchange, codegen decides
 #: how it goes and the emulator times it, each asking for the same routes (on wse2, 41 of a
 #: one-layer LLaMA-3-8B decode cut's 109 calls repeat an earlier one; with codegen's entries
-#: in another order than the planner's, 60 of the whole step's 123). Kept within
-#: `ROUTES_BYTES`, the least recently asked dropped first: a relayed exchange's stages are
-#: small beside its entries (a 14.7 M-entry broadcast on wse2 relays in under 0.5 M) and stay, a
-#: wafer's trees of tens of millions of entries do not (their way still does, `_WAYS`).
-_ROUTES = RouteCache(ROUTES_BYTES)
+#: in another order than the planner's, 60 of the whole step's 123). A few only: the arrays
+#: run to wafer sizes.
+_ROUTES: OrderedDict[tuple[int, bytes], tuple[Chip, Any]] = OrderedDict()
+ROUTES_KEPT = 16
 
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -545,6 +519,7 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
     key = (id(chip), digest)
     hit = _ROUTES.get(key)
     if hit is not None:
+        _ROUTES.move_to_end(key)
         return hit[1]
     routing = routing_key(chip)
     way = _WAYS.get((routing, digest))
@@ -555,10 +530,11 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
         _WAYS[routing, digest] = way
     else:  # decided before, for arrays since dropped: only the way's arrays are made again
         routes = _the_way(way, chip, tree, src, dst, nbytes, group)
-    arrays = routes.gather + routes.spread if isinstance(routes, Relay) else routes or ()
-    for a in arrays:
+    for a in (routes.gather + routes.spread if isinstance(routes, Relay) else routes or ()):
         a.flags.writeable = False
-    _ROUTES.put(key, chip, routes, sum(a.nbytes for a in arrays))
+    _ROUTES[key] = (chip, routes)
+    if len(_ROUTES) > ROUTES_KEPT:
+        _ROUTES.popitem(last=False)
     return routes
 
 

@@ -6,6 +6,7 @@ by op, and multicast programs against onnxruntime on a 64 x 64 and a 24 x 40 mes
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import numpy as np
 import onnx
@@ -47,11 +48,6 @@ MESH8 = chip_from_dict({"base": "wse2", "name": "mesh8", "grid": [8, 8], "cores"
 
 #: core 4 (the middle of 3 x 3) sends 10 bytes to cores 0, 2, 7 and 8
 DESTS = [0, 2, 7, 8]
-
-
-def _forget_routes(monkeypatch) -> None:
-    """An empty `multicast._ROUTES` for the test (routes kept from before dropped)."""
-    monkeypatch.setattr(multicast, "_ROUTES", multicast.RouteCache(multicast.ROUTES_BYTES))
 
 
 def _links(loads: np.ndarray) -> dict[tuple[str, int, int], int]:
@@ -302,7 +298,7 @@ def _count_relays(monkeypatch) -> list[bool]:
         return got
 
     monkeypatch.setattr(multicast, "relayed", counted)
-    _forget_routes(monkeypatch)  # (routes kept from before)
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (routes kept from before)
     monkeypatch.setattr(multicast, "_WAYS", {})  # (and the ways decided)
     return used
 
@@ -340,7 +336,7 @@ def test_the_solver_prices_the_colours_waves_of_a_broadcast(monkeypatch) -> None
     # (the one rule codegen, the emulator and the planner follow)
     monkeypatch.setattr(multicast, "relayed", lambda *args: None)
     monkeypatch.setattr(meshmove, "_PHASES", {})  # (the phases priced with relays)
-    _forget_routes(monkeypatch)  # (and the routes kept,
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (and the routes kept,
     monkeypatch.setattr(multicast, "_WAYS", {})  # and the ways decided)
     direct = compile_model(model, wse2, options)
     assert [p.F for p in relayed.plan.ops] == [p.F for p in direct.plan.ops]
@@ -374,7 +370,7 @@ def test_routes_asked_again_are_the_kept_read_only_answer(monkeypatch) -> None:
     kept (by chip and arrays), read-only so that no caller can change it for the next."""
     from t10c import multicast
 
-    _forget_routes(monkeypatch)
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())
     monkeypatch.setattr(multicast, "_WAYS", {})
     mesh = chip_from_dict({"base": "wse2", "name": "m4", "grid": [4, 4], "cores": 16})
     tree, src = np.array([0, 0, 1, 1]), np.array([0, 0, 1, 1])
@@ -461,12 +457,12 @@ def test_an_exchange_digests_alike_in_any_order_and_numbering() -> None:
 
 
 def test_an_exchange_decided_before_is_not_routed_again(monkeypatch) -> None:
-    """Once the routes are dropped (`ROUTES_BYTES`), the way an exchange went is still kept:
+    """Once the routes are dropped (`ROUTES_KEPT`), the way an exchange went is still kept:
     the same exchange, its entries in another order and numbered otherwise (as codegen lists
     what the planner priced), goes the same way without being routed again."""
     from t10c import multicast
 
-    _forget_routes(monkeypatch)
+    monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())
     monkeypatch.setattr(multicast, "_WAYS", {})
     worked = []
     work = multicast._routes
@@ -481,7 +477,7 @@ def test_an_exchange_decided_before_is_not_routed_again(monkeypatch) -> None:
                            np.tile(np.arange(2048) * 2 + 1, 64), np.zeros(64 * 2048, int))):
         nbytes = np.full(len(s), 8)
         first = multicast.multicast_routes(MESH64, tree, s, d, nbytes, g)
-        _forget_routes(monkeypatch)  # (dropped)
+        monkeypatch.setattr(multicast, "_ROUTES", OrderedDict())  # (dropped)
         order = np.random.default_rng(3).permutation(len(s))
         again = multicast.multicast_routes(MESH64, tree[order] + 5, s[order], d[order],
                                            nbytes[order], g[order] * 3 + 1)
@@ -493,38 +489,6 @@ def test_an_exchange_decided_before_is_not_routed_again(monkeypatch) -> None:
             assert relay_cycles(MESH64, again) == relay_cycles(MESH64, first)
         elif first is not None:
             assert again is not None and tree_cycles(MESH64, *again) == tree_cycles(MESH64, *first)
-
-
-def test_routes_are_kept_within_their_byte_budget(monkeypatch) -> None:
-    """`multicast._ROUTES` keeps the routes last asked for while their arrays fit
-    `ROUTES_BYTES`, dropping the least recently asked first; routes larger than the budget on
-    their own are not kept (their way is, `_WAYS`), and a kept exchange is answered without
-    routing it again."""
-    cache = multicast.RouteCache(100)
-    cache.put((1, b"a"), MESH8, "a", 60)
-    cache.put((1, b"b"), MESH8, "b", 30)
-    assert cache.get((1, b"a")) is not None  # (now the most recently asked)
-    cache.put((1, b"c"), MESH8, "c", 40)  # 130 bytes: b goes, not a
-    assert [k[1] for k in cache.items] == [b"a", b"c"] and cache.size == 100
-    cache.put((1, b"d"), MESH8, "d", 101)
-    assert cache.get((1, b"d")) is None and cache.size == 100
-
-    monkeypatch.setattr(multicast, "_ROUTES", multicast.RouteCache(1 << 20))
-    monkeypatch.setattr(multicast, "_WAYS", {})
-    worked = []
-    work = multicast._routes
-    monkeypatch.setattr(multicast, "_routes", lambda *a: worked.append(1) or work(*a))
-    # a vector on 64 cores read whole by 2048: relayed, its stages a few KB
-    tree = np.repeat(np.arange(64), 2048)
-    src, dst = tree * 64, np.tile(np.arange(2048) * 2 + 1, 64)
-    nbytes, group = np.full(len(tree), 8), np.zeros(len(tree), int)
-    first = multicast.multicast_routes(MESH64, tree, src, dst, nbytes, group)
-    assert isinstance(first, multicast.Relay) and len(multicast._ROUTES.items) == 1
-    again = multicast.multicast_routes(MESH64, tree, src, dst, nbytes, group)
-    assert again is first and len(worked) == 1
-    monkeypatch.setattr(multicast, "_ROUTES", multicast.RouteCache(1000))  # (too small)
-    multicast.multicast_routes(MESH64, tree, src, dst, nbytes, group)
-    assert not multicast._ROUTES.items
 
 
 def test_a_relay_finds_each_groups_destinations_from_its_first_tree() -> None:
