@@ -523,3 +523,24 @@ def test_out_into_unwritable_directory(capsys: pytest.CaptureFixture[str], tmp_p
     code, out, err = run(capsys, "compile", "mlp", "-o", str(locked / "out"))
     assert code == EXIT_USAGE and err.count("\n") == 1
     assert "not writable" in err and str(locked) in err
+
+
+def test_commands_ask_numpy_for_plain_pages_unless_told(monkeypatch, capsys) -> None:
+    """A command turns off numpy's huge-page advice for its arrays (`cli._plain_pages`: the
+    kernel's compaction on first touch cost a wafer compile a third of its CPU time), unless
+    ``NUMPY_MADVISE_HUGEPAGE`` is set, which numpy then follows as it always does."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    switch = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    if switch is None:
+        pytest.skip("this numpy has no huge-page switch")
+    before = switch(True)
+    try:
+        monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+        assert main(["chips"]) == 0
+        assert switch(True) is False  # (turned off; on again for the next case)
+        monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+        assert main(["chips"]) == 0
+        assert switch(True) is True
+    finally:
+        switch(before)
+    capsys.readouterr()
