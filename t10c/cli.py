@@ -270,12 +270,11 @@ def main(argv: list[str] | None = None) -> int:
 def _plain_pages() -> None:
     """Ask numpy not to advise the kernel to back its large arrays with huge pages, unless
     ``NUMPY_MADVISE_HUGEPAGE`` says otherwise. A compile makes and drops arrays of a wafer's
-    cores by the thousand; where the kernel compacts memory to find a huge page when a
-    page is first touched (transparent huge pages with ``defrag`` on ``madvise``, a common
-    default), that was a third of a LLaMA-3-8B decode compile's CPU time on wse2: 19.2 s of
-    system time against 11.6 s without, 55.1 s of wall time against 50.0 s (README:
-    Performance, Compile speed and memory). Results do not change: only where the memory
-    comes from."""
+    cores by the thousand; where the kernel compacts memory to find a huge page when a page
+    is first touched (transparent huge pages with ``defrag`` on ``madvise``, a common
+    default), each waits for that: up to a quarter of a wafer compile's CPU time (README:
+    Performance, Compile speed and memory, has the figures). Results do not change: only
+    where the memory comes from."""
     if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         return
     import numpy as np

@@ -527,7 +527,7 @@ def test_out_into_unwritable_directory(capsys: pytest.CaptureFixture[str], tmp_p
 
 def test_commands_ask_numpy_for_plain_pages_unless_told(monkeypatch, capsys) -> None:
     """A command turns off numpy's huge-page advice for its arrays (`cli._plain_pages`: the
-    kernel's compaction on first touch cost a wafer compile a third of its CPU time), unless
+    kernel's compaction on first touch cost a wafer compile up to a quarter of its CPU time), unless
     ``NUMPY_MADVISE_HUGEPAGE`` is set, which numpy then follows as it always does."""
     core = getattr(np, "_core", None) or getattr(np, "core", None)
     switch = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
