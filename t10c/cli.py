@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 try:
@@ -275,15 +276,18 @@ def _plain_pages() -> None:
     default), each waits for that: up to a quarter of a wafer compile's CPU time (README:
     Performance, Compile speed and memory, has the figures). Results do not change: only
     where the memory comes from."""
-    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
-        return
+    switch = hugepage_switch()
+    if switch is not None and "NUMPY_MADVISE_HUGEPAGE" not in os.environ:
+        switch(False)
+
+
+def hugepage_switch() -> Callable[[bool], bool] | None:
+    """numpy's switch of its huge-page advice (it returns the setting before), or None for
+    a numpy without one: numpy 2 keeps it in ``np._core``, numpy 1 in ``np.core``."""
     import numpy as np
 
-    # numpy 2 keeps the switch in ``np._core``, numpy 1 in ``np.core``; elsewhere its default
     core = getattr(np, "_core", None) or getattr(np, "core", None)
-    switch = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
-    if switch is not None:
-        switch(False)
+    return getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
 
 
 def _error(message: str, code: int) -> int:

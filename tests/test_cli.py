@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from t10c.chips import PRESETS
-from t10c.cli import EXIT_FAIL, EXIT_USAGE, main
+from t10c.cli import EXIT_FAIL, EXIT_USAGE, hugepage_switch, main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -529,8 +529,7 @@ def test_commands_ask_numpy_for_plain_pages_unless_told(monkeypatch, capsys) -> 
     """A command turns off numpy's huge-page advice for its arrays (`cli._plain_pages`: the
     kernel's compaction on first touch cost a wafer compile up to a quarter of its CPU time), unless
     ``NUMPY_MADVISE_HUGEPAGE`` is set, which numpy then follows as it always does."""
-    core = getattr(np, "_core", None) or getattr(np, "core", None)
-    switch = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    switch = hugepage_switch()
     if switch is None:
         pytest.skip("this numpy has no huge-page switch")
     before = switch(True)
