@@ -1,7 +1,10 @@
 """Vectorised kernels: one sub-task of a tensor expression on every core at once.
 
 Arrays carry a leading core axis. Inputs are read in the storage dtype and computed in float32
-(fp32 accumulation); the caller stores the result back in the buffer's dtype.
+(fp32 accumulation); the caller stores the result back in the buffer's dtype. A contraction's
+per-core matrix products are onnxruntime's MatMul (MLAS), each product a GEMM of its own
+(`matmul`): a product's bits depend on its own operands only, so that the per-core reference
+executor, one core at a time, computes the same values.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -126,8 +130,11 @@ class Replicated:
 
 
 def evaluate(expr: TensorExpr, values: Sequence[np.ndarray | Replicated], sub: dict[str, int],
-             origin: np.ndarray) -> np.ndarray:
-    """The sub-task's result, (ncores, *output sub-block) in the output operand's axis order."""
+             origin: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The sub-task's result, (ncores, *output sub-block) in the output operand's axis order.
+    ``out`` (contiguous float32 of as many elements): where a contraction whose product is
+    already in that order may write it (the buffer it is stored in); the result is then a
+    view of it, else a fresh array."""
     if expr.body[0] == "take" or not is_contraction(expr) or expr.prologue:
         values = [v.dense() if isinstance(v, Replicated) else v for v in values]
     n = len(origin)
@@ -135,7 +142,7 @@ def evaluate(expr: TensorExpr, values: Sequence[np.ndarray | Replicated], sub: d
         return _take(expr, values, n, origin)  # type: ignore[arg-type]  # dense above
     if is_contraction(expr):
         pair = [_expand_operand(expr, k, v, sub) for k, v in enumerate(values)]
-        return _contract(expr, _prologues(expr, pair, sub, n), n)  # type: ignore[arg-type]
+        return _contract(expr, _prologues(expr, pair, sub, n), n, out)  # type: ignore[arg-type]
     expanded = [expand(expr, k, v.astype(np.float32, copy=False), sub)  # type: ignore[union-attr]
                 for k, v in enumerate(values)]
     axes = expr.axis_names
@@ -196,8 +203,9 @@ def _expand_operand(expr: TensorExpr, k: int, v: np.ndarray | Replicated, sub: d
 
 
 def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray | Replicated, list[str]]],
-              z: int) -> np.ndarray:
-    """Batched matmul over the core axis (``z`` cores): (Z, batch, m, k) @ (Z, batch, k, n)."""
+              z: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Batched matmul over the core axis (``z`` cores): (Z, batch, m, k) @ (Z, batch, k, n),
+    into ``out`` where the product's order is the output's (`evaluate`)."""
     (a, a_axes), (b, b_axes) = expanded
     out_axes = [str(a) for a in expr.output.axes]  # output dimensions are plain axes
     lifted = [x for x in out_axes if x not in a_axes and x not in b_axes]
@@ -248,13 +256,16 @@ def _contract(expr: TensorExpr, expanded: list[tuple[np.ndarray | Replicated, li
                   for v, have, (order, rows, cols) in zip((a, b), (a_axes, b_axes), orders))
     else:
         a2, b2 = (matrix(v, have, *o) for v, have, o in zip((a, b), (a_axes, b_axes), orders))
-    c = matmul(a2, b2).reshape([z] + [size[x] for x in batch + m + n])
+    shape = [z] + [size[x] for x in batch + m + n]
+    if out is not None and batch + m + n == out_axes and out.size == math.prod(shape):
+        batch_shape = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        return matmul(a2, b2, out=out.reshape(*batch_shape, nm, nn)).reshape(shape)
+    c = matmul(a2, b2).reshape(shape)
     return arrange(c, batch + m + n, out_axes)
 
 
-#: threads a large batched matmul (or rounding) is shared among: numpy runs the small per-core
-#: products of one call one after another, on one core; each product is the same BLAS call
-#: either way, and each value is rounded alone
+#: threads a large batched matmul (or rounding) is shared among: each share is computed by one
+#: thread, and each matrix product is its own GEMM whichever share it falls in (`matmul`)
 THREADS = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
               else os.cpu_count() or 1, 8)
 #: multiply-adds below which one call is not shared (a thread costs tens of microseconds)
@@ -262,26 +273,95 @@ SHARED_WORK = 1 << 22
 _POOL: list[ThreadPoolExecutor] = []
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul(a, b)`` (batch axes broadcast), the batch cut into `THREADS` parts along its
-    first axis longer than one, computed in parallel: the same bits, since every matrix
-    product is its own BLAS call whoever makes it."""
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``np.matmul(a, b)`` (batch axes broadcast), each matrix product of the batch a GEMM of
+    its own: float32 ones by onnxruntime's MatMul (MLAS, `gemms`), others by numpy. Each
+    product's bits then depend on its own shape and values only, not on the batch around it
+    nor on the threads: the per-core reference executor, one core at a time, gets the same
+    bits. The batch is cut into `THREADS` shares along its first axis longer than one.
+
+    MLAS on one thread computes these small per-core products several times faster than
+    numpy's BLAS calls, one per matrix (README: Performance, Emulator speed). Into ``out``
+    if given (contiguous, of the result's shape and dtype)."""
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    out = np.empty((*batch, a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
-    axis = next((i for i, x in enumerate(batch) if x > 1), None)
-    if THREADS < 2 or axis is None or out.size * a.shape[-1] < SHARED_WORK:
-        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((*batch, a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
+    elif not out.flags.c_contiguous:
+        raise ValueError("matmul: out must be contiguous")
+    depth = a.shape[-1]
+    mlas = out.dtype == a.dtype == b.dtype == np.float32 and out.size and depth
     a, b = (v.reshape((1,) * (len(batch) + 2 - v.ndim) + v.shape) for v in (a, b))
+    run = partial(_own_products, gemms()) if mlas else _np_gemms
+    axis = next((i for i, x in enumerate(batch) if x > 1), None)
+    if THREADS < 2 or axis is None or out.size * depth < SHARED_WORK:
+        run(a, b, out)
+        return out
     cuts = np.linspace(0, batch[axis], min(THREADS, batch[axis]) + 1).astype(int).tolist()
 
     def part(lo: int, hi: int) -> None:
         cut = (slice(None),) * axis + (slice(lo, hi),)
-        np.matmul(a[cut] if a.shape[axis] > 1 else a, b[cut] if b.shape[axis] > 1 else b,
-                  out=out[cut])
+        run(a[cut] if a.shape[axis] > 1 else a, b[cut] if b.shape[axis] > 1 else b, out[cut])
 
     for done in [pool().submit(part, lo, hi) for lo, hi in zip(cuts, cuts[1:])]:
         done.result()
     return out
+
+
+def _np_gemms(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(a, b, out=out)
+
+
+def _own_products(run: Callable[[np.ndarray, np.ndarray, np.ndarray], None], a: np.ndarray,
+                  b: np.ndarray, out: np.ndarray) -> None:
+    """``run(a, b, out)``, where onnxruntime would compute a stack against one right matrix
+    as one GEMM of all the stack's rows (other bits than each product alone): then every
+    product is given its own right matrix."""
+    if math.prod(b.shape[:-2]) == 1 and math.prod(out.shape[:-2]) > 1:
+        b = np.broadcast_to(b, (*out.shape[:-2], *b.shape[-2:]))
+    run(a, b, out)
+
+
+_GEMMS: list[Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = []
+_GEMMS_LOCK = threading.Lock()
+
+
+def gemms() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """onnxruntime's float32 MatMul on one thread, as ``gemms(a, b, out)``: ``a @ b`` (batch
+    axes of one broadcast) into ``out``, contiguous and of the result's shape (the leading
+    axes of a share of `matmul`'s batch are ones, so a share is contiguous). Built at the
+    first use; onnxruntime is a dependency of the project (the reference it checks against)."""
+    with _GEMMS_LOCK:
+        if not _GEMMS:
+            _GEMMS.append(_make_gemms())
+        return _GEMMS[0]
+
+
+def _make_gemms() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemms",
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, None) for x in "ab"],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # (as `cast_rounding`'s)
+    opts = ort.SessionOptions()
+    # one thread: a product's bits must not depend on how many share it (MLAS would split
+    # one large GEMM among its threads); `matmul` shares the batch among its own
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), opts,
+                                   providers=["CPUExecutionProvider"])
+
+    def run(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        io = session.io_binding()
+        io.bind_cpu_input("a", np.ascontiguousarray(a))
+        io.bind_cpu_input("b", np.ascontiguousarray(b))
+        io.bind_output("c", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        session.run_with_iobinding(io)
+
+    return run
 
 
 def sharing() -> int:

@@ -10,7 +10,8 @@ of the table into the source buffers, in cache-sized blocks of table rows; loads
 from a blocked view of the host tensor. Rows that many cores share (a weight's tiles, an
 exchange's shared rows) are kept once (`Memory`) and read by contractions as broadcast views;
 a loaded tensor is cut when first read (by a thread, ahead), and a take reads the rows it
-picks from the host tensor. Large matmuls, roundings, elementwise bodies and gathers are
+picks from the host tensor. A contraction that writes whole rows writes its products straight
+into the buffer (rounded there). Large matmuls, roundings, elementwise bodies and gathers are
 shared among the host's cores by threads; no value depends on it. The per-core reference
 executor (`reference.py`) is the definition this is checked against
 (``tests/test_emulator_speed.py``).
@@ -385,19 +386,34 @@ class Machine(TimingMachine):
                                                 dense))
                 continue
             values.append(self.operand(bid, tiles[k], offsets, sizes, rows if placed else None))
+        k = len(ins.ins)
+        sizes = operand_sizes(expr, k, sub, tiles[k])
+        whole_rows = (not placed and tuple(sizes) == tuple(tiles[k])
+                      and self.prog.buffers[ins.out].elems == math.prod(sizes))
+        # a product of whole rows that replaces them (no accumulation, or into the combine's
+        # identity): written into the buffer's rows at once, not stored from a temporary
+        into, fresh = None, None
+        if (whole_rows and table is None and n and ins.out not in ins.ins
+                and HELD[self.dtypes[ins.out]] == np.float32):
+            fresh = not ins.accumulate or self.filled_with_identity(ins.out, n, expr)
+            if fresh:
+                self.rewrite(ins.out, rows)
+                into = self.mem[ins.out][:n]
+                if not into.flags.c_contiguous:
+                    into = None
         with np.errstate(all="ignore"):  # padded lanes may divide by zero; they are masked
-            result = evaluate(expr, values, sub, ins.origin)
+            result = evaluate(expr, values, sub, ins.origin, out=into)
+        if into is not None and np.may_share_memory(result, into):
+            if NP_DTYPES[self.dtypes[ins.out]] == np.float16:
+                round_fp16(into, out=into)
+            return
         if table is not None:  # the positions picked: their values, cut from the host tensor
             picked = result.astype(np.int64) - 1
             cores = np.arange(n).reshape((n,) + (1,) * (picked.ndim - 1))
             result = table.read(cores, picked).astype(np.float32)
         self.rewrite(ins.out, rows)  # a sub-block of each row: the rest must read as zero
-        k = len(ins.ins)
-        sizes = operand_sizes(expr, k, sub, tiles[k])
-        whole_rows = (not placed and tuple(sizes) == tuple(tiles[k])
-                      and self.prog.buffers[ins.out].elems == math.prod(sizes))
-        accumulate = ins.accumulate and not (whole_rows
-                                             and self.filled_with_identity(ins.out, n, expr))
+        accumulate = ins.accumulate and not (whole_rows and (
+            fresh if fresh is not None else self.filled_with_identity(ins.out, n, expr)))
         out = self.mem[ins.out]
         if placed:  # work on a copy of the placed cores' rows, written back below
             whole, out = out, out[rows]
