@@ -470,9 +470,11 @@ class _Builder:
                     self.idle[root] = self.load_home(root, op.name, idle_cores(self.chip))
         elif weights:  # one core, or a wafer: resident beside the result
             geo = geometry(self.graph, op, self.plan.ops[n])
-            flat, valid = self.final_elements(op, geo)[:2]
+            key = self.geo_key(n, op)
+            flat, valid = self.final_elements(op, geo, key)[:2]
             for k in weights:
-                self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [])[0]
+                self.extra_weights[n, k] = self.bring_extra(op, geo, k, flat, valid, [],
+                                                            key)[0]
 
     def bring_extra(self, op: TensorExpr, geo: Geometry, k: int, flat: np.ndarray,
                     valid: np.ndarray, moves: list[Exchange], key: tuple | None = None
@@ -501,8 +503,16 @@ class _Builder:
             phase = "resident" if root in self.graph.constants else "host"
             bid = self.new_buffer(f"{op.name}.x{k}", elems, self.storage(operand.tensor),
                                   op.name, phase)
-            self.instrs.append(indexed_load(op.name, phase, bid, root,
-                                            self.graph.tensors[root].shape, elems, idx, None,
+            # (`indexed_load`'s pattern, once for repeated layers)
+            memo = None if key is None else ("extra-load", key, k, view)
+            load = self.memo.get(memo) if memo is not None else None
+            if load is None:
+                load = encode(np.where(idx >= 0, 0, -1), idx, None)
+                if memo is not None:
+                    self.memo[memo] = load
+            assert isinstance(load, Pattern)
+            self.instrs.append(pattern_load(op.name, phase, bid, root,
+                                            self.graph.tensors[root].shape, elems, load,
                                             _cores(geo)))
             return bid, root not in self.graph.constants
         if home:
@@ -637,7 +647,7 @@ class _Builder:
             m = n + 1
             after = self.graph.ops[m]
             geo_m = geometry(self.graph, after, self.plan.ops[m])
-            elems = self.final_elements(after, geo_m)[0].shape[1]
+            elems = self.final_elements(after, geo_m, self.geo_key(m, after))[0].shape[1]
             for k, extra in enumerate(after.extra):
                 if (m, k) in self.extra_weights:
                     continue
@@ -962,12 +972,13 @@ class _Builder:
         repeated layers replay them with it."""
         op = self.graph.ops[m]
         geo = geometry(self.graph, op, self.plan.ops[m])
-        flat, valid = self.final_elements(op, geo)[:2]
+        key = self.geo_key(m, op)
+        flat, valid = self.final_elements(op, geo, key)[:2]
         moves: list[Exchange] = []
         self.hoisting = True
         for k in range(len(op.extra)):
             if (m, k) not in self.extra_weights:
-                self.prefetched[m, k] = self.bring_extra(op, geo, k, flat, valid, moves)
+                self.prefetched[m, k] = self.bring_extra(op, geo, k, flat, valid, moves, key)
         self.hoisting = False
         self.instrs.extend(dataclasses.replace(mv, op=by) for mv in moves)
 

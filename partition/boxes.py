@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from t10c.ir import last_product
+
 
 @dataclass(frozen=True)
 class BoxSet:
@@ -233,4 +235,4 @@ def overlap(lo: np.ndarray, size: np.ndarray, w_lo: np.ndarray, w_hi: np.ndarray
     np.maximum(lo, w_lo, out=lo)
     hi -= lo
     np.maximum(hi, 0, out=hi)
-    return hi.prod(axis=2).sum(axis=0)
+    return last_product(hi).sum(axis=0)

@@ -17,7 +17,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import IntTensors, ceil_div
-from t10c.ir import Graph, TensorExpr, unravel
+from t10c.ir import Graph, TensorExpr, last_product, unravel
 
 from .place import exchange_estimate
 from .plan import OpPlan, geometry
@@ -45,7 +45,7 @@ def _remote_elements(have: Box, want: tuple[np.ndarray, np.ndarray], extent: np.
     """The most elements any core must receive to go from ``have`` to ``want`` (all of them
     when ``have`` is not a box)."""
     w_origin, w_shape = want
-    wanted = np.prod(_clip(w_origin, w_origin + w_shape, extent), axis=1)
+    wanted = last_product(_clip(w_origin, w_origin + w_shape, extent))
     if have is None:
         return int(wanted.max(initial=0))
     h_origin, h_shape = have
@@ -53,7 +53,7 @@ def _remote_elements(have: Box, want: tuple[np.ndarray, np.ndarray], extent: np.
     lo = np.maximum(h_origin[:n], w_origin[:n])
     hi = np.minimum(h_origin[:n] + h_shape, w_origin[:n] + w_shape)
     local = np.zeros(len(w_origin), dtype=np.int64)
-    local[:n] = np.prod(_clip(lo, np.maximum(hi, lo), extent), axis=1)
+    local[:n] = last_product(_clip(lo, np.maximum(hi, lo), extent))
     return int((wanted - local).max(initial=0))
 
 

@@ -164,12 +164,16 @@ class Geometry:
 
     @cached_property
     def skew(self) -> np.ndarray:
-        """(ncores, naxes): r_a of each core."""
+        """(ncores, naxes): r_a of each core (zero on an axis of one step)."""
         skew = np.zeros((self.ncores, len(self.axes)), dtype=np.int64)
         for j, drv in enumerate(self.drivers):
+            if self.T[j] == 1 or not drv:
+                continue
+            col = np.zeros(self.ncores, dtype=np.int64)
             for d in drv:
-                skew[:, j] += self.coords[:, self.axes.index(d)]
-            skew[:, j] %= self.T[j]
+                col += self.coords[:, self.axes.index(d)]
+            col %= self.T[j]
+            skew[:, j] = col
         return skew
 
     def digits(self, step: int) -> tuple[int, ...]:
@@ -177,8 +181,19 @@ class Geometry:
 
     def sub_index(self, step: int) -> np.ndarray:
         """(ncores, naxes): the sub-block t_a each core computes at ``step``."""
-        return self._per_step("sub", step, lambda: (np.asarray(self.digits(step)) + self.skew)
-                              % np.asarray(self.T))
+        return self._per_step("sub", step, lambda: self._sub_index(step))
+
+    def _sub_index(self, step: int) -> np.ndarray:
+        # (digit + skew) mod T, column by column: both are below T, so the modulo is one
+        # subtraction where the sum reaches T; an axis of one step is zero throughout
+        sub = np.zeros((self.ncores, len(self.axes)), dtype=np.int64)
+        for j, (t, digit) in enumerate(zip(self.T, self.digits(step))):
+            if t == 1:
+                continue
+            col = self.skew[:, j] + digit
+            col[col >= t] -= t
+            sub[:, j] = col
+        return sub
 
     def origin(self, step: int) -> np.ndarray:
         """(ncores, naxes): global origin of each core's sub-task at ``step``."""

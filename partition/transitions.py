@@ -45,7 +45,7 @@ import numpy as np
 
 from t10c.chips import Chip
 from t10c.dtypes import IntTensors
-from t10c.ir import Graph, map_to_root
+from t10c.ir import Graph, last_product, map_to_root
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
 from .collectives import chunk_elements, scatter_of, scatter_unit
@@ -131,7 +131,13 @@ class Have:
     def holds_on_all(self, phys: np.ndarray) -> bool:
         """Whether the producer left some element on every one of the distinct physical
         cores ``phys`` (not if they outnumber the cores it left any on)."""
-        return bool(self.holding(phys).all())
+        return len(phys) <= self._holders and bool(self.holding(phys).all())
+
+    @cached_property
+    def _holders(self) -> int:
+        """How many physical cores the producer left some element on (each producer core
+        runs on a core of its own)."""
+        return int(np.count_nonzero(self._owned if self.boxes is None else self._nonempty))
 
     @cached_property
     def _owned(self) -> np.ndarray:
@@ -147,7 +153,7 @@ class Have:
     def _nonempty(self) -> np.ndarray:
         """Per producer core, whether any of its boxes holds an element."""
         assert self.boxes is not None
-        return (self.boxes.size.prod(axis=-1) > 0).any(axis=0)
+        return np.asarray((last_product(self.boxes.size) > 0).any(axis=0))
 
     def _at(self, phys: np.ndarray) -> np.ndarray:
         """The producer core on each physical core of ``phys``, -1 for none (a fresh array)."""
@@ -354,7 +360,7 @@ def _within(want: Want, extent: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     """Each consumer core's wanted box cut to the tensor: (lo, hi, elements)."""
     w_lo = np.maximum(want.origin, 0)
     w_hi = np.minimum(want.origin + want.shape, extent)
-    return w_lo, w_hi, np.prod(np.maximum(w_hi - w_lo, 0), axis=1)
+    return w_lo, w_hi, last_product(np.maximum(w_hi - w_lo, 0))
 
 
 def most_remote(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None
