@@ -300,10 +300,13 @@ def _rectangle(geo: Geometry, members: np.ndarray
         return None
     cols_of_chip = geo.embed.cols
     phys = geo.phys[members]
+    # row-major on the chip (by row, then column) is by physical core number
+    ordered = members
+    if phys.shape[1] > 1 and not (phys[:, 1:] > phys[:, :-1]).all():
+        order = np.argsort(phys, axis=1)  # (a group's cores are distinct: no ties)
+        phys = np.take_along_axis(phys, order, axis=1)
+        ordered = np.take_along_axis(members, order, axis=1)
     r, c = np.divmod(phys, cols_of_chip)
-    idx = np.lexsort((c, r), axis=-1)
-    r = np.take_along_axis(r, idx, axis=1)
-    c = np.take_along_axis(c, idx, axis=1)
     g = members.shape[1]
     height = int(np.count_nonzero(np.diff(r[0]))) + 1
     if g % height:
@@ -319,8 +322,7 @@ def _rectangle(geo: Geometry, members: np.ndarray
         return None
     col_stride = int(dc.flat[0]) if dc.size else 1
     row_stride = int(dr.flat[0]) if dr.size else 1
-    ordered = np.take_along_axis(members, idx, axis=1).reshape(-1, height, width)
-    return ordered, height, width, row_stride, col_stride
+    return ordered.reshape(-1, height, width), height, width, row_stride, col_stride
 
 
 def chunk_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...],

@@ -158,7 +158,7 @@ class Geometry:
     @cached_property
     def block_origin(self) -> np.ndarray:
         """(ncores, naxes): where each core's block starts on every axis (read-only)."""
-        block = self.coords * np.asarray(self.b)
+        block = grid_coords(self.F, self.b)
         block.flags.writeable = False
         return block
 
@@ -197,8 +197,17 @@ class Geometry:
 
     def origin(self, step: int) -> np.ndarray:
         """(ncores, naxes): global origin of each core's sub-task at ``step``."""
-        return self._per_step("origin", step, lambda: self.block_origin
-                              + self.sub_index(step) * np.asarray(self.u))
+        return self._per_step("origin", step, lambda: self._origin(step))
+
+    def _origin(self, step: int) -> np.ndarray:
+        # the block's origin plus the sub-block's, column by column (on an axis of one
+        # step the sub-block is the block)
+        origin = self.block_origin.copy()
+        sub = self.sub_index(step)
+        for j, t in enumerate(self.T):
+            if t > 1:
+                origin[:, j] += sub[:, j] * self.u[j]
+        return origin
 
     def _per_step(self, what: str, step: int, make) -> np.ndarray:
         """Codegen asks for the same step's arrays several times in a row: keep the last two
@@ -254,7 +263,12 @@ class Geometry:
                 cols.append(col)
             else:
                 cols.append(per_axis[:, j])
-        return np.stack(cols, axis=1) if cols else np.zeros((self.ncores, 0), dtype=np.int64)
+        if not cols:
+            return np.zeros((self.ncores, 0), dtype=np.int64)
+        plain = [j for j in self.dim_axes(index) if isinstance(j, int)]
+        if len(plain) == len(cols):  # columns of the axes': one gather
+            return np.take(per_axis, plain, axis=1)
+        return np.stack(cols, axis=1)
 
     def tile_origin(self, index: int, step: int) -> np.ndarray:
         """(ncores, ndim): global origin of operand ``index``'s buffer on each core at ``step``

@@ -357,10 +357,18 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
 
 
 def _within(want: Want, extent: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each consumer core's wanted box cut to the tensor: (lo, hi, elements)."""
-    w_lo = np.maximum(want.origin, 0)
-    w_hi = np.minimum(want.origin + want.shape, extent)
-    return w_lo, w_hi, last_product(np.maximum(w_hi - w_lo, 0))
+    """Each consumer core's wanted box cut to the tensor: (lo, hi, elements). Column by
+    column: numpy broadcasts a row of a few dimensions over a wafer's cores slowly."""
+    origin = want.origin
+    w_lo = np.maximum(origin, 0)
+    w_hi = np.empty_like(w_lo)
+    elems = np.ones(len(origin), dtype=np.int64)
+    for d in range(origin.shape[1]):
+        hi = w_hi[:, d]
+        np.add(origin[:, d], want.shape[d], out=hi)
+        np.minimum(hi, extent[d], out=hi)
+        elems *= np.maximum(hi - w_lo[:, d], 0)
+    return w_lo, w_hi, elems
 
 
 def most_remote(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None
