@@ -1,7 +1,9 @@
 """The planner's fast paths against their plain definitions: the element-wise re-layout counts
 (`transitions.remote_counts`) against counting each core's box by hand, and the per-compile
 memo of re-layout prices (`transitions.Views`) against pricing afresh; codegen's spread
-weights' pattern (`codegen.pattern.spread_pattern`) against encoding their table."""
+weights' pattern (`codegen.pattern.spread_pattern`) against encoding their table; the
+column-at-a-time array helpers (`ir.last_product`, `ir.row_keys`, `place.grid_coords`) and a
+plan's per-core index arithmetic (`plan.Geometry`) against numpy's whole-array forms."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from t10c.ir import Operand, TensorExpr, last_product, row_keys
+from t10c.partition.place import grid_coords
+from t10c.partition.plan import Geometry
 from t10c.partition.transitions import Have, Want, remote_counts
 
 
@@ -106,3 +111,62 @@ def test_rows_deduplicated_in_chunks_are_deduplicated_whole(n, e, chunk, data) -
     for field in ("pat", "start", "runs"):
         w, g = getattr(wide, field), getattr(narrow, field)
         assert (w.dtype, w.shape) == (g.dtype, g.shape) and (w == g).all(), field
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=3), st.integers(0, 4),
+       st.sampled_from(["int64", "int32", "int16", "uint8", "bool"]), st.integers(0, 2 ** 32))
+def test_last_product_is_numpys(lead, width, dtype, seed) -> None:
+    a = np.random.default_rng(seed).integers(-9, 10, (*lead, width)).astype(dtype)
+    got, want = last_product(a), np.prod(a, axis=-1)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 4), st.integers(1, 1000), st.integers(0, 2 ** 32))
+def test_row_keys_order_rows_as_records(n, width, span, seed) -> None:
+    """Equal rows have equal keys and the keys sort as the rows do; too wide a radix gives
+    None."""
+    rows = np.random.default_rng(seed).integers(-span, span, (n, width))
+    key = row_keys(rows)
+    assert key is not None
+    _, want = np.unique(rows, axis=0, return_inverse=True)
+    _, got = np.unique(key, return_inverse=True)
+    assert np.array_equal(got.ravel(), want.ravel())
+    assert row_keys(np.array([[0, 0], [2 ** 40, 2 ** 40]])) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.data())
+def test_grid_coords_scaled_are_the_coords_times_the_scales(F, data) -> None:
+    scale = tuple(data.draw(st.integers(0, 9)) for _ in F)
+    coords = np.stack(np.unravel_index(np.arange(int(np.prod(F))), F), axis=1)
+    assert np.array_equal(grid_coords(tuple(F)), coords)
+    assert np.array_equal(grid_coords(tuple(F), scale), coords * np.asarray(scale))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_geometry_indices_are_the_formulas(data) -> None:
+    """A rotating matmul plan's sub-task indices and origins, column by column, against
+    T10's formulas over whole arrays: t = (digits + skew) mod T, origin = block + t u."""
+    expr = TensorExpr("mm", (("m", 8), ("k", 12), ("n", 6)), Operand("C", ("m", "n")),
+                      (Operand("A", ("m", "k")), Operand("B", ("k", "n"))), "sum",
+                      ("mul", ("in", 0), ("in", 1)))
+    F = tuple(data.draw(st.sampled_from([1, 2, 3])) for _ in range(3))
+    T = tuple(data.draw(st.sampled_from([1, 2, 4])) for _ in range(3))
+    drivers = tuple(tuple(a for a in ("m", "k", "n") if a != axis and T[i] > 1
+                          and data.draw(st.booleans()))
+                    for i, axis in enumerate(("m", "k", "n")))
+    geo = Geometry(expr, F, T, ((), (), ()), drivers, {})
+    skew = np.zeros((geo.ncores, 3), dtype=np.int64)
+    for j, drv in enumerate(drivers):
+        for d in drv:
+            skew[:, j] += geo.coords[:, geo.axes.index(d)]
+    skew %= np.asarray(T)
+    assert np.array_equal(geo.skew, skew)
+    for step in range(geo.steps):
+        sub = (np.asarray(geo.digits(step)) + skew) % np.asarray(T)
+        assert np.array_equal(geo.sub_index(step), sub)
+        assert np.array_equal(geo.origin(step), geo.coords * np.asarray(geo.b)
+                              + sub * np.asarray(geo.u))
