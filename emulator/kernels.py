@@ -311,14 +311,26 @@ def _np_gemms(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.matmul(a, b, out=out)
 
 
+#: elements of a right matrix copied at once where each product of a stack is given its own
+#: (`_own_products`): a few MiB, whatever the stack
+OWN_COPIES = 1 << 20
+
+
 def _own_products(run: Callable[[np.ndarray, np.ndarray, np.ndarray], None], a: np.ndarray,
                   b: np.ndarray, out: np.ndarray) -> None:
     """``run(a, b, out)``, where onnxruntime would compute a stack against one right matrix
     as one GEMM of all the stack's rows (other bits than each product alone): then every
-    product is given its own right matrix."""
-    if math.prod(b.shape[:-2]) == 1 and math.prod(out.shape[:-2]) > 1:
-        b = np.broadcast_to(b, (*out.shape[:-2], *b.shape[-2:]))
-    run(a, b, out)
+    product is given its own right matrix, a few products at a time (`OWN_COPIES`)."""
+    batch = math.prod(out.shape[:-2])
+    if math.prod(b.shape[:-2]) > 1 or batch == 1:
+        run(a, b, out)
+        return
+    a3, o3 = a.reshape(batch, *a.shape[-2:]), out.reshape(batch, *out.shape[-2:])
+    b3 = b.reshape(1, *b.shape[-2:])
+    step = max(1, min(batch, OWN_COPIES // max(b3.size, 1)))
+    for lo in range(0, batch, step):
+        hi = min(lo + step, batch)
+        run(a3[lo:hi], np.broadcast_to(b3, (hi - lo, *b3.shape[1:])), o3[lo:hi])
 
 
 _GEMMS: list[Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = []

@@ -421,14 +421,16 @@ def test_shared_matmul_products_are_their_own(seed: int, shape: tuple[int, int, 
         b_shape = (1, 1, 1)
     a = rng.standard_normal((*a_shape, m, k)).astype(np.float32)
     b = rng.standard_normal((*b_shape, k, n)).astype(np.float32)
-    saved = kernels.THREADS, kernels.SHARED_WORK
+    saved = kernels.THREADS, kernels.SHARED_WORK, kernels.OWN_COPIES
+    # (a right matrix given to each product of a stack one product at a time, now and then)
     kernels.THREADS, kernels.SHARED_WORK = threads, 0
+    kernels.OWN_COPIES = 1 if rng.random() < 0.5 else saved[2]
     try:
         got = kernels.matmul(a, b)
         into = np.empty_like(got)
         assert kernels.matmul(a, b, out=into) is into
     finally:
-        kernels.THREADS, kernels.SHARED_WORK = saved
+        kernels.THREADS, kernels.SHARED_WORK, kernels.OWN_COPIES = saved
     assert np.array_equal(into.view(np.uint32), got.view(np.uint32))
     for index in np.ndindex(*got.shape[:-2]):
         pick_a = tuple(i if s > 1 else 0 for i, s in zip(index, a_shape))
