@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.dtypes import ceil_div
+from t10c.ir import ranges
 from t10c.multicast import check_pairs
 
 
@@ -210,9 +211,8 @@ def unique_expand(p: Pattern, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(core, off), each (patterns, width): every distinct pattern's table."""
     runs = p.runs.astype(np.int64)
     length = runs[:, 2]
-    run_first = np.cumsum(length) - length  # the run's first element, over all patterns
     core = np.repeat(runs[:, 0], length)
-    pos = np.arange(int(length.sum())) - np.repeat(run_first, length)
+    pos = ranges(0, length)  # each element's place in its run
     off = np.repeat(runs[:, 1], length) + np.repeat(runs[:, 3], length) * pos
     off[core < 0] = -1
     shape = (p.patterns, width)
@@ -243,7 +243,7 @@ def chip_pair_counts(p: Pattern, here: np.ndarray, per_chip: int, chips: int
     pat_u, chip_u = key // chips, key % chips
     first = p.start[pat_u].astype(np.int64)
     lens = p.start[pat_u + 1].astype(np.int64) - first
-    idx = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+    idx = ranges(first, lens)
     runs = p.runs[idx].astype(np.int64)
     dst = np.repeat(chip_u, lens)
     keep = (runs[:, 0] >= 0) & (runs[:, 0] // per_chip != dst)
@@ -253,8 +253,7 @@ def chip_pair_counts(p: Pattern, here: np.ndarray, per_chip: int, chips: int
     block = (runs[:, 3] == 1) | (runs[:, 2] == 1)
     spread = runs[~block]
     n = np.where(spread[:, 3] == 0, 1, spread[:, 2])
-    at = np.repeat(spread[:, 1], n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-                                       ) * np.repeat(spread[:, 3], n)
+    at = np.repeat(spread[:, 1], n) + ranges(0, n) * np.repeat(spread[:, 3], n)
     lo = np.concatenate([runs[block, 1], at])
     hi = np.concatenate([runs[block, 1] + runs[block, 2], at + 1])
     group = np.concatenate([dst[block] * (1 << 31) + runs[block, 0],
@@ -317,11 +316,7 @@ def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:
     per = np.diff(first)[pat]  # pairs of each row
     check_pairs(int(per.sum()), p.rows)
     row = np.repeat(np.arange(p.rows, dtype=np.int64), per)
-    # the pairs of row r are its pattern's, in order: pair e of row r is the pattern's pair
-    # ``e - (first pair of r)``; made in place (a wafer's broadcast is tens of millions of
-    # pairs: every temporary is hundreds of MB of fresh pages)
-    idx = np.arange(len(row), dtype=np.int64)
-    idx -= np.repeat(np.cumsum(per) - per - first[pat], per)
+    idx = ranges(first[pat], per)  # the pairs of row r are its pattern's, in order
     if with_tree:
         return k_src.take(idx), row, total.take(idx), idx
     return k_src.take(idx), row, total.take(idx)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.ir import Graph, distinct_rows
+from t10c.ir import Graph, distinct_rows, ranges
 from t10c.multicast import (
     Relay,
     check_pairs,
@@ -223,15 +223,10 @@ def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,
     n = per_row[k_row]
     check_pairs(int(n.sum()), len(phys), "the planner cannot price its re-layout on this "
                 "machine; a shorter --seq-len or a smaller --batch needs fewer")
-    # a tree's entries are its row's destinations in order: entry e of tree t is
-    # destination ``e - (first entry of t) + start[row of t]`` of them all. Each array is
-    # made once (a wafer's broadcast is tens of millions of entries: every temporary is
-    # hundreds of MB of fresh pages)
+    # a tree's entries are its row's destinations in order; each array made once (a
+    # wafer's broadcast is tens of millions of entries)
     tree = np.repeat(np.arange(len(keys), dtype=np.int64), n)
-    at = np.arange(len(tree), dtype=np.int64)
-    at -= np.repeat(np.cumsum(n) - n - start[k_row], n)
-    dst = phys.astype(np.int64)[order].take(at)
-    del at
+    dst = phys.astype(np.int64)[order].take(ranges(start[k_row], n))
     src_t, bytes_t = np.repeat(k_src, n), np.repeat(count * nbytes, n)
     routes = multicast_routes(chip, tree, src_t, dst, bytes_t, np.repeat(k_row, n))
     if isinstance(routes, Relay):

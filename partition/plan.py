@@ -252,8 +252,13 @@ class Geometry:
         """Per core, operand ``index``'s position on each of its dimensions for the op-axis
         positions ``per_axis`` (a window's offset added unless ``offsets`` is False: the
         map is then linear, and a difference of positions is the map of the difference)."""
+        dims = self.dim_axes(index)
+        plain = [j for j in dims if isinstance(j, int)]
+        if len(plain) == len(dims):  # each dimension one axis: the axes' columns, one gather
+            return np.take(per_axis, plain, axis=1) if dims else \
+                np.zeros((self.ncores, 0), dtype=np.int64)
         cols = []
-        for j in self.dim_axes(index):
+        for j in dims:
             if j is None:
                 cols.append(np.zeros(self.ncores, dtype=np.int64))
             elif isinstance(j, Window):
@@ -263,11 +268,6 @@ class Geometry:
                 cols.append(col)
             else:
                 cols.append(per_axis[:, j])
-        if not cols:
-            return np.zeros((self.ncores, 0), dtype=np.int64)
-        plain = [j for j in self.dim_axes(index) if isinstance(j, int)]
-        if len(plain) == len(cols):  # columns of the axes': one gather
-            return np.take(per_axis, plain, axis=1)
         return np.stack(cols, axis=1)
 
     def tile_origin(self, index: int, step: int) -> np.ndarray:

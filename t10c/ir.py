@@ -372,6 +372,17 @@ def unravel(flat: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     return tuple(c.reshape(flat.shape) for c in np.unravel_index(flat.ravel(), shape))
 
 
+def ranges(starts: np.ndarray | int, lengths: np.ndarray) -> np.ndarray:
+    """``arange(s, s + n)`` for each start ``s`` and length ``n``, one after another (int64),
+    made in place: one array of the total length and one repeat beside it (a wafer's
+    broadcast is tens of millions of entries, and every temporary hundreds of MB of fresh
+    pages)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out = np.arange(int(lengths.sum()), dtype=np.int64)
+    out -= np.repeat(np.cumsum(lengths) - lengths - starts, lengths)
+    return out
+
+
 def last_product(a: np.ndarray) -> np.ndarray:
     """``np.prod(a, axis=-1)``, the same values and dtype, a column at a time: numpy reduces
     a short last axis (a box's few dimensions, over a wafer's cores) six times slower."""

@@ -641,8 +641,9 @@ def _group_destinations(tree: np.ndarray, dst: np.ndarray, group: np.ndarray,
     The trees of a group go to the same destinations (`relay_stages`), so they are the
     destinations of each group's first tree: a pass over the entries instead of a sort of
     them all (a wafer's broadcast is tens of millions of entries, its pairs a few hundred
-    thousand). Where the entries do not add up to that (a group whose trees go to
-    different places), every entry's pair."""
+    thousand). Where the entries do not add up to that (a tree with more or fewer
+    destinations than its group's first), every entry's pair; the count cannot see a tree
+    that goes to as many other places, which the callers rule out."""
     leads = np.full(len(g_ids), len(t_g), dtype=np.int64)
     np.minimum.at(leads, t_g, np.arange(len(t_g)))
     lead_trees = tree[first[leads]]

@@ -2,7 +2,7 @@
 (`transitions.remote_counts`) against counting each core's box by hand, and the per-compile
 memo of re-layout prices (`transitions.Views`) against pricing afresh; codegen's spread
 weights' pattern (`codegen.pattern.spread_pattern`) against encoding their table; the
-column-at-a-time array helpers (`ir.last_product`, `ir.row_keys`, `place.grid_coords`) and a
+array helpers (`ir.ranges`, `ir.last_product`, `ir.row_keys`, `place.grid_coords`) and a
 plan's per-core index arithmetic (`plan.Geometry`) against numpy's whole-array forms."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from t10c.ir import Operand, TensorExpr, last_product, row_keys
+from t10c.ir import Operand, TensorExpr, last_product, ranges, row_keys
 from t10c.partition.place import grid_coords
 from t10c.partition.plan import Geometry
 from t10c.partition.transitions import Have, Want, remote_counts
@@ -170,3 +170,14 @@ def test_geometry_indices_are_the_formulas(data) -> None:
         assert np.array_equal(geo.sub_index(step), sub)
         assert np.array_equal(geo.origin(step), geo.coords * np.asarray(geo.b)
                               + sub * np.asarray(geo.u))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-5, 50), st.integers(0, 6)), max_size=12))
+def test_ranges_are_the_aranges_one_after_another(pairs) -> None:
+    starts = np.array([s for s, _ in pairs], dtype=np.int64)
+    lengths = np.array([n for _, n in pairs], dtype=np.int64)
+    want = np.concatenate([np.arange(s, s + n) for s, n in pairs] + [np.zeros(0, np.int64)])
+    got = ranges(starts, lengths)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    assert np.array_equal(ranges(0, lengths), ranges(np.zeros_like(starts), lengths))
