@@ -48,7 +48,7 @@ from .dram import (
 from .epilogue import extra_edge_cost
 from .inductive import inductive_choice
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
-from .refine import refine_choice
+from .refine import refine_choice, trials_for
 from .refine import renamed as _rename
 from .refine import total_cycles as _total
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
@@ -207,10 +207,11 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                                           views, fronts, fixed)
         chosen, relayout = _match_reads(graph, chosen, relayout, chip, dtype, ints, solver,
                                         views, fronts, fixed)
-    if solver.refine and solver.planner != "greedy" and not chip.has_dram:
+    trials = trials_for(solver, chip)
+    if trials:
         chosen, relayout, refined = refine_choice(graph, chosen, relayout, chip, dtype, ints,
                                                   search, solver, views, _front_ids(fronts),
-                                                  fixed, solver.refine, progress)
+                                                  fixed, trials, progress)
     chosen, relayout = _finished(graph, chosen, relayout, chip, dtype, ints, solver, views,
                                  fixed)
     choices: tuple[tuple[str, int, int], ...] = ()

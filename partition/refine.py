@@ -32,9 +32,14 @@ op, each move priced as the emulator times it:
 ``trials`` bounds the exact pricings of the whole pass, so the result never depends on the
 machine's speed or load. (A move whose routing would need more than half of the machine's
 memory, `t10c.multicast.check_pairs`, is passed over: on one machine always the same.)
-It is off by default: on the wafer each pricing routes phases over hundreds of thousands of
-cores (LLaMA-3-8B decode on wse2: its first two moves add about 25 s to a 55 s compile), and
-a search of tens of moves takes minutes (README: Performance, Meshes, has the figures)."""
+
+By default (`trials_for`) a mesh prices `MESH_TRIALS` moves, the costliest op's best-ranked:
+there the solve's edge prices are closed-form estimates, off by 1.5x on average and far more
+on some edges, and the first move priced is where most of the gain is (LLaMA-3-8B's decode
+step on wse2: 426,352 -> 403,209 cycles for about 9 s of a 41 s compile). An all-to-all chip's
+edges are priced element by element and its moves gain less for their cost (bert-base on
+ipu-mk2: none in 1 s of a 4 s compile), so it prices none unless asked. A search of tens of
+moves takes minutes on the wafer (README: Performance, Meshes, has the figures)."""
 
 from __future__ import annotations
 
@@ -53,6 +58,19 @@ from .transitions import Views, edge_cost, kept_restores, relayout_cycles
 
 #: the exact pricings per group of ops and sweep (its best-ranked candidates)
 PER_GROUP = 3
+#: the exact pricings on a mesh chip unless told (`trials_for`)
+MESH_TRIALS = 1
+
+
+def trials_for(solver: SolverOptions, chip: Chip) -> int:
+    """The exact pricings the search spends after ``solver``'s solve on ``chip``: as asked,
+    or by default `MESH_TRIALS` on a mesh, none elsewhere; none beside the greedy planner or
+    on a chip with DRAM (its preload schedule is chosen after the plans)."""
+    if solver.planner == "greedy" or chip.has_dram:
+        return 0
+    if solver.refine is not None:
+        return solver.refine
+    return MESH_TRIALS if chip.is_mesh else 0
 
 
 def renamed(plan: OpPlan, name: str) -> OpPlan:

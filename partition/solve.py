@@ -97,8 +97,9 @@ class SolverOptions:
     #: end a solve once its search stalls (`solve_in_chunks`), before the limit; False
     #: searches the whole limit
     early_stop: bool = True
-    #: exact pricings of the local search after the solve (`refine.py`); 0 for none
-    refine: int = 0
+    #: exact pricings of the local search after the solve (`refine.py`); 0 for none, None
+    #: for the chip's default (`refine.trials_for`: a few on a mesh, none elsewhere)
+    refine: int | None = None
 
 
 #: the whole-graph choices compared on a chip with DRAM (`partition._best_streamed`), by

@@ -39,6 +39,7 @@ try:
     from t10c.fusion import FUSE_CHOICES, fuse_help
     from t10c.models import ZOO_NAMES as ZOO
     from t10c.outputs import OutputError
+    from t10c.partition.refine import trials_for
     from t10c.partition.solve import CHOICES
     from t10c.progress import StageProgress
     from t10c.strategies import DEFAULT_STRATEGIES, STRATEGIES
@@ -114,10 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 0.001)")
     c.add_argument("--front", type=int_at_least(1), default=16,
                    help="plans kept per op on its Pareto front (default: 16)")
-    c.add_argument("--refine", type=int_at_least(0), default=0, metavar="TRIALS",
+    c.add_argument("--refine", type=int_at_least(0), default=None, metavar="TRIALS",
                    help="after the solve, try plans off the fronts op by op, each move "
                         "priced exactly (routed on a mesh), at most TRIALS pricings: slower "
-                        "compiles, faster plans (default: 0, off)")
+                        "compiles, faster plans; 0 for none (default: 1 on a mesh chip "
+                        "without DRAM, 0 elsewhere)")
     c.add_argument("--no-table", action="store_true", help="do not print the per-op table")
     c.add_argument("--plan", type=Path, metavar="FILE",
                    help="a plan.json to replay (the same plans, checked against the model and "
@@ -814,8 +816,10 @@ def _print_summary(compiled, timing_only: bool) -> None:
             print(_choices_line(s.choices))
         if s.refined:
             trials, saved = s.refined
-            print(f"refined: {trials} trial(s) of --refine {options.solver.refine} "
-                  f"saved {saved} cycles")
+            asked = options.solver.refine
+            print(f"refined: {trials} trial(s) of --refine "
+                  f"{trials_for(options.solver, chip) if asked is None else asked}"
+                  f"{' (the default on a mesh)' if asked is None else ''} saved {saved} cycles")
     if options.constraints:
         print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program

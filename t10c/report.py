@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from t10c.compare import Entry, speedup, sram_per_core
+from t10c.partition.refine import trials_for
 from t10c.strategies import DEFAULT_STRATEGIES
 
 PHASES = ("compute", "shift", "sync", "reduce", "relayout", "fetch")
@@ -404,15 +405,18 @@ def _title(entries: list[Entry]) -> tuple[str, str]:
     models = ", ".join(dict.fromkeys(e.model for e in entries))
     chips = ", ".join(dict.fromkeys(e.chip.name for e in entries))
     title = f"{models} on {chips}: t10c {__version__} plan comparison"
-    opts = next((e.compiled.options for e in entries if e.compiled), None)
+    first = next((e for e in entries if e.compiled), None)
+    opts = first.compiled.options if first is not None and first.compiled else None
     bits = [f"strategies {', '.join(dict.fromkeys(e.strategy for e in entries))}"]
-    if opts is not None:
+    if first is not None and opts is not None:
+        trials = trials_for(opts.solver, first.chip)
+        then = f", then {trials} exact pricing{'s' if trials > 1 else ''}" if trials else ""
         bits += [f"dtype {opts.dtype}" + (f", {opts.quantize} matmul weights"
                                           if opts.quantize else ""),
                  f"sequence length {opts.seq_len if opts.seq_len is not None else 'default'}",
                  f"batch {opts.batch if opts.batch is not None else 'default'}",
                  f"solver {opts.solver.planner} (limit {opts.solver.time_limit_s:g}, "
-                 f"seed {opts.solver.seed})"]
+                 f"seed {opts.solver.seed}{then})"]
         if opts.pinned:
             bits.append("shapes " + ", ".join(f"{k}={v}" for k, v in opts.pinned.items()))
         bits.append("timing only (not checked against onnxruntime)" if opts.timing_only

@@ -592,13 +592,32 @@ def test_a_wafer_keeps_epilogue_weights_beside_the_result() -> None:
         assert any(rec.phase == "fetch" for rec in r.timeline.records) == fetched, chip.name
 
 
+def test_a_mesh_refines_by_default() -> None:
+    """Unless told, a mesh chip without DRAM spends `refine.MESH_TRIALS` exact pricings after
+    the solve, and nothing else does: an all-to-all chip, a mesh with DRAM, the greedy
+    planner; an explicit count, 0 included, is what is spent."""
+    from t10c.partition.refine import MESH_TRIALS, trials_for
+
+    default = SolverOptions()
+    assert default.refine is None and MESH_TRIALS > 0
+    assert trials_for(default, MESH64) == MESH_TRIALS
+    assert trials_for(default, PRESETS["ipu-mk2"]) == 0
+    assert trials_for(default, PRESETS["voxel-3d"]) == 0  # a mesh with DRAM
+    assert trials_for(SolverOptions(planner="greedy"), MESH64) == 0
+    assert trials_for(SolverOptions(refine=0), MESH64) == 0
+    assert trials_for(SolverOptions(refine=5), PRESETS["ipu-mk2"]) == 5
+    c = compile_model("llama-tiny-decode", MESH64, CompileOptions(seq_len=64))
+    trials, _ = c.plan.solver.refined
+    assert 0 < trials <= MESH_TRIALS
+
+
 def test_refine_routes_plans_off_the_fronts() -> None:
     """`--refine TRIALS` (`partition/refine.py`): after the solve, plans the fronts left out
     are tried op by op and routed exactly. On llama-tiny-decode (a 64-token cache) eight
     trials find a faster choice; the run matches onnxruntime, the prediction equals the
     emulated time, plan.json records the trials and the cycles saved, and the same options
     give the same plan again."""
-    options = CompileOptions(seq_len=64)
+    options = CompileOptions(seq_len=64, solver=SolverOptions(refine=0))
     base = compile_model("llama-tiny-decode", MESH64, options)
     refined = dataclasses.replace(options, solver=SolverOptions(refine=8))
     c = compile_model("llama-tiny-decode", MESH64, refined)

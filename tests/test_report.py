@@ -59,6 +59,7 @@ def test_html_is_self_contained_and_explains(html_report) -> None:
     title = re.search(r"<h1>(.*?)</h1>", text).group(1)  # type: ignore[union-attr]
     assert "bert-tiny" in title and "test16" in title and __version__ in title
     assert "sequence length 16" in text and "dtype fp16" in text
+    assert "(limit 30, seed 0)" in text  # no search after the solve off meshes by default
     head, rows = _summary(text)
     assert "Latency (µs)" in head and "Of ideal" in head and "Predicted cycles" in head
     assert not [h for h in head if "_" in h], head  # people read it: no JSON keys
@@ -92,6 +93,8 @@ def test_sram_on_a_mesh_is_drawn_on_its_grid() -> None:
     entry = run_entry("mlp", MESH, "t10", CompileOptions())
     drawn = report._sram_cores_chart([entry])
     assert drawn is not None and drawn[0] == "peak SRAM on the chip's grid"
+    # the options line says the routed search after the solve ran (a mesh's default)
+    assert "(limit 30, seed 0, then 1 exact pricing)" in report._title([entry])[1]
 
 
 def _chart_drew(uri: str) -> bool:
