@@ -181,3 +181,34 @@ def test_ranges_are_the_aranges_one_after_another(pairs) -> None:
     got = ranges(starts, lengths)
     assert got.dtype == np.int64 and np.array_equal(got, want)
     assert np.array_equal(ranges(0, lengths), ranges(np.zeros_like(starts), lengths))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-(2 ** 40), 2 ** 40), min_size=0, max_size=40),
+       st.integers(1, 4), st.integers(1, 9))
+def test_timing_digest_is_of_values_and_shape(values, cols, rows_per_block) -> None:
+    """The timing-only emulator's route keys (`emulator.timing._digest`): equal for equal
+    values whatever the dtype or the memory layout (a broadcast view, hashed a block of rows
+    at a time, against its copy), different when a value, the length or the shape differs."""
+    import t10c.emulator.timing as timing
+
+    a = np.asarray(values, dtype=np.int64)
+    digest = timing._digest(a)
+    assert digest == timing._digest(a.copy())
+    small = a[(a >= -(2 ** 31)) & (a < 2 ** 31)]
+    assert timing._digest(small) == timing._digest(small.astype(np.int32))
+    if len(a):
+        assert timing._digest(a[:-1]) != digest
+        changed = a.copy()
+        changed[-1] += 1
+        assert timing._digest(changed) != digest
+    wide = np.broadcast_to(a[:, None], (len(a), cols))
+    old = timing._DIGEST_SLICE
+    try:  # blocks smaller than the array: the same bytes, in the same order
+        timing._DIGEST_SLICE = rows_per_block * cols
+        assert timing._digest(wide) == timing._digest(np.ascontiguousarray(wide))
+    finally:
+        timing._DIGEST_SLICE = old
+    assert timing._digest(wide) == timing._digest(np.ascontiguousarray(wide))
+    if cols != len(a):  # the same values in another shape
+        assert timing._digest(wide) != timing._digest(wide.reshape(cols, len(a)))
