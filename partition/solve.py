@@ -98,7 +98,7 @@ class SolverOptions:
     #: searches the whole limit
     early_stop: bool = True
     #: exact pricings of the local search after the solve (`refine.py`); 0 for none, None
-    #: for the chip's default (`refine.trials_for`: a few on a mesh, none elsewhere)
+    #: for the chip's default (`refine.trials_for`: one on a mesh, none elsewhere)
     refine: int | None = None
 
 

@@ -409,8 +409,11 @@ def _title(entries: list[Entry]) -> tuple[str, str]:
     opts = first.compiled.options if first is not None and first.compiled else None
     bits = [f"strategies {', '.join(dict.fromkeys(e.strategy for e in entries))}"]
     if first is not None and opts is not None:
-        trials = trials_for(opts.solver, first.chip)
-        then = f", then {trials} exact pricing{'s' if trials > 1 else ''}" if trials else ""
+        # (a page of several chips: the pricings after the solve may differ by chip)
+        counts = {trials_for(opts.solver, e.chip) for e in entries if e.compiled}
+        trials = max(counts)
+        then = (f", then {trials} exact pricing{'s' if trials > 1 else ''}"
+                + (" where the chip is a mesh" if len(counts) > 1 else "")) if trials else ""
         bits += [f"dtype {opts.dtype}" + (f", {opts.quantize} matmul weights"
                                           if opts.quantize else ""),
                  f"sequence length {opts.seq_len if opts.seq_len is not None else 'default'}",

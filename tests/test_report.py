@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import re
@@ -87,6 +88,7 @@ def test_sram_on_a_mesh_is_drawn_on_its_grid() -> None:
     from test_mesh import MESH
 
     from t10c import report
+    from t10c.chips import PRESETS
     from t10c.compare import run_entry
     from t10c.driver import CompileOptions
 
@@ -95,6 +97,9 @@ def test_sram_on_a_mesh_is_drawn_on_its_grid() -> None:
     assert drawn is not None and drawn[0] == "peak SRAM on the chip's grid"
     # the options line says the routed search after the solve ran (a mesh's default)
     assert "(limit 30, seed 0, then 1 exact pricing)" in report._title([entry])[1]
+    beside = dataclasses.replace(entry, chip=PRESETS["ipu-mk2"])  # a page of two chips
+    assert "then 1 exact pricing where the chip is a mesh)" in \
+        report._title([beside, entry])[1]
 
 
 def _chart_drew(uri: str) -> bool:
