@@ -35,11 +35,10 @@ memory, `t10c.multicast.check_pairs`, is passed over: on one machine always the 
 
 By default (`trials_for`) a mesh prices `MESH_TRIALS` moves, the costliest op's best-ranked:
 there the solve's edge prices are closed-form estimates, off by 1.5x on average and far more
-on some edges, and the first move priced is where most of the gain is (LLaMA-3-8B's decode
-step on wse2: 426,352 -> 403,209 cycles for about 9 s of a 41 s compile). An all-to-all chip's
-edges are priced element by element and its moves gain less for their cost (bert-base on
-ipu-mk2: none in 1 s of a 4 s compile), so it prices none unless asked. A search of tens of
-moves takes minutes on the wafer (README: Performance, Meshes, has the figures)."""
+on some edges, and the first move priced is where most of the gain is. An all-to-all chip's
+edges are priced element by element and its moves gain less for their cost, so it prices
+none unless asked. A search of tens of moves takes minutes on the wafer (README: Meshes and
+tori has the figures of both)."""
 
 from __future__ import annotations
 

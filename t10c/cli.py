@@ -816,10 +816,9 @@ def _print_summary(compiled, timing_only: bool) -> None:
             print(_choices_line(s.choices))
         if s.refined:
             trials, saved = s.refined
-            asked = options.solver.refine
-            print(f"refined: {trials} trial(s) of --refine "
-                  f"{trials_for(options.solver, chip) if asked is None else asked}"
-                  f"{' (the default on a mesh)' if asked is None else ''} saved {saved} cycles")
+            default = " (the default on a mesh)" if options.solver.refine is None else ""
+            print(f"refined: {trials} trial(s) of --refine {trials_for(options.solver, chip)}"
+                  f"{default} saved {saved} cycles")
     if options.constraints:
         print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program
