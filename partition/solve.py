@@ -568,7 +568,8 @@ def _window(progress: Progress | None, offset: int, whole: int, last: bool
 def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
                  edges: list[Edge], sram_bytes: int, opts: SolverOptions,
                  progress: Progress | None = None,
-                 starts: Sequence[tuple[int, ...]] = (), write_back: bool = False
+                 starts: Sequence[tuple[int, ...]] = (), write_back: bool = False,
+                 cutoff: int | None = None, more_starts: MoreStarts | None = None
                  ) -> tuple[SolverResult | None, str]:
     """Choose one plan per op; returns the result (None when nothing fits) and the status
     (``write_back``: graph outputs leave SRAM when stored to DRAM, `liveness`).
@@ -578,9 +579,20 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     Where ops tie (repeated layers, `tie.py`), the reduced model (`tie.grouped`) is solved
     first, within a share of the deterministic limit; the full model's LP bounds its choice,
     and the full model is searched, with the rest of the limit, only where that bound is not
-    close (`POLISH_ABOVE`)."""
+    close (`POLISH_ABOVE`).
+
+    ``more_starts`` gives starts late, as a function of the best objective known once the
+    LP's rounding is (None before any: every start is then wanted). Starts whose objective
+    is above that can neither be the result nor a hint (a hint is the best known choice), so
+    it need not find them: it passes the bound on as ``cutoff`` to the solves that make them,
+    and a solve whose full model's LP bound is above its ``cutoff`` stops there, as if
+    nothing fitted (status `CUT_OFF`). The late starts take the place the same ``starts``
+    would have taken, so the choice is the same as with them given up front."""
     start = time.perf_counter()
     terms = liveness(graph, write_back)
+    if more_starts is not None:  # (late starts are not part of a look-up key)
+        return _choose(terms, fronts, relayout_in, edges, sram_bytes, opts, progress, starts,
+                       start, more_starts=more_starts)
     key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
            sram_bytes, opts, tuple(map(tuple, starts)))
     if key in _SOLVED:  # the same model again (a baseline's, solved inside t10's compile)
@@ -593,11 +605,20 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
         if result is None:
             return None, name
         return dataclasses.replace(result, wall_s=wall, deterministic_s=0.0), name
-    if len(_SOLVED) >= _SOLVED_LIMIT:
-        _SOLVED.clear()
-    _SOLVED[key] = _choose(terms, fronts, relayout_in, edges, sram_bytes, opts, progress,
-                           starts, start)
-    return _SOLVED[key]
+    got = _choose(terms, fronts, relayout_in, edges, sram_bytes, opts, progress, starts, start,
+                  cutoff)
+    if got[1] != CUT_OFF:  # (a cut-off solve is not this model's answer)
+        if len(_SOLVED) >= _SOLVED_LIMIT:
+            _SOLVED.clear()
+        _SOLVED[key] = got
+    return got
+
+
+#: `choose_plans`' status where the full model's LP bound is above the ``cutoff`` it was given
+CUT_OFF = "CUT_OFF"
+#: late starts (`choose_plans`' ``more_starts``): given the best objective known (or None),
+#: the known choices that may be below it
+MoreStarts = Callable[[int | None], Sequence[tuple[int, ...]]]
 
 
 #: whole-graph choices made in this process, by everything the choice depends on: a t10
@@ -610,7 +631,8 @@ _SOLVED_LIMIT = 16
 
 def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
             edges: list[Edge], sram_bytes: int, opts: SolverOptions, progress: Progress | None,
-            starts: Sequence[tuple[int, ...]], start: float) -> tuple[SolverResult | None, str]:
+            starts: Sequence[tuple[int, ...]], start: float, cutoff: int | None = None,
+            more_starts: MoreStarts | None = None) -> tuple[SolverResult | None, str]:
     """`choose_plans` without its memory of earlier solves."""
     arrays = _Arrays(fronts, relayout_in)
     cap = int(sram_bytes * (1 - opts.reserve_fraction))
@@ -627,10 +649,12 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     warm_obj = objective(arrays, edges, warm) if warm is not None else None
     greedy_choice = tuple(warm) if warm is not None else None
     known = [greedy_choice] if greedy_choice is not None else []
-    for s in starts:
+
+    def add_starts(given: Sequence[tuple[int, ...]]) -> None:
+        # after the greedy's choice, before any other (the first of equal ones is kept)
+        at = 1 if greedy_choice is not None else 0
         # a start chosen under the same memory terms fits here too; checked, not assumed
-        if (memory_use(terms, arrays, s) <= cap).all():
-            known.append(tuple(s))
+        known[at:at] = [tuple(s) for s in given if (memory_use(terms, arrays, s) <= cap).all()]
 
     def best_known() -> tuple[tuple[int, ...] | None, int | None]:
         if not known:
@@ -638,6 +662,9 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
         c = min(known, key=lambda c: objective(arrays, edges, c))
         return c, objective(arrays, edges, c)
 
+    add_starts(starts)
+    if more_starts is not None and opts.planner == "greedy":
+        add_starts(more_starts(None))
     best, best_obj = best_known()
     if opts.planner == "greedy":
         if progress:  # the greedy is the whole choice: it starts and ends at once
@@ -660,11 +687,16 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
         relaxed = cpsat.relax(model)
         if relaxed is not None:
             lp = relaxed.bound
+            if cutoff is not None and lp > cutoff:
+                return None, CUT_OFF
             rounded, spent = _lp_start(relaxed, model, x, terms, arrays, edges, cap, opts)
             used += spent
             if rounded is not None:
                 known.append(rounded)
                 best, best_obj = best_known()
+    if more_starts is not None:
+        add_starts(more_starts(best_obj))
+        best, best_obj = best_known()
 
     def close(times: float) -> bool:
         return best_obj is not None and lp is not None \

@@ -611,6 +611,39 @@ def test_a_mesh_refines_by_default() -> None:
     assert 0 < trials <= MESH_TRIALS
 
 
+def test_baselines_asked_for_late_give_the_plan_of_those_given_first(monkeypatch) -> None:
+    """On a mesh the solve asks for the baselines' choices once it knows its best (they are
+    only its starts there), and a baseline whose LP bound is above that stops after its LP
+    (`solve.CUT_OFF`): the plan is the one that every baseline's whole solve, given first,
+    gives."""
+    from t10c import partition
+    from t10c.partition import solve as solving
+
+    real = partition.choose_plans
+    statuses: list[str] = []
+
+    def watched(*args, **kwargs):  # type: ignore[no-untyped-def]
+        got = real(*args, **kwargs)
+        statuses.append(got[1])
+        return got
+
+    def first(graph, fronts, relayout_in, edges, sram, opts, progress=None, starts=(),
+              **kwargs):  # type: ignore[no-untyped-def]
+        late = kwargs.pop("more_starts", None)
+        if late is not None:  # every baseline solved whole, before the solve
+            starts = [*starts, *late(None)]
+        return real(graph, fronts, relayout_in, edges, sram, opts, progress, starts, **kwargs)
+
+    plans = []
+    for wrapper in (watched, first):
+        solving._SOLVED.clear()
+        monkeypatch.setattr(partition, "choose_plans", wrapper)
+        plan = compile_model("llama-tiny-decode", MESH64, CompileOptions(seq_len=64)).plan
+        plans.append((plan.ops, plan.relayout_cycles, plan.total_cycles))
+    assert solving.CUT_OFF in statuses
+    assert plans[0] == plans[1]
+
+
 def test_refine_routes_plans_off_the_fronts() -> None:
     """`--refine TRIALS` (`partition/refine.py`): after the solve, plans the fronts left out
     are tried op by op and routed exactly. On llama-tiny-decode (a 64-token cache) eight

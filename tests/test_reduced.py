@@ -319,3 +319,53 @@ def test_a_solve_without_a_start_is_not_cut_into_chunks(monkeypatch) -> None:
     # with a start, a chunk too short to find even it leaves the rest of the limit to one
     with_hint = solving.solve_in_chunks(build, run.choice, short, value, None, 0, 1000, True)
     assert with_hint.choice is not None and value(with_hint.choice) <= value(run.choice)
+
+
+@pytest.mark.parametrize("cap", [160, 220, 290])
+def test_a_solve_stops_at_an_lp_bound_above_its_cutoff(cap: int) -> None:
+    """Given a ``cutoff`` below its full model's LP bound, a solve stops after the LP (no
+    choice, status `CUT_OFF`, nothing remembered); at the bound it is the plain solve."""
+    graph, fronts, edges = blocks()
+    zeros = [[0] * len(f) for f in fronts]
+    arrays = _Arrays(fronts, zeros)
+    model, _ = build_model(liveness(graph), fronts, arrays, edges, cap, None)
+    bound = cpsat.lp_bound(model)
+    assert bound is not None
+    solving._SOLVED.clear()
+    got, status = choose_plans(graph, fronts, zeros, edges, cap, EXACT, cutoff=bound - 1)
+    assert got is None and status == solving.CUT_OFF and not solving._SOLVED
+    at, _ = choose_plans(graph, fronts, zeros, edges, cap, EXACT, cutoff=bound)
+    solving._SOLVED.clear()
+    plain, _ = choose_plans(graph, fronts, zeros, edges, cap, EXACT)
+    assert at is not None and plain is not None
+    assert (at.choice, at.objective_cycles) == (plain.choice, plain.objective_cycles)
+    assert plain.objective_cycles == brute_force(graph, fronts, edges, cap)
+
+
+@pytest.mark.parametrize("cap", [160, 220, 290])
+@pytest.mark.parametrize("odd", [None, 3])
+def test_late_starts_give_the_choice_of_starts_given_first(cap: int, odd: int | None) -> None:
+    """Starts given late (``more_starts``), only those at or below the best objective known
+    when it asks, give the choice that all of them given up front give. The starts run the
+    first ``fast`` A ops fast and the rest small (those that overflow are left out by both);
+    one of them is the optimum, and the solve's own rounding may tie with it (the first of
+    equals is kept either way)."""
+    graph, fronts, edges = blocks(odd=odd)
+    zeros = [[0] * len(f) for f in fronts]
+    arrays = _Arrays(fronts, zeros)
+    starts = [tuple(0 if k % 2 or k < 2 * fast else 1 for k in range(len(fronts)))
+              for fast in range(BLOCKS + 1)]
+    asked: list[int | None] = []
+
+    def late(best: int | None) -> list[tuple[int, ...]]:
+        asked.append(best)
+        return [s for s in starts if best is None or objective(arrays, edges, s) <= best]
+
+    solving._SOLVED.clear()
+    first, _ = choose_plans(graph, fronts, zeros, edges, cap, EXACT, starts=starts)
+    solving._SOLVED.clear()
+    then, _ = choose_plans(graph, fronts, zeros, edges, cap, EXACT, more_starts=late)
+    assert first is not None and then is not None and asked and asked[0] is not None
+    assert (then.choice, then.objective_cycles, then.status) == \
+        (first.choice, first.objective_cycles, first.status)
+    assert then.objective_cycles == brute_force(graph, fronts, edges, cap)
