@@ -24,7 +24,6 @@ every core, as the program is SPMD).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.digest import digest_of
 from t10c.dtypes import dtype_bytes, on_chip_dtype
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, distinct_rows, map_to_root
@@ -323,8 +323,7 @@ class _Builder:
         through its transpose: 335 M elements at batch 32 with 2,048 tokens)."""
         key = self.views.chain(tensor)
         if key not in self.view_digests:
-            self.view_digests[key] = hashlib.blake2b(repr(key).encode(),
-                                                     digest_size=16).digest()
+            self.view_digests[key] = digest_of(repr(key).encode())
         return self.view_digests[key]
 
     def geo_key(self, n: int, op: TensorExpr) -> tuple:
@@ -341,7 +340,7 @@ class _Builder:
         that its id is not reused)."""
         hit = self.digests.get(id(arr))
         if hit is None:
-            d = hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).digest()
+            d = digest_of(np.ascontiguousarray(arr))
             hit = self.digests[id(arr)] = (arr, arr.dtype.str.encode() + d)
         return hit[1]
 
@@ -352,8 +351,7 @@ class _Builder:
         if not self.chip.is_mesh:
             return False
         # (the cores' digest is not kept by array: every op's ``phys`` would stay alive)
-        cores = hashlib.blake2b(np.ascontiguousarray(geo.phys).tobytes(), digest_size=16)
-        key = (id(pattern), cores.digest(), itemsize)
+        key = (id(pattern), digest_of(np.ascontiguousarray(geo.phys)), itemsize)
         hit = self.mcast.get(key)
         if hit is None:
             tree, src, dst, count, group = tree_pairs(pattern, geo.phys)

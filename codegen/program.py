@@ -58,7 +58,6 @@ order: how ops placed on a mesh name their cores. Core numbers inside tables are
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -66,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from t10c.digest import digest_of
 from t10c.dtypes import DTYPES
 from t10c.ir import Gathered, TensorExpr, expr_from_json, expr_to_json
 
@@ -409,8 +409,7 @@ class Program:
         def put(key: str, arr: np.ndarray) -> str:
             digest = digests.get(id(arr))
             if digest is None:
-                digest = digests[id(arr)] = hashlib.blake2b(
-                    np.ascontiguousarray(arr).tobytes(), digest_size=20).digest()
+                digest = digests[id(arr)] = digest_of(np.ascontiguousarray(arr))
             ident = (arr.dtype.str, arr.shape, digest)
             if ident not in seen:
                 seen[ident] = key

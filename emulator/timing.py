@@ -10,7 +10,6 @@ class alone, so both share one timing code. The timing model is described in `ma
 from __future__ import annotations
 
 import bisect
-import hashlib
 import math
 import sys
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from t10c.codegen.program import (
     tree_pairs,
 )
 from t10c.costs import compute_cycles
+from t10c.digest import hasher
 from t10c.ir import tile_counts
 from t10c.multicast import Relay, exchange_trees, multicast_routes
 
@@ -719,12 +719,11 @@ _ROUTES_KEPT = 8
 
 
 def _digest(*arrays: np.ndarray) -> tuple[int, ...]:
-    """A 128-bit fingerprint of integer arrays: BLAKE2b over each one's shape and its values
-    as int64 in row-major order, so that equal values give equal keys whatever their dtype.
-    Taken a block of leading rows at a time, so that a broadcast view of a wafer-wide table
-    is never copied whole. (A random-weighted sum per array, as before, took 14 times as
-    long as the hash on this machine's int64 arrays.)"""
-    h = hashlib.blake2b(digest_size=16)
+    """A 128-bit fingerprint of integer arrays (`t10c.digest`) over each one's shape and its
+    values as int64 in row-major order, so that equal values give equal keys whatever their
+    dtype. Taken a block of leading rows at a time, so that a broadcast view of a wafer-wide
+    table is never copied whole."""
+    h = hasher()
     for a in arrays:
         h.update(repr(a.shape).encode())
         if a.ndim == 0:

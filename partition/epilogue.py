@@ -11,11 +11,10 @@ then divided by the group (an estimate; the emulator measures the real exchange)
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.digest import hasher
 from t10c.dtypes import IntTensors, ceil_div
 from t10c.ir import Graph, TensorExpr, last_product, unravel
 
@@ -105,11 +104,11 @@ def _distinct(items: list[tuple[np.ndarray, ...] | None]) -> list[int]:
     seen: dict[bytes, int] = {}
     out = []
     for item in items:
-        h = hashlib.blake2b(digest_size=16)
+        h = hasher()
         for a in item or ():
             a = np.ascontiguousarray(a)
             h.update(repr((a.shape, a.dtype.str)).encode())
-            h.update(a.tobytes())
+            h.update(a)
         out.append(seen.setdefault(h.digest() if item is not None else b"", len(seen)))
     return out
 

@@ -21,7 +21,6 @@ choice's routed phases rescale each consumer op's edges for a second solve
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.digest import hasher
 from t10c.ir import Graph, distinct_rows, ranges
 from t10c.multicast import (
     Relay,
@@ -81,9 +81,9 @@ _PHASES_LIMIT = 1 << 16
 
 
 def _key(*arrays: np.ndarray | None) -> bytes:
-    h = hashlib.blake2b(digest_size=20)
+    h = hasher()
     for a in arrays:
-        h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
+        h.update(b"-" if a is None else np.ascontiguousarray(a))
         h.update(b"|")
     return h.digest()
 

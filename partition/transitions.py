@@ -34,7 +34,6 @@ across the mesh, not one hop): an estimate.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.digest import hasher
 from t10c.dtypes import IntTensors
 from t10c.ir import Graph, last_product, map_to_root
 
@@ -80,9 +80,9 @@ class Want:
     phys: np.ndarray  # (ncores,)
 
     def digest(self) -> bytes:
-        h = hashlib.blake2b(digest_size=16)
+        h = hasher()
         for a in (self.origin, self.shape, self.phys):
-            h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+            h.update(np.ascontiguousarray(a, dtype=np.int64))
             h.update(b"|")
         return h.digest()
 
@@ -100,11 +100,11 @@ class Have:
     phys: np.ndarray | None = None  # (producer cores,), with ``boxes``
 
     def digest(self) -> bytes:
-        h = hashlib.blake2b(digest_size=16)
+        h = hasher()
         parts = (self.boxes.lo, self.boxes.size, self.phys) if self.boxes is not None \
             else (None, None, None)
         for a in (*parts, self.owner):
-            h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
+            h.update(b"-" if a is None else np.ascontiguousarray(a))
             h.update(b"|")
         return h.digest()
 

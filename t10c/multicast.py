@@ -50,7 +50,6 @@ trees that spread the groups' elements run after them.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -60,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from t10c.chips import Chip
+from t10c.digest import hasher
 from t10c.dtypes import ceil_div, fmt_bytes
 
 #: bytes of working memory one (core, source core) pair of an exchange takes while its counts
@@ -482,7 +482,7 @@ def exchange_digest(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: 
     src, dst, nbytes = (np.asarray(a).ravel() for a in np.broadcast_arrays(src, dst, nbytes))
     cores = int(max(src.max(initial=0), dst.max(initial=0))) + 1
     if group is None or cores >= 1 << 21 or not len(src):
-        digest = hashlib.blake2b(digest_size=20)
+        digest = hasher()
         for a in (tree, src, dst, nbytes, group):
             a = np.ascontiguousarray(np.asarray(a) if a is not None else np.zeros(0))
             digest.update(f"{a.dtype.str}{a.shape}|".encode())
