@@ -427,15 +427,18 @@ def exchange_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarra
 
 def _exchange_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
                     nbytes: np.ndarray
-                    ) -> tuple[bool, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """`exchange_trees`, and whether its trees are merged per source."""
+                    ) -> tuple[bool, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                               int | None]:
+    """`exchange_trees`, whether its trees are merged per source, and their `tree_cycles`
+    where they were worked out to choose (None where there was no choice)."""
     given = _given(tree, src, dst, nbytes)
     if count_distinct(given[0]) == count_distinct(given[1]):  # one tree per source already
-        return False, given
+        return False, given, None
     merged = by_source(tree, src, dst, nbytes)
-    if tree_cycles(chip, *merged) < tree_cycles(chip, *given):
-        return True, merged
-    return False, given
+    fused, apart = tree_cycles(chip, *merged), tree_cycles(chip, *given)
+    if fused < apart:
+        return True, merged, fused
+    return False, given, apart
 
 
 def _given(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
@@ -557,9 +560,10 @@ def _routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
             ) -> tuple[str, Relay | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None]:
     """`multicast_routes`' answer worked out, with the way it goes ("relay", "trees",
     "by source": the trees merged per source, `exchange_trees`, or "unicast")."""
+    merged, chosen, trees = _exchange_trees(chip, tree, src, dst, nbytes)
+    if trees is None:
+        trees = tree_cycles(chip, *chosen)
     unicast = unicast_cycles(chip, src, dst, nbytes)
-    merged, chosen = _exchange_trees(chip, tree, src, dst, nbytes)
-    trees = tree_cycles(chip, *chosen)
     if group is not None:
         relay = relayed(chip, tree, src, dst, nbytes, group, min(unicast, trees))
         if relay is not None:
