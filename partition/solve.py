@@ -694,6 +694,7 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
             if rounded is not None:
                 known.append(rounded)
                 best, best_obj = best_known()
+        del model, x, relaxed  # (not held while the late starts' solves build theirs)
     if more_starts is not None:
         asked = time.perf_counter()
         add_starts(more_starts(best_obj))
