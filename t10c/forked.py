@@ -5,10 +5,17 @@ already holds: the re-layout prices of every producer -> consumer edge (`partiti
 each a function of the graph, the two ops' plan fronts and the chip alone. On a wafer they
 are nearly half of a compile (45% of bert-large's on wse2, where a layout spans 850,000
 cores), and the searches of its distinct ops a few seconds more (`partition.space.prefetch`).
-`map_forked` computes them in this process and in ``jobs - 1`` children forked from it: a
+`map_forked` computes them in ``jobs`` children forked from this process, which waits: a
 child inherits the graph, the fronts and every cache as they are (nothing is pickled on the
 way in), takes pieces from a shared queue until none is left, and sends back its results,
 which are small (cycle counts).
+
+This process takes no piece itself. Writing to its memory while a child shares it made the
+kernel split its transparent huge pages to copy them a 4 KiB page at a time, and the
+memory-bound work after (codegen's timing routes) then ran about twice as slowly: bert-large
+on wse2 took 58.5 s with this process computing beside one child and 55.5 s waiting on two
+(medians of three pairs), the timing routes 5.5 s against 2.8 s, and the peak memory was
+4,359 MiB against 2,883 MiB (the children's layouts of the edges die with them).
 
 What is computed where never changes a result: every piece is a pure function of its
 inputs, the results come back in the pieces' order, and a child that fails or dies has its
@@ -75,13 +82,13 @@ def jobs_for(work: int) -> int:
 
 def map_forked(fn: Callable[[T], R], pieces: Sequence[T], costs: Sequence[float],
                n: int) -> list[R]:
-    """``[fn(p) for p in pieces]``, shared among this process and ``n - 1`` forked children:
-    each process takes the next piece, the costliest first (by ``costs``), until none is
-    left, so that a long piece does not keep the others waiting behind a fixed share. In this
-    process alone where ``n`` is 1, there are fewer than two pieces, or the platform cannot
-    fork. ``fn``'s results must pickle. A child that fails (an exception, a signal, a result
-    that does not arrive whole) has the pieces it took computed here instead, where an
-    exception then surfaces as it would have."""
+    """``[fn(p) for p in pieces]``, shared among ``n`` forked children while this process
+    waits (the module doc says why): each child takes the next piece, the costliest first (by
+    ``costs``), until none is left, so that a long piece does not keep the others waiting
+    behind a fixed share. In this process alone where ``n`` is 1, there are fewer than two
+    pieces, or the platform cannot fork. ``fn``'s results must pickle. A child that fails (an
+    exception, a signal, a result that does not arrive whole) has the pieces it took computed
+    here instead, where an exception then surfaces as it would have."""
     if n < 2 or len(pieces) < 2 or not hasattr(os, "fork") or len(pieces) > QUEUED:
         return [fn(p) for p in pieces]
     order = sorted(range(len(pieces)), key=lambda k: (-costs[k], k))
@@ -95,7 +102,7 @@ def map_forked(fn: Callable[[T], R], pieces: Sequence[T], costs: Sequence[float]
     children: list[tuple[int, int]] = []  # (pid, read end of its results)
     results: dict[int, R] = {}
     try:
-        for _ in range(min(n, len(pieces)) - 1):
+        for _ in range(min(n, len(pieces))):
             read, write = os.pipe()
             pid = os.fork()
             if pid == 0:  # the child: compute, send, leave without running any cleanup
@@ -111,7 +118,6 @@ def map_forked(fn: Callable[[T], R], pieces: Sequence[T], costs: Sequence[float]
                     os._exit(code)
             os.close(write)
             children.append((pid, read))
-        results.update(_drain(fn, pieces, queue))
         while children:
             pid, read = children[0]
             got = _collect(pid, read)
