@@ -10,12 +10,13 @@ child inherits the graph, the fronts and every cache as they are (nothing is pic
 way in), takes pieces from a shared queue until none is left, and sends back its results,
 which are small (cycle counts).
 
-This process takes no piece itself. Writing to its memory while a child shares it made the
-kernel split its transparent huge pages to copy them a 4 KiB page at a time, and the
-memory-bound work after (codegen's timing routes) then ran about twice as slowly: bert-large
-on wse2 took 58.5 s with this process computing beside one child and 55.5 s waiting on two
-(medians of three pairs), the timing routes 5.5 s against 2.8 s, and the peak memory was
-4,359 MiB against 2,883 MiB (the children's layouts of the edges die with them).
+This process takes no piece itself. Computing beside a child, it came out of the pieces
+slower and larger: on bert-large on wse2 the compile took 58.5 s against 55.5 s waiting on
+two children (medians of three pairs), its system time was 10.7 s against 5.9 s, its peak
+memory 4,359 MiB against 2,883 MiB, and codegen's timing routes after the pieces, the same
+work, took 5.5 s against 2.8 s. (Writing memory that a child still shares makes the kernel
+copy it page by page; that this is what slowed the later work is likely, not shown. The
+layouts the children build for their edges die with them.)
 
 What is computed where never changes a result: every piece is a pure function of its
 inputs, the results come back in the pieces' order, and a child that fails or dies has its
