@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.digest import hasher
+from t10c.digest import digest_arrays
 from t10c.ir import Graph, distinct_rows, ranges
 from t10c.multicast import (
     Relay,
@@ -80,14 +80,6 @@ _PHASES: dict[tuple[bytes, ...], int] = {}
 _PHASES_LIMIT = 1 << 16
 
 
-def _key(*arrays: np.ndarray | None) -> bytes:
-    h = hasher()
-    for a in arrays:
-        h.update(b"-" if a is None else np.ascontiguousarray(a))
-        h.update(b"|")
-    return h.digest()
-
-
 @dataclass(frozen=True)
 class Spread:
     """A tensor of ``numel`` elements spread evenly over the cores ``over`` (a weight's idle
@@ -127,8 +119,8 @@ def moved_input(chip: Chip, owner: np.ndarray | Spread, want: Want, shape: tuple
             flat = to_root[flat]
         return _moved(chip, _cores(owner), flat, valid, inverse, want.phys, nbytes)
 
-    return Pending(_key(_held(owner), want.origin, want.shape, want.phys, np.asarray(shape),
-                        to_root, np.asarray([nbytes])), make)
+    return Pending(digest_arrays(_held(owner), want.origin, want.shape, want.phys,
+                                 np.asarray(shape), to_root, np.asarray([nbytes])), make)
 
 
 def _finished_tiles(graph: Graph, i: int, plan: OpPlan) -> tuple[
@@ -191,11 +183,12 @@ def moved_extra(chip: Chip, graph: Graph, i: int, k: int, plan: OpPlan,
         return _moved(chip, _cores(owner), np.maximum(idx, 0), idx >= 0, again[inverse],
                       geo.phys, nbytes)
 
-    return Pending(_key(_held(owner), origin, pos, np.asarray(tile), geo.phys, np.asarray(shape),
-                      to_root, np.frombuffer(repr((op.extra[k].axes, op.output.axes,
-                                                   graph.tensors[op.extra[k].tensor].shape,
-                                                   geo.reduce_group, nbytes)).encode(),
-                                             dtype=np.uint8)), make)
+    shape_of = graph.tensors[op.extra[k].tensor].shape
+    return Pending(digest_arrays(_held(owner), origin, pos, np.asarray(tile), geo.phys,
+                                 np.asarray(shape), to_root,
+                                 np.frombuffer(repr((op.extra[k].axes, op.output.axes, shape_of,
+                                                     geo.reduce_group, nbytes)).encode(),
+                                               dtype=np.uint8)), make)
 
 
 def _whole_tiles(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]

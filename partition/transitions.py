@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from t10c.chips import Chip
-from t10c.digest import hasher
+from t10c.digest import digest_arrays
 from t10c.dtypes import IntTensors
 from t10c.ir import Graph, last_product, map_to_root
 
@@ -80,11 +80,8 @@ class Want:
     phys: np.ndarray  # (ncores,)
 
     def digest(self) -> bytes:
-        h = hasher()
-        for a in (self.origin, self.shape, self.phys):
-            h.update(np.ascontiguousarray(a, dtype=np.int64))
-            h.update(b"|")
-        return h.digest()
+        return digest_arrays(*(np.asarray(a, dtype=np.int64)
+                               for a in (self.origin, self.shape, self.phys)))
 
 
 @dataclass(frozen=True)
@@ -100,13 +97,9 @@ class Have:
     phys: np.ndarray | None = None  # (producer cores,), with ``boxes``
 
     def digest(self) -> bytes:
-        h = hasher()
         parts = (self.boxes.lo, self.boxes.size, self.phys) if self.boxes is not None \
             else (None, None, None)
-        for a in (*parts, self.owner):
-            h.update(b"-" if a is None else np.ascontiguousarray(a))
-            h.update(b"|")
-        return h.digest()
+        return digest_arrays(*parts, self.owner)
 
     def boxes_on(self, phys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The boxes (lo, size: (K, len(phys), ndim), fresh arrays) held on each of the

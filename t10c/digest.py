@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import xxhash
 
 
@@ -30,3 +31,14 @@ def hasher() -> Any:
 def digest_of(data: Any) -> bytes:
     """The 16-byte digest of one C-contiguous buffer."""
     return xxhash.xxh3_128_digest(data)
+
+
+def digest_arrays(*arrays: np.ndarray | None) -> bytes:
+    """The digest of arrays' raw values in row-major order, one after another (``-`` for
+    None, each followed by ``|``): neither their dtypes nor their shapes go in, so a caller
+    that needs them equal passes arrays of one dtype, or puts the shapes in its key."""
+    h = hasher()
+    for a in arrays:
+        h.update(b"-" if a is None else np.ascontiguousarray(a))
+        h.update(b"|")
+    return h.digest()

@@ -405,10 +405,9 @@ def _title(entries: list[Entry]) -> tuple[str, str]:
     models = ", ".join(dict.fromkeys(e.model for e in entries))
     chips = ", ".join(dict.fromkeys(e.chip.name for e in entries))
     title = f"{models} on {chips}: t10c {__version__} plan comparison"
-    first = next((e for e in entries if e.compiled), None)
-    opts = first.compiled.options if first is not None and first.compiled else None
+    opts = next((e.compiled.options for e in entries if e.compiled), None)
     bits = [f"strategies {', '.join(dict.fromkeys(e.strategy for e in entries))}"]
-    if first is not None and opts is not None:
+    if opts is not None:
         # (a page of several chips: the pricings after the solve may differ by chip)
         counts = {trials_for(opts.solver, e.chip) for e in entries if e.compiled}
         trials = max(counts)
