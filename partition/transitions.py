@@ -527,7 +527,7 @@ class Views:
         self._kept = 0  # box entries in ``_haves``
         self._kept_costs: dict[tuple, Any] = {}  # `kept_bytes`, `kept_cycles`
         self._kept_chip: Chip | None = None
-        self._pending: dict[tuple, bytes] = {}
+        self._pending: dict[tuple, tuple[bytes, int]] = {}
         self._extras: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
 
     def const_tensors(self) -> frozenset[str]:
@@ -765,12 +765,12 @@ class Views:
         itself is built only when its phase has not been routed yet."""
         from .meshmove import Pending  # (builds on this)
 
-        digest = self._pending.get(key)
-        if digest is None:
+        known = self._pending.get(key)
+        if known is None:
             got = build()
-            self._pending[key] = got.key
+            self._pending[key] = (got.key, got.size)
             return got
-        return Pending(digest, lambda: build().make())
+        return Pending(known[0], lambda: build().make(), known[1])
 
     def have(self, j: int, plan: OpPlan, tensor: str) -> Have:
         """`producer_have` of op ``j``'s result read as ``tensor``: box against box where
@@ -1438,8 +1438,12 @@ def relayout_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], chip
     earlier op's phase (`merged_phases`) has none: they are priced in that phase. On a mesh,
     mesh-aware plans' exchanges are routed as codegen emits them, multicast trees and all
     (`meshmove`)."""
+    from .meshmove import route_ahead  # (builds on this)
+
     views = views or Views(graph)
     _, parts, hoisted = _merging(graph, plans, chip, dtype, int_tensors, views, fetch)
+    if chip.is_mesh:
+        route_ahead(chip, [p for part in parts for p in (part.routed, part.fetched)])
     return [_phase_cycles(graph, i, plans, chip, part, hoisted) for i, part in enumerate(parts)]
 
 

@@ -4,7 +4,8 @@ Some of the planner's work is many independent, pure computations over data the 
 already holds: the re-layout prices of every producer -> consumer edge (`partition._edges`),
 each a function of the graph, the two ops' plan fronts and the chip alone. On a wafer they
 are nearly half of a compile (45% of bert-large's on wse2, where a layout spans 850,000
-cores), and the searches of its distinct ops a few seconds more (`partition.space.prefetch`).
+cores), the searches of its distinct ops a few seconds more (`partition.space.prefetch`),
+and the routes of the chosen plans' re-layout phases (`partition.meshmove.route_ahead`).
 `map_forked` computes them in ``jobs`` children forked from this process, which waits: a
 child inherits the graph, the fronts and every cache as they are (nothing is pickled on the
 way in), takes pieces from a shared queue until none is left, and sends back its results,

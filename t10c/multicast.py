@@ -528,9 +528,7 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
     way = _WAYS.get((routing, digest))
     if way is None:
         way, routes = _routes(chip, tree, src, dst, nbytes, group)
-        if len(_WAYS) >= _WAYS_LIMIT:
-            _WAYS.clear()
-        _WAYS[routing, digest] = way
+        remember_ways([((routing, digest), way)])
     else:  # decided before, for arrays since dropped: only the way's arrays are made again
         routes = _the_way(way, chip, tree, src, dst, nbytes, group)
     for a in (routes.gather + routes.spread if isinstance(routes, Relay) else routes or ()):
@@ -546,6 +544,30 @@ def multicast_routes(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndar
 #: and the emulator ask (on wse2, an exchange of 29 M entries takes 10 s to decide)
 _WAYS: dict[tuple[bytes, bytes], str] = {}
 _WAYS_LIMIT = 1 << 16
+#: how many times `_WAYS` was emptied at its limit (`ways_mark`)
+_WAYS_CLEARED = [0]
+
+
+def remember_ways(ways: list[tuple[tuple[bytes, bytes], str]]) -> None:
+    """Keep these decisions (`_WAYS`' entries), as `multicast_routes` keeps its own."""
+    for key, way in ways:
+        if len(_WAYS) >= _WAYS_LIMIT:
+            _WAYS.clear()
+            _WAYS_CLEARED[0] += 1
+        _WAYS[key] = way
+
+
+def ways_mark() -> tuple[int, int]:
+    """Where the decisions kept so far end, for `ways_since`."""
+    return _WAYS_CLEARED[0], len(_WAYS)
+
+
+def ways_since(mark: tuple[int, int]) -> list[tuple[tuple[bytes, bytes], str]]:
+    """The decisions kept after ``mark`` (every one kept, if `_WAYS` was emptied since): what
+    a forked process decided, for the one it works for to `remember_ways`."""
+    cleared, size = mark
+    items = list(_WAYS.items())
+    return items if cleared != _WAYS_CLEARED[0] else items[size:]
 
 
 def routing_key(chip: Chip) -> bytes:

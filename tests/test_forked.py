@@ -100,3 +100,38 @@ def test_edges_priced_in_two_processes_are_those_priced_in_one(monkeypatch) -> N
         plans.append((plan.ops, plan.relayout_cycles, plan.total_cycles))
     assert 1 in calls and 2 in calls
     assert plans[0] == plans[1]
+
+
+def test_phases_routed_in_two_processes_are_those_routed_in_one(monkeypatch) -> None:
+    """The chosen plans' re-layout phases routed ahead in forked children
+    (`meshmove.route_ahead`, its threshold lowered): the same plan and re-layout cycles as in
+    one process, and every way of sending an exchange the children decided is known here,
+    as if decided here (codegen asks the same)."""
+    from t10c import multicast
+    from t10c.partition import meshmove
+
+    chip = chip_from_dict({"base": "wse2", "name": "mesh8x12-routed", "grid": [8, 12],
+                           "cores": 96})
+    model = build_bert(32, 2, 2, 64, vocab=40, max_pos=16, seq_len=8, name="bert-small")
+    ahead = []
+    shared = forked.map_forked
+
+    def counted(fn, pieces, costs, n):  # type: ignore[no-untyped-def]
+        if getattr(fn, "__qualname__", "").startswith("route_ahead"):
+            ahead.append((n, len(pieces)))
+        return shared(fn, pieces, costs, n)
+
+    monkeypatch.setattr(forked, "map_forked", counted)
+    monkeypatch.setattr(meshmove, "FORKED_ELEMENTS", 0)
+    got = []
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("T10C_JOBS", jobs)
+        monkeypatch.setattr(meshmove, "_PHASES", {})  # routed afresh each time
+        monkeypatch.setattr(multicast, "_WAYS", {})
+        monkeypatch.setattr(multicast, "_ROUTES", type(multicast._ROUTES)())
+        plan = compile_model(model, chip, CompileOptions(dtype="fp32")).plan
+        got.append((plan.ops, plan.relayout_cycles, dict(multicast._WAYS)))
+    assert any(n == 2 and pieces >= 2 for n, pieces in ahead), \
+        "some phases were routed in two children"
+    assert got[0][:2] == got[1][:2]
+    assert got[0][2] == got[1][2] and got[0][2], "the same ways known, decided here or there"
