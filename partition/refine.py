@@ -43,7 +43,6 @@ tori has the figures of both)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from t10c.chips import Chip
 from t10c.dtypes import IntTensors
@@ -51,7 +50,7 @@ from t10c.ir import Graph
 
 from .cpsat import Progress
 from .plan import OpPlan, operand_shapes
-from .search import SearchOptions, enumerate_plans
+from .search import SearchOptions, region_front
 from .solve import SolverOptions, chosen_memory
 from .transitions import Views, edge_cost, kept_restores, relayout_cycles
 
@@ -176,16 +175,7 @@ def _candidates(graph: Graph, i: int, chip: Chip, dtype: str, ints: IntTensors,
     """Op ``i``'s plans within ``cap`` that are Pareto-optimal in hot bytes, cycles and cores
     spanned, fastest first."""
     op = graph.ops[i]
-    plans = [p for p in enumerate_plans(op, chip, dtype, operand_shapes(graph, op), ints,
-                                        consts, search) if p.hot_bytes_per_core <= cap]
-    plans.sort(key=lambda p: (p.cycles.total, p.hot_bytes_per_core, math.prod(p.F)))
-    front: list[OpPlan] = []
-    for p in plans:
-        cores = math.prod(p.F)
-        if not any(q.hot_bytes_per_core <= p.hot_bytes_per_core and math.prod(q.F) <= cores
-                   for q in front):
-            front.append(p)
-    return front
+    return region_front(op, chip, dtype, operand_shapes(graph, op), ints, consts, search, cap)
 
 
 def _ranked(graph: Graph, i: int, moves: list[tuple[OpPlan, list[OpPlan]]],

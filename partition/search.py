@@ -381,6 +381,46 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
                         time.perf_counter() - start)
 
 
+def region_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
+                 int_tensors: IntTensors, const_tensors: frozenset[str], opts: SearchOptions,
+                 cap: int) -> list[OpPlan]:
+    """The plans of ``op`` within ``cap`` hot bytes per core that are Pareto-optimal in hot
+    bytes, cycles and cores spanned, fastest first (then fewer hot bytes, fewer cores, the
+    enumeration's order): among `enumerate_plans`' list so sorted, each plan that no plan
+    before it matches or beats in both hot bytes and cores. Computed on arrays, as
+    `search_front` is: only these plans are materialised (on wse2, bert-large's costliest op
+    has tens of thousands of plans, 1.4 s to make them all)."""
+    parts = _parts(op, chip, dtype, shapes, int_tensors, const_tensors, opts)
+    if not parts:
+        return []
+    hot = np.concatenate([c.hot for *_, c, _ in parts])
+    n = np.flatnonzero(hot <= cap)
+    total = np.concatenate([c.total for *_, c, _ in parts])[n]
+    cores = np.concatenate([np.prod(rows, axis=1) for _, _, rows, _, _ in parts])[n]
+    part = np.concatenate([np.full(len(rows), k) for k, (_, _, rows, _, _) in
+                           enumerate(parts)])[n]
+    row = np.concatenate([np.arange(len(rows)) for _, _, rows, _, _ in parts])[n]
+    hot = hot[n]
+    order = np.lexsort((row, part, cores, hot, total))
+    h, c = hot[order], cores[order]
+    # a plan is kept where every plan before it with at most its cores has more hot bytes:
+    # the least hot bytes before each position over the core counts up to its own, one core
+    # count at a time (a plan's F takes few distinct products)
+    most = np.iinfo(np.int64).max
+    least = np.full(len(order), most, dtype=np.int64)
+    keep = np.zeros(len(order), dtype=bool)
+    for count in np.unique(c):
+        at = c == count
+        before = np.minimum.accumulate(np.concatenate([[most], np.where(at, h, most)]))[:-1]
+        least = np.minimum(least, before)
+        keep[at] = h[at] < least[at]
+    plans = []
+    for k in order[keep].tolist():
+        tpl, combo, rows, costs, mesh = parts[part[k]]
+        plans.append(_plan(op, tpl, combo, rows[row[k]], costs, int(row[k]), chip, mesh))
+    return plans
+
+
 #: every template's legal rows and costs, by everything `_search` reads: not the chip's SRAM
 #: size, which only decides which plans fit (`search_front`), so the compiles of a sweep over
 #: SRAM sizes (`t10c sweep`) enumerate and cost each op once; least recently used first out
@@ -446,4 +486,4 @@ def pareto_front(plans: list[OpPlan], sram_bytes: int, limit: int) -> list[OpPla
 
 
 __all__ = ["SearchOptions", "SearchResult", "enumerate_plans", "search_front", "pareto_front",
-           "INDIRECT"]
+           "region_front", "INDIRECT"]

@@ -665,3 +665,48 @@ def test_refine_routes_plans_off_the_fronts() -> None:
         dataclasses.replace(c.plan.solver, wall_s=0.0, deterministic_s=0.0)
     assert "refined" not in base.plan.solver.document()
     assert compile_model("llama-tiny-decode", MESH64, refined).plan.ops == c.plan.ops
+
+
+@pytest.mark.parametrize("model, chip", [("llama-tiny-decode", "mesh64"),
+                                         ("bert-mini", "ipu-mk2")])
+def test_the_refine_candidates_are_the_enumerated_plans_pareto_front(model: str,
+                                                                      chip: str) -> None:
+    """`search.region_front`, on arrays, is its definition on every plan materialised:
+    `enumerate_plans` within the SRAM cap, sorted by cycles, hot bytes and cores (stable),
+    each kept where no plan before it has at most its hot bytes and at most its cores."""
+    import math
+
+    from t10c.driver import chip_graph, load_source
+    from t10c.partition import enumerate_plans
+    from t10c.partition.plan import operand_shapes
+    from t10c.partition.search import SearchOptions, region_front
+    from t10c.partition.space import tensor_sets
+
+    target = MESH64 if chip == "mesh64" else PRESETS[chip]
+    graph = chip_graph(load_source(model, seq_len=64), target, {}, model)
+    ints, consts = tensor_sets(graph)
+    opts = SearchOptions()
+    seen: set[str] = set()
+    checked = 0
+    for op in graph.ops:
+        if op.signature() in seen:
+            continue
+        seen.add(op.signature())
+        shapes = operand_shapes(graph, op)
+        every = enumerate_plans(op, target, "fp16", shapes, ints, consts, opts)
+        if not every:
+            continue
+        # caps that keep every plan, about half of them, and the smallest one alone
+        hots = sorted(p.hot_bytes_per_core for p in every)
+        for cap in (hots[-1], hots[len(hots) // 2], hots[0]):
+            within = sorted((p for p in every if p.hot_bytes_per_core <= cap),
+                            key=lambda p: (p.cycles.total, p.hot_bytes_per_core,
+                                           math.prod(p.F)))
+            front: list = []
+            for p in within:
+                if not any(q.hot_bytes_per_core <= p.hot_bytes_per_core
+                           and math.prod(q.F) <= math.prod(p.F) for q in front):
+                    front.append(p)
+            assert region_front(op, target, "fp16", shapes, ints, consts, opts, cap) == front
+            checked += 1
+    assert checked >= 9
