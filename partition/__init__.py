@@ -52,7 +52,15 @@ from .refine import refine_choice, trials_for
 from .refine import renamed as _rename
 from .refine import total_cycles as _total
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
-from .solve import Edge, SolverOptions, choose_plans, chosen_memory, liveness
+from .solve import (
+    Edge,
+    Relaxed,
+    SolverOptions,
+    choose_plans,
+    chosen_memory,
+    liveness,
+    relaxed_model,
+)
 from .space import (
     Space,
     baseline_options,
@@ -162,12 +170,20 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     solves = len(spaces) + 1  # the baselines' solves, then the solve itself, share a display
     spent: list[float] = []  # every solve's deterministic time
 
+    prepared: dict[int, Relaxed | None] = {}
+
+    def prepare_baselines() -> None:
+        """Each baseline's full model built and relaxed, for `baseline_starts`."""
+        for n, (own, where) in enumerate(zip(spaces, maps)):
+            prepared[n] = _baseline_relaxed(graph, chip, own, where, edges, solver)
+
     def baseline_starts(cutoff: int | None) -> list[tuple[int, ...]]:
         """Each baseline's own choice that may cost ``cutoff`` or less, in t10's fronts."""
         starts = []
         for n, (own, where) in enumerate(zip(spaces, maps)):
             choice = _baseline_choice(graph, chip, own, where, edges, solver,
-                                      _share(progress, n, solves), spent, cutoff)
+                                      _share(progress, n, solves), spent, cutoff,
+                                      prepared.pop(n, None))
             if choice is not None:
                 starts.append(tuple(where[i][k] for i, k in enumerate(choice)))
         return starts
@@ -176,7 +192,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     # all-to-all chips t10 also finishes each and takes it where faster), the solve asks for
     # them once it knows its best, and a baseline whose LP bound is above that stops there:
     # bert-large's no-rotation solve on wse2 searched for 6.6 of a compile's 68 s for a
-    # choice 1.86x t10's (the same plans as asking for every one first)
+    # choice 1.86x t10's (the same plans as asking for every one first). Their models are
+    # built and relaxed while GLOP solves the full model's LP (`prepare`): 2 s of a wafer
+    # compile on the core it leaves idle
     late = bool(spaces) and chip.is_mesh and not chip.has_dram and solver.planner != "greedy"
     starts = [] if late else baseline_starts(None)
     # DRAM loads add what they cannot hide to an op's cycles (none on chips without DRAM)
@@ -184,7 +202,9 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     result, status = choose_plans(graph, fronts, extra, edges, chip.sram_bytes_per_core,
                                   solver, _share(progress, solves - 1, solves), starts,
                                   write_back=chip.has_dram,
-                                  more_starts=baseline_starts if late else None)
+                                  more_starts=baseline_starts if late else None,
+                                  prepare=prepare_baselines if late else None)
+    prepared.clear()  # (any the solve did not ask for)
     if result is None:
         raise DoesNotFitError(diagnose(graph, chip, fronts, least_cold, status, solver, dtype))
     spent.append(result.deterministic_s)
@@ -518,23 +538,46 @@ def _share(progress: Progress | None, n: int, solves: int) -> Progress | None:
     return report
 
 
-def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]],
-                     edges: list[Edge], solver: SolverOptions, progress: Progress | None,
-                     spent: list[float], cutoff: int | None = None) -> tuple[int, ...] | None:
-    """The choice a baseline's own compile makes (the same fronts, edges, options and seed,
-    so the same model and the same answer), or None where it does not fit or its full
-    model's LP bound is above ``cutoff`` (`solve.choose_plans`)."""
+def _baseline_model(chip: Chip, own: Space, where: list[list[int]], edges: list[Edge],
+                    solver: SolverOptions) -> tuple[list[list[OpPlan]], list[Edge]] | None:
+    """A baseline's own fronts and edges, or None where its weights cannot fit."""
     fronts = [list(f) for f in own.fronts]
     cap = solver.sram_cap(chip.sram_bytes_per_core)
     if not all(fronts) or sum(own.least_cold) > cap:
         return None
     # its edges are the united edges' sub-matrices: edge costs are priced pair by pair
-    sub = [Edge(e.src, e.dst, e.slot,
-                tuple(tuple(e.cost[p][q] for q in where[e.dst]) for p in where[e.src]))
-           for e in edges]
+    return fronts, [Edge(e.src, e.dst, e.slot,
+                         tuple(tuple(e.cost[p][q] for q in where[e.dst]) for p in where[e.src]))
+                    for e in edges]
+
+
+def _baseline_relaxed(graph: Graph, chip: Chip, own: Space, where: list[list[int]],
+                      edges: list[Edge], solver: SolverOptions) -> Relaxed | None:
+    """The full model a baseline's solve builds and relaxes first (`solve.relaxed_model`),
+    for `_baseline_choice`'s ``prepared``."""
+    inputs = _baseline_model(chip, own, where, edges, solver)
+    if inputs is None:
+        return None
+    fronts, sub = inputs
+    return relaxed_model(graph, fronts, [[0] * len(f) for f in fronts], sub,
+                         chip.sram_bytes_per_core, solver, write_back=chip.has_dram)
+
+
+def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]],
+                     edges: list[Edge], solver: SolverOptions, progress: Progress | None,
+                     spent: list[float], cutoff: int | None = None,
+                     prepared: Relaxed | None = None) -> tuple[int, ...] | None:
+    """The choice a baseline's own compile makes (the same fronts, edges, options and seed,
+    so the same model and the same answer), or None where it does not fit or its full
+    model's LP bound is above ``cutoff`` (`solve.choose_plans`; ``prepared`` by
+    `_baseline_relaxed`)."""
+    inputs = _baseline_model(chip, own, where, edges, solver)
+    if inputs is None:
+        return None
+    fronts, sub = inputs
     result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], sub,
                              chip.sram_bytes_per_core, solver, progress,
-                             write_back=chip.has_dram, cutoff=cutoff)
+                             write_back=chip.has_dram, cutoff=cutoff, prepared=prepared)
     if result is None:
         return None
     spent.append(result.deterministic_s)

@@ -569,8 +569,9 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
                  edges: list[Edge], sram_bytes: int, opts: SolverOptions,
                  progress: Progress | None = None,
                  starts: Sequence[tuple[int, ...]] = (), write_back: bool = False,
-                 cutoff: int | None = None, more_starts: MoreStarts | None = None
-                 ) -> tuple[SolverResult | None, str]:
+                 cutoff: int | None = None, more_starts: MoreStarts | None = None,
+                 prepare: Callable[[], None] | None = None,
+                 prepared: Relaxed | None = None) -> tuple[SolverResult | None, str]:
     """Choose one plan per op; returns the result (None when nothing fits) and the status
     (``write_back``: graph outputs leave SRAM when stored to DRAM, `liveness`).
 
@@ -587,12 +588,17 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     it need not find them: it passes the bound on as ``cutoff`` to the solves that make them,
     and a solve whose full model's LP bound is above its ``cutoff`` stops there, as if
     nothing fitted (status `CUT_OFF`). The late starts take the place the same ``starts``
-    would have taken, so the choice is the same as with them given up front."""
+    would have taken, so the choice is the same as with them given up front.
+
+    ``prepare`` is called while GLOP solves the full model's LP in its own thread: the late
+    starts' solves build and relax their models then (`relaxed_model`), each handed back as
+    ``prepared`` (the full model, its variables and its relaxation), which the solve then
+    does not build again. The same models, the same LPs: only the wall time differs."""
     start = time.perf_counter()
     terms = liveness(graph, write_back)
     if more_starts is not None:  # (late starts are not part of a look-up key)
         return _choose(terms, fronts, relayout_in, edges, sram_bytes, opts, progress, starts,
-                       start, more_starts=more_starts)
+                       start, more_starts=more_starts, prepare=prepare, prepared=prepared)
     key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
            sram_bytes, opts, tuple(map(tuple, starts)))
     if key in _SOLVED:  # the same model again (a baseline's, solved inside t10's compile)
@@ -606,7 +612,7 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
             return None, name
         return dataclasses.replace(result, wall_s=wall, deterministic_s=0.0), name
     got = _choose(terms, fronts, relayout_in, edges, sram_bytes, opts, progress, starts, start,
-                  cutoff)
+                  cutoff, prepare=prepare, prepared=prepared)
     if got[1] != CUT_OFF:  # (a cut-off solve is not this model's answer)
         if len(_SOLVED) >= _SOLVED_LIMIT:
             _SOLVED.clear()
@@ -619,6 +625,31 @@ CUT_OFF = "CUT_OFF"
 #: late starts (`choose_plans`' ``more_starts``): given the best objective known (or None),
 #: the known choices that may be below it
 MoreStarts = Callable[[int | None], Sequence[tuple[int, ...]]]
+#: a full model built, its variables, and its LP relaxation solved (`relaxed_model`)
+Relaxed = tuple[cp_model.CpModel, "_Choice", "cpsat.Relaxation | None"]
+
+
+def relaxed_model(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
+                  edges: list[Edge], sram_bytes: int, opts: SolverOptions,
+                  write_back: bool = False) -> Relaxed | None:
+    """The full model that `choose_plans` with these arguments (and no starts) builds and
+    relaxes first, built and relaxed now, to be handed to it as ``prepared``; None where it
+    would build none (no repeated layers, the greedy planner) or would look its answer up."""
+    if opts.planner == "greedy":
+        return None
+    terms = liveness(graph, write_back)
+    key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
+           sram_bytes, opts, ())
+    if key in _SOLVED:
+        return None
+    arrays = _Arrays(fronts, relayout_in)
+    tie = tie_classes(fronts, [a.tolist() for a in arrays.cycles],
+                      [(e.src, e.dst, e.slot, e.cost) for e in edges])
+    if len(set(tie)) == len(tie):
+        return None
+    cap = int(sram_bytes * (1 - opts.reserve_fraction))
+    model, x = build_model(terms, fronts, arrays, edges, cap, None)
+    return model, x, cpsat.relax(model)
 
 
 #: whole-graph choices made in this process, by everything the choice depends on: a t10
@@ -632,7 +663,8 @@ _SOLVED_LIMIT = 16
 def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
             edges: list[Edge], sram_bytes: int, opts: SolverOptions, progress: Progress | None,
             starts: Sequence[tuple[int, ...]], start: float, cutoff: int | None = None,
-            more_starts: MoreStarts | None = None) -> tuple[SolverResult | None, str]:
+            more_starts: MoreStarts | None = None, prepare: Callable[[], None] | None = None,
+            prepared: Relaxed | None = None) -> tuple[SolverResult | None, str]:
     """`choose_plans` without its memory of earlier solves."""
     arrays = _Arrays(fronts, relayout_in)
     cap = int(sram_bytes * (1 - opts.reserve_fraction))
@@ -683,8 +715,19 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
     lp: int | None = None
     rounded: tuple[int, ...] | None = None
     if repeats:
-        model, x = build_model(terms, fronts, arrays, edges, cap, None)
-        relaxed = cpsat.relax(model)
+        if prepared is not None:
+            model, x, relaxed = prepared
+        else:
+            model, x = build_model(terms, fronts, arrays, edges, cap, None)
+            relaxing = cpsat.Relaxing(model)
+            if prepare is not None:
+                try:  # (while GLOP solves this LP)
+                    prepare()
+                except BaseException:
+                    relaxing.cancel()
+                    raise
+            relaxed = relaxing.result()
+        del prepared
         if relaxed is not None:
             lp = relaxed.bound
             if cutoff is not None and lp > cutoff:

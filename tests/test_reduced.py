@@ -154,6 +154,13 @@ def test_lp_bound_by_hand() -> None:
     assert cpsat.lp_bound(model) == 0
     model.add(b == 1)
     assert cpsat.lp_bound(model) == 1
+    # a literal and its negation in one exactly-one: b + (1 - b) + c = 1 forces c = 0 (a
+    # variable listed twice is one term of the LP, as the constraint means)
+    model = cp_model.CpModel()
+    b, c = model.new_bool_var("b"), model.new_bool_var("c")
+    model.add_exactly_one([b, ~b, c])
+    model.minimize(4 - 4 * c)
+    assert cpsat.lp_bound(model) == 4
 
 
 @pytest.mark.parametrize("cap", [130, 160, 190, 220, 250, 290])
@@ -340,6 +347,41 @@ def test_a_solve_stops_at_an_lp_bound_above_its_cutoff(cap: int) -> None:
     assert at is not None and plain is not None
     assert (at.choice, at.objective_cycles) == (plain.choice, plain.objective_cycles)
     assert plain.objective_cycles == brute_force(graph, fronts, edges, cap)
+
+
+@pytest.mark.parametrize("cap", [160, 220, 290])
+def test_a_prepared_relaxation_is_the_one_the_solve_makes(cap: int) -> None:
+    """`solve.relaxed_model` builds and relaxes the full model `choose_plans` would; handed
+    back as ``prepared`` it gives the same choice (and the same cut-off) as the solve that
+    builds its own. A solve with late starts calls ``prepare`` once, while its own LP runs,
+    and a model whose answer is remembered is not prepared again."""
+    graph, fronts, edges = blocks()
+    zeros = [[0] * len(f) for f in fronts]
+    solving._SOLVED.clear()
+    prepared = solving.relaxed_model(graph, fronts, zeros, edges, cap, EXACT)
+    assert prepared is not None and prepared[2] is not None
+    model, _ = build_model(liveness(graph), fronts, _Arrays(fronts, zeros), edges, cap, None)
+    bound = prepared[2].bound
+    assert bound == cpsat.lp_bound(model)
+    got, status = choose_plans(graph, fronts, zeros, edges, cap, EXACT, cutoff=bound - 1,
+                               prepared=prepared)
+    assert got is None and status == solving.CUT_OFF
+    ready, _ = choose_plans(graph, fronts, zeros, edges, cap, EXACT,
+                            prepared=solving.relaxed_model(graph, fronts, zeros, edges, cap,
+                                                           EXACT))
+    assert solving.relaxed_model(graph, fronts, zeros, edges, cap, EXACT) is None, \
+        "remembered: nothing to prepare"
+    solving._SOLVED.clear()
+    plain, _ = choose_plans(graph, fronts, zeros, edges, cap, EXACT)
+    assert ready is not None and plain is not None
+    assert (ready.choice, ready.objective_cycles) == (plain.choice, plain.objective_cycles)
+    calls: list[str] = []
+    solving._SOLVED.clear()
+    late, _ = choose_plans(graph, fronts, zeros, edges, cap, EXACT,
+                           more_starts=lambda best: calls.append("starts") or [],
+                           prepare=lambda: calls.append("prepare"))
+    assert calls == ["prepare", "starts"]
+    assert late is not None and late.choice == plain.choice
 
 
 @pytest.mark.parametrize("cap", [160, 220, 290])
