@@ -244,7 +244,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     if trials:
         chosen, relayout, refined = refine_choice(graph, chosen, relayout, chip, dtype, ints,
                                                   search, solver, views, _front_ids(fronts),
-                                                  fixed, trials, progress)
+                                                  fixed, trials, front_limit, progress)
     chosen, relayout = _finished(graph, chosen, relayout, chip, dtype, ints, solver, views,
                                  fixed)
     choices: tuple[tuple[str, int, int], ...] = ()

@@ -52,6 +52,7 @@ from .cpsat import Progress
 from .plan import OpPlan, operand_shapes
 from .search import SearchOptions, region_front
 from .solve import SolverOptions, chosen_memory
+from .space import op_keys, searched
 from .transitions import Views, edge_cost, kept_restores, relayout_cycles
 
 #: the exact pricings per group of ops and sweep (its best-ranked candidates)
@@ -86,12 +87,13 @@ def total_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayou
 def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
                   dtype: str, ints: IntTensors, search: SearchOptions, solver: SolverOptions,
                   views: Views, ids: list[int], fixed: frozenset[int], trials: int,
-                  progress: Progress | None = None
+                  front_limit: int, progress: Progress | None = None
                   ) -> tuple[tuple[OpPlan, ...], list[int], tuple[int, int]]:
     """The module's search over ``chosen`` (``ids``: equal for ops with equal fronts), at most
     ``trials`` exact pricings; ops in ``fixed`` (named by `--plan` constraints) keep their
-    plans; ``progress`` hears of every trial ("refine"). Returns the plans, their re-layouts,
-    and the trials spent with the cycles they saved."""
+    plans; ``progress`` hears of every trial ("refine"); ``front_limit`` is the search's
+    (`space.searched`, whose results it reads). Returns the plans, their re-layouts, and
+    the trials spent with the cycles they saved."""
     cap = solver.sram_cap(chip.sram_bytes_per_core)
     consts = views.const_tensors()
     best = list(chosen)
@@ -108,7 +110,8 @@ def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int],
                 break
             i = members[0]
             if ids[i] not in pools:
-                pools[ids[i]] = _candidates(graph, i, chip, dtype, ints, consts, search, cap)
+                pools[ids[i]] = _candidates(graph, i, chip, dtype, ints, consts, search, cap,
+                                            front_limit)
             current = renamed(best[i], "")
             near = tuple(renamed(best[n], "") for k in members for n in around[k])
             moves = []  # the candidates as moves of the whole group, within the memory limit
@@ -171,10 +174,20 @@ def _groups(graph: Graph, plans: list[OpPlan], relayout: list[int], ids: list[in
 
 
 def _candidates(graph: Graph, i: int, chip: Chip, dtype: str, ints: IntTensors,
-                consts: frozenset[str], search: SearchOptions, cap: int) -> list[OpPlan]:
+                consts: frozenset[str], search: SearchOptions, cap: int, limit: int
+                ) -> list[OpPlan]:
     """Op ``i``'s plans within ``cap`` that are Pareto-optimal in hot bytes, cycles and cores
-    spanned, fastest first."""
+    spanned, fastest first (`search.region_front`). On a mesh they are the search's own
+    (`SearchResult.region`), looked up under the first op alike, which the search was
+    asked for (`space.op_keys`); on a wafer the search ran in forked processes, and working
+    them out again here took 1.5 s."""
     op = graph.ops[i]
+    if chip.is_mesh:
+        keys = op_keys(graph)
+        first = graph.ops[keys.index(keys[i])]
+        found = searched(first, chip, dtype, operand_shapes(graph, first), ints, consts, search,
+                         limit)
+        return [p for p in found.region if p.hot_bytes_per_core <= cap]
     return region_front(op, chip, dtype, operand_shapes(graph, op), ints, consts, search, cap)
 
 

@@ -343,6 +343,9 @@ class SearchResult:
     least_cold: int  # the fewest resident (weight) bytes per core of any plan
     enumerated: int
     wall_s: float
+    #: on a mesh, every plan Pareto-optimal in hot bytes, cycles and cores spanned, fastest
+    #: first (`region_front` with no cap): what `refine` tries, worked out with the front
+    region: tuple[OpPlan, ...] = ()
 
 
 def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
@@ -377,8 +380,9 @@ def search_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     else:
         on_front = _front_of(order, hot, limit)
     least_cold = int(min(int(c.cold.min()) for *_, c, _ in parts))
+    region = tuple(_region(op, chip, parts, np.iinfo(np.int64).max)) if chip.is_mesh else ()
     return SearchResult([make(int(n)) for n in on_front], smallest, least_cold, len(total),
-                        time.perf_counter() - start)
+                        time.perf_counter() - start, region)
 
 
 def region_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
@@ -389,8 +393,14 @@ def region_front(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple
     enumeration's order): among `enumerate_plans`' list so sorted, each plan that no plan
     before it matches or beats in both hot bytes and cores. Computed on arrays, as
     `search_front` is: only these plans are materialised (on wse2, bert-large's costliest op
-    has tens of thousands of plans, 1.4 s to make them all)."""
-    parts = _parts(op, chip, dtype, shapes, int_tensors, const_tensors, opts)
+    has tens of thousands of plans, 1.4 s to make them all). A mesh's search has the
+    uncapped list already (`SearchResult.region`): this is its plans within ``cap``, the
+    same ones (a plan within the cap is beaten only by plans within it)."""
+    return _region(op, chip, _parts(op, chip, dtype, shapes, int_tensors, const_tensors, opts),
+                   cap)
+
+
+def _region(op: TensorExpr, chip: Chip, parts: list, cap: int) -> list[OpPlan]:
     if not parts:
         return []
     hot = np.concatenate([c.hot for *_, c, _ in parts])

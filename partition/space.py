@@ -98,7 +98,7 @@ def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_
     for op, key in zip(graph.ops, op_keys(graph)):
         if key not in cache:
             shapes = operand_shapes(graph, op)
-            found = _searched(op, chip, dtype, shapes, ints, consts, search, front_limit)
+            found = searched(op, chip, dtype, shapes, ints, consts, search, front_limit)
             plans = [dataclasses.replace(p, op=op.name) for p in found.front]
             weighted = any(o.tensor in consts for o in op.inputs)
             if search.weights_home and weighted:  # an op without weights has none to fetch
@@ -166,7 +166,7 @@ def prefetch(graph: Graph, chip: Chip, dtype: str, searches: list[SearchOptions]
     _FOUND.update(zip(todo, fronts))
 
 
-def _searched(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
+def searched(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
               ints: IntTensors, consts: frozenset[str], search: SearchOptions,
               limit: int) -> SearchResult:
     """`search.search_front`, remembered under everything it reads (plans are renamed by

@@ -673,13 +673,14 @@ def test_the_refine_candidates_are_the_enumerated_plans_pareto_front(model: str,
                                                                       chip: str) -> None:
     """`search.region_front`, on arrays, is its definition on every plan materialised:
     `enumerate_plans` within the SRAM cap, sorted by cycles, hot bytes and cores (stable),
-    each kept where no plan before it has at most its hot bytes and at most its cores."""
+    each kept where no plan before it has at most its hot bytes and at most its cores; on a
+    mesh the search's uncapped list (`SearchResult.region`) within the cap is the same."""
     import math
 
     from t10c.driver import chip_graph, load_source
     from t10c.partition import enumerate_plans
     from t10c.partition.plan import operand_shapes
-    from t10c.partition.search import SearchOptions, region_front
+    from t10c.partition.search import SearchOptions, region_front, search_front
     from t10c.partition.space import tensor_sets
 
     target = MESH64 if chip == "mesh64" else PRESETS[chip]
@@ -708,5 +709,10 @@ def test_the_refine_candidates_are_the_enumerated_plans_pareto_front(model: str,
                            and math.prod(q.F) <= math.prod(p.F) for q in front):
                     front.append(p)
             assert region_front(op, target, "fp16", shapes, ints, consts, opts, cap) == front
+            if target.is_mesh:  # the search's own list, uncapped, then within the cap
+                found = search_front(op, target, "fp16", shapes, ints, consts, opts, 16)
+                assert [p for p in found.region if p.hot_bytes_per_core <= cap] == front
+            else:
+                assert not search_front(op, target, "fp16", shapes, ints, consts, opts).region
             checked += 1
     assert checked >= 9
