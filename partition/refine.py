@@ -43,7 +43,9 @@ tori has the figures of both)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
+from t10c import forked
 from t10c.chips import Chip
 from t10c.dtypes import IntTensors
 from t10c.ir import Graph
@@ -198,23 +200,35 @@ def _ranked(graph: Graph, i: int, moves: list[tuple[OpPlan, list[OpPlan]]],
     ``plans`` in op ``i``'s group by it): by op ``i``'s own cycles plus the estimated
     re-layouts of its inputs from their producers and of its result to its consumers (an
     edge the solver would refuse, an aligned consumer's, counts nothing: the routes
-    decide)."""
+    decide). Each move's estimate is its own: on a chip of wafer size they are worked out in
+    forked processes (`t10c.forked`), a move a piece."""
     if not moves:
         return []
     pool = [trial[i] for _, trial in moves]
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
-    estimate = [p.cycles.total for p in pool]
-    for slot, operand in enumerate(graph.ops[i].inputs):
-        j = producer.get(graph.root(operand.tensor))
-        if j is not None:
-            row = edge_cost(graph, j, i, slot, [plans[j]], pool, chip, dtype, ints, views,
-                            extents=True)[0]
-            estimate = [e + (c or 0) for e, c in zip(estimate, row)]
-    for k, op in enumerate(graph.ops):
-        for slot, operand in enumerate(op.inputs):
-            if producer.get(graph.root(operand.tensor)) == i:
-                col = edge_cost(graph, i, k, slot, pool, [plans[k]], chip, dtype, ints, views,
-                                extents=True)
-                estimate = [e + (c[0] or 0) for e, c in zip(estimate, col)]
+
+    def estimated(some: list[OpPlan]) -> list[int]:
+        estimate = [p.cycles.total for p in some]
+        for slot, operand in enumerate(graph.ops[i].inputs):
+            j = producer.get(graph.root(operand.tensor))
+            if j is not None:
+                row = edge_cost(graph, j, i, slot, [plans[j]], some, chip, dtype, ints, views,
+                                extents=True)[0]
+                estimate = [e + (c or 0) for e, c in zip(estimate, row)]
+        for k, op in enumerate(graph.ops):
+            for slot, operand in enumerate(op.inputs):
+                if producer.get(graph.root(operand.tensor)) == i:
+                    col = edge_cost(graph, i, k, slot, some, [plans[k]], chip, dtype, ints,
+                                    views, extents=True)
+                    estimate = [e + (c[0] or 0) for e, c in zip(estimate, col)]
+        return estimate
+
+    jobs = forked.jobs_for(chip.cores * len(pool))
+    if jobs > 1:
+        estimate = [e for got in forked.map_forked(lambda p: estimated([p]), pool,
+                                                   [math.prod(p.F) for p in pool], jobs)
+                    for e in got]
+    else:
+        estimate = estimated(pool)
     order = sorted(range(len(pool)), key=lambda n: (estimate[n], n))
     return [moves[n] for n in order[:PER_GROUP]]
