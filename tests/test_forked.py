@@ -75,8 +75,9 @@ def test_jobs_come_from_the_environment(monkeypatch, capsys) -> None:
 
 
 def test_edges_priced_in_two_processes_are_those_priced_in_one(monkeypatch) -> None:
-    """On a mesh, with the threshold lowered so that its edges are shared: the plan, its
-    re-layouts and its cycles are those of the same compile in one process."""
+    """On a mesh, with the threshold lowered so that its edges (and its searches, and the
+    ranking of refine's moves) are shared: the plan, its re-layouts and its cycles are those
+    of the same compile in one process."""
     from t10c.partition import space, transitions
 
     chip = chip_from_dict({"base": "wse2", "name": "mesh8x12-forked", "grid": [8, 12],
@@ -87,8 +88,11 @@ def test_edges_priced_in_two_processes_are_those_priced_in_one(monkeypatch) -> N
 
     def counted(fn, pieces, costs, n):  # type: ignore[no-untyped-def]
         calls.append(n)
+        if n > 1 and fn.__qualname__.startswith("_ranked"):
+            ranked.append(len(pieces))
         return shared(fn, pieces, costs, n)
 
+    ranked: list[int] = []
     monkeypatch.setattr(forked, "map_forked", counted)
     plans = []
     for jobs in ("1", "2"):
@@ -99,6 +103,7 @@ def test_edges_priced_in_two_processes_are_those_priced_in_one(monkeypatch) -> N
         plan = compile_model(model, chip, CompileOptions(dtype="fp32")).plan
         plans.append((plan.ops, plan.relayout_cycles, plan.total_cycles))
     assert 1 in calls and 2 in calls
+    assert ranked, "refine's moves were ranked in forked processes"
     assert plans[0] == plans[1]
 
 
