@@ -35,7 +35,7 @@ from t10c.digest import digest_of
 from t10c.dtypes import dtype_bytes, on_chip_dtype
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, distinct_rows, map_to_root
-from t10c.multicast import prefer_multicast
+from t10c.multicast import distinct, prefer_multicast
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import fetches_epilogue_weights, idle_cores, spread_owner
@@ -802,7 +802,7 @@ class _Builder:
                 early.append((m - n, i, self.buffers[bid].elems if own else None,
                               self.buffers[bid].dtype))
         self.cache[key] = self.sink.since(mark, _Cached(  # type: ignore[union-attr]
-            buf.elems, buf.dtype, place.core, place.off, np.unique(place.core),
+            buf.elems, buf.dtype, place.core, place.off, distinct(place.core),
             early=tuple(early)))
 
     def generate_op(self, n: int, op: TensorExpr) -> None:
