@@ -299,9 +299,19 @@ def tree_pairs(p: Pattern, here: np.ndarray
             p.pat.astype(np.int64)[row])
 
 
-def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:
-    """(source core, row, elements) per row and distinct source core of its pattern (and,
-    ``with_tree``, the number of that (pattern, source core) pair)."""
+def grouped_trees(p: Pattern, here: np.ndarray) -> tuple[int, tuple[np.ndarray, ...]]:
+    """`tree_pairs`' exchange as its trees and their groups' destinations, not multiplied
+    out: the (tree, destination) entries it would have, and (per tree its group, source core
+    and elements; per row its group and core), `t10c.multicast.grouped_relay`'s arguments."""
+    k_pat, k_src, total, first = _pattern_sources(p)
+    entries = int(np.diff(first)[p.pat.astype(np.int64)].sum())
+    return entries, (k_pat, k_src, total, p.pat.astype(np.int64),
+                     np.asarray(here, dtype=np.int64))
+
+
+def _pattern_sources(p: Pattern) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per pattern and distinct source core of its runs (sorted by pattern, then core): the
+    pattern, the core, the elements it takes; and where each pattern's pairs start."""
     runs = p.runs.astype(np.int64)
     owner = np.repeat(np.arange(p.patterns, dtype=np.int64), np.diff(p.start))
     keep = runs[:, 0] >= 0
@@ -311,7 +321,13 @@ def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:
     key, inverse = np.unique(owner * base + src, return_inverse=True)
     total = np.bincount(inverse.reshape(-1), weights=length, minlength=len(key)).astype(np.int64)
     k_pat, k_src = key // base, key % base
-    first = np.searchsorted(k_pat, np.arange(p.patterns + 1))
+    return k_pat, k_src, total, np.searchsorted(k_pat, np.arange(p.patterns + 1))
+
+
+def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:
+    """(source core, row, elements) per row and distinct source core of its pattern (and,
+    ``with_tree``, the number of that (pattern, source core) pair)."""
+    _, k_src, total, first = _pattern_sources(p)
     pat = p.pat.astype(np.int64)
     per = np.diff(first)[pat]  # pairs of each row
     check_pairs(int(per.sum()), p.rows)

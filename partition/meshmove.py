@@ -33,8 +33,10 @@ from t10c.chips import Chip
 from t10c.digest import digest_arrays
 from t10c.ir import Graph, distinct_rows, ranges
 from t10c.multicast import (
+    EXPANDED_ENTRIES,
     Relay,
     check_pairs,
+    grouped_relay,
     multicast_routes,
     phase_cycles,
     remember_ways,
@@ -223,6 +225,10 @@ def _moved(chip: Chip, owner: np.ndarray, flat: np.ndarray, valid: np.ndarray,
     per_row = np.bincount(inverse, minlength=len(flat))
     start = np.concatenate([[0], np.cumsum(per_row)])
     n = per_row[k_row]
+    if int(n.sum()) > EXPANDED_ENTRIES:  # relayed, never spelt out (codegen's rule too)
+        relay = grouped_relay(chip, k_row, k_src, count * nbytes, inverse[order],
+                              phys.astype(np.int64)[order])
+        return Moved(np.arange(len(relay.gather[0])), *relay.gather, False, relay.spread)
     check_pairs(int(n.sum()), len(phys), "the planner cannot price its re-layout on this "
                 "machine; a shorter --seq-len or a smaller --batch needs fewer")
     # a tree's entries are its row's destinations in order; each array made once (a

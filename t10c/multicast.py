@@ -635,18 +635,52 @@ def relay_stages(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     group as unicasts and sends them on as one tree."""
     tree, src, dst, nbytes, group = (np.asarray(a, dtype=np.int64).ravel()
                                      for a in np.broadcast_arrays(tree, src, dst, nbytes, group))
-    rows, cols = chip.grid
-    torus = chip.topology == "torus2d"
     _, first = distinct(tree, first=True)  # one entry per tree: its group and source
     t_group, t_src, t_bytes = group[first], src[first], nbytes[first]
     g_ids, t_g = np.unique(t_group, return_inverse=True)
     t_g = t_g.reshape(-1)
-    ng = len(g_ids)
+    p_g, p_dst = _group_destinations(tree, dst, group, g_ids, t_g, first, chip.cores)
+    return _relay(chip, t_g, t_src, t_bytes, p_g, p_dst, len(g_ids))
+
+
+#: (tree, destination) entries above which an exchange is never spelt out entry by entry:
+#: it goes relayed, built from its trees and its groups' destinations alone
+#: (`grouped_relay`), whichever way would be faster. A broadcast of a few distinct tiles, each
+#: from hundreds of source cores, to hundreds of thousands of cores is billions of bytes
+#: spelt out (LLaMA-3-8B's LM head in a 64-token prefill on wse2: 175 M entries, 53 GiB to
+#: route), and a few hundred thousand relayed. The largest exchange of a decode step on
+#: wse2 has 29 M, decided as before
+EXPANDED_ENTRIES = 1 << 25
+
+
+def grouped_relay(chip: Chip, t_group: np.ndarray, t_src: np.ndarray, t_bytes: np.ndarray,
+                  p_group: np.ndarray, p_dst: np.ndarray) -> Relay:
+    """`relay_stages` of an exchange given as its trees, per tree its group, source core and
+    bytes, and its groups' destinations, per (group, destination core) pair (each group's
+    trees go to all of its destinations, and no two groups share one: codegen's patterns,
+    the planner's distinct tiles): the same stages, the trees never multiplied out by their
+    destinations. Destinations of a group without trees are left out."""
+    t_group, t_src, t_bytes, p_group, p_dst = (np.asarray(a, dtype=np.int64).ravel()
+                                               for a in (t_group, t_src, t_bytes, p_group,
+                                                         p_dst))
+    g_ids, t_g = np.unique(t_group, return_inverse=True)
+    at = np.searchsorted(g_ids, p_group)
+    has = (at < len(g_ids)) & (g_ids[np.minimum(at, len(g_ids) - 1)] == p_group)
+    pair = distinct(at[has] * chip.cores + p_dst[has])
+    return _relay(chip, t_g.reshape(-1), t_src, t_bytes, pair // chip.cores,
+                  pair % chip.cores, len(g_ids))
+
+
+def _relay(chip: Chip, t_g: np.ndarray, t_src: np.ndarray, t_bytes: np.ndarray,
+           p_g: np.ndarray, p_dst: np.ndarray, ng: int) -> Relay:
+    """The stages, from each tree's group number (0 .. ``ng`` - 1), source and bytes, and
+    each group's destinations (``p_g``, ``p_dst``: every group has some)."""
+    rows, cols = chip.grid
+    torus = chip.topology == "torus2d"
     sr, sc = np.divmod(t_src, cols)
     per = np.bincount(t_g, minlength=ng)
     mean_r = np.bincount(t_g, weights=sr, minlength=ng) / per
     mean_c = np.bincount(t_g, weights=sc, minlength=ng) / per
-    p_g, p_dst = _group_destinations(tree, dst, group, g_ids, t_g, first, chip.cores)
     dr, dc = np.divmod(p_dst, cols)
     far = (leg(np.rint(mean_c[p_g]).astype(np.int64), dc, cols, torus)[1]
            + leg(np.rint(mean_r[p_g]).astype(np.int64), dr, rows, torus)[1])

@@ -519,3 +519,72 @@ def test_a_relay_finds_each_groups_destinations_from_its_first_tree() -> None:
         assert np.array_equal(got[1], every % MESH64.cores)
         relay = multicast.relay_stages(MESH64, tree, src, dst, nbytes, group)
         assert len(relay.spread[0]) == len(every) - len(g_ids)  # (the relays keep theirs)
+
+
+def test_a_grouped_relay_is_the_relay_of_its_spelt_out_trees() -> None:
+    """`grouped_relay` from the trees and each group's destinations gives the stages
+    `relay_stages` gives from every (tree, destination) entry: the same gather, the same
+    spread (as sets of transfers: their order and the trees' numbers do not route), the
+    same cycles; destinations of a group without trees are left out."""
+    rng = np.random.default_rng(11)
+    trees, pairs, entries = [], [], []
+    for g in range(7):
+        cores = rng.choice(MESH64.cores, size=int(rng.integers(2, 60)), replace=False)
+        pairs += [(g, d) for d in cores]
+        if g == 4:
+            continue  # a group no tree goes to
+        for s in rng.choice(MESH64.cores, size=int(rng.integers(1, 9)), replace=False):
+            nbytes = int(rng.integers(1, 64))
+            trees.append((g, s, nbytes))
+            entries += [(len(trees), s, d, nbytes, g) for d in cores]
+    tree, src, dst, nbytes, group = np.array(entries).T
+    spelt = multicast.relay_stages(MESH64, tree, src, dst, nbytes, group)
+    t_group, t_src, t_bytes = np.array(trees).T
+    p_group, p_dst = np.array(pairs)[rng.permutation(len(pairs))].T
+    got = multicast.grouped_relay(MESH64, t_group, t_src, t_bytes, p_group, p_dst)
+
+    def transfers(stage: tuple[np.ndarray, ...], skip: int) -> list[tuple[int, ...]]:
+        return sorted(zip(*(a.tolist() for a in stage[skip:])))
+
+    assert transfers(got.gather, 0) == transfers(spelt.gather, 0)
+    assert transfers(got.spread, 1) == transfers(spelt.spread, 1)
+    assert relay_cycles(MESH64, got) == relay_cycles(MESH64, spelt)
+
+
+@pytest.mark.parametrize("chip", [MESH64, RECT], ids=["64x64", "24x40"])
+def test_exchanges_too_large_to_spell_out_go_relayed_and_exact(monkeypatch, chip) -> None:
+    """With `EXPANDED_ENTRIES` lowered so that every multicast exchange is above it, the
+    planner, codegen and the emulator all relay them from their groups (`grouped_relay`),
+    never multiplying trees by destinations: llama-tiny-decode still computes onnxruntime's
+    numbers, and every op's re-layout is predicted as emulated."""
+    from t10c.codegen import lower
+    from t10c.emulator import timing
+    from t10c.partition import meshmove
+
+    spelt: list[int] = []
+    real = multicast.relay_stages
+
+    def watched(*args, **kwargs):  # type: ignore[no-untyped-def]
+        spelt.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(multicast, "relay_stages", watched)
+    grouped: list[int] = []
+    real_grouped = multicast.grouped_relay
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        grouped.append(1)
+        return real_grouped(*args, **kwargs)
+
+    for module in (meshmove, lower, timing):
+        monkeypatch.setattr(module, "EXPANDED_ENTRIES", 0)
+    for module in (meshmove, timing):
+        monkeypatch.setattr(module, "grouped_relay", counted)
+    monkeypatch.setattr(meshmove, "_PHASES", {})
+    c = compile_model("llama-tiny-decode", chip)
+    r = run_compiled(c)
+    assert r.ok, r.max_rel_err
+    exchanges = [i for i in c.program.instrs if isinstance(i, Exchange)]
+    assert any(e.multicast for e in exchanges)
+    assert grouped and not spelt
+    assert list(c.plan.relayout_cycles) == _emulated_relayout(c, r)
