@@ -281,10 +281,19 @@ def chip_pair_counts(p: Pattern, here: np.ndarray, per_chip: int, chips: int
 
 def received(p: Pattern, here: np.ndarray) -> np.ndarray:
     """Elements row r (on core ``here[r]``) receives from other cores: padding and local
-    copies left out."""
-    src, row, count = _row_pairs(p)
-    remote = src != np.asarray(here, dtype=np.int64)[row]
-    return np.bincount(row[remote], weights=count[remote], minlength=p.rows).astype(np.int64)
+    copies left out. Its pattern's elements less those on its own core, looked up per row,
+    never per (row, source core) pair (a wafer's broadcast has tens of millions)."""
+    k_pat, k_src, total, _ = _pattern_sources(p)
+    if not len(k_pat):  # padding only
+        return np.zeros(p.rows, dtype=np.int64)
+    pat = p.pat.astype(np.int64)
+    here = np.asarray(here, dtype=np.int64)
+    whole = np.bincount(k_pat, weights=total, minlength=p.patterns).astype(np.int64)
+    base = int(max(k_src.max(), here.max(initial=0))) + 1
+    keys = k_pat * base + k_src  # sorted, as `_pattern_sources` gives them
+    want = pat * base + here
+    at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+    return whole[pat] - np.where(keys[at] == want, total[at], 0)
 
 
 def tree_pairs(p: Pattern, here: np.ndarray

@@ -1,7 +1,8 @@
 """The planner's fast paths against their plain definitions: the element-wise re-layout counts
 (`transitions.remote_counts`) against counting each core's box by hand, and the per-compile
 memo of re-layout prices (`transitions.Views`) against pricing afresh; codegen's spread
-weights' pattern (`codegen.pattern.spread_pattern`) against encoding their table; the
+weights' pattern (`codegen.pattern.spread_pattern`) against encoding their table, and the
+elements each row receives (`codegen.pattern.received`) against its pairs counted; the
 array helpers (`ir.ranges`, `ir.last_product`, `ir.row_keys`, `place.grid_coords`) and a
 plan's per-core index arithmetic (`plan.Geometry`) against numpy's whole-array forms."""
 
@@ -81,6 +82,31 @@ def test_spread_weights_pattern_is_the_encoded_table(numel, rows, data) -> None:
     for field in ("pat", "start", "runs"):
         w, g = getattr(want, field), getattr(got, field)
         assert (w.dtype, w.shape) == (g.dtype, g.shape) and (w == g).all(), field
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 12), st.integers(1, 8), st.data())
+def test_received_elements_are_the_rows_pairs_counted(rows, width, cores, data) -> None:
+    """`codegen.pattern.received` looks each row's own core up in its pattern's sources
+    (never listing every (row, source core) pair): the same counts as summing those pairs,
+    padding and local copies left out; and `grouped_trees` counts the pairs `tree_pairs`
+    lists."""
+    from t10c.codegen.pattern import _row_pairs, from_table, grouped_trees, received, tree_pairs
+
+    core = np.array(data.draw(st.lists(st.integers(-1, cores - 1), min_size=rows * width,
+                                       max_size=rows * width)), dtype=np.int32)
+    core = core.reshape(rows, width)
+    off = np.array(data.draw(st.lists(st.integers(0, 40), min_size=rows * width,
+                                      max_size=rows * width)), dtype=np.int32)
+    off = np.where(core >= 0, off.reshape(rows, width), -1).astype(np.int32)
+    here = np.array(data.draw(st.lists(st.integers(0, cores + 1), min_size=rows,
+                                       max_size=rows)), dtype=np.int64)
+    p = from_table(core, off)
+    src, row, count = _row_pairs(p)
+    remote = src != here[row]
+    want = np.bincount(row[remote], weights=count[remote], minlength=rows).astype(np.int64)
+    assert np.array_equal(received(p, here), want)
+    assert grouped_trees(p, here)[0] == len(tree_pairs(p, here)[0])
 
 
 @settings(max_examples=100, deadline=None)
