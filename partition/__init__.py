@@ -170,7 +170,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     solves = len(spaces) + 1  # the baselines' solves, then the solve itself, share a display
     spent: list[float] = []  # every solve's deterministic time
 
-    prepared: dict[int, Relaxed | None] = {}
+    prepared: dict[int, _Prepared] = {}
 
     def prepare_baselines() -> None:
         """Each baseline's full model built and relaxed, for `baseline_starts`."""
@@ -551,33 +551,38 @@ def _baseline_model(chip: Chip, own: Space, where: list[list[int]], edges: list[
                     for e in edges]
 
 
+#: a baseline's own fronts and edges (`_baseline_model`), and its full model relaxed
+_Prepared = tuple[tuple[list[list[OpPlan]], list[Edge]] | None, Relaxed | None]
+
+
 def _baseline_relaxed(graph: Graph, chip: Chip, own: Space, where: list[list[int]],
-                      edges: list[Edge], solver: SolverOptions) -> Relaxed | None:
-    """The full model a baseline's solve builds and relaxes first (`solve.relaxed_model`),
-    for `_baseline_choice`'s ``prepared``."""
+                      edges: list[Edge], solver: SolverOptions) -> _Prepared:
+    """A baseline's fronts and edges, and the full model its solve builds and relaxes first
+    (`solve.relaxed_model`), for `_baseline_choice`'s ``prepared``."""
     inputs = _baseline_model(chip, own, where, edges, solver)
     if inputs is None:
-        return None
+        return None, None
     fronts, sub = inputs
-    return relaxed_model(graph, fronts, [[0] * len(f) for f in fronts], sub,
-                         chip.sram_bytes_per_core, solver, write_back=chip.has_dram)
+    return inputs, relaxed_model(graph, fronts, [[0] * len(f) for f in fronts], sub,
+                                 chip.sram_bytes_per_core, solver, write_back=chip.has_dram)
 
 
 def _baseline_choice(graph: Graph, chip: Chip, own: Space, where: list[list[int]],
                      edges: list[Edge], solver: SolverOptions, progress: Progress | None,
                      spent: list[float], cutoff: int | None = None,
-                     prepared: Relaxed | None = None) -> tuple[int, ...] | None:
+                     prepared: _Prepared | None = None) -> tuple[int, ...] | None:
     """The choice a baseline's own compile makes (the same fronts, edges, options and seed,
     so the same model and the same answer), or None where it does not fit or its full
     model's LP bound is above ``cutoff`` (`solve.choose_plans`; ``prepared`` by
     `_baseline_relaxed`)."""
-    inputs = _baseline_model(chip, own, where, edges, solver)
+    inputs, relaxed = prepared if prepared is not None else \
+        (_baseline_model(chip, own, where, edges, solver), None)
     if inputs is None:
         return None
     fronts, sub = inputs
     result, _ = choose_plans(graph, fronts, [[0] * len(f) for f in fronts], sub,
                              chip.sram_bytes_per_core, solver, progress,
-                             write_back=chip.has_dram, cutoff=cutoff, prepared=prepared)
+                             write_back=chip.has_dram, cutoff=cutoff, prepared=relaxed)
     if result is None:
         return None
     spent.append(result.deterministic_s)

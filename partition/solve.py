@@ -599,8 +599,7 @@ def choose_plans(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[lis
     if more_starts is not None:  # (late starts are not part of a look-up key)
         return _choose(terms, fronts, relayout_in, edges, sram_bytes, opts, progress, starts,
                        start, more_starts=more_starts, prepare=prepare, prepared=prepared)
-    key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
-           sram_bytes, opts, tuple(map(tuple, starts)))
+    key = _solved_key(terms, fronts, relayout_in, edges, sram_bytes, opts, starts)
     if key in _SOLVED:  # the same model again (a baseline's, solved inside t10's compile)
         if progress:  # shown as a solve that ends at once
             whole = 1 if opts.planner == "greedy" else max(int(opts.time_limit_s * 1000), 1)
@@ -625,6 +624,20 @@ CUT_OFF = "CUT_OFF"
 #: late starts (`choose_plans`' ``more_starts``): given the best objective known (or None),
 #: the known choices that may be below it
 MoreStarts = Callable[[int | None], Sequence[tuple[int, ...]]]
+def _solved_key(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
+                edges: list[Edge], sram_bytes: int, opts: SolverOptions,
+                starts: Sequence[tuple[int, ...]]) -> tuple:
+    """Everything a solve's choice depends on (`_SOLVED`'s key)."""
+    return (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
+            sram_bytes, opts, tuple(map(tuple, starts)))
+
+
+def _tie(fronts: list[list[OpPlan]], arrays: _Arrays, edges: list[Edge]) -> list[int]:
+    """The ops' tie classes (`tie.tie_classes`): repeated layers share one."""
+    return tie_classes(fronts, [a.tolist() for a in arrays.cycles],
+                       [(e.src, e.dst, e.slot, e.cost) for e in edges])
+
+
 #: a full model built, its variables, and its LP relaxation solved (`relaxed_model`)
 Relaxed = tuple[cp_model.CpModel, "_Choice", "cpsat.Relaxation | None"]
 
@@ -638,17 +651,13 @@ def relaxed_model(graph: Graph, fronts: list[list[OpPlan]], relayout_in: list[li
     if opts.planner == "greedy":
         return None
     terms = liveness(graph, write_back)
-    key = (terms, tuple(map(tuple, fronts)), tuple(map(tuple, relayout_in)), tuple(edges),
-           sram_bytes, opts, ())
-    if key in _SOLVED:
+    if _solved_key(terms, fronts, relayout_in, edges, sram_bytes, opts, ()) in _SOLVED:
         return None
     arrays = _Arrays(fronts, relayout_in)
-    tie = tie_classes(fronts, [a.tolist() for a in arrays.cycles],
-                      [(e.src, e.dst, e.slot, e.cost) for e in edges])
+    tie = _tie(fronts, arrays, edges)
     if len(set(tie)) == len(tie):
         return None
-    cap = int(sram_bytes * (1 - opts.reserve_fraction))
-    model, x = build_model(terms, fronts, arrays, edges, cap, None)
+    model, x = build_model(terms, fronts, arrays, edges, opts.sram_cap(sram_bytes), None)
     return model, x, cpsat.relax(model)
 
 
@@ -667,7 +676,7 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
             prepared: Relaxed | None = None) -> tuple[SolverResult | None, str]:
     """`choose_plans` without its memory of earlier solves."""
     arrays = _Arrays(fronts, relayout_in)
-    cap = int(sram_bytes * (1 - opts.reserve_fraction))
+    cap = opts.sram_cap(sram_bytes)
     # the greedy walks each op's own front: neither warm-up twins nor aligned plans
     base = [sum(p.aligned < 0 and (not p.home or all(r.home for r in f)) for p in f)
             for f in fronts]
@@ -707,8 +716,7 @@ def _choose(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[li
                             warm_obj, greedy_choice=greedy_choice), "FEASIBLE"
     whole = max(int(opts.time_limit_s * 1000), 1)
     used = 0.0
-    tie = tie_classes(fronts, [a.tolist() for a in arrays.cycles],
-                      [(e.src, e.dst, e.slot, e.cost) for e in edges])
+    tie = _tie(fronts, arrays, edges)
     repeats = len(set(tie)) < len(tie)
     # the full model's LP bounds every choice (a reduced model's bound does not): a known
     # choice it proves within the gap needs no solve at all (bert-base: a baseline's)
