@@ -46,6 +46,23 @@ def test_a_loaded_plan_writes_the_same_file(compiled, tmp_path: Path) -> None:
     assert (tmp_path / "plan.json").read_bytes() == (tmp_path / "again.json").read_bytes()
 
 
+def test_files_are_written_indented_with_lists_of_numbers_on_one_line(compiled) -> None:
+    """`planfile.dumps` is the document `json.dumps(indent=1, sort_keys=True)` writes, laid out
+    the same but for lists of scalars (or of lists of scalars), each on one line: a core
+    map's runs, an op's axes."""
+    from t10c.planfile import dumps
+
+    tricky = {"b": [[1, 2], [3, [4, 5]]], "a": [{"z": None, "y": [1.5, True, "s"]}],
+              "c": [], "d": {}, "e": [[], [7]], "f": "x"}
+    for doc in (plan_document(compiled), tricky):
+        text = dumps(doc)
+        assert json.loads(text) == json.loads(json.dumps(doc, indent=1, sort_keys=True))
+    assert dumps(tricky) == "\n".join([
+        "{", ' "a": [', "  {", '   "y": [1.5, true, "s"],', '   "z": null', "  }", " ],",
+        ' "b": [', "  [1, 2],", "  [3, [4, 5]]", " ],", ' "c": [],', ' "d": {},',
+        ' "e": [[], [7]],', ' "f": "x"', "}"])
+
+
 def test_a_broken_plan_file_is_refused(compiled, tmp_path: Path) -> None:
     doc = plan_document(compiled)
     path = tmp_path / "plan.json"
