@@ -145,7 +145,7 @@ def test_compile_run_writes_plan_and_run(capsys: pytest.CaptureFixture[str],
     assert "plan.json" in out and "run.json" in out
 
     plan = json.loads((out_dir / "plan.json").read_text())
-    assert plan["format"] == "t10c-plan/1"
+    assert plan["format"] == "t10c-plan/2"
     assert PLAN_KEYS <= set(plan)
     assert (plan["model"], plan["chip"], plan["dtype"]) == ("mlp", "test16", "fp32")
     assert plan["cores"] == PRESETS["test16"].cores

@@ -46,6 +46,38 @@ def test_a_loaded_plan_writes_the_same_file(compiled, tmp_path: Path) -> None:
     assert (tmp_path / "plan.json").read_bytes() == (tmp_path / "again.json").read_bytes()
 
 
+def test_core_maps_are_runs_of_one_step_each(tmp_path: Path) -> None:
+    """An aligned plan's core map is written as runs of one step (`_runs`), ``[first, count]``
+    where the step is 1: read back, every map is the one written; and a ``t10c-plan/1`` file,
+    whose runs are all of consecutive cores, still loads as the same plan (llama-tiny-decode
+    on an 8 x 8 mesh: five aligned plans)."""
+    import random
+
+    from t10c.chips import chip_from_dict
+    from t10c.planfile import _runs, _unruns
+
+    rng = random.Random(3)
+    maps = [(), (5,), (1, 2, 3, 7, 9, 11, 20), tuple(range(40, 0, -3)),
+            *(tuple(rng.sample(range(500), rng.randint(1, 60))) for _ in range(200))]
+    for cores in maps:
+        runs = _runs(cores)
+        assert _unruns(runs) == cores
+        assert all(len(r) == 2 or (r[1] > 1 and r[2] != 1) for r in runs)
+    assert _runs((1, 2, 3, 7, 9, 11, 20)) == [[1, 3], [7, 3, 2], [20, 1]]
+    mesh = chip_from_dict({"base": "wse2", "name": "mesh8", "grid": [8, 8], "cores": 64,
+                           "sram_bytes_per_core": 1 << 20})
+    aligned = compile_model("llama-tiny-decode", mesh)
+    doc = plan_document(aligned)
+    maps = [o for o in doc["ops"] if o["core_map"] is not None]
+    assert maps
+    for o in maps:  # as the first format wrote them: runs of consecutive cores only
+        o["core_map"] = [[c, 1] for c in _unruns(o["core_map"]) or ()]
+    doc["format"] = "t10c-plan/1"
+    write_json(tmp_path / "old.json", doc)
+    write_json(tmp_path / "new.json", plan_document(aligned))
+    assert load_plan(tmp_path / "old.json") == load_plan(tmp_path / "new.json")
+
+
 def test_files_are_written_indented_with_lists_of_numbers_on_one_line(compiled) -> None:
     """`planfile.dumps` is the document `json.dumps(indent=1, sort_keys=True)` writes, laid out
     the same but for lists of scalars (or of lists of scalars), each on one line: a core
@@ -70,7 +102,7 @@ def test_a_broken_plan_file_is_refused(compiled, tmp_path: Path) -> None:
     with pytest.raises(PlanFileError, match="cannot read"):
         load_plan(path)
     path.write_text(json.dumps({**doc, "format": "t10c-plan/0"}))
-    with pytest.raises(PlanFileError, match="is not a t10c-plan/1 file"):
+    with pytest.raises(PlanFileError, match="is not a t10c-plan/2 file"):
         load_plan(path)
     del doc["ops"][0]["drivers"]
     path.write_text(json.dumps(doc))
