@@ -1,6 +1,6 @@
-"""The on-disk formats: ``plan.json`` (format "t10c-plan/1"), ``run.json``, and the plans a
-user gives back with ``t10c compile --plan FILE`` (`load_plan_arg`: a plan.json to replay, or a
-constraints file, TOML or JSON).
+"""The on-disk formats: ``plan.json`` (format "t10c-plan/2"; "t10c-plan/1" is read too),
+``run.json``, and the plans a user gives back with ``t10c compile --plan FILE``
+(`load_plan_arg`: a plan.json to replay, or a constraints file, TOML or JSON).
 
 ``plan.json`` is meant for other tools; its fields are documented in the README ("Files").
 Keys are sorted and numbers are integers except where a field says seconds, and wall times are
