@@ -35,7 +35,7 @@ from t10c.digest import digest_of
 from t10c.dtypes import dtype_bytes, on_chip_dtype
 from t10c.elementwise import COMBINES
 from t10c.ir import Graph, TensorExpr, distinct_rows, map_to_root
-from t10c.multicast import EXPANDED_ENTRIES, distinct, prefer_multicast
+from t10c.multicast import distinct, prefer_multicast
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
 from t10c.partition.cost import fetches_epilogue_weights, idle_cores, spread_owner
@@ -49,10 +49,9 @@ from .pattern import (
     Pattern,
     encode,
     from_table,
-    grouped_trees,
+    multicast_trees,
     received,
     spread_pattern,
-    tree_pairs,
 )
 from .program import (
     Alloc,
@@ -355,10 +354,11 @@ class _Builder:
         key = (id(pattern), digest_of(np.ascontiguousarray(geo.phys)), itemsize)
         hit = self.mcast.get(key)
         if hit is None:
-            if grouped_trees(pattern, geo.phys)[0] > EXPANDED_ENTRIES:
-                hit = (pattern, True)  # relayed, never spelt out (`grouped_relay`)
+            spelt, _ = multicast_trees(pattern, geo.phys)
+            if spelt is None:  # relayed from its groups
+                hit = (pattern, True)
             else:
-                tree, src, dst, count, group = tree_pairs(pattern, geo.phys)
+                tree, src, dst, count, group = spelt
                 hit = (pattern, prefer_multicast(self.chip, tree, src, dst, count * itemsize,
                                                  group))
             self.mcast[key] = hit

@@ -32,7 +32,7 @@ import numpy as np
 
 from t10c.dtypes import ceil_div
 from t10c.ir import ranges
-from t10c.multicast import check_pairs
+from t10c.multicast import EXPANDED_ENTRIES, check_pairs
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,12 @@ def tree_pairs(p: Pattern, here: np.ndarray
     source core) is one tree to the cores of those rows (`t10c.multicast`), and the trees of
     a pattern are one group (`t10c.multicast.relayed`). Padding is left out; a destination
     that is its tree's source is kept (it receives nothing)."""
-    src, row, count, tree = _row_pairs(p, with_tree=True)
+    return _tree_pairs(p, here, _pattern_sources(p))
+
+
+def _tree_pairs(p: Pattern, here: np.ndarray, sources: _Sources
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    src, row, count, tree = _row_pairs(p, with_tree=True, sources=sources)
     return (tree, src, np.asarray(here, dtype=np.int64)[row], count,
             p.pat.astype(np.int64)[row])
 
@@ -312,13 +317,37 @@ def grouped_trees(p: Pattern, here: np.ndarray) -> tuple[int, tuple[np.ndarray, 
     """`tree_pairs`' exchange as its trees and their groups' destinations, not multiplied
     out: the (tree, destination) entries it would have, and (per tree its group, source core
     and elements; per row its group and core), `t10c.multicast.grouped_relay`'s arguments."""
-    k_pat, k_src, total, first = _pattern_sources(p)
+    return _grouped_trees(p, here, _pattern_sources(p))
+
+
+def _grouped_trees(p: Pattern, here: np.ndarray, sources: _Sources
+                   ) -> tuple[int, tuple[np.ndarray, ...]]:
+    k_pat, k_src, total, first = sources
     entries = int(np.diff(first)[p.pat.astype(np.int64)].sum())
     return entries, (k_pat, k_src, total, p.pat.astype(np.int64),
                      np.asarray(here, dtype=np.int64))
 
 
-def _pattern_sources(p: Pattern) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def multicast_trees(p: Pattern, here: np.ndarray
+                    ) -> tuple[tuple[np.ndarray, ...] | None, tuple[np.ndarray, ...] | None]:
+    """A multicast exchange by ``p`` as codegen and the emulator take it: (`tree_pairs`'
+    arrays, None), or, where it would have more than `EXPANDED_ENTRIES` (tree, destination)
+    entries, (None, `grouped_trees`' arrays), for it goes relayed from its groups, never
+    spelt out (`t10c.multicast.grouped_relay`; the planner's rule too). The pattern's
+    sources are counted once for either."""
+    sources = _pattern_sources(p)
+    entries, grouped = _grouped_trees(p, here, sources)
+    if entries > EXPANDED_ENTRIES:
+        return None, grouped
+    return _tree_pairs(p, here, sources), None
+
+
+#: per (pattern, source core): the pattern, the core, the elements; where each pattern's
+#: pairs start (`_pattern_sources`)
+_Sources = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _pattern_sources(p: Pattern) -> _Sources:
     """Per pattern and distinct source core of its runs (sorted by pattern, then core): the
     pattern, the core, the elements it takes; and where each pattern's pairs start."""
     runs = p.runs.astype(np.int64)
@@ -333,10 +362,12 @@ def _pattern_sources(p: Pattern) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     return k_pat, k_src, total, np.searchsorted(k_pat, np.arange(p.patterns + 1))
 
 
-def _row_pairs(p: Pattern, with_tree: bool = False) -> tuple[np.ndarray, ...]:
+def _row_pairs(p: Pattern, with_tree: bool = False, sources: _Sources | None = None
+               ) -> tuple[np.ndarray, ...]:
     """(source core, row, elements) per row and distinct source core of its pattern (and,
-    ``with_tree``, the number of that (pattern, source core) pair)."""
-    _, k_src, total, first = _pattern_sources(p)
+    ``with_tree``, the number of that (pattern, source core) pair); ``sources``: the
+    pattern's `_pattern_sources`, if counted already."""
+    _, k_src, total, first = sources if sources is not None else _pattern_sources(p)
     pat = p.pat.astype(np.int64)
     per = np.diff(first)[pat]  # pairs of each row
     check_pairs(int(per.sum()), p.rows)

@@ -73,10 +73,9 @@ from .pattern import Pattern, compact, encode, expand, from_table, width
 
 # the emulator's view of patterns (it may import codegen's program types only)
 from .pattern import chip_pair_counts as chip_pair_counts
-from .pattern import grouped_trees as grouped_trees
+from .pattern import multicast_trees as multicast_trees
 from .pattern import pair_counts as pair_counts
 from .pattern import received as received
-from .pattern import tree_pairs as tree_pairs
 from .pattern import unique_expand as unique_expand
 
 DTYPE_BYTES = {name: d.bytes for name, d in DTYPES.items()}

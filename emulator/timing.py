@@ -38,21 +38,14 @@ from t10c.codegen.program import (
     Store,
     Sync,
     chip_pair_counts,
-    grouped_trees,
+    multicast_trees,
     pair_counts,
     received,
-    tree_pairs,
 )
 from t10c.costs import compute_cycles
 from t10c.digest import hasher
 from t10c.ir import tile_counts
-from t10c.multicast import (
-    EXPANDED_ENTRIES,
-    Relay,
-    exchange_trees,
-    grouped_relay,
-    multicast_routes,
-)
+from t10c.multicast import Relay, exchange_trees, grouped_relay, multicast_routes
 
 from .routing import Routed, route_phase
 
@@ -507,13 +500,14 @@ class TimingMachine:
         """Queue a multicast exchange as codegen and the planner route it
         (`t10c.multicast.multicast_routes`): relayed, or as its trees (also where unicasts
         would be faster: the program asks for multicast)."""
-        entries, grouped = grouped_trees(p, here)
-        if entries > EXPANDED_ENTRIES:  # relayed, never spelt out (`grouped_relay`)
+        spelt, grouped = multicast_trees(p, here)
+        if grouped is not None:  # relayed from its groups, never spelt out
             t_group, t_src, t_count, p_group, p_dst = grouped
             self.receive_relay(ins.op, ins.phase, grouped_relay(
                 self.chip, t_group, t_src, t_count * size, p_group, p_dst))
             return
-        tree, src, dst, count, group = tree_pairs(p, here)
+        assert spelt is not None
+        tree, src, dst, count, group = spelt
         nbytes = count * size
         routes = multicast_routes(self.chip, tree, src, dst, nbytes, group)
         if isinstance(routes, Relay):

@@ -248,7 +248,7 @@ def phase(chip: Chip, pending: list[Pending]) -> int:
     """Cycles of one exchange phase moving the ``pending`` inputs (barrier not included):
     multicast inputs as trees, the others as unicasts, routed together
     (`emulator.routing.route_phase` computes the same); once per distinct phase."""
-    key = (routing_key(chip), *(p.key for p in pending))
+    key = _phase_key(routing_key(chip), pending)
     cycles = _PHASES.get(key)
     if cycles is None:
         cycles = _routed(chip, [p.make() for p in pending])
@@ -273,7 +273,7 @@ def route_ahead(chip: Chip, phases: list[list[Pending]]) -> None:
     routing = routing_key(chip)
     todo: dict[tuple[bytes, ...], list[Pending]] = {}
     for pending in phases:
-        key = (routing, *(p.key for p in pending))
+        key = _phase_key(routing, pending)
         if pending and key not in _PHASES:
             todo.setdefault(key, pending)
     sizes = [sum(p.size for p in pending) for pending in todo.values()]
@@ -289,6 +289,11 @@ def route_ahead(chip: Chip, phases: list[list[Pending]]) -> None:
     for key, (cycles, ways) in zip(todo, routed):
         remember_ways(ways)
         _keep(key, cycles)
+
+
+def _phase_key(routing: bytes, pending: list[Pending]) -> tuple[bytes, ...]:
+    """A phase's `_PHASES` key: the chip's routing and its inputs' digests."""
+    return (routing, *(p.key for p in pending))
 
 
 def _keep(key: tuple[bytes, ...], cycles: int) -> None:
