@@ -33,12 +33,14 @@ op, each move priced as the emulator times it:
 machine's speed or load. (A move whose routing would need more than half of the machine's
 memory, `t10c.multicast.check_pairs`, is passed over: on one machine always the same.)
 
-By default (`trials_for`) a mesh prices `MESH_TRIALS` moves, the costliest op's best-ranked:
-there the solve's edge prices are closed-form estimates, off by 1.5x on average and far more
-on some edges, and the first move priced is where most of the gain is. An all-to-all chip's
-edges are priced element by element and its moves gain less for their cost, so it prices
-none unless asked. A search of tens of moves takes minutes on the wafer (README: Meshes and
-tori has the figures of both)."""
+By default (`trials_for`, `adaptive`) a mesh prices the costliest op's moves only, at most
+`MESH_TRIALS`: there the solve's edge prices are closed-form estimates, off by 1.5x on
+average and far more on some edges, and the first move priced is where most of the gain is;
+the next is priced only while its estimated saving stands more than `ESTIMATE_SLACK` times
+above the best saving priced (`worth_pricing`), for the ranking's own estimate can put the
+faster move second. An all-to-all chip's edges are priced element by element and its moves
+gain less for their cost, so it prices none unless asked. A search of tens of moves takes
+minutes on the wafer (README: Meshes and tori has the figures of both)."""
 
 from __future__ import annotations
 
@@ -59,19 +61,44 @@ from .transitions import Views, edge_cost, kept_restores, relayout_cycles
 
 #: the exact pricings per group of ops and sweep (its best-ranked candidates)
 PER_GROUP = 3
-#: the exact pricings on a mesh chip unless told (`trials_for`)
-MESH_TRIALS = 1
+#: the most exact pricings on a mesh chip unless told (`trials_for`): the costliest group's
+#: candidates, each after the first only while it may still gain (`worth_pricing`)
+MESH_TRIALS = PER_GROUP
+#: how far a move's estimated saving may stand above its exact one: the next candidate is
+#: priced by default only where its estimate is more than this times the best saving priced
+#: (`worth_pricing`)
+ESTIMATE_SLACK = 2
 
 
 def trials_for(solver: SolverOptions, chip: Chip) -> int:
-    """The exact pricings the search spends after ``solver``'s solve on ``chip``: as asked,
-    or by default `MESH_TRIALS` on a mesh, none elsewhere; none beside the greedy planner or
-    on a chip with DRAM (its preload schedule is chosen after the plans)."""
+    """The most exact pricings the search spends after ``solver``'s solve on ``chip``: as
+    asked, or by default `MESH_TRIALS` on a mesh (`adaptive`), none elsewhere; none beside
+    the greedy planner or on a chip with DRAM (its preload schedule is chosen after the
+    plans)."""
     if solver.planner == "greedy" or chip.has_dram:
         return 0
     if solver.refine is not None:
         return solver.refine
     return MESH_TRIALS if chip.is_mesh else 0
+
+
+def adaptive(solver: SolverOptions) -> bool:
+    """Whether the search spends its pricings as by default: the costliest group's
+    candidates only, the next one while it may still gain (`worth_pricing`); an explicit
+    ``--refine N`` prices N moves, sweep after sweep."""
+    return solver.refine is None
+
+
+def worth_pricing(estimated: int, priced: int) -> bool:
+    """Whether a further candidate, ``estimated`` to save that many cycles an op, is priced
+    by default when the best move priced so far saves ``priced`` cycles an op: where its
+    estimate stands more than `ESTIMATE_SLACK` times above that. The ranking estimate can
+    put the faster move second: on LLaMA-3-8B's decode step on wse3, down_proj's input from
+    a 120 x 120 region into its plan of F = (448, 1024) was estimated at 1,252 cycles and
+    routes in 2,722, into F = (224, 2048) at 1,411 and 1,909 (the first-ranked move saved
+    119 cycles an op, the second 700); on wse2 the first-ranked saved 723 and the second
+    was estimated to save 462, so nothing more is priced there."""
+    return estimated > ESTIMATE_SLACK * max(priced, 0)
 
 
 def renamed(plan: OpPlan, name: str) -> OpPlan:
@@ -89,13 +116,14 @@ def total_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayou
 def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
                   dtype: str, ints: IntTensors, search: SearchOptions, solver: SolverOptions,
                   views: Views, ids: list[int], fixed: frozenset[int], trials: int,
-                  front_limit: int, progress: Progress | None = None
+                  front_limit: int, progress: Progress | None = None, auto: bool = False
                   ) -> tuple[tuple[OpPlan, ...], list[int], tuple[int, int]]:
     """The module's search over ``chosen`` (``ids``: equal for ops with equal fronts), at most
-    ``trials`` exact pricings; ops in ``fixed`` (named by `--plan` constraints) keep their
-    plans; ``progress`` hears of every trial ("refine"); ``front_limit`` is the search's
-    (`space.searched`, whose results it reads). Returns the plans, their re-layouts, and
-    the trials spent with the cycles they saved."""
+    ``trials`` exact pricings (``auto``: the costliest group's only, as `adaptive` says);
+    ops in ``fixed`` (named by `--plan` constraints) keep their plans; ``progress`` hears of
+    every trial ("refine"); ``front_limit`` is the search's (`space.searched`, whose results
+    it reads). Returns the plans, their re-layouts, and the trials spent with the cycles
+    they saved."""
     cap = solver.sram_cap(chip.sram_bytes_per_core)
     consts = views.const_tensors()
     best = list(chosen)
@@ -126,8 +154,11 @@ def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int],
                 if int(chosen_memory(views.terms(), trial).max(initial=0)) <= cap:
                     moves.append((plan, trial))
             kept = None
-            for plan, trial in _ranked(graph, i, moves, best, chip, dtype, ints, views):
-                if spent >= trials:
+            ranked, here = _ranked(graph, i, moves, best, chip, dtype, ints, views)
+            saved = 0  # the most a move priced in this group saves, an op
+            for n, (plan, trial, estimate) in enumerate(ranked):
+                if spent >= trials or (auto and n and not worth_pricing(here - estimate,
+                                                                        saved)):
                     break
                 tried.add((tuple(members), plan, near))
                 spent += 1
@@ -138,11 +169,15 @@ def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int],
                 except MemoryError:  # too many pairs to route in this machine's memory
                     continue
                 total = total_cycles(graph, trial, again, chip, dtype, ints, views)
+                saved = max(saved, (cost - total) // len(members))
                 if total < (cost if kept is None else kept[2]):
                     kept = (trial, again, total)
             if kept is not None:
                 best, relayout, cost = kept
                 moved = True
+            if auto and ranked:  # the costliest group with a move only
+                moved = False
+                break
     if progress:
         progress("refine", trials, trials)
     return tuple(best), relayout, (spent, start - cost)
@@ -195,16 +230,17 @@ def _candidates(graph: Graph, i: int, chip: Chip, dtype: str, ints: IntTensors,
 
 def _ranked(graph: Graph, i: int, moves: list[tuple[OpPlan, list[OpPlan]]],
             plans: list[OpPlan], chip: Chip, dtype: str, ints: IntTensors, views: Views
-            ) -> list[tuple[OpPlan, list[OpPlan]]]:
+            ) -> tuple[list[tuple[OpPlan, list[OpPlan], int]], int]:
     """The best `PER_GROUP` of ``moves`` (an op's plan, and the choice that differs from
-    ``plans`` in op ``i``'s group by it): by op ``i``'s own cycles plus the estimated
-    re-layouts of its inputs from their producers and of its result to its consumers (an
-    edge the solver would refuse, an aligned consumer's, counts nothing: the routes
-    decide). Each move's estimate is its own: on a chip of wafer size they are worked out in
-    forked processes (`t10c.forked`), a move a piece."""
+    ``plans`` in op ``i``'s group by it), each with its estimate, and the estimate of op
+    ``i``'s plan in ``plans``: op ``i``'s own cycles plus the estimated re-layouts of its
+    inputs from their producers and of its result to its consumers (an edge the solver
+    would refuse, an aligned consumer's, counts nothing: the routes decide). Each move's
+    estimate is its own: on a chip of wafer size they are worked out in forked processes
+    (`t10c.forked`), a move a piece."""
     if not moves:
-        return []
-    pool = [trial[i] for _, trial in moves]
+        return [], 0
+    pool = [trial[i] for _, trial in moves] + [plans[i]]
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
 
     def estimated(some: list[OpPlan]) -> list[int]:
@@ -230,5 +266,5 @@ def _ranked(graph: Graph, i: int, moves: list[tuple[OpPlan, list[OpPlan]]],
                     for e in got]
     else:
         estimate = estimated(pool)
-    order = sorted(range(len(pool)), key=lambda n: (estimate[n], n))
-    return [moves[n] for n in order[:PER_GROUP]]
+    order = sorted(range(len(moves)), key=lambda n: (estimate[n], n))
+    return [(*moves[n], estimate[n]) for n in order[:PER_GROUP]], estimate[-1]

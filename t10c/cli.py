@@ -816,9 +816,10 @@ def _print_summary(compiled, timing_only: bool) -> None:
             print(_choices_line(s.choices))
         if s.refined:
             trials, saved = s.refined
-            default = " (the default on a mesh)" if options.solver.refine is None else ""
-            print(f"refined: {trials} trial(s) of --refine {trials_for(options.solver, chip)}"
-                  f"{default} saved {saved} cycles")
+            asked = (f"of --refine {options.solver.refine}" if options.solver.refine is not None
+                     else f"(the default on a mesh: the costliest op's moves, at most "
+                     f"{trials_for(options.solver, chip)})")
+            print(f"refined: {trials} trial(s) {asked} saved {saved} cycles")
     if options.constraints:
         print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
     prog = compiled.program

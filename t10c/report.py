@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from t10c.compare import Entry, speedup, sram_per_core
-from t10c.partition.refine import trials_for
+from t10c.partition.refine import adaptive, trials_for
 from t10c.strategies import DEFAULT_STRATEGIES
 
 PHASES = ("compute", "shift", "sync", "reduce", "relayout", "fetch")
@@ -411,7 +411,8 @@ def _title(entries: list[Entry]) -> tuple[str, str]:
         # (a page of several chips: the pricings after the solve may differ by chip)
         counts = {trials_for(opts.solver, e.chip) for e in entries if e.compiled}
         trials = max(counts)
-        then = (f", then {trials} exact pricing{'s' if trials > 1 else ''}"
+        most = "up to " if adaptive(opts.solver) else ""
+        then = (f", then {most}{trials} exact pricing{'s' if trials > 1 else ''}"
                 + (" where the chip is a mesh" if len(counts) > 1 else "")) if trials else ""
         bits += [f"dtype {opts.dtype}" + (f", {opts.quantize} matmul weights"
                                           if opts.quantize else ""),

@@ -249,9 +249,9 @@ def test_refine_reports_its_trials(capsys: pytest.CaptureFixture[str], tmp_path:
 
 def test_a_mesh_refines_by_default_and_says_so(capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
-    """On a mesh chip without DRAM the compile prices one move after the solve unless told
-    (`refine.trials_for`), and its summary says it was the default; `--refine 0` prices
-    none and prints no such line."""
+    """On a mesh chip without DRAM the compile prices the costliest op's moves after the
+    solve unless told (`refine.trials_for`), and its summary says it was the default;
+    `--refine 0` prices none and prints no such line."""
     chip = write(tmp_path / "mesh.toml",
                  'base = "wse2"\nname = "mesh16"\ngrid = [16, 16]\ncores = 256\n')
     code, out, err = run(capsys, "compile", "mlp", "--chip", str(chip), "--timing-only",
@@ -259,8 +259,8 @@ def test_a_mesh_refines_by_default_and_says_so(capsys: pytest.CaptureFixture[str
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.startswith("refined:"))
     trials, saved = json.loads((tmp_path / "out" / "plan.json").read_text())["solver"]["refined"]
-    assert line == (f"refined: {trials} trial(s) of --refine 1 (the default on a mesh) "
-                    f"saved {saved} cycles")
+    assert line == (f"refined: {trials} trial(s) (the default on a mesh: the costliest op's "
+                    f"moves, at most 3) saved {saved} cycles")
     code, out, err = run(capsys, "compile", "mlp", "--chip", str(chip), "--timing-only",
                          "--no-table", "--refine", "0")
     assert code == 0, err

@@ -611,6 +611,53 @@ def test_a_mesh_refines_by_default() -> None:
     assert 0 < trials <= MESH_TRIALS
 
 
+@pytest.mark.parametrize("worth", [False, True])
+def test_the_default_refine_prices_the_costliest_ops_moves_while_worth_it(
+        monkeypatch: pytest.MonkeyPatch, worth: bool) -> None:
+    """By default the search prices the costliest group's moves only, in their ranked order,
+    the next one while `refine.worth_pricing` says it may still gain; an explicit count is
+    spent whatever it says, sweep after sweep."""
+    from t10c.partition import refine
+
+    asked: list[tuple[int, int]] = []
+    groups: list[int] = []
+    real_ranked = refine._ranked
+
+    def ranked(graph, i, moves, *rest):  # type: ignore[no-untyped-def]
+        got = real_ranked(graph, i, moves, *rest)
+        if got[0]:
+            groups.append(i)
+        return got
+
+    def judged(estimated: int, priced: int) -> bool:
+        asked.append((estimated, priced))
+        return worth
+
+    monkeypatch.setattr(refine, "_ranked", ranked)
+    monkeypatch.setattr(refine, "worth_pricing", judged)
+    c = compile_model("llama-tiny-decode", MESH64, CompileOptions(seq_len=64))
+    trials, _ = c.plan.solver.refined
+    assert len(groups) == 1  # one group's moves
+    # (this op has three moves or more); asked before each move after the first
+    assert trials == (refine.PER_GROUP if worth else 1)
+    assert len(asked) == (trials - 1 if worth else 1)
+    asked.clear()
+    groups.clear()
+    solver = SolverOptions(refine=2 * refine.PER_GROUP)
+    c = compile_model("llama-tiny-decode", MESH64, CompileOptions(seq_len=64, solver=solver))
+    assert not asked and len(groups) > 1
+    assert c.plan.solver.refined[0] == 2 * refine.PER_GROUP
+
+
+def test_a_move_is_worth_pricing_while_its_estimate_could_beat_the_best_priced() -> None:
+    from t10c.partition.refine import ESTIMATE_SLACK, worth_pricing
+
+    assert worth_pricing(1023, 119) and not worth_pricing(974, 700)  # wse3's down_proj
+    assert not worth_pricing(462, 723)  # wse2's
+    assert worth_pricing(1, -50) and not worth_pricing(0, -50)  # nothing saved yet
+    assert not worth_pricing(ESTIMATE_SLACK * 100, 100)
+
+
 def test_baselines_asked_for_late_give_the_plan_of_those_given_first(monkeypatch) -> None:
     """On a mesh the solve asks for the baselines' choices once it knows its best (they are
     only its starts there), and a baseline whose LP bound is above that stops after its LP

@@ -96,9 +96,9 @@ def test_sram_on_a_mesh_is_drawn_on_its_grid() -> None:
     drawn = report._sram_cores_chart([entry])
     assert drawn is not None and drawn[0] == "peak SRAM on the chip's grid"
     # the options line says the routed search after the solve ran (a mesh's default)
-    assert "(limit 30, seed 0, then 1 exact pricing)" in report._title([entry])[1]
+    assert "(limit 30, seed 0, then up to 3 exact pricings)" in report._title([entry])[1]
     beside = dataclasses.replace(entry, chip=PRESETS["ipu-mk2"])  # a page of two chips
-    assert "then 1 exact pricing where the chip is a mesh)" in \
+    assert "then up to 3 exact pricings where the chip is a mesh)" in \
         report._title([beside, entry])[1]
 
 
