@@ -593,8 +593,8 @@ def test_a_wafer_keeps_epilogue_weights_beside_the_result() -> None:
 
 
 def test_a_mesh_refines_by_default() -> None:
-    """Unless told, a mesh chip without DRAM spends `refine.MESH_TRIALS` exact pricings after
-    the solve, and nothing else does: an all-to-all chip, a mesh with DRAM, the greedy
+    """Unless told, a mesh chip without DRAM spends up to `refine.MESH_TRIALS` exact pricings
+    after the solve, and nothing else does: an all-to-all chip, a mesh with DRAM, the greedy
     planner; an explicit count, 0 included, is what is spent."""
     from t10c.partition.refine import MESH_TRIALS, trials_for
 
