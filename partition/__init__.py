@@ -48,7 +48,7 @@ from .dram import (
 from .epilogue import extra_edge_cost
 from .inductive import inductive_choice
 from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
-from .refine import adaptive, refine_choice, trials_for
+from .refine import refine_choice, trials_for
 from .refine import renamed as _rename
 from .refine import total_cycles as _total
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
@@ -244,8 +244,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
     if trials:
         chosen, relayout, refined = refine_choice(graph, chosen, relayout, chip, dtype, ints,
                                                   search, solver, views, _front_ids(fronts),
-                                                  fixed, trials, front_limit, progress,
-                                                  auto=adaptive(solver))
+                                                  fixed, trials, front_limit, progress)
     chosen, relayout = _finished(graph, chosen, relayout, chip, dtype, ints, solver, views,
                                  fixed)
     choices: tuple[tuple[str, int, int], ...] = ()

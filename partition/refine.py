@@ -116,15 +116,16 @@ def total_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayou
 def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int], chip: Chip,
                   dtype: str, ints: IntTensors, search: SearchOptions, solver: SolverOptions,
                   views: Views, ids: list[int], fixed: frozenset[int], trials: int,
-                  front_limit: int, progress: Progress | None = None, auto: bool = False
+                  front_limit: int, progress: Progress | None = None
                   ) -> tuple[tuple[OpPlan, ...], list[int], tuple[int, int]]:
     """The module's search over ``chosen`` (``ids``: equal for ops with equal fronts), at most
-    ``trials`` exact pricings (``auto``: the costliest group's only, as `adaptive` says);
-    ops in ``fixed`` (named by `--plan` constraints) keep their plans; ``progress`` hears of
+    ``trials`` exact pricings (by default the costliest group's only: `adaptive`); ops in
+    ``fixed`` (named by `--plan` constraints) keep their plans; ``progress`` hears of
     every trial ("refine"); ``front_limit`` is the search's (`space.searched`, whose results
     it reads). Returns the plans, their re-layouts, and the trials spent with the cycles
     they saved."""
     cap = solver.sram_cap(chip.sram_bytes_per_core)
+    auto = adaptive(solver)
     consts = views.const_tensors()
     best = list(chosen)
     cost = start = total_cycles(graph, best, relayout, chip, dtype, ints, views)

@@ -624,6 +624,8 @@ CUT_OFF = "CUT_OFF"
 #: late starts (`choose_plans`' ``more_starts``): given the best objective known (or None),
 #: the known choices that may be below it
 MoreStarts = Callable[[int | None], Sequence[tuple[int, ...]]]
+
+
 def _solved_key(terms: MemoryTerms, fronts: list[list[OpPlan]], relayout_in: list[list[int]],
                 edges: list[Edge], sram_bytes: int, opts: SolverOptions,
                 starts: Sequence[tuple[int, ...]]) -> tuple:

@@ -167,8 +167,8 @@ def prefetch(graph: Graph, chip: Chip, dtype: str, searches: list[SearchOptions]
 
 
 def searched(op: TensorExpr, chip: Chip, dtype: str, shapes: dict[str, tuple[int, ...]],
-              ints: IntTensors, consts: frozenset[str], search: SearchOptions,
-              limit: int) -> SearchResult:
+             ints: IntTensors, consts: frozenset[str], search: SearchOptions,
+             limit: int) -> SearchResult:
     """`search.search_front`, remembered under everything it reads (plans are renamed by
     the caller)."""
     key = _found_key(op, chip, dtype, shapes, ints, consts, search, limit)
