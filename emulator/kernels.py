@@ -302,8 +302,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
         cut = (slice(None),) * axis + (slice(lo, hi),)
         run(a[cut] if a.shape[axis] > 1 else a, b[cut] if b.shape[axis] > 1 else b, out[cut])
 
-    for done in [pool().submit(part, lo, hi) for lo, hi in zip(cuts, cuts[1:])]:
-        done.result()
+    share(part, cuts)
     return out
 
 
@@ -384,6 +383,18 @@ def sharing() -> int:
     return THREADS if threading.current_thread() is threading.main_thread() else 1
 
 
+def share(run: Callable[[int, int], object], cuts: list[int]) -> None:
+    """``run(lo, hi)`` for each pair of consecutive ``cuts``: the first share on this thread,
+    the others on the pool's threads meanwhile (rather than every share handed to the pool
+    while this thread waits: a thread fewer woken, and none idle)."""
+    pending = [pool().submit(run, lo, hi) for lo, hi in zip(cuts[1:], cuts[2:])]
+    try:
+        run(cuts[0], cuts[1])
+    finally:
+        for done in pending:
+            done.result()
+
+
 def pool() -> ThreadPoolExecutor:
     """The threads that share large matmuls and roundings (made at the first use)."""
     if not _POOL:
@@ -462,8 +473,7 @@ def _eval_blocks(body: tuple, full: list[np.ndarray], shape: tuple[int, ...]) ->
     if parts < 2:
         part(0, len(starts))
     else:
-        for done in [pool().submit(part, a, b) for a, b in zip(cuts, cuts[1:])]:
-            done.result()
+        share(part, cuts)
     return out
 
 
@@ -556,9 +566,7 @@ def round_fp16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         _round_fp16_part(flat_x, flat_out)
         return out
     cuts = [ROUND_BLOCK * (blocks * k // parts) for k in range(parts)] + [flat_x.size]
-    for done in [pool().submit(_round_fp16_part, flat_x[lo:hi], flat_out[lo:hi])
-                 for lo, hi in zip(cuts, cuts[1:])]:
-        done.result()
+    share(lambda lo, hi: _round_fp16_part(flat_x[lo:hi], flat_out[lo:hi]), cuts)
     return out
 
 

@@ -78,9 +78,9 @@ from .kernels import (
     evaluate,
     gather_slices,
     operand_sizes,
-    pool,
     put_slices,
     round_fp16,
+    share,
     to_storage,
 )
 from .timing import (
@@ -784,9 +784,7 @@ class Gathers:
             np.take(source, flat, out=out)
         else:
             cuts = [rows * k // parts for k in range(parts + 1)]
-            for done in [pool().submit(np.take, source, flat[a:b], None, out[a:b])
-                         for a, b in zip(cuts, cuts[1:])]:
-                done.result()
+            share(lambda a, b: np.take(source, flat[a:b], out=out[a:b]), cuts)
         if hole is not None:
             out[hole] = 0
         return out
