@@ -113,6 +113,8 @@ class Machine(TimingMachine):
         self.dtypes = [b.dtype for b in program.buffers]
         self.host_held: dict[tuple[str, str], np.ndarray] = {}
         self.patterns = Gathers()
+        #: reduces' distinct member lists, by their table (`member_lists`)
+        self.lists: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.pool = Pool()
         self.base: dict[int, np.ndarray] = {}  # each live buffer's memory, flat (for the pool)
         #: buffers in reused memory: the cores whose row still holds an old buffer's values
@@ -322,6 +324,25 @@ class Machine(TimingMachine):
         chunk = dst.shape[1]
         combine = COMBINES[ins.combine]
         offset = ins.offset.astype(np.intp)
+        lists = self.member_lists(ins.group)
+        if chunk > 1 and len(lists[0]) * src.shape[1] <= len(ins.group) * chunk:
+            # rows that combine the same members in the same order share one combine of
+            # the members' whole rows, each row then taking its chunk of it (its elements
+            # combined as the row's own chunks would be, in the same order; past the end of
+            # src, the combine's identity): a few whole-row copies, not a chunk per row
+            rows_of, which = lists
+            whole = src[rows_of[:, 0]].astype(np.float32)
+            for j in range(1, rows_of.shape[1]):
+                combine.ufunc(whole, src[rows_of[:, j]].astype(np.float32, copy=False),
+                              out=whole)
+            past = int(offset.max(initial=0)) + chunk - src.shape[1]
+            if past > 0:
+                whole = np.concatenate([whole, np.full((len(whole), past), combine.identity,
+                                                       dtype=np.float32)], axis=1)
+            red = sliding_window_view(whole, chunk, axis=1)[which, offset]
+            dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red, owned=True)
+            self.wrote(ins.dst, _rows(ins, len(ins.group)))
+            return
         last = src.shape[1] - chunk  # the last offset whose chunk lies inside src
         over = offset > last  # these rows' chunks run past the end of src
         if over.any() and last < 0:  # src is narrower than a chunk: padded whole
@@ -354,6 +375,15 @@ class Machine(TimingMachine):
             red = combine.ufunc.reduce(members(slice(None)), axis=1)
         dst[_rows(ins, len(ins.group))] = self.stored(ins.dst, red, owned=True)
         self.wrote(ins.dst, _rows(ins, len(ins.group)))
+
+    def member_lists(self, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A reduce's distinct rows of members (in their order) and each row's among them,
+        once per table (repeated layers' reduces share theirs)."""
+        got = self.lists.get(id(group))
+        if got is None or got[0] is not group:
+            members, which = unique_rows(group.astype(np.intp))
+            got = self.lists[id(group)] = (group, members, which)
+        return got[1], got[2]
 
     def compute(self, ins: Compute) -> None:
         super().compute(ins)

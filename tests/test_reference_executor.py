@@ -120,6 +120,42 @@ def test_hand_checked_program() -> None:
     np.testing.assert_array_equal(emulate(program, chip, x, {})[0]["y"], want)
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), width=st.integers(1, 12), chunk=st.integers(1, 6),
+       size=st.integers(1, 5), combine=st.sampled_from(("sum", "max")))
+def test_a_reduce_over_shared_member_lists_is_each_rows_own(seed: int, width: int,
+                                                            chunk: int, size: int,
+                                                            combine: str) -> None:
+    """Rows that combine the same members in the same order share one combine of the
+    members' whole rows (`Machine.reduce`); each row's chunk is then, bit for bit, the
+    reference executor's combine of its own chunks in its own order, also where its chunk
+    runs past the end of the source (the combine's identity) and where other rows list the
+    same members in another order."""
+    rng = np.random.default_rng(seed)
+    chip = PRESETS["test16"]
+    n = chip.cores
+    lists = [rng.choice(n, size, replace=False) for _ in range(int(rng.integers(1, 4)))]
+    pick = rng.integers(0, len(lists), n)
+    group = np.stack([lists[k] if rng.random() < 0.8 else rng.permutation(lists[k])
+                      for k in pick])
+    offset = rng.integers(0, width + chunk, n)
+    bufs = (Buffer(0, "s", width, "fp32", 0), Buffer(1, "r", chunk, "fp32", 64))
+    instrs = (
+        *(Alloc("", "", b.id) for b in bufs),
+        Load("", "", 0, "x", (n, width), (width,), np.zeros((n, 1), dtype=np.int32),
+             np.arange(n * width).reshape(n, width)),
+        Reduce("", "", 1, 0, combine, group, offset),
+        Store("", "", "y", (n, chunk), 1, np.repeat(np.arange(n), chunk),
+              np.tile(np.arange(chunk), n)),
+    )
+    program = Program("reduce", chip.name, "fp32", n, bufs, (), instrs,
+                      {"x": ((n, width), "fp32")}, ("y",), 128)
+    x = {"x": rng.standard_normal((n, width)).astype(np.float32)}
+    want = run_reference(program, chip, x, {})["y"]
+    got = emulate(program, chip, x, {})[0]["y"]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def _fp16_program(chip: Chip) -> Program:
     """A float32 mask of -3.4e38 loaded into fp16 and shifted around: it saturates to -inf."""
     bufs = (Buffer(0, "a", 2, "fp16", 0), Buffer(1, "b", 2, "fp16", 16))
