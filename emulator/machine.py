@@ -324,8 +324,8 @@ class Machine(TimingMachine):
         chunk = dst.shape[1]
         combine = COMBINES[ins.combine]
         offset = ins.offset.astype(np.intp)
-        lists = self.member_lists(ins.group)
-        if chunk > 1 and len(lists[0]) * src.shape[1] <= len(ins.group) * chunk:
+        lists = self.member_lists(ins.group) if chunk > 1 else None
+        if lists is not None and len(lists[0]) * src.shape[1] <= len(ins.group) * chunk:
             # rows that combine the same members in the same order share one combine of
             # the members' whole rows, each row then taking its chunk of it (its elements
             # combined as the row's own chunks would be, in the same order; past the end of

@@ -77,8 +77,8 @@ def trials_for(solver: SolverOptions, chip: Chip) -> int:
     plans)."""
     if solver.planner == "greedy" or chip.has_dram:
         return 0
-    if solver.refine is not None:
-        return solver.refine
+    if not adaptive(solver):
+        return solver.refine or 0
     return MESH_TRIALS if chip.is_mesh else 0
 
 

@@ -39,7 +39,7 @@ try:
     from t10c.fusion import FUSE_CHOICES, fuse_help
     from t10c.models import ZOO_NAMES as ZOO
     from t10c.outputs import OutputError
-    from t10c.partition.refine import trials_for
+    from t10c.partition.refine import adaptive, trials_for
     from t10c.partition.solve import CHOICES
     from t10c.progress import StageProgress
     from t10c.strategies import DEFAULT_STRATEGIES, STRATEGIES
@@ -816,9 +816,9 @@ def _print_summary(compiled, timing_only: bool) -> None:
             print(_choices_line(s.choices))
         if s.refined:
             trials, saved = s.refined
-            asked = (f"of --refine {options.solver.refine}" if options.solver.refine is not None
-                     else f"(the default on a mesh: the costliest op's moves, at most "
-                     f"{trials_for(options.solver, chip)})")
+            asked = (f"(the default on a mesh: the costliest op's moves, at most "
+                     f"{trials_for(options.solver, chip)})" if adaptive(options.solver)
+                     else f"of --refine {options.solver.refine}")
             print(f"refined: {trials} trial(s) {asked} saved {saved} cycles")
     if options.constraints:
         print(f"{len(options.constraints)} plan constraint(s) from --plan obeyed")
