@@ -591,7 +591,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                 argparse.Namespace(**{**vars(args), "batch": batch}), slim=True)
     base = [s for s in DEFAULT_STRATEGIES if s != "t10"]  # the baselines
     head = ["model", "batch", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
-            *(f"vs {s}" for s in base), "of roofline", "of ideal", "emulation (s)",
+            *(f"vs {s}" for s in base), "of roofline", "of ideal", "of exchange bound",
+            "emulation (s)",
             "onnxruntime (s)", "matches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
@@ -617,6 +618,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                *(x(speedup(entries, t10, s)) for s in base),
                f"{100 * t10.roofline_fraction:.1f}%" if t10.result else "-",
                f"{100 * t10.ideal_fraction:.1f}%" if t10.result else "-",
+               "-" if math.isnan(t10.exchange_fraction) else
+               f"{100 * t10.exchange_fraction:.1f}%",
                f"{t10.result.emulate_wall_s:.2f}" if checked(t10) else "-",
                f"{t10.result.reference_wall_s:.3f}" if checked(t10) else "-",
                "timing only" if args.timing_only else "yes" if ok else "NO"]
@@ -861,9 +864,14 @@ def _bounds_line(plan, cycles: int) -> str:
         return "bounds: none (a plan made by hand)"
     roof, ideal = b.fractions(cycles)
     dram = " or its DRAM time" if b.dram_roofline_cycles else ""
-    return (f"bounds: {100 * roof:.1f}% of the compute roofline ({b.roofline_cycles} cycles), "
+    line = (f"bounds: {100 * roof:.1f}% of the compute roofline ({b.roofline_cycles} cycles), "
             f"{100 * ideal:.1f}% of the ideal ({b.ideal_cycles} cycles: every op at its "
             f"fastest plan{dram}, no memory limit, no re-layout)")
+    if b.exchange_cycles:
+        line += (f", {100 * b.of_exchange(cycles):.1f}% of the exchange bound "
+                 f"({b.exchange_cycles} cycles: the ideal with what weight contractions must "
+                 "receive and their weights' SRAM)")
+    return line
 
 
 def _write_compile(compiled, args: argparse.Namespace) -> float:

@@ -80,6 +80,14 @@ class Entry:
         return self.bounds.fractions(self.result.timeline.cycles)[1]
 
     @property
+    def exchange_fraction(self) -> float:
+        """The exchange bound (`partition.bounds.exchange_cycles`) as a fraction of the
+        emulated latency; NaN where the chip has none."""
+        if not self.result or self.bounds is None:
+            return math.nan
+        return self.bounds.of_exchange(self.result.timeline.cycles)
+
+    @property
     def compile_s(self) -> float:
         return self.compile_wall_s
 

@@ -182,7 +182,7 @@ def _bounds(doc: dict[str, Any] | None) -> Bounds | None:
     if doc is None:
         return None
     return Bounds(int(doc["roofline_cycles"]), int(doc["ideal_cycles"]),
-                  int(doc.get("dram_roofline_cycles", 0)))
+                  int(doc.get("dram_roofline_cycles", 0)), int(doc.get("exchange_cycles", 0)))
 
 
 def _op_plan(o: dict[str, Any]) -> OpPlan:
@@ -246,7 +246,9 @@ def timeline_fields(plan: Plan, tl: Any) -> dict[str, Any]:
         "phases": dict(sorted(phases.items())), "barriers": sum(barriers.values()),
         "bounds": None if bounds is None else {
             **bounds.as_dict(), "of_roofline": round(bounds.fractions(tl.cycles)[0], 6),
-            "of_ideal": round(bounds.fractions(tl.cycles)[1], 6)},
+            "of_ideal": round(bounds.fractions(tl.cycles)[1], 6),
+            **({"of_exchange": round(bounds.of_exchange(tl.cycles), 6)}
+               if bounds.exchange_cycles else {})},
         "peak_sram_bytes_per_core": tl.peak_sram_bytes_per_core, "host_bytes": tl.host_bytes,
         "ops": tl.by_op(), "barriers_by_op": barriers,
     }

@@ -45,6 +45,8 @@ def summary_rows(entries: list[Entry]) -> list[dict[str, Any]]:
             "predicted_cycles": e.compiled.plan.total_cycles if e.compiled else None,
             "roofline_fraction": round(e.roofline_fraction, 4),
             "ideal_fraction": round(e.ideal_fraction, 4),
+            "exchange_fraction": (None if math.isnan(e.exchange_fraction)
+                                  else round(e.exchange_fraction, 4)),
             "peak_sram_bytes_per_core": e.result.timeline.peak_sram_bytes_per_core,
             "compile_s": round(e.compile_s, 2),
             "max_rel_err": float(f"{e.result.max_rel_err:.3g}"),
