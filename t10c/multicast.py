@@ -110,29 +110,58 @@ def line_loads(line: np.ndarray, start: np.ndarray, delta: np.ndarray, nbytes: n
     (added to ``into``'s two (nlines, size) integer arrays, which are returned, if given).
 
     A positive leg from ``s`` of length L uses links s .. s+L-1; a negative one uses links
-    s-L .. s-1 (link x joins positions x and x+1, modulo ``size`` on a torus). Difference
-    arrays and cumulative sums: O(legs + links), never a loop over legs.
+    s-L .. s-1 (link x joins positions x and x+1, modulo ``size`` on a torus).
     """
-    width = 2 * size + 1
-    out: list[np.ndarray] = []
-    for positive in (True, False):
-        sel = delta > 0 if positive else delta < 0
-        length = np.abs(delta[sel])
-        first = start[sel] if positive else start[sel] - length
-        first = first % size  # wrap-around legs continue past the end, folded back below
-        # only the lines some leg runs along are summed (a small op's exchange touches a
-        # few of a wafer's hundreds), each alone: the same sums, in the same order
-        used = np.bincount(line[sel], minlength=nlines) > 0
-        lines = np.flatnonzero(used)
-        base = (np.cumsum(used) - 1)[line[sel]] * width
-        diff = np.bincount(np.concatenate([base + first, base + first + length]),
-                           weights=np.concatenate([nbytes[sel], -nbytes[sel]]),
-                           minlength=len(lines) * width).reshape(len(lines), width)
-        cum = np.cumsum(diff, axis=1)
-        loads = np.zeros((nlines, size), dtype=np.int64) if into is None else into[len(out)]
-        loads[lines] += np.rint(cum[:, :size] + cum[:, size:2 * size]).astype(np.int64)
-        out.append(loads)
+    out = into if into is not None else (np.zeros((nlines, size), dtype=np.int64),
+                                         np.zeros((nlines, size), dtype=np.int64))
+    _LineLegs(line, start, np.maximum(delta, 0), np.maximum(-delta, 0), nlines,
+              size).add(nbytes, out)
     return out[0], out[1]
+
+
+class _LineLegs:
+    """Legs along ``nlines`` lines of ``size`` positions: from each entry's ``start`` on its
+    ``line``, ``pos`` links the positive way and ``neg`` links the negative way (either may
+    be 0), laid out once so that their loads can be added for several weights (`add`).
+
+    Difference arrays and cumulative sums: O(legs + links), never a loop over legs. Only
+    the lines some leg runs along one way are summed that way (a small op's exchange touches
+    a few of a wafer's hundreds), each alone, both ways in one pass: a row per (way, line),
+    each ``2 size + 1`` wide, so that a leg that wraps round a torus runs on past the end
+    and is folded back. Loads are sums of whole bytes in float64 (`np.bincount`), exact
+    below 2^53 in any order, so the same integers whatever the order of the legs."""
+
+    def __init__(self, line: np.ndarray, start: np.ndarray, pos: np.ndarray, neg: np.ndarray,
+                 nlines: int, size: int) -> None:
+        self.size = size
+        self.width = width = 2 * size + 1
+        up, down = np.flatnonzero(pos > 0), np.flatnonzero(neg > 0)
+        self.up, self.down = up, down
+        rows = []
+        self.lines: list[np.ndarray] = []
+        for legs in (up, down):
+            used = np.bincount(line[legs], minlength=nlines) > 0
+            self.lines.append(np.flatnonzero(used))
+            rows.append(np.cumsum(used) - 1)
+        self.split = len(self.lines[0])  # the negative way's rows after the positive's
+        ahead = (rows[0] * width)[line[up]] + start[up]  # (0 <= start < size)
+        back = ((rows[1] + self.split) * width)[line[down]] + (start[down] - neg[down]) % size
+        self.index = np.concatenate([ahead, ahead + pos[up], back, back + neg[down]])
+
+    def add(self, weights: np.ndarray, into: tuple[np.ndarray, np.ndarray]) -> None:
+        """Add to ``into`` (the positive and the negative links' (nlines, size) loads) those
+        of the legs, each carrying its entry's ``weights``."""
+        n = self.split + len(self.lines[1])
+        if not n:
+            return
+        w = np.asarray(weights, dtype=np.float64)
+        up, down = w[self.up], w[self.down]
+        diff = np.bincount(self.index, weights=np.concatenate([up, -up, down, -down]),
+                           minlength=n * self.width).reshape(n, self.width)
+        cum = np.cumsum(diff, axis=1)
+        folded = np.rint(cum[:, :self.size] + cum[:, self.size:2 * self.size]).astype(np.int64)
+        into[0][self.lines[0]] += folded[:self.split]
+        into[1][self.lines[1]] += folded[self.split:]
 
 
 @dataclass(frozen=True)
@@ -231,9 +260,8 @@ def _route_some(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     flip = yx.links < xy.links  # per tree: Y first
     for legs, chosen, transposed in ((xy, ~flip, False), (yx, flip, True)):
         if chosen.any():
-            sub = legs.subset(chosen)
-            sub.add_loads(nbytes, transposed, loads)
-            sub.add_loads(np.ones(len(nbytes), dtype=np.int64), transposed, trees)
+            legs.subset(chosen).add_loads(
+                [nbytes, np.ones(len(nbytes), dtype=np.int64)], transposed, [loads, trees])
     return hops
 
 
@@ -253,7 +281,7 @@ def route_unicasts(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndar
         sr, sc, dr, dc, longest = _coords(chip, s, d)
         hops = max(hops, longest)
         # one destination a tree: its legs are its route's (no sort, no scatter)
-        _Legs.of(None, None, sr, sc, dr, dc, rows, cols, torus).add_loads(b, False, loads)
+        _Legs.of(None, None, sr, sc, dr, dc, rows, cols, torus).add_loads([b], False, [loads])
     return None if hops < 0 else Trees(loads, np.zeros((4, rows, cols), dtype=np.int64), hops)
 
 
@@ -350,22 +378,18 @@ class _Legs:
                      self.cneg[c], self.centry[c], self.ctree[c], self.links[trees],
                      self.na, self.nb)
 
-    def add_loads(self, weights: np.ndarray, transposed: bool, loads: np.ndarray) -> None:
-        """Add to ``loads`` (east, west, south, north: (4, rows, cols)) those of the legs,
-        each carrying its entry's ``weights``; ``transposed``: lines ``a`` are the mesh's
-        columns (Y first)."""
-        w1 = np.concatenate([weights[self.entry]] * 2).astype(np.float64)
-        w2 = np.concatenate([weights[self.centry]] * 2).astype(np.float64)
-        # the first legs run along rows (X first) or columns, the second the other way
-        rows, cols = (loads[0], loads[1]), (loads[2].T, loads[3].T)
-        line_loads(np.concatenate([self.line, self.line]),
-                   np.concatenate([self.start, self.start]),
-                   np.concatenate([self.pos, -self.neg]), w1, self.na, self.nb,
-                   cols if transposed else rows)
-        line_loads(np.concatenate([self.cline, self.cline]),
-                   np.concatenate([self.cstart, self.cstart]),
-                   np.concatenate([self.cpos, -self.cneg]), w2, self.nb, self.na,
-                   rows if transposed else cols)
+    def add_loads(self, weights: list[np.ndarray], transposed: bool,
+                  loads: list[np.ndarray]) -> None:
+        """Add to each of ``loads`` (east, west, south, north: (4, rows, cols)) those of the
+        legs, each carrying its entry's weight of the ``weights`` beside it; ``transposed``:
+        lines ``a`` are the mesh's columns (Y first). The legs are laid out once for all."""
+        first = _LineLegs(self.line, self.start, self.pos, self.neg, self.na, self.nb)
+        then = _LineLegs(self.cline, self.cstart, self.cpos, self.cneg, self.nb, self.na)
+        for w, into in zip(weights, loads):
+            # the first legs run along rows (X first) or columns, the second the other way
+            rows, cols = (into[0], into[1]), (into[2].T, into[3].T)
+            first.add(w[self.entry], cols if transposed else rows)
+            then.add(w[self.centry], rows if transposed else cols)
 
 
 def waves(chip: Chip, most_trees: int) -> int:

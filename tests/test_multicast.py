@@ -588,3 +588,26 @@ def test_exchanges_too_large_to_spell_out_go_relayed_and_exact(monkeypatch, chip
     assert any(e.multicast for e in exchanges)
     assert grouped and not spelt
     assert list(c.plan.relayout_cycles) == _emulated_relayout(c, r)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_line_legs_load_the_links_a_leg_by_leg_walk_does(seed: int) -> None:
+    """Legs laid out once (`multicast._LineLegs`) and loaded with two weights give, on every
+    link, what walking each leg link by link gives: legs both ways from one start, legs that
+    wrap round a torus line, lines no leg runs along, legs of no length."""
+    rng = np.random.default_rng(seed)
+    nlines, size, n = int(rng.integers(1, 7)), int(rng.integers(2, 12)), int(rng.integers(0, 60))
+    line, start = rng.integers(0, nlines, n), rng.integers(0, size, n)
+    pos, neg = rng.integers(0, size, n), rng.integers(0, size, n)
+    weights = [rng.integers(0, 1000, n), np.ones(n, dtype=np.int64)]
+    legs = multicast._LineLegs(line, start, pos, neg, nlines, size)
+    for w in weights:
+        got = (np.zeros((nlines, size), dtype=np.int64), np.zeros((nlines, size), dtype=np.int64))
+        legs.add(w, got)
+        want = np.zeros((2, nlines, size), dtype=np.int64)
+        for k in range(n):
+            for i in range(int(pos[k])):  # link x joins positions x and x + 1
+                want[0, line[k], (start[k] + i) % size] += w[k]
+            for i in range(int(neg[k])):
+                want[1, line[k], (start[k] - 1 - i) % size] += w[k]
+        assert (got[0] == want[0]).all() and (got[1] == want[1]).all()
