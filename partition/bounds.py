@@ -89,10 +89,15 @@ def ideal_cycles(fronts: Sequence[Sequence[OpPlan]],
                  dram: Sequence[int] | None = None) -> int:
     """Every op at its fastest searched plan, or at its DRAM time (``dram[i]``) if that is
     longer; memory limits and re-layouts ignored."""
-    per_op = [min(p.cycles.total for p in front) if front else 0 for front in fronts]
+    per_op = op_ideals(fronts)
     if dram is not None:
         per_op = [max(c, d) for c, d in zip(per_op, dram)]
     return sum(per_op)
+
+
+def op_ideals(fronts: Sequence[Sequence[OpPlan]]) -> list[int]:
+    """Each op's fastest searched plan's cycles (0 for an op with no plan)."""
+    return [min(p.cycles.total for p in front) if front else 0 for front in fronts]
 
 
 def tensor_bytes(graph: Graph, name: str, dtype: str) -> int:
@@ -274,7 +279,7 @@ def exchange_cycles(graph: Graph, chip: Chip, dtype: str,
 
     ints, consts = tensor_sets(graph)
     readers = Counter(graph.root(o.tensor) for op in graph.ops for o in op.reads)
-    ideal = [min(p.cycles.total for p in front) if front else 0 for front in fronts]
+    ideal = op_ideals(fronts)
     slots = [_weight_slot(graph, op, consts, readers) for op in graph.ops]
     sharing = Counter(graph.root(op.inputs[1 - s].tensor)
                       for op, s in zip(graph.ops, slots) if s is not None)
@@ -291,8 +296,8 @@ def exchange_cycles(graph: Graph, chip: Chip, dtype: str,
         if key not in cuts:
             cuts[key] = _cuts(graph, op, s, chip, dtype, ints, consts, share)
         groups[(key, ideal[i])] += 1
-    if not groups:
-        return ideal_cycles(fronts)
+    if not groups:  # every op at its ideal
+        return fixed
     # every other weight is resident somewhere too (no DRAM): at least its bytes over the
     # cores, on average, of every core's SRAM
     weights = {graph.root(op.inputs[s].tensor) for op, s in zip(graph.ops, slots)

@@ -592,8 +592,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     base = [s for s in DEFAULT_STRATEGIES if s != "t10"]  # the baselines
     head = ["model", "batch", "chip", "compile (s)", *(f"{s} (us)" for s in DEFAULT_STRATEGIES),
             *(f"vs {s}" for s in base), "of roofline", "of ideal", "of exchange bound",
-            "emulation (s)",
-            "onnxruntime (s)", "matches"]
+            "emulation (s)", "onnxruntime (s)", "matches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     groups: dict[tuple[str, int | None, str], dict[str, Entry]] = {}

@@ -143,15 +143,17 @@ class _LineLegs:
             used = np.bincount(line[legs], minlength=nlines) > 0
             self.lines.append(np.flatnonzero(used))
             rows.append(np.cumsum(used) - 1)
-        self.split = len(self.lines[0])  # the negative way's rows after the positive's
         ahead = (rows[0] * width)[line[up]] + start[up]  # (0 <= start < size)
-        back = ((rows[1] + self.split) * width)[line[down]] + (start[down] - neg[down]) % size
+        # the negative way's rows after the positive way's
+        back = (((rows[1] + len(self.lines[0])) * width)[line[down]]
+                + (start[down] - neg[down]) % size)
         self.index = np.concatenate([ahead, ahead + pos[up], back, back + neg[down]])
 
     def add(self, weights: np.ndarray, into: tuple[np.ndarray, np.ndarray]) -> None:
         """Add to ``into`` (the positive and the negative links' (nlines, size) loads) those
         of the legs, each carrying its entry's ``weights``."""
-        n = self.split + len(self.lines[1])
+        split = len(self.lines[0])  # the positive way's rows, then the negative way's
+        n = split + len(self.lines[1])
         if not n:
             return
         w = np.asarray(weights, dtype=np.float64)
@@ -160,8 +162,8 @@ class _LineLegs:
                            minlength=n * self.width).reshape(n, self.width)
         cum = np.cumsum(diff, axis=1)
         folded = np.rint(cum[:, :self.size] + cum[:, self.size:2 * self.size]).astype(np.int64)
-        into[0][self.lines[0]] += folded[:self.split]
-        into[1][self.lines[1]] += folded[self.split:]
+        into[0][self.lines[0]] += folded[:split]
+        into[1][self.lines[1]] += folded[split:]
 
 
 @dataclass(frozen=True)
