@@ -99,6 +99,7 @@ def _line_busiest(sizes: np.ndarray) -> int:
     return int(max(west.max(), east.max()))
 
 
+@lru_cache(maxsize=1 << 16)
 def _line_busiest_prefix(size: int, chunk: int, left: int) -> int:
     """`_line_busiest` of a line whose receivers hold ``min(chunk, what is left)`` of
     ``left`` elements in order (full chunks, one partial, then none), in O(1): both
@@ -176,10 +177,17 @@ def _group_tile(chip: Chip, ncores: int, group: int, col_ring: int, row_ring: in
     """(`place.group_tile` of the op's region, the region's width in blocks), as
     `place.physical_cores` lays an op of ``ncores`` cores in blocks of ``row_ring x
     col_ring``."""
+    return _grid_group_tile(chip.rows, chip.cols, ncores, group, col_ring, row_ring)
+
+
+@lru_cache(maxsize=1 << 14)
+def _grid_group_tile(rows: int, cols: int, ncores: int, group: int, col_ring: int,
+                     row_ring: int) -> tuple[tuple[int, int] | None, int]:
+    """`_group_tile` on a mesh of ``rows x cols`` (all it reads of the chip): the searches
+    price the same few groups for thousands of candidate plans."""
     nblocks = ceil_div(ncores, col_ring * row_ring)
-    width = region_width(Embedding(chip.rows, chip.cols, "", col_ring, "", row_ring), nblocks,
-                         group)
-    return group_tile(width, chip.rows // row_ring, nblocks, group), width
+    width = region_width(Embedding(rows, cols, "", col_ring, "", row_ring), nblocks, group)
+    return group_tile(width, rows // row_ring, nblocks, group), width
 
 
 def _digit_values(digits: tuple[Digit, ...], height: int, width: int

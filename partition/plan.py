@@ -36,6 +36,8 @@ combined by a reduce-scatter, each member ending with ``1/group`` of the block.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -136,13 +138,16 @@ class Geometry:
 
     @cached_property
     def phys(self) -> np.ndarray:
-        """(ncores,): the physical core each logical core runs on."""
+        """(ncores,): the physical core each logical core runs on (read-only)."""
         if self.cores is not None:
-            return np.asarray(self.cores, dtype=np.int64)
-        if self.embed is None:
-            return np.arange(self.ncores, dtype=np.int64)
-        reduction = {a for a in self.axes if a not in self.op.output.axes}
-        return grid_physical_cores(self.F, self.axes, reduction, self.embed)
+            phys = np.asarray(self.cores, dtype=np.int64)
+        elif self.embed is None:
+            phys = np.arange(self.ncores, dtype=np.int64)
+        else:
+            reduction = {a for a in self.axes if a not in self.op.output.axes}
+            phys = grid_physical_cores(self.F, self.axes, reduction, self.embed)
+        phys.flags.writeable = False
+        return phys
 
     @property
     def placed(self) -> bool:
@@ -152,8 +157,10 @@ class Geometry:
 
     @cached_property
     def coords(self) -> np.ndarray:
-        """(ncores, naxes): core c's coordinate on each axis of the core grid."""
-        return grid_coords(self.F)
+        """(ncores, naxes): core c's coordinate on each axis of the core grid (read-only)."""
+        coords = grid_coords(self.F)
+        coords.flags.writeable = False
+        return coords
 
     @cached_property
     def block_origin(self) -> np.ndarray:
@@ -174,6 +181,7 @@ class Geometry:
                 col += self.coords[:, self.axes.index(d)]
             col %= self.T[j]
             skew[:, j] = col
+        skew.flags.writeable = False
         return skew
 
     def digits(self, step: int) -> tuple[int, ...]:
@@ -275,12 +283,21 @@ class Geometry:
         (negative where a window starts in the padding)."""
         block = self.block_origin
         rot = self.rotation_axis(index)
-        if rot is not None:
-            # the partition holding this step's sub-block: T / f_t consecutive sub-blocks
-            per = self.T[rot] // self.chain[index]
-            part = self.sub_index(step)[:, rot] // per
-            block = block.copy()
-            block[:, rot] += part * per * self.u[rot]
+        if rot is None:
+            return self._dims(index, block)
+        # the partition holding this step's sub-block: T / f_t consecutive sub-blocks
+        per = self.T[rot] // self.chain[index]
+        moved = self.sub_index(step)[:, rot] // per * (per * self.u[rot])
+        dims = self.dim_axes(index)
+        plain = [j for j in dims if isinstance(j, int)]
+        if len(plain) == len(dims):  # the columns taken, the rotating one moved
+            out = np.take(block, plain, axis=1)  # (not the whole block copied first)
+            for d, j in enumerate(plain):
+                if j == rot:
+                    out[:, d] += moved
+            return out
+        block = block.copy()
+        block[:, rot] += moved
         return self._dims(index, block)
 
     def partition(self, index: int, step: int) -> np.ndarray:
@@ -370,7 +387,30 @@ def operand_shapes(graph: Graph, op: TensorExpr) -> dict[str, tuple[int, ...]]:
     return {o.tensor: graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra)}
 
 
+#: the geometries made last, by op and layout (`geometry`)
+_GEOMETRIES: OrderedDict[tuple, Geometry] = OrderedDict()
+#: how many `_GEOMETRIES` keeps: a wafer plan's per-core arrays take tens of MB each
+_GEOMETRIES_KEPT = 4
+_GEOMETRIES_LOCK = threading.Lock()
+
+
 def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
+    """The `Geometry` of ``op`` (an op of ``graph``) under ``plan``. The last few are kept:
+    the planner asks for one plan's several times in a row (its owner table, its boxes, its
+    reduce-scatter, its wanted tiles), and on a wafer each of its per-core arrays takes
+    milliseconds to build. Their arrays are read-only, so sharing them is safe."""
     shapes = operand_shapes(graph, op)
-    return Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain, plan.embed,
-                    plan.cores)
+    key = (id(op), plan.F, plan.T, plan.rot, plan.drivers, plan.chain, plan.embed, plan.cores,
+           tuple(shapes.items()))
+    with _GEOMETRIES_LOCK:
+        geo = _GEOMETRIES.get(key)
+        if geo is not None and geo.op is op:  # (an id outlives its op: the op is checked)
+            _GEOMETRIES.move_to_end(key)
+            return geo
+    geo = Geometry(op, plan.F, plan.T, plan.rot, plan.drivers, shapes, plan.chain, plan.embed,
+                   plan.cores)
+    with _GEOMETRIES_LOCK:
+        _GEOMETRIES[key] = geo
+        while len(_GEOMETRIES) > _GEOMETRIES_KEPT:
+            _GEOMETRIES.popitem(last=False)
+    return geo

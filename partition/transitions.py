@@ -124,7 +124,21 @@ class Have:
     def holds_on_all(self, phys: np.ndarray) -> bool:
         """Whether the producer left some element on every one of the distinct physical
         cores ``phys`` (not if they outnumber the cores it left any on)."""
-        return len(phys) <= self._holders and bool(self.holding(phys).all())
+        if len(phys) > self._holders:
+            return False
+        held = self._held
+        return not len(phys) or (int(phys.max()) < len(held) and bool(held[phys].all()))
+
+    @cached_property
+    def _held(self) -> np.ndarray:
+        """Per physical core up to the last one the producer uses, whether it left any
+        element there (`holding` of every core: a mask looked up once per core)."""
+        if self.boxes is None:
+            return self._owned
+        assert self.phys is not None
+        held = np.zeros(int(self.phys.max(initial=-1)) + 1, dtype=bool)
+        held[self.phys] = self._nonempty
+        return held
 
     @cached_property
     def _holders(self) -> int:
@@ -325,14 +339,15 @@ def consumer_want(graph: Graph, i: int, slot: int, plan: OpPlan) -> Want:
     return Want(geo.tile_origin(slot, 0), np.asarray(geo.tile_shape(slot)), geo.phys)
 
 
-def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None
+def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None,
+                  within: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
                   ) -> np.ndarray:
     """(len(haves), ncores): the elements each consumer core must receive, per producer
     layout. ``coords`` (ndim, numel) are the multi-indices of the tensor's elements (needed
-    only for element-wise layouts)."""
+    only for element-wise layouts); ``within``: `_within` of ``want``, if the caller has it."""
     # the wanted box within the tensor, once for every layout: an overlap is then
     # max(min(his) - max(los), 0) per dimension
-    w_lo, w_hi, wanted = _within(want, extent)
+    w_lo, w_hi, wanted = within if within is not None else _within(want, extent)
     out = np.empty((len(haves), len(want.origin)), dtype=np.int64)
     owned = []
     for k, have in enumerate(haves):
@@ -371,7 +386,8 @@ def most_remote(haves: list[Have], want: Want, extent: np.ndarray, coords: np.nd
     GEMV hands the next one a vector of which most of its 750,000 cores hold nothing, in
     boxes or, reduce-scattered, element by element), with no core counted; the others
     counted."""
-    wanted = _within(want, extent)[2]
+    within = _within(want, extent)
+    wanted = within[2]
     top = int(wanted.max(initial=0))
     at_top = want.phys[wanted == top]
     out = np.zeros(len(haves), dtype=np.int64)
@@ -383,7 +399,7 @@ def most_remote(haves: list[Have], want: Want, extent: np.ndarray, coords: np.nd
             counted.append(k)
     if counted:
         out[counted] = remote_counts([haves[k] for k in counted], want, extent,
-                                     coords).max(axis=1, initial=0)
+                                     coords, within).max(axis=1, initial=0)
     return out
 
 
