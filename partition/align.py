@@ -150,11 +150,10 @@ def plan_on_boxes(graph: Graph, i: int, slot: int, origin: np.ndarray, shape: np
     drivers: tuple[tuple[str, ...], ...] = ((),) * len(names)
     chain = (1,) * nops
     shapes = operand_shapes(graph, op)
-    placed = tuple(int(c) for c in cores)
-    if placed == tuple(range(len(placed))):
+    if np.array_equal(cores, np.arange(len(cores))):
         placed_or_none = None  # the row-major numbering already matches
     else:
-        placed_or_none = placed
+        placed_or_none = tuple(cores.tolist())
     geo = Geometry(op, tuple(F), T, rot, drivers, shapes, chain, None, placed_or_none)
     if chip.is_mesh and geo.reduce_group > 1:
         return None  # see the module doc

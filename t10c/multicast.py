@@ -127,15 +127,18 @@ class _LineLegs:
     Difference arrays and cumulative sums: O(legs + links), never a loop over legs. Only
     the lines some leg runs along one way are summed that way (a small op's exchange touches
     a few of a wafer's hundreds), each alone, both ways in one pass: a row per (way, line),
-    each ``2 size + 1`` wide, so that a leg that wraps round a torus runs on past the end
-    and is folded back. Loads are sums of whole bytes in float64 (`np.bincount`), exact
-    below 2^53 in any order, so the same integers whatever the order of the legs."""
+    each ``2 size + 1`` wide where some leg wraps round a torus (it runs on past the end and
+    is folded back), else ``size + 1`` (a mesh's legs never wrap). Loads are sums of whole
+    bytes in float64 (`np.bincount`), exact below 2^53 in any order, so the same integers
+    whatever the order of the legs."""
 
     def __init__(self, line: np.ndarray, start: np.ndarray, pos: np.ndarray, neg: np.ndarray,
                  nlines: int, size: int) -> None:
         self.size = size
-        self.width = width = 2 * size + 1
         up, down = np.flatnonzero(pos > 0), np.flatnonzero(neg > 0)
+        self.wraps = bool((start[up] + pos[up] > size).any()
+                          or (start[down] < neg[down]).any())
+        self.width = width = 2 * size + 1 if self.wraps else size + 1
         self.up, self.down = up, down
         rows = []
         self.lines: list[np.ndarray] = []
@@ -161,7 +164,9 @@ class _LineLegs:
         diff = np.bincount(self.index, weights=np.concatenate([up, -up, down, -down]),
                            minlength=n * self.width).reshape(n, self.width)
         cum = np.cumsum(diff, axis=1)
-        folded = np.rint(cum[:, :self.size] + cum[:, self.size:2 * self.size]).astype(np.int64)
+        loads = cum[:, :self.size] + cum[:, self.size:2 * self.size] if self.wraps \
+            else cum[:, :self.size]
+        folded = np.rint(loads).astype(np.int64)
         into[0][self.lines[0]] += folded[:split]
         into[1][self.lines[1]] += folded[split:]
 
