@@ -73,9 +73,10 @@ def route(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> R
         dx, hx = _leg(sc, dc, cols, torus)
         dy, hy = _leg(sr, dr, rows, torus)
         weights = b.astype(np.float64)
-        east, west = _line_loads(sr, sc, dx, weights, rows, cols)
-        south_t, north_t = _line_loads(dc, sr, dy, weights, cols, rows)
-        loads += np.stack([east, west, south_t.T, north_t.T])
+        # added straight into the phase's loads (the Y legs' lines are columns: transposed
+        # views), only the lines some transfer uses: no wafer-sized temporaries
+        _line_loads(sr, sc, dx, weights, rows, cols, into=(loads[0], loads[1]))
+        _line_loads(dc, sr, dy, weights, cols, rows, into=(loads[2].T, loads[3].T))
         hops = max(hops, int((hx + hy).max()))
     if not moved:
         return Routed(0, 0, 0, None)
