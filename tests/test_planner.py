@@ -247,3 +247,32 @@ def test_slice_offsets_are_origin_less_tile_origin(name: str, chip: str) -> None
                                           geo._dims(i, geo.origin(s)) - geo.tile_origin(i, s))
                     checked += 1
     assert checked > 500
+
+
+def test_geometries_are_kept_shared_and_read_only() -> None:
+    """`partition.geometry` hands back the geometry it made for the same op and plan while
+    it is among the last few (the planner asks for one plan's several times in a row), a new
+    one for another plan or for another op object alike, and the per-core arrays it shares
+    are read-only: no caller can change what the others read."""
+    from t10c.partition import geometry, search_op_front
+    from t10c.partition import plan as plan_module
+
+    graph = matmul_graph(12, 16, 8)
+    op = graph.ops[0]
+    front = search_op_front(graph, op, BASE, "fp32").front
+    first = front[0]
+    geo = geometry(graph, op, first)
+    assert geometry(graph, op, first) is geo
+    assert geometry(graph, op, dataclasses.replace(first, op="renamed")) is geo  # (layout)
+    assert geometry(graph, op, front[1]) is not geo
+    assert geometry(graph, dataclasses.replace(op), first) is not geo  # an equal op, not it
+    for values in (geo.phys, geo.coords, geo.skew, geo.block_origin):
+        with pytest.raises(ValueError, match="read-only"):
+            values[...] = 0
+    kept = plan_module._GEOMETRIES_KEPT
+    others = [dataclasses.replace(first, F=tuple(f + k for f in first.F))
+              for k in range(1, kept + 1)]
+    for p in others:  # as many other plans as are kept: the first is no longer among them
+        geometry(graph, op, p)
+    again = geometry(graph, op, first)
+    assert again is not geo and np.array_equal(again.tile_origin(0, 0), geo.tile_origin(0, 0))
