@@ -387,6 +387,12 @@ def operand_shapes(graph: Graph, op: TensorExpr) -> dict[str, tuple[int, ...]]:
     return {o.tensor: graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra)}
 
 
+def layout_key(plan: OpPlan) -> tuple:
+    """The fields of a plan that place its tiles (`geometry`): not its name, its costs or
+    whether it warms its weights up."""
+    return (plan.F, plan.T, plan.rot, plan.drivers, plan.chain, plan.embed, plan.cores)
+
+
 #: the geometries made last, by op and layout (`geometry`)
 _GEOMETRIES: OrderedDict[tuple, Geometry] = OrderedDict()
 #: how many `_GEOMETRIES` keeps: a wafer plan's per-core arrays take tens of MB each
@@ -400,8 +406,7 @@ def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
     reduce-scatter, its wanted tiles), and on a wafer each of its per-core arrays takes
     milliseconds to build. Their arrays are read-only, so sharing them is safe."""
     shapes = operand_shapes(graph, op)
-    key = (id(op), plan.F, plan.T, plan.rot, plan.drivers, plan.chain, plan.embed, plan.cores,
-           tuple(shapes.items()))
+    key = (id(op), layout_key(plan), tuple(shapes.items()))
     with _GEOMETRIES_LOCK:
         geo = _GEOMETRIES.get(key)
         if geo is not None and geo.op is op:  # (an id outlives its op: the op is checked)

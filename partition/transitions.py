@@ -62,7 +62,7 @@ from .cost import (
     spread_owner,
 )
 from .place import exchange_estimate, region_span, relayout_estimate
-from .plan import Cycles, Geometry, OpPlan, geometry
+from .plan import Cycles, Geometry, OpPlan, geometry, layout_key
 from .pod import chip_wanted, element_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
 
@@ -114,12 +114,9 @@ class Have:
 
     def holding(self, phys: np.ndarray) -> np.ndarray:
         """Per physical core of ``phys``, whether the producer left any element there."""
-        if self.boxes is None:
-            owned = self._owned
-            return np.where(phys < len(owned), owned[np.minimum(phys, len(owned) - 1)], False) \
-                if len(owned) else np.zeros(len(phys), dtype=bool)
-        at = self._at(phys)
-        return (at >= 0) & self._nonempty[np.maximum(at, 0)]
+        held = self._held
+        return np.where(phys < len(held), held[np.minimum(phys, len(held) - 1)], False) \
+            if len(held) else np.zeros(len(phys), dtype=bool)
 
     def holds_on_all(self, phys: np.ndarray) -> bool:
         """Whether the producer left some element on every one of the distinct physical
@@ -132,7 +129,7 @@ class Have:
     @cached_property
     def _held(self) -> np.ndarray:
         """Per physical core up to the last one the producer uses, whether it left any
-        element there (`holding` of every core: a mask looked up once per core)."""
+        element there."""
         if self.boxes is None:
             return self._owned
         assert self.phys is not None
@@ -142,9 +139,8 @@ class Have:
 
     @cached_property
     def _holders(self) -> int:
-        """How many physical cores the producer left some element on (each producer core
-        runs on a core of its own)."""
-        return int(np.count_nonzero(self._owned if self.boxes is None else self._nonempty))
+        """How many physical cores the producer left some element on."""
+        return int(np.count_nonzero(self._held))
 
     @cached_property
     def _owned(self) -> np.ndarray:
@@ -517,12 +513,6 @@ _HAVES: dict[tuple, bytes] = {}
 _DIGESTS_LIMIT = 1 << 16
 #: box entries (8 bytes each) a compile keeps of producers' layouts (`Views.have`): 256 MiB
 _KEPT_LIMIT = 1 << 25
-
-
-def layout_key(plan: OpPlan) -> tuple:
-    """The fields of a plan that place its tiles (`plan.geometry`): not its name, its costs
-    or whether it warms its weights up."""
-    return (plan.F, plan.T, plan.rot, plan.drivers, plan.chain, plan.embed, plan.cores)
 
 
 class Views:
