@@ -84,6 +84,7 @@ from .kernels import (
     to_storage,
 )
 from .timing import (
+    ByArrays,
     EmulatorError,
     PhaseRecord,
     Progress,
@@ -777,15 +778,14 @@ class Gathers:
     BUDGET = 1 << 28
 
     def __init__(self) -> None:
-        self.cache: dict[tuple[int, bytes, bytes], tuple[np.ndarray, np.ndarray | None]] = {}
+        self.cache: ByArrays[tuple[np.ndarray, np.ndarray | None]] = ByArrays()
         self.bytes = 0
 
     def index(self, p: Pattern, src_width: int, width: int
               ) -> tuple[np.ndarray, np.ndarray | None]:
         """(flat index into a ``(cores, src_width)`` array, padding mask or None) of every
         distinct pattern's elements, ``(patterns, width)``."""
-        key = (src_width, p.start.tobytes(), p.runs.tobytes())
-        hit = self.cache.get(key)
+        hit = self.cache.get((p.start, p.runs), src_width)
         if hit is not None:
             return hit
         core, off = unique_expand(p, width)
@@ -794,7 +794,7 @@ class Gathers:
         entry = flat, (hole if hole.any() else None)
         size = flat.nbytes + (hole.nbytes if entry[1] is not None else 0)
         if self.bytes + size <= self.BUDGET:
-            self.cache[key] = entry
+            self.cache.put((p.start, p.runs), entry, src_width)
             self.bytes += size
         return entry
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import bisect
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from t10c.multicast import Relay, exchange_trees, grouped_relay, multicast_route
 from .routing import Routed, route_phase
 
 Progress = Callable[[str, int, int], None]
+
+
+V = TypeVar("V")
 
 
 class EmulatorError(RuntimeError):
@@ -138,9 +141,9 @@ class TimingMachine:
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
         self.routes: dict[tuple, Routed] = {}  # routes by a digest of their transfers
         #: an exchange pattern's (sources, destinations, counts, crossing pairs on a pod)
-        self.counted: dict[tuple[bytes, ...], tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                    tuple[np.ndarray, np.ndarray, np.ndarray]
-                                                    | None]] = {}
+        self.counted: ByArrays[tuple[np.ndarray, np.ndarray, np.ndarray,
+                                     tuple[np.ndarray, np.ndarray, np.ndarray] | None]] = \
+            ByArrays()
         self.host: dict[str, np.ndarray] = {}
         self.executed = 0  # instructions stepped so far: the index of the next one
         #: bound methods, so that a subclass's handlers are the ones called
@@ -473,8 +476,7 @@ class TimingMachine:
             self.multicast_exchange(ins, p, here, size)
             return
         # repeated layers exchange by the same patterns: their counts are worked out once
-        key = (ins.pat.tobytes(), p.start.tobytes(), p.runs.tobytes(),
-               b"" if ins.cores is None else b"on" + ins.cores.tobytes())
+        key = (p.pat, p.start, p.runs, ins.cores)
         counted = self.counted.get(key)
         if counted is None:
             if self.chip.is_mesh:
@@ -489,7 +491,7 @@ class TimingMachine:
                                                 self.chip.chips)
                 counted = (np.full(n, -1), here, received(p, here), crossing)
             if not self.chip.is_mesh:  # a wafer's pairs are too many to keep for every pattern
-                self.counted[key] = counted
+                self.counted.put(key, counted)
         src, dst, count, crossing = counted
         self.receive(ins.op, ins.phase, src, dst, count * size)
         if crossing is not None:
@@ -706,6 +708,38 @@ class Spans:
             return
         j = bisect.bisect_left(self.starts, start)
         del self.starts[j], self.ends[j], self.ids[j]
+
+
+class ByArrays(Generic[V]):
+    """Values keyed by arrays' contents (and a hashable ``extra``), looked up first by the
+    arrays' identities: a program's repeated layers share one array per distinct pattern,
+    and copying and hashing their bytes at every instruction took a few percent of a
+    functional run. Equal arrays that are different objects find the same value by their
+    bytes (then by identity too)."""
+
+    def __init__(self) -> None:
+        self.by_bytes: dict[tuple, V] = {}
+        self.by_id: dict[tuple, tuple[tuple[np.ndarray | None, ...], V]] = {}
+
+    def get(self, arrays: tuple[np.ndarray | None, ...], extra: Hashable = None) -> V | None:
+        ident = (extra, tuple(map(id, arrays)))
+        hit = self.by_id.get(ident)
+        if hit is not None and all(a is b for a, b in zip(hit[0], arrays)):
+            return hit[1]
+        value = self.by_bytes.get(self._key(arrays, extra))
+        if value is not None:
+            self.by_id[ident] = (arrays, value)
+        return value
+
+    def put(self, arrays: tuple[np.ndarray | None, ...], value: V, extra: Hashable = None
+            ) -> None:
+        self.by_bytes[self._key(arrays, extra)] = value
+        self.by_id[(extra, tuple(map(id, arrays)))] = (arrays, value)
+
+    @staticmethod
+    def _key(arrays: tuple[np.ndarray | None, ...], extra: Hashable) -> tuple:
+        return (extra, tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes())
+                             for a in arrays))
 
 
 def _rows(ins: Instr, n: int) -> np.ndarray | slice:

@@ -502,3 +502,23 @@ def test_live_spans_find_the_overlaps_a_pass_would(ops: list[tuple[bool, int, in
         if found is None:
             live[n] = (start, end)
             spans.add(start, end, n)
+
+
+def test_caches_keyed_by_arrays_find_equal_contents() -> None:
+    """The exchange caches' keys (`ByArrays`): the same arrays hit by identity, equal arrays
+    that are other objects by their bytes, and other contents, shapes, dtypes or extras
+    miss."""
+    from t10c.emulator.timing import ByArrays
+
+    cache: ByArrays[str] = ByArrays()
+    runs, start = np.arange(12, dtype=np.int32).reshape(3, 4), np.array([0, 3], dtype=np.int64)
+    cache.put((start, runs, None), "value", 64)
+    assert cache.get((start, runs, None), 64) == "value"
+    assert cache.get((start.copy(), runs.copy(), None), 64) == "value"
+    assert cache.get((start, runs, None), 32) is None
+    assert cache.get((start, runs, np.arange(2)), 64) is None
+    changed = runs.copy()
+    changed[2, 3] = -1
+    assert cache.get((start, changed, None), 64) is None
+    assert cache.get((start, runs.reshape(4, 3), None), 64) is None
+    assert cache.get((start, runs.astype(np.int64), None), 64) is None
