@@ -289,15 +289,36 @@ def _row_keys(rows: np.ndarray) -> np.ndarray:
 
 
 def _members(geo: Geometry) -> tuple[np.ndarray, np.ndarray]:
-    """(members (blocks, G) logical cores by core id, position of each core among them)."""
+    """(members (blocks, G) logical cores by core id, position of each core among them):
+    the blocks in their origins' order, each block's members by core id."""
     out = len(geo.op.inputs)
     group = geo.reduce_group
-    origin = geo.tile_origin(out, geo.steps - 1)
-    order = np.argsort(_row_keys(origin), kind="stable")  # by block, then by core id
-    members = order.reshape(-1, group)
+    axes = geo.dim_axes(out)
+    dims = [j for j in axes if isinstance(j, int)]
+    red = [j for j, a in enumerate(geo.axes) if a not in geo.op.output.axes]
+    if (geo.rotation_axis(out) is None and len(dims) == len(axes)
+            and sorted([*dims, *red]) == list(range(len(geo.axes)))):
+        # (output dimensions are plain axes) a block's origin on dimension d is its digit on
+        # that dimension's axis times the block: the blocks in their origins' order are the
+        # output axes' digits in the dimensions' order, and a block's members by core id
+        # its reduction axes' digits in theirs, so the core grid's axes moved (no sort of a
+        # wafer's cores)
+        perm = [*dims, *red]
+        members = np.arange(geo.ncores, dtype=np.int64).reshape(geo.F).transpose(
+            perm).reshape(-1, group)
+    else:
+        members = _sorted_members(geo)
     pos = np.empty(geo.ncores, dtype=np.int64)
     pos[members] = np.arange(group)[None, :]
     return members, pos
+
+
+def _sorted_members(geo: Geometry) -> np.ndarray:
+    """`_members`' groups found by sorting the cores by their output tiles' origins (the
+    definition; a rotating output's tiles move)."""
+    origin = geo.tile_origin(len(geo.op.inputs), geo.steps - 1)
+    order = np.argsort(_row_keys(origin), kind="stable")  # by block, then by core id
+    return order.reshape(-1, geo.reduce_group)
 
 
 def _rectangle(geo: Geometry, members: np.ndarray

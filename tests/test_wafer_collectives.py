@@ -188,3 +188,33 @@ def test_replayed_link_loads_sparse_and_dense() -> None:
     sparse.add_to(loads)
     dense.add_to(loads)
     assert (loads == 2 * delta + 2).all()
+
+
+def test_reduce_groups_by_the_grid_are_the_sorted_ones() -> None:
+    """`_members` takes a plan's reduce groups from its core grid's axes where the output does
+    not rotate: the same groups, in the same order, as sorting the cores by their output
+    tiles' origins; a rotating output's are sorted."""
+    from t10c.ir import Operand, TensorExpr
+    from t10c.partition.collectives import _members, _sorted_members
+    from t10c.partition.plan import Geometry
+
+    rng = np.random.default_rng(5)
+    for _ in range(150):
+        # C[b, n, m] += A[b, m, k] * B[k, n]: the output's dimensions in another order than
+        # the axes', two of them split
+        sizes = {a: int(rng.integers(1, 9)) for a in "bmkn"}
+        expr = TensorExpr("bmm", tuple(sizes.items()), Operand("C", ("b", "n", "m")),
+                          (Operand("A", ("b", "m", "k")), Operand("B", ("k", "n"))), "sum",
+                          ("mul", ("in", 0), ("in", 1)))
+        F = tuple(int(rng.integers(1, min(e, 4) + 1)) for e in sizes.values())
+        rotate = bool(rng.integers(0, 2)) and F[1] > 1
+        T = (1, 2 if rotate else 1, 1, 1)
+        rot = ((), (), (), ("m",) if rotate else ())
+        geo = Geometry(expr, F, T, rot, ((), (), (), ()), {})
+        if geo.reduce_group < 1:
+            continue
+        members, pos = _members(geo)
+        want = _sorted_members(geo)
+        assert np.array_equal(members, want), (F, rotate)
+        assert np.array_equal(members[np.arange(len(members))[:, None], pos[members]],
+                              members)
