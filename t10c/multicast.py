@@ -161,12 +161,12 @@ class _LineLegs:
             return
         w = np.asarray(weights, dtype=np.float64)
         up, down = w[self.up], w[self.down]
-        diff = np.bincount(self.index, weights=np.concatenate([up, -up, down, -down]),
-                           minlength=n * self.width).reshape(n, self.width)
-        cum = np.cumsum(diff, axis=1)
+        cum = np.bincount(self.index, weights=np.concatenate([up, -up, down, -down]),
+                          minlength=n * self.width).reshape(n, self.width)
+        np.cumsum(cum, axis=1, out=cum)  # (in place: no second wafer-sized array)
         loads = cum[:, :self.size] + cum[:, self.size:2 * self.size] if self.wraps \
             else cum[:, :self.size]
-        folded = np.rint(loads).astype(np.int64)
+        folded = loads.astype(np.int64)  # (whole numbers, exact: no rounding to do)
         into[0][self.lines[0]] += folded[:split]
         into[1][self.lines[1]] += folded[split:]
 
