@@ -715,7 +715,8 @@ class ByArrays(Generic[V]):
     arrays' identities: a program's repeated layers share one array per distinct pattern,
     and copying and hashing their bytes at every instruction took a few percent of a
     functional run. Equal arrays that are different objects find the same value by their
-    bytes (then by identity too)."""
+    bytes (then by identity too). The arrays must not change once keyed (a program's
+    tables do not); the identities are kept with references, so an id is never reused."""
 
     def __init__(self) -> None:
         self.by_bytes: dict[tuple, V] = {}
