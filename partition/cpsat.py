@@ -21,12 +21,16 @@ Shared by the whole-graph plan choice (`solve.py`) and codegen's SRAM layout rep
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from google.protobuf import text_format  # type: ignore[import-untyped]
 from ortools.linear_solver import linear_solver_pb2, pywraplp  # type: ignore[import-untyped]
+from ortools.sat import cp_model_pb2
 from ortools.sat.python import cp_model
 
 Progress = Callable[[str, int, int], None]
@@ -157,7 +161,7 @@ def _wait_out(finished: threading.Event) -> None:
             continue
 
 
-def _ends(domain: list[int]) -> tuple[float, float]:
+def _ends(domain: Sequence[int]) -> tuple[float, float]:
     """A CP-SAT domain's hull, its open ends (written as the int64 extremes) infinite."""
     return tuple(v if abs(v) < 2 ** 62 else math.copysign(math.inf, v)  # type: ignore
                  for v in (domain[0], domain[-1]))
@@ -222,23 +226,41 @@ class Relaxing:
             self._running.cancel()
 
 
+def _model_message(model: cp_model.CpModel) -> Any:
+    """``model``'s proto as a protobuf message. ortools hands its proto out as a wrapper whose
+    fields cross into C++ one element at a time: reading a wafer model's 125,000 variables'
+    domains so took half a second, where writing the model out whole and parsing it back
+    takes a few milliseconds. Where no temporary file can be written, through its text."""
+    message = cp_model_pb2.CpModelProto()
+    try:
+        with tempfile.TemporaryDirectory(prefix="t10c-lp-") as tmp:
+            path = os.path.join(tmp, "model.pb")
+            if model.export_to_file(path):
+                with open(path, "rb") as fh:
+                    message.ParseFromString(fh.read())
+                return message
+    except OSError:
+        pass
+    return text_format.Parse(str(model.proto), message)
+
+
 def _lp_model(model: cp_model.CpModel) -> Any:
     """``model`` relaxed (`Relaxing`) as an `MPModelProto`."""
-    proto = model.proto
+    proto = _model_message(model)
     lp_model = linear_solver_pb2.MPModelProto()
     columns = lp_model.variable
-    # (the proto's repeated fields do not index from the end: read them as lists)
     for v in proto.variables:
         column = columns.add()
-        column.lower_bound, column.upper_bound = _ends(list(v.domain))
+        column.lower_bound, column.upper_bound = _ends(v.domain)
     rows = lp_model.constraint
     for ct in proto.constraints:
         if ct.enforcement_literal:
             continue
-        if ct.has_exactly_one():
+        kind = ct.WhichOneof("constraint")
+        if kind == "exactly_one":
             refs = list(ct.exactly_one.literals)
             coeffs, (low, high) = [1] * len(refs), (1.0, 1.0)
-        elif ct.has_linear():
+        elif kind == "linear":
             refs, coeffs = list(ct.linear.vars), list(ct.linear.coeffs)
             low, high = _ends(list(ct.linear.domain))
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,3 +153,37 @@ def test_liveness_is_its_definition(data, n: int) -> None:
     assert liveness(graph) is terms
     again = Graph("dag", dict(tensors), tuple(ops), {}, {}, ("x",), graph.outputs)
     assert liveness(again) == terms
+
+
+def test_lp_relaxation_reads_the_model_whole_or_by_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LP relaxation's model (`cpsat._lp_model`) is the same whether ortools writes the
+    CP model out whole or, where no temporary file can be written, it is read as text: bounds
+    with open ends, negated literals, a variable named twice, an exactly-one, an enforced
+    constraint left out, and the objective."""
+    from ortools.sat.python import cp_model
+
+    from t10c.partition import cpsat
+
+    model = cp_model.CpModel()
+    x = model.new_int_var(0, 9, "x")
+    y = model.new_int_var(-5, cp_model.INT_MAX, "y")
+    a, b = model.new_bool_var("a"), model.new_bool_var("b")
+    model.add(x + 2 * y - a >= 1)
+    model.add(x + x + ~b <= 7)
+    model.add_exactly_one([a, b])
+    model.add(y <= 3).only_enforce_if(a)
+    model.minimize(3 * x + y + 5 * a)
+    whole = cpsat._lp_model(model)
+    assert len(whole.variable) == 4 and len(whole.constraint) == 3
+    assert whole.variable[1].upper_bound == float("inf")
+    assert [c.objective_coefficient for c in whole.variable] == [3.0, 1.0, 5.0, 0.0]
+    doubled = whole.constraint[1]
+    assert list(doubled.var_index) == [0, 3] and list(doubled.coefficient) == [2.0, -1.0]
+    assert doubled.upper_bound == 6.0  # x + x + (1 - b) <= 7
+
+    def refuse(self: cp_model.CpModel, path: str) -> bool:
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(cp_model.CpModel, "export_to_file", refuse)
+    assert cpsat._lp_model(model).SerializeToString(deterministic=True) == \
+        whole.SerializeToString(deterministic=True)
