@@ -230,7 +230,8 @@ def _model_message(model: cp_model.CpModel) -> Any:
     """``model``'s proto as a protobuf message. ortools hands its proto out as a wrapper whose
     fields cross into C++ one element at a time: reading a wafer model's 125,000 variables'
     domains so took half a second, where writing the model out whole and parsing it back
-    takes a few milliseconds. Where no temporary file can be written, through its text."""
+    takes 20 to 40 ms, and reading the domains from the message 35 ms. Where no temporary
+    file can be written, through its text."""
     message = cp_model_pb2.CpModelProto()
     try:
         with tempfile.TemporaryDirectory(prefix="t10c-lp-") as tmp:
