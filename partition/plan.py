@@ -289,10 +289,9 @@ class Geometry:
         per = self.T[rot] // self.chain[index]
         moved = self.sub_index(step)[:, rot] // per * (per * self.u[rot])
         dims = self.dim_axes(index)
-        plain = [j for j in dims if isinstance(j, int)]
-        if len(plain) == len(dims):  # the columns taken, the rotating one moved
-            out = np.take(block, plain, axis=1)  # (not the whole block copied first)
-            for d, j in enumerate(plain):
+        if all(isinstance(j, int) for j in dims):  # the columns taken, the rotating one moved
+            out = self._dims(index, block)  # (a new array: not the whole block copied first)
+            for d, j in enumerate(dims):
                 if j == rot:
                     out[:, d] += moved
             return out
