@@ -8,23 +8,33 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import queue
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
-from t10c import frontend, heap, models
+from t10c import forked, frontend, heap, models
 from t10c.chips import Chip
-from t10c.codegen import Buffer, Program, StreamedOverflow, generate, stream, streamed_layout
+from t10c.codegen import (
+    Buffer,
+    CodegenError,
+    Program,
+    StreamedOverflow,
+    generate,
+    stream,
+    streamed_layout,
+)
 from t10c.codegen.epilogue import program_exprs
 from t10c.codegen.memory import Layout
 from t10c.codegen.verify import verify_program
-from t10c.emulator import Timeline, TimingMachine, emulate
+from t10c.emulator import EmulatorError, Timeline, TimingMachine, emulate
 from t10c.fusion import BEST_OF, FUSIONS
 from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
@@ -386,8 +396,16 @@ def _time_streamed(graph: Graph, plan: Plan, chip: Chip, progress: Progress | No
                      program_exprs(graph), (), {}, graph.outputs, 0)
     machine = TimingMachine(header, chip)
     issued: list[int] = []
-    program = stream(graph, plan, chip, buffers, _TimingSink(machine), progress, fixed,
-                     issued)
+    # timed on a thread beside codegen where a compile's work is shared among processes too
+    # (a wafer's; `T10C_JOBS=1` keeps it in line)
+    piped = forked.jobs_for(chip.cores * len(graph.ops)) > 1
+    sink = _PipedSink(machine) if piped else _TimingSink(machine)
+    try:
+        program = stream(graph, plan, chip, buffers, sink, progress, fixed, issued)
+    except BaseException as exc:
+        sink.close(exc)
+        raise
+    sink.close()
     machine.flush()
     later = sum(a != b for a, b in zip(issued, plan.dram_issue))
     if later:
@@ -415,6 +433,89 @@ class _TimingSink:
 
     def __call__(self, ins: object) -> None:
         self.machine.step(ins)  # type: ignore[arg-type]
+
+    def close(self, failed: BaseException | None = None) -> None:
+        """Nothing to wait for: every instruction was stepped as it came."""
+
+
+class _PipedSink:
+    """`_TimingSink`'s work on a thread of its own: codegen goes on generating the next
+    instructions while the machine times those before, in the order they came (a wafer's
+    codegen and its timing are each about half of that stage, and one core idled).
+
+    The machine is a pure function of the stream, so the timeline is the same as
+    `_TimingSink`'s. Codegen never reads the machine: `mark` gives a box that the machine
+    fills when it gets there, which codegen hands back to `since` as it would the mark;
+    `since` fills ``cached`` later, and `replay`, which reads it, comes after. Instructions
+    and their arrays are not written once emitted. At most `PIPED` wait, so that the queue
+    holds a few instructions' tables, not a wafer's program.
+
+    A failure of the machine stops it (what follows is not timed) and is raised by `close`
+    as codegen's (`CodegenError`: the machine refused the program it made), or by the next
+    call, before codegen goes further. Where codegen fails, `close` lets the machine finish
+    what came before and raises the machine's failure if it had one: the one that comes
+    first in the stream, as it would with `_TimingSink`."""
+
+    def __init__(self, machine: TimingMachine) -> None:
+        self.machine = machine
+        self.queue: queue.Queue[tuple[Callable[..., object], tuple] | None] = queue.Queue(
+            PIPED)
+        self.failed: BaseException | None = None
+        self.stop = False
+        self.thread = threading.Thread(target=self._work, name="t10c-timing", daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        while (item := self.queue.get()) is not None:
+            if self.failed is not None or self.stop:
+                continue
+            fn, args = item
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                self.failed = exc
+
+    def _put(self, fn: Callable[..., object], *args: object) -> None:
+        if self.failed is not None:
+            self.close()  # (raises it)
+        self.queue.put((fn, args))
+
+    def __call__(self, ins: object) -> None:
+        self._put(self.machine.step, ins)
+
+    def mark(self) -> list:
+        box: list = []
+        self._put(lambda: box.append(self.machine.mark()))
+        return box
+
+    def since(self, box: list, cached: Any) -> Any:
+        self._put(lambda: self.machine.since(box[0], cached))
+        return cached
+
+    def replay(self, op: str, cached: Any) -> None:
+        self._put(self.machine.replay, op, cached)
+
+    def written(self, buf: int, cores: np.ndarray) -> None:
+        self._put(self.machine.mark_written, buf, cores)
+
+    def close(self, failed: BaseException | None = None) -> None:
+        """Wait until the machine has taken every instruction (at once where ``failed`` is an
+        interrupt: the rest is dropped), then raise its failure, if any."""
+        if self.thread.is_alive():
+            if failed is not None and not isinstance(failed, Exception):
+                self.stop = True
+            self.queue.put(None)
+            self.thread.join()
+        if self.failed is not None and not self.stop:
+            exc, self.failed = self.failed, None
+            self.stop = True  # (raised once)
+            if isinstance(exc, EmulatorError):
+                raise CodegenError(str(exc)) from exc
+            raise exc
+
+
+#: instructions that may wait for the timing thread (`_PipedSink`)
+PIPED = 64
 
 
 def _short(name: str) -> str:

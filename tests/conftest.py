@@ -27,6 +27,7 @@ if os.environ.get("CI"):
 TIERS: dict[str, str] = {
     "test_bench": "e2e", "test_bounds": "e2e", "test_check": "e2e", "test_chips": "unit",
     "test_cli": "e2e", "test_compile_speed": "unit", "test_heap": "unit", "test_forked": "e2e",
+    "test_timing_pipe": "e2e",
     "test_siblings": "e2e",
     "test_constant_outputs": "ops", "test_decode": "e2e", "test_determinism": "e2e",
     "test_dram": "e2e", "test_pods": "e2e",
