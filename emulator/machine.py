@@ -332,7 +332,7 @@ class Machine(TimingMachine):
             # combined as the row's own chunks would be, in the same order; past the end of
             # src, the combine's identity): a few whole-row copies, not a chunk per row
             rows_of, which = lists
-            whole = src[rows_of[:, 0]].astype(np.float32)
+            whole = src[rows_of[:, 0]].astype(np.float32, copy=False)  # (a fresh array)
             for j in range(1, rows_of.shape[1]):
                 combine.ufunc(whole, src[rows_of[:, j]].astype(np.float32, copy=False),
                               out=whole)
