@@ -140,6 +140,9 @@ class TimingMachine:
         self.spread_ids = 0
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
         self.routes: dict[tuple, Routed] = {}  # routes by a digest of their transfers
+        #: link loads of replayed ops not added yet (`replay`, `finish`): by the id of
+        #: each, the loads (held, so that the id is not reused) and how many replays
+        self.replayed: dict[int, list[Any]] = {}
         #: an exchange pattern's (sources, destinations, counts, crossing pairs on a pod)
         self.counted: ByArrays[tuple[np.ndarray, np.ndarray, np.ndarray,
                                      tuple[np.ndarray, np.ndarray, np.ndarray] | None]] = \
@@ -322,13 +325,13 @@ class TimingMachine:
     # -- streamed timing-only runs: repeated layers ----------------------------------------
     def mark(self) -> tuple[int, np.ndarray | None]:
         """Where the timeline stands (records and link loads), before an op."""
-        self.flush()
+        self.finish()
         links = self.timeline.link_bytes
         return len(self.timeline.records), None if links is None else links.copy()
 
     def since(self, mark: tuple[int, np.ndarray | None], cached: Any) -> Any:
         """Store on ``cached`` what the timeline gained since ``mark``: one op's records."""
-        self.flush()
+        self.finish()
         start, links = mark
         cached.records = [(r.phase, r.cycles, r.bytes_per_core, r.hops)
                           for r in self.timeline.records[start:]]
@@ -338,15 +341,25 @@ class TimingMachine:
         return cached
 
     def replay(self, op: str, cached: Any) -> None:
-        """Append the records of an earlier op with the same instructions, as op ``op``."""
+        """Append the records of an earlier op with the same instructions, as op ``op``. Its
+        link loads are added by `finish`, once per distinct op times its replays (a wafer's
+        are megabytes, and its repeated layers replay them hundreds of times)."""
         self.flush()
         for phase, cycles, nbytes, hops in cached.records:
             self.record(op, phase, cycles, nbytes, hops)
         if cached.link_bytes is not None:
-            if self.timeline.link_bytes is None:
-                self.timeline.link_bytes = np.zeros(cached.link_bytes.shape, dtype=np.int64)
-            cached.link_bytes.add_to(self.timeline.link_bytes)
+            self.replayed.setdefault(id(cached.link_bytes), [cached.link_bytes, 0])[1] += 1
         self.credit = 0
+
+    def finish(self) -> None:
+        """`flush`, and add the link loads of the replays so far to the timeline's (sums of
+        whole bytes: the same in any order). The timeline is whole once this is called."""
+        self.flush()
+        for delta, times in self.replayed.values():
+            if self.timeline.link_bytes is None:
+                self.timeline.link_bytes = np.zeros(delta.shape, dtype=np.int64)
+            delta.add_to(self.timeline.link_bytes, times)
+        self.replayed.clear()
 
     def mark_written(self, buf: int, cores: np.ndarray) -> None:
         self.written[buf][cores] = True
@@ -661,12 +674,13 @@ class _LinkDelta:
             return _LinkDelta(delta.shape, used.astype(np.int32), delta.ravel()[used])
         return _LinkDelta(delta.shape, None, delta)
 
-    def add_to(self, loads: np.ndarray) -> None:
-        """Add these loads to ``loads`` (of ``shape``) in place."""
+    def add_to(self, loads: np.ndarray, times: int = 1) -> None:
+        """Add these loads, ``times`` over, to ``loads`` (of ``shape``) in place."""
+        values = self.values if times == 1 else self.values * times
         if self.index is None:
-            loads += self.values
+            loads += values
         else:
-            loads.reshape(-1)[self.index] += self.values
+            loads.reshape(-1)[self.index] += values
 
 
 class Spans:

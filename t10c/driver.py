@@ -406,7 +406,7 @@ def _time_streamed(graph: Graph, plan: Plan, chip: Chip, progress: Progress | No
         sink.close(exc)
         raise
     sink.close()
-    machine.flush()
+    machine.finish()
     later = sum(a != b for a, b in zip(issued, plan.dram_issue))
     if later:
         plan = with_dram_issue(graph, plan, chip, issued)
