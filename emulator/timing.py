@@ -140,6 +140,10 @@ class TimingMachine:
         self.spread_ids = 0
         self.credit = 0  # cycles of the last compute step, which an overlapped shift hides in
         self.routes: dict[tuple, Routed] = {}  # routes by a digest of their transfers
+        #: per live buffer, the arrays of cores a read of it was checked on (`check_read`),
+        #: with the mask of its written cores they were checked against: the instructions
+        #: of a compute's steps read their buffers on the same cores again and again
+        self.checked: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
         #: link loads of replayed ops not added yet (`replay`, `finish`): by the id of
         #: each, the loads (held, so that the id is not reused) and how many replays
         self.replayed: dict[int, list[Any]] = {}
@@ -371,13 +375,25 @@ class TimingMachine:
         only when some core has not written ``buf``) where some core never wrote it."""
         if buf not in self.written:
             raise EmulatorError(f"buffer %{self.prog.buffers[buf].name} is not allocated")
+        written = self.written[buf]
+        held = self.checked.get(buf)
+        if held is not None and held[0] is not written:  # (another allocation of it)
+            held = None
+        keep = isinstance(cores, np.ndarray)
         if callable(cores):  # the cores are costly to find: only when some core did not write
-            if self.written[buf].all():
+            if written.all():
                 return
             cores = cores()
-        if not np.all(self.written[buf][cores]):
+        elif held is not None and any(c is cores for c in held[1]):
+            return  # these cores were checked: what they wrote stays written until freed
+        if not np.all(written[cores]):
             raise EmulatorError(f"reads buffer %{self.prog.buffers[buf].name}, which some core "
                                 "never wrote")
+        if keep:
+            if held is None:
+                held = self.checked[buf] = (written, [])
+            held[1].append(cores)  # type: ignore[arg-type]
+            del held[1][:-_CHECKED_KEPT]
 
     def check_sources(self, src_core: np.ndarray, padding: bool = False) -> None:
         """Every source core exists (-1 is allowed where it means padding)."""
@@ -422,6 +438,7 @@ class TimingMachine:
         start, end = self.live.pop(ins.buf)
         self.spans.remove(start, end, ins.buf)
         self.written.pop(ins.buf)
+        self.checked.pop(ins.buf, None)
         self.in_use -= end - start
         self.timeline.sram_samples.append((self.now, self.in_use))
 
@@ -768,6 +785,9 @@ def _phys(ins: Instr, n: int) -> np.ndarray:
     return np.arange(n, dtype=np.int64) if cores is None else cores.astype(np.int64)
 
 
+#: arrays of cores kept per buffer (`TimingMachine.check_read`): the last few reads' (a
+#: wafer's are megabytes each)
+_CHECKED_KEPT = 4
 #: elements hashed at a time by `_digest`
 _DIGEST_SLICE = 1 << 22
 #: routes remembered (`TimingMachine.timed`): a rotation's steps repeat the last one or two

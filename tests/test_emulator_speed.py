@@ -43,7 +43,7 @@ from t10c.emulator.machine import (
     replicated_at,
 )
 from t10c.emulator.reference import run_reference
-from t10c.emulator.timing import Spans
+from t10c.emulator.timing import EmulatorError, Spans
 from t10c.partition.search import SearchOptions
 
 MIB = 1024 * 1024
@@ -522,3 +522,27 @@ def test_caches_keyed_by_arrays_find_equal_contents() -> None:
     assert cache.get((start, changed, None), 64) is None
     assert cache.get((start, runs.reshape(4, 3), None), 64) is None
     assert cache.get((start, runs.astype(np.int64), None), 64) is None
+
+
+def test_a_read_checked_once_is_checked_again_on_a_new_allocation() -> None:
+    """`TimingMachine.check_read` remembers the arrays of cores a buffer was read on: the
+    same array again is known good while the buffer lives (what a core wrote stays written),
+    but not once the buffer is freed and allocated again, nor for other cores."""
+    chip = PRESETS["test64-dram"]
+    program = Program("reads", chip.name, "fp32", chip.cores, (Buffer(0, "b", 4, "fp32", 0),),
+                      (), (), {}, (), 16)
+    machine = TimingMachine(program, chip)
+    cores = np.arange(8)
+    machine.step(Alloc("op", "x", 0))
+    machine.mark_written(0, cores)
+    for _ in range(2):  # checked, then known
+        machine.check_read(0, cores)
+    with pytest.raises(EmulatorError, match="never wrote"):
+        machine.check_read(0, np.arange(9))
+    for ins in (Free("op", "x", 0), Alloc("op", "x", 0)):
+        machine.step(ins)
+    with pytest.raises(EmulatorError, match="never wrote"):
+        machine.check_read(0, cores)  # the same array, on a buffer nothing wrote yet
+    machine.mark_written(0, np.arange(4))
+    with pytest.raises(EmulatorError, match="never wrote"):
+        machine.check_read(0, cores)
