@@ -263,7 +263,7 @@ def _lp_model(model: cp_model.CpModel) -> Any:
             coeffs, (low, high) = [1] * len(refs), (1.0, 1.0)
         elif kind == "linear":
             refs, coeffs = list(ct.linear.vars), list(ct.linear.coeffs)
-            low, high = _ends(list(ct.linear.domain))
+            low, high = _ends(ct.linear.domain)
         else:
             continue
         if refs and min(refs) < 0:  # a negative reference is a literal's negation: 1 - x

@@ -507,8 +507,7 @@ class _PipedSink:
             self.queue.put(None)
             self.thread.join()
         if self.failed is not None and not self.stop:
-            exc, self.failed = self.failed, None
-            self.stop = True  # (raised once)
+            exc, self.failed = self.failed, None  # (raised once)
             if isinstance(exc, EmulatorError):
                 raise CodegenError(str(exc)) from exc
             raise exc
