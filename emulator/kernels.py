@@ -402,6 +402,16 @@ def pool() -> ThreadPoolExecutor:
     return _POOL[0]
 
 
+def prepare() -> None:
+    """Make the kernels' onnxruntime sessions now (`gemms`, `cast_rounding`), importing
+    onnxruntime: once per process, ahead of a timed run. Made at their first use instead,
+    inside a run, the import holds the interpreter's lock for tens of milliseconds while
+    the other threads wait, and the run's wall time counts the process's set-up, where the
+    reference's counts only its session's run (`t10c.driver.reference`)."""
+    gemms()
+    cast_rounding()
+
+
 def radix(index: np.ndarray, z: int) -> tuple[int, int] | None:
     """``(h, u)`` where core c's block is ``(c // h) % u`` (a weight tile held by every
     ``u``-th core, or an exchanged row shared by ``h`` neighbouring cores), else None."""
