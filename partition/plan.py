@@ -172,17 +172,39 @@ class Geometry:
     @cached_property
     def skew(self) -> np.ndarray:
         """(ncores, naxes): r_a of each core (zero on an axis of one step)."""
-        skew = np.zeros((self.ncores, len(self.axes)), dtype=np.int64)
-        for j, drv in enumerate(self.drivers):
-            if self.T[j] == 1 or not drv:
-                continue
-            col = np.zeros(self.ncores, dtype=np.int64)
-            for d in drv:
-                col += self.coords[:, self.axes.index(d)]
-            col %= self.T[j]
-            skew[:, j] = col
+        skew = self._grid([self._skew_of(j) for j in range(len(self.axes))])
         skew.flags.writeable = False
         return skew
+
+    def _axis(self, j: int) -> np.ndarray:
+        """Axis ``j``'s coordinate on the core grid, shaped to broadcast over it (F_j long)."""
+        return np.arange(self.F[j], dtype=np.int64).reshape(
+            [f if i == j else 1 for i, f in enumerate(self.F)])
+
+    def _skew_of(self, j: int) -> np.ndarray | int:
+        """Axis ``j``'s skew, the sum of its drivers' coordinates mod T_j, shaped to
+        broadcast over the core grid (the drivers' extents long), or 0."""
+        if self.T[j] == 1 or not self.drivers[j]:
+            return 0
+        col = sum((self._axis(self.axes.index(d)) for d in self.drivers[j]),
+                  np.zeros((1,) * len(self.F), dtype=np.int64))
+        return col % self.T[j]
+
+    def _sub_of(self, j: int, digit: int) -> np.ndarray | int:
+        """Axis ``j``'s sub-block at a step whose digit there is ``digit``: (digit + skew)
+        mod T_j, shaped to broadcast over the core grid."""
+        t = self.T[j]
+        return 0 if t == 1 else (self._skew_of(j) + digit) % t
+
+    def _grid(self, columns: list[np.ndarray | int]) -> np.ndarray:
+        """(ncores, naxes), column ``j`` each core's value of ``columns[j]`` (broadcast over
+        the core grid, row-major). The columns are made over the grid's axes and broadcast
+        as they are written: a wafer's 750,000 cores are not gathered column by column."""
+        out = np.empty((self.ncores, len(self.axes)), dtype=np.int64)
+        grid = out.reshape(*self.F, len(self.axes))
+        for j, col in enumerate(columns):
+            grid[..., j] = col
+        return out
 
     def digits(self, step: int) -> tuple[int, ...]:
         return tuple(int(x) for x in np.unravel_index(step, self.T))
@@ -192,30 +214,18 @@ class Geometry:
         return self._per_step("sub", step, lambda: self._sub_index(step))
 
     def _sub_index(self, step: int) -> np.ndarray:
-        # (digit + skew) mod T, column by column: both are below T, so the modulo is one
-        # subtraction where the sum reaches T; an axis of one step is zero throughout
-        sub = np.zeros((self.ncores, len(self.axes)), dtype=np.int64)
-        for j, (t, digit) in enumerate(zip(self.T, self.digits(step))):
-            if t == 1:
-                continue
-            col = self.skew[:, j] + digit
-            col[col >= t] -= t
-            sub[:, j] = col
-        return sub
+        return self._grid([self._sub_of(j, digit) for j, digit in enumerate(self.digits(step))])
 
     def origin(self, step: int) -> np.ndarray:
         """(ncores, naxes): global origin of each core's sub-task at ``step``."""
         return self._per_step("origin", step, lambda: self._origin(step))
 
     def _origin(self, step: int) -> np.ndarray:
-        # the block's origin plus the sub-block's, column by column (on an axis of one
-        # step the sub-block is the block)
-        origin = self.block_origin.copy()
-        sub = self.sub_index(step)
-        for j, t in enumerate(self.T):
-            if t > 1:
-                origin[:, j] += sub[:, j] * self.u[j]
-        return origin
+        # the block's origin plus the sub-block's (on an axis of one step the sub-block is
+        # the block)
+        return self._grid([self._axis(j) * b + self._sub_of(j, digit) * u
+                           for j, (b, u, digit) in enumerate(zip(self.b, self.u,
+                                                                 self.digits(step)))])
 
     def _per_step(self, what: str, step: int, make) -> np.ndarray:
         """Codegen asks for the same step's arrays several times in a row: keep the last two
@@ -285,18 +295,21 @@ class Geometry:
         rot = self.rotation_axis(index)
         if rot is None:
             return self._dims(index, block)
-        # the partition holding this step's sub-block: T / f_t consecutive sub-blocks
+        # the partition holding this step's sub-block: T / f_t consecutive sub-blocks (made
+        # over the core grid's axes, and broadcast as it is added)
         per = self.T[rot] // self.chain[index]
-        moved = self.sub_index(step)[:, rot] // per * (per * self.u[rot])
+        moved = np.asarray(self._sub_of(rot, self.digits(step)[rot]) // per
+                           * (per * self.u[rot]))
         dims = self.dim_axes(index)
         if all(isinstance(j, int) for j in dims):  # the columns taken, the rotating one moved
             out = self._dims(index, block)  # (a new array: not the whole block copied first)
+            grid = out.reshape(*self.F, len(dims))
             for d, j in enumerate(dims):
                 if j == rot:
-                    out[:, d] += moved
+                    grid[..., d] += moved
             return out
         block = block.copy()
-        block[:, rot] += moved
+        block.reshape(*self.F, len(self.axes))[..., rot] += moved
         return self._dims(index, block)
 
     def partition(self, index: int, step: int) -> np.ndarray:

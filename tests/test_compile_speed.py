@@ -196,6 +196,20 @@ def test_geometry_indices_are_the_formulas(data) -> None:
         assert np.array_equal(geo.sub_index(step), sub)
         assert np.array_equal(geo.origin(step), geo.coords * np.asarray(geo.b)
                               + sub * np.asarray(geo.u))
+    # A rotating along k (its driver n, an axis it lacks): its buffer moves with the
+    # partition that holds the step's sub-block, T_k / f_t consecutive sub-blocks of k
+    if T[1] > 1 and "n" in drivers[1]:
+        chain = data.draw(st.sampled_from([c for c in (1, 2, 4) if T[1] % c == 0]))
+        geo = Geometry(expr, F, T, (("k",), (), ()), drivers, {}, (chain, 1, 1))
+        per = T[1] // chain
+        for step in range(geo.steps):
+            sub = geo.sub_index(step)
+            want = np.stack([geo.coords[:, 0] * geo.b[0],
+                             geo.coords[:, 1] * geo.b[1] + sub[:, 1] // per * per * geo.u[1]],
+                            axis=1)
+            assert np.array_equal(geo.tile_origin(0, step), want)
+            assert np.array_equal(geo.tile_origin(1, step),
+                                  (geo.coords * np.asarray(geo.b))[:, [1, 2]])
 
 
 @settings(max_examples=60, deadline=None)
