@@ -130,7 +130,7 @@ class _LineLegs:
     each ``2 size + 1`` wide where some leg wraps round a torus (it runs on past the end and
     is folded back), else ``size + 1`` (a mesh's legs never wrap). Loads are sums of whole
     bytes in float64 (`np.bincount`), exact below 2^53 in any order, so the same integers
-    whatever the order of the legs."""
+    whatever the order of the legs; their running sums are taken in int64."""
 
     def __init__(self, line: np.ndarray, start: np.ndarray, pos: np.ndarray, neg: np.ndarray,
                  nlines: int, size: int) -> None:
@@ -161,14 +161,15 @@ class _LineLegs:
             return
         w = np.asarray(weights, dtype=np.float64)
         up, down = w[self.up], w[self.down]
+        # whole numbers, exact: summed as integers (a float64 running sum waits on each
+        # add's latency, several times an int64 one's)
         cum = np.bincount(self.index, weights=np.concatenate([up, -up, down, -down]),
-                          minlength=n * self.width).reshape(n, self.width)
+                          minlength=n * self.width).astype(np.int64).reshape(n, self.width)
         np.cumsum(cum, axis=1, out=cum)  # (in place: no second wafer-sized array)
         loads = cum[:, :self.size] + cum[:, self.size:2 * self.size] if self.wraps \
             else cum[:, :self.size]
-        folded = loads.astype(np.int64)  # (whole numbers, exact: no rounding to do)
-        into[0][self.lines[0]] += folded[:split]
-        into[1][self.lines[1]] += folded[split:]
+        into[0][self.lines[0]] += loads[:split]
+        into[1][self.lines[1]] += loads[split:]
 
 
 @dataclass(frozen=True)
