@@ -197,11 +197,12 @@ class Geometry:
         return 0 if t == 1 else (self._skew_of(j) + digit) % t
 
     def _grid(self, columns: list[np.ndarray | int]) -> np.ndarray:
-        """(ncores, naxes), column ``j`` each core's value of ``columns[j]`` (broadcast over
-        the core grid, row-major). The columns are made over the grid's axes and broadcast
-        as they are written: a wafer's 750,000 cores are not gathered column by column."""
-        out = np.empty((self.ncores, len(self.axes)), dtype=np.int64)
-        grid = out.reshape(*self.F, len(self.axes))
+        """(ncores, len(columns)), column ``j`` each core's value of ``columns[j]``
+        (broadcast over the core grid, row-major). The columns are made over the grid's axes
+        and broadcast as they are written: a wafer's 750,000 cores are not gathered column
+        by column."""
+        out = np.empty((self.ncores, len(columns)), dtype=np.int64)
+        grid = out.reshape(*self.F, len(columns))
         for j, col in enumerate(columns):
             grid[..., j] = col
         return out
@@ -291,25 +292,21 @@ class Geometry:
     def tile_origin(self, index: int, step: int) -> np.ndarray:
         """(ncores, ndim): global origin of operand ``index``'s buffer on each core at ``step``
         (negative where a window starts in the padding)."""
-        block = self.block_origin
         rot = self.rotation_axis(index)
-        if rot is None:
-            return self._dims(index, block)
-        # the partition holding this step's sub-block: T / f_t consecutive sub-blocks (made
-        # over the core grid's axes, and broadcast as it is added)
-        per = self.T[rot] // self.chain[index]
-        moved = np.asarray(self._sub_of(rot, self.digits(step)[rot]) // per
-                           * (per * self.u[rot]))
+        moved: np.ndarray | int = 0
+        if rot is not None:
+            # the partition holding this step's sub-block: T / f_t consecutive sub-blocks
+            per = self.T[rot] // self.chain[index]
+            moved = self._sub_of(rot, self.digits(step)[rot]) // per * (per * self.u[rot])
         dims = self.dim_axes(index)
-        if all(isinstance(j, int) for j in dims):  # the columns taken, the rotating one moved
-            out = self._dims(index, block)  # (a new array: not the whole block copied first)
-            grid = out.reshape(*self.F, len(dims))
-            for d, j in enumerate(dims):
-                if j == rot:
-                    grid[..., d] += moved
-            return out
-        block = block.copy()
-        block.reshape(*self.F, len(self.axes))[..., rot] += moved
+        if all(isinstance(j, int) for j in dims):  # each dimension one axis: its block's
+            # start (the rotating one moved), made over the core grid's axes and broadcast
+            return self._grid([self._axis(j) * self.b[j] + (moved if j == rot else 0)
+                               for j in dims if isinstance(j, int)])
+        block = self.block_origin
+        if rot is not None:
+            block = block.copy()
+            block.reshape(*self.F, len(self.axes))[..., rot] += moved
         return self._dims(index, block)
 
     def partition(self, index: int, step: int) -> np.ndarray:
