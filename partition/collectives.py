@@ -363,16 +363,30 @@ def chunk_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, 
     table at those columns, without building it: a wafer's cores times a tile is 100
     million entries where the chunks are a few."""
     elems = math.prod(tile)
-    local = pos.astype(np.int64)[:, None] * chunk + np.arange(chunk, dtype=np.int64)[None, :]
-    valid = local < elems
+    pos = np.asarray(pos, dtype=np.int64)
+    # each member position's elements of the tile, by their coordinates in it: a table per
+    # position (a group's few), read per core below, not divided out on every core
+    local = (np.arange(int(pos.max(initial=0)) + 1, dtype=np.int64)[:, None] * chunk
+             + np.arange(chunk, dtype=np.int64)[None, :])
+    inside = local < elems
     local = np.minimum(local, elems - 1)
-    flat = np.zeros(local.shape, dtype=np.int64)
+    within = []
+    for d in reversed(range(len(tile))):
+        local, at = np.divmod(local, tile[d])
+        within.append(at)
+    within.reverse()
+    valid = inside[pos]
+    flat = np.zeros((len(pos), chunk), dtype=np.int64)
     stride = 1
     for d in reversed(range(len(tile))):
-        coord = origin[:, d].astype(np.int64)[:, None] + local % tile[d]
-        local = local // tile[d]
-        valid &= (coord >= 0) & (coord < shape[d])
-        flat += np.clip(coord, 0, shape[d] - 1) * stride
+        coord = within[d][pos]  # (a fresh array: worked on in place)
+        coord += origin[:, d].astype(np.int64, copy=False)[:, None]
+        valid &= coord >= 0
+        valid &= coord < shape[d]
+        np.clip(coord, 0, shape[d] - 1, out=coord)
+        if stride != 1:
+            coord *= stride
+        flat += coord
         stride *= shape[d]
     return flat, valid
 
