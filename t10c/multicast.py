@@ -168,8 +168,16 @@ class _LineLegs:
         np.cumsum(cum, axis=1, out=cum)  # (in place: no second wafer-sized array)
         loads = cum[:, :self.size] + cum[:, self.size:2 * self.size] if self.wraps \
             else cum[:, :self.size]
-        into[0][self.lines[0]] += loads[:split]
-        into[1][self.lines[1]] += loads[split:]
+        into[0][_rows_of(self.lines[0])] += loads[:split]
+        into[1][_rows_of(self.lines[1])] += loads[split:]
+
+
+def _rows_of(lines: np.ndarray) -> np.ndarray | slice:
+    """``lines`` (ascending) as a slice where they are one run, so that loads are added to
+    those rows in place (an index array gathers the rows, adds, and scatters them back)."""
+    if len(lines) and int(lines[-1]) - int(lines[0]) + 1 == len(lines):
+        return slice(int(lines[0]), int(lines[-1]) + 1)
+    return lines
 
 
 @dataclass(frozen=True)
