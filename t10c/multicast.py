@@ -136,21 +136,25 @@ class _LineLegs:
                  nlines: int, size: int) -> None:
         self.size = size
         up, down = np.flatnonzero(pos > 0), np.flatnonzero(neg > 0)
-        self.wraps = bool((start[up] + pos[up] > size).any()
-                          or (start[down] < neg[down]).any())
+        # each way's legs' fields, gathered once
+        line_up, start_up, pos_up = line[up], start[up], pos[up]
+        line_down, neg_down = line[down], neg[down]
+        first_down = start[down] - neg_down  # (below 0 where the leg wraps)
+        self.wraps = bool((start_up + pos_up > size).any() or (first_down < 0).any())
         self.width = width = 2 * size + 1 if self.wraps else size + 1
         self.up, self.down = up, down
         rows = []
         self.lines: list[np.ndarray] = []
-        for legs in (up, down):
-            used = np.bincount(line[legs], minlength=nlines) > 0
+        for legs in (line_up, line_down):
+            used = np.bincount(legs, minlength=nlines) > 0
             self.lines.append(np.flatnonzero(used))
             rows.append(np.cumsum(used) - 1)
-        ahead = (rows[0] * width)[line[up]] + start[up]  # (0 <= start < size)
+        ahead = (rows[0] * width)[line_up]
+        ahead += start_up  # (0 <= start < size)
         # the negative way's rows after the positive way's
-        back = (((rows[1] + len(self.lines[0])) * width)[line[down]]
-                + (start[down] - neg[down]) % size)
-        self.index = np.concatenate([ahead, ahead + pos[up], back, back + neg[down]])
+        back = ((rows[1] + len(self.lines[0])) * width)[line_down]
+        back += first_down % size if self.wraps else first_down
+        self.index = np.concatenate([ahead, ahead + pos_up, back, back + neg_down])
 
     def add(self, weights: np.ndarray, into: tuple[np.ndarray, np.ndarray]) -> None:
         """Add to ``into`` (the positive and the negative links' (nlines, size) loads) those
