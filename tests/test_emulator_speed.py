@@ -15,6 +15,7 @@ are the same bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ from t10c.driver import (
     max_rel_err,
     reference,
 )
-from t10c.emulator import Machine, TimingMachine, kernels
+from t10c.emulator import Machine, TimingMachine, emulate, kernels
 from t10c.emulator.kernels import ROUND_BLOCK, round_fp16
 from t10c.emulator.machine import (
     HostTiles,
@@ -340,6 +341,27 @@ def test_reused_memory_reads_as_zero_where_written_in_parts() -> None:
     assert pool.bytes == 4 * 3 * 4
     m.step(program.instrs[2], {})
     assert pool.bytes == 0 and m.dirty[1].all() and (m.mem[1] == old).all()
+
+
+def test_the_wall_time_counts_the_run_not_the_kernels_making(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`emulate`'s wall time is the run's: the kernels' onnxruntime sessions are made before
+    its clock starts (`kernels.prepare`), as the reference's time is its session's run."""
+    chip = dataclasses.replace(PRESETS["test16"], cores=4, grid=(2, 2))
+    program = Program("empty", chip.name, "fp32", 4, (Buffer(0, "a", 3, "fp32", 0),), (),
+                      (Alloc("", "", 0), Free("", "", 0)), {}, (), 16)
+    made = []
+    real = kernels._make_gemms
+
+    def slow():  # type: ignore[no-untyped-def]
+        time.sleep(0.5)
+        made.append(True)
+        return real()
+
+    monkeypatch.setattr(kernels, "_GEMMS", [])
+    monkeypatch.setattr(kernels, "_make_gemms", slow)
+    _, _, wall = emulate(program, chip, {}, {})
+    assert made and wall < 0.5
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
