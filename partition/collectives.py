@@ -242,7 +242,9 @@ def routed_levels(height: int, width: int, row_stride: int, col_stride: int, ele
             diff = np.bincount(np.concatenate([base + lo, base + hi]),
                                weights=np.concatenate([load, -load]).astype(np.float64),
                                minlength=(max(height, width) + 1) * length)
-            busiest = max(busiest, int(np.rint(np.cumsum(diff).max(initial=0))))
+            # whole bytes, exact in float64: summed along the lines as int64 (a float64
+            # running sum waits on each add's latency)
+            busiest = max(busiest, int(np.cumsum(diff.astype(np.int64)).max(initial=0)))
         moving = total[:, 0] > 0
         hops = int((pos[m[:, -1]] - pos[m[:, 0]])[moving].max(initial=0))
         out.append((hops, busiest * share, (d.size - 1) * chunk))
