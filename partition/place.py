@@ -213,13 +213,25 @@ def grid_coords(F: tuple[int, ...], scale: tuple[int, ...] | None = None) -> np.
     axis' range broadcast over the grid: 4x faster on a wafer's cores than unravel_index),
     each axis' times ``scale``'s if given (scaled as they are made: multiplying the grid by
     a row of a few scales afterwards takes seven times as long)."""
-    out = np.empty((*F, len(F)), dtype=np.int64)
-    for k, f in enumerate(F):
-        axis = np.arange(f, dtype=np.int64)
-        if scale is not None:
-            axis *= scale[k]
-        out[..., k] = axis.reshape([f if d == k else 1 for d in range(len(F))])
-    return out.reshape(math.prod(F), len(F))
+    return grid_columns(F, [grid_axis(F, k) * (1 if scale is None else scale[k])
+                            for k in range(len(F))])
+
+
+def grid_axis(F: tuple[int, ...], k: int) -> np.ndarray:
+    """Axis ``k``'s coordinate on a grid of sizes ``F``, shaped to broadcast over it."""
+    return np.arange(F[k], dtype=np.int64).reshape([f if i == k else 1 for i, f in enumerate(F)])
+
+
+def grid_columns(F: tuple[int, ...], columns: list[np.ndarray | int]) -> np.ndarray:
+    """(prod(F), len(columns)), column ``j`` each grid point's value of ``columns[j]``
+    (broadcast over the grid of sizes ``F``, row-major). The columns are made over the grid's
+    axes and broadcast as they are written: a wafer's 750,000 cores are not gathered column
+    by column."""
+    out = np.empty((math.prod(F), len(columns)), dtype=np.int64)
+    grid = out.reshape(*F, len(columns))
+    for j, col in enumerate(columns):
+        grid[..., j] = col
+    return out
 
 
 def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: set[str],
@@ -454,8 +466,8 @@ def describe(embed: Embedding | None, ncores: int) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["Embedding", "choose", "embed_rows", "grid_coords", "grid_physical_cores",
-           "physical_cores", "shift_cycles", "group_tile",
+__all__ = ["Embedding", "choose", "embed_rows", "grid_axis", "grid_columns", "grid_coords",
+           "grid_physical_cores", "physical_cores", "shift_cycles", "group_tile",
            "exchange_estimate", "relayout_estimate", "region_span", "ring_lengths",
            "interleave", "ring_drivers",
            "hops_of_ring", "fits",

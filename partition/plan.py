@@ -46,7 +46,7 @@ import numpy as np
 from t10c.dtypes import ceil_div
 from t10c.ir import INDIRECT, Graph, TensorExpr, Window
 
-from .place import Embedding, grid_coords, grid_physical_cores
+from .place import Embedding, grid_axis, grid_columns, grid_coords, grid_physical_cores
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,7 @@ class Geometry:
 
     def _axis(self, j: int) -> np.ndarray:
         """Axis ``j``'s coordinate on the core grid, shaped to broadcast over it (F_j long)."""
-        return np.arange(self.F[j], dtype=np.int64).reshape(
-            [f if i == j else 1 for i, f in enumerate(self.F)])
+        return grid_axis(self.F, j)
 
     def _skew_of(self, j: int) -> np.ndarray | int:
         """Axis ``j``'s skew, the sum of its drivers' coordinates mod T_j, shaped to
@@ -197,15 +196,9 @@ class Geometry:
         return 0 if t == 1 else (self._skew_of(j) + digit) % t
 
     def _grid(self, columns: list[np.ndarray | int]) -> np.ndarray:
-        """(ncores, len(columns)), column ``j`` each core's value of ``columns[j]``
-        (broadcast over the core grid, row-major). The columns are made over the grid's axes
-        and broadcast as they are written: a wafer's 750,000 cores are not gathered column
-        by column."""
-        out = np.empty((self.ncores, len(columns)), dtype=np.int64)
-        grid = out.reshape(*self.F, len(columns))
-        for j, col in enumerate(columns):
-            grid[..., j] = col
-        return out
+        """(ncores, len(columns)) from columns made over the core grid's axes
+        (`place.grid_columns`)."""
+        return grid_columns(self.F, columns)
 
     def digits(self, step: int) -> tuple[int, ...]:
         return tuple(int(x) for x in np.unravel_index(step, self.T))

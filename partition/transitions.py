@@ -340,21 +340,20 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
     """(len(haves), ncores): the elements each consumer core must receive, per producer
     layout. ``coords`` (ndim, numel) are the multi-indices of the tensor's elements (needed
     only for element-wise layouts); ``wanted``: `_wanted` of ``want``, if the caller has it."""
-    if any(have.owner is None for have in haves):
-        # the wanted box within the tensor, once for every layout: an overlap is then
-        # max(min(his) - max(los), 0) per dimension
-        w_lo, w_hi, elems = _within(want, extent)
-        wanted = elems if wanted is None else wanted
-    elif wanted is None:
+    if wanted is None:
         wanted = _wanted(want, extent)
+    # the wanted box within the tensor, once for every box layout: an overlap is then
+    # max(min(his) - max(los), 0) per dimension
+    bounds = _bounds(want, extent) if any(have.owner is None for have in haves) else None
     out = np.empty((len(haves), len(want.origin)), dtype=np.int64)
     owned = []
     for k, have in enumerate(haves):
         if have.owner is not None:
             owned.append(k)
             continue
+        assert bounds is not None
         # (the gathers are copies, for `overlap` to overwrite)
-        out[k] = wanted - overlap(*have.boxes_on(want.phys), w_lo, w_hi)
+        out[k] = wanted - overlap(*have.boxes_on(want.phys), *bounds)
     if owned:
         assert coords is not None
         owners = [haves[k].owner for k in owned]
@@ -364,9 +363,8 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
 
 
 def _wanted(want: Want, extent: np.ndarray) -> np.ndarray:
-    """Each consumer core's wanted box cut to the tensor: its elements, as `_within`'s, without
-    the box's bounds (an edge's element-wise layouts and those short-cut by `most_remote`
-    need none: three in four of bert-large's on a wafer)."""
+    """Each consumer core's wanted box cut to the tensor: its elements. Column by column:
+    numpy broadcasts a row of a few dimensions over a wafer's cores slowly."""
     origin = want.origin
     elems = np.ones(len(origin), dtype=np.int64)
     for d in range(origin.shape[1]):
@@ -378,19 +376,19 @@ def _wanted(want: Want, extent: np.ndarray) -> np.ndarray:
     return elems
 
 
-def _within(want: Want, extent: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each consumer core's wanted box cut to the tensor: (lo, hi, elements). Column by
-    column: numpy broadcasts a row of a few dimensions over a wafer's cores slowly."""
+def _bounds(want: Want, extent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each consumer core's wanted box cut to the tensor: (lo, hi), each (ncores, ndim); only
+    where a box layout is counted against it (an edge's element-wise layouts and those
+    short-cut by `most_remote` need only `_wanted`: three in four of bert-large's on a
+    wafer)."""
     origin = want.origin
     w_lo = np.maximum(origin, 0)
     w_hi = np.empty_like(w_lo)
-    elems = np.ones(len(origin), dtype=np.int64)
     for d in range(origin.shape[1]):
         hi = w_hi[:, d]
         np.add(origin[:, d], want.shape[d], out=hi)
         np.minimum(hi, extent[d], out=hi)
-        elems *= np.maximum(hi - w_lo[:, d], 0)
-    return w_lo, w_hi, elems
+    return w_lo, w_hi
 
 
 def most_remote(haves: list[Have], want: Want, extent: np.ndarray, coords: np.ndarray | None

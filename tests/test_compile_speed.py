@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from t10c.ir import Operand, TensorExpr, last_product, ranges, row_keys
 from t10c.partition.place import grid_coords
 from t10c.partition.plan import Geometry
-from t10c.partition.transitions import Have, Want, _wanted, _within, remote_counts
+from t10c.partition.transitions import Have, Want, _bounds, _wanted, remote_counts
 
 
 def _by_hand(owner: np.ndarray, want: Want, shape: tuple[int, ...]) -> np.ndarray:
@@ -257,9 +257,9 @@ def test_timing_digest_is_of_values_and_shape(values, cols, rows_per_block) -> N
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_wanted_elements_are_the_wanted_boxes(data) -> None:
-    """A consumer core's wanted elements without the box's bounds (`_wanted`) are those of
-    the box cut to the tensor (`_within`), and the box itself: boxes starting in the
-    padding before the tensor and running past its end."""
+    """A consumer core's wanted elements (`_wanted`) and bounds (`_bounds`) are those of its
+    box cut to the tensor: boxes starting in the padding before the tensor and running past
+    its end."""
     nd = data.draw(st.integers(1, 3))
     extent = np.array(data.draw(st.lists(st.integers(1, 12), min_size=nd, max_size=nd)))
     shape = np.array(data.draw(st.lists(st.integers(1, 6), min_size=nd, max_size=nd)))
@@ -267,8 +267,10 @@ def test_wanted_elements_are_the_wanted_boxes(data) -> None:
     origin = np.array(data.draw(st.lists(st.lists(st.integers(-6, 14), min_size=nd,
                                                   max_size=nd), min_size=n, max_size=n)))
     want = Want(origin, shape, np.arange(n))
-    lo, hi, elems = _within(want, extent)
+    lo, hi = _bounds(want, extent)
+    assert lo.tolist() == [[max(o, 0) for o in row] for row in origin.tolist()]
+    assert hi.tolist() == [[min(o + s, e) for o, s, e in zip(row, shape, extent)]
+                           for row in origin.tolist()]
     boxes = [np.prod([max(min(o + s, e) - max(o, 0), 0) for o, s, e in zip(row, shape, extent)])
              for row in origin.tolist()]
-    assert elems.tolist() == boxes
-    assert np.array_equal(_wanted(want, extent), elems)
+    assert _wanted(want, extent).tolist() == boxes
