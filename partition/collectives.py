@@ -38,7 +38,7 @@ from t10c.chips import Chip
 from t10c.dtypes import ceil_div
 from t10c.ir import row_keys
 
-from .place import Embedding, group_tile, region_width
+from .place import Embedding, grid_parts, group_tile, region_width
 
 if TYPE_CHECKING:
     from .plan import Geometry
@@ -293,19 +293,13 @@ def _row_keys(rows: np.ndarray) -> np.ndarray:
 def _members(geo: Geometry) -> tuple[np.ndarray, np.ndarray]:
     """(members (blocks, G) logical cores by core id, position of each core among them):
     the blocks in their origins' order, each block's members by core id."""
-    out = len(geo.op.inputs)
     group = geo.reduce_group
-    axes = geo.dim_axes(out)
-    dims = [j for j in axes if isinstance(j, int)]
-    red = [j for j, a in enumerate(geo.axes) if a not in geo.op.output.axes]
-    if (geo.rotation_axis(out) is None and len(dims) == len(axes)
-            and sorted([*dims, *red]) == list(range(len(geo.axes)))):
-        # (output dimensions are plain axes) a block's origin on dimension d is its digit on
-        # that dimension's axis times the block: the blocks in their origins' order are the
-        # output axes' digits in the dimensions' order, and a block's members by core id
-        # its reduction axes' digits in theirs, so the core grid's axes moved (no sort of a
-        # wafer's cores)
-        perm = [*dims, *red]
+    perm = _plain_perm(geo)
+    if perm is not None:
+        # a block's origin on dimension d is its digit on that dimension's axis times the
+        # block: the blocks in their origins' order are the output axes' digits in the
+        # dimensions' order, and a block's members by core id its reduction axes' digits in
+        # theirs, so the core grid's axes moved (no sort of a wafer's cores)
         members = np.arange(geo.ncores, dtype=np.int64).reshape(geo.F).transpose(
             perm).reshape(-1, group)
     else:
@@ -313,6 +307,21 @@ def _members(geo: Geometry) -> tuple[np.ndarray, np.ndarray]:
     pos = np.empty(geo.ncores, dtype=np.int64)
     pos[members] = np.arange(group)[None, :]
     return members, pos
+
+
+def _plain_perm(geo: Geometry) -> list[int] | None:
+    """Where the output's dimensions are plain axes and it does not rotate: the grid's axes
+    with the output's dimensions first, in their order, and the reduction axes after, in
+    theirs (a core's block is its digits on the first, its member its digits on the rest);
+    None otherwise."""
+    out = len(geo.op.inputs)
+    axes = geo.dim_axes(out)
+    dims = [j for j in axes if isinstance(j, int)]
+    red = [j for j, a in enumerate(geo.axes) if a not in geo.op.output.axes]
+    if (geo.rotation_axis(out) is None and len(dims) == len(axes)
+            and sorted([*dims, *red]) == list(range(len(geo.axes)))):
+        return [*dims, *red]
+    return None
 
 
 def _sorted_members(geo: Geometry) -> np.ndarray:
@@ -329,7 +338,6 @@ def _rectangle(geo: Geometry, members: np.ndarray
     rectangle's shape and strides, when every group is the same evenly spaced rectangle."""
     if geo.embed is None:
         return None
-    cols_of_chip = geo.embed.cols
     phys = geo.phys[members]
     # row-major on the chip (by row, then column) is by physical core number
     ordered = members
@@ -337,8 +345,17 @@ def _rectangle(geo: Geometry, members: np.ndarray
         order = np.argsort(phys, axis=1)  # (a group's cores are distinct: no ties)
         phys = np.take_along_axis(phys, order, axis=1)
         ordered = np.take_along_axis(members, order, axis=1)
-    r, c = np.divmod(phys, cols_of_chip)
-    g = members.shape[1]
+    rect = _evenly_spaced(*np.divmod(phys, geo.embed.cols))
+    if rect is None:
+        return None
+    return (ordered.reshape(-1, rect[0], rect[1]), *rect)
+
+
+def _evenly_spaced(r: np.ndarray, c: np.ndarray) -> tuple[int, int, int, int] | None:
+    """(height, width, row stride, column stride) when the cores at rows ``r`` and columns
+    ``c`` ((groups, G), each group's in row-major order) are in every group the same evenly
+    spaced rectangle; None otherwise."""
+    g = r.shape[1]
     height = int(np.count_nonzero(np.diff(r[0]))) + 1
     if g % height:
         return None
@@ -353,7 +370,7 @@ def _rectangle(geo: Geometry, members: np.ndarray
         return None
     col_stride = int(dc.flat[0]) if dc.size else 1
     row_stride = int(dr.flat[0]) if dr.size else 1
-    return ordered.reshape(-1, height, width), height, width, row_stride, col_stride
+    return height, width, row_stride, col_stride
 
 
 def chunk_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...],
@@ -393,31 +410,83 @@ def chunk_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, 
     return flat, valid
 
 
-#: `scatter_of(geo, tables=False)` by what it depends on: the pricing asks for it twice per
-#: producer layout (its boxes, and who owns each element), for every repeated layer
-_WHERE: dict[tuple, Scatter] = {}
+#: `scatter_positions` by what it depends on: the pricing asks for it twice per producer
+#: layout (its boxes, and who owns each element), for every repeated layer
+_WHERE: dict[tuple, tuple[np.ndarray, int]] = {}
 _WHERE_LIMIT = 256
 
 
-def scatter_of(geo: Geometry, tables: bool = True) -> Scatter:
+def scatter_of(geo: Geometry) -> Scatter:
     """The reduce-scatter of ``geo``'s plan (`Geometry.reduce_group` > 1): levels along the
     mesh when the groups are rectangles on it, else one level (every member's chunk from every
-    other member). ``tables=False``: only where the result ends up (no levels; kept, its
-    arrays read-only, for the next geometry alike)."""
-    if not tables:
-        shapes = tuple(geo.shapes.get(o.tensor) for o in (*geo.op.operands, *geo.op.extra))
-        key = (geo.op.signature(), geo.F, geo.T, geo.rot, geo.drivers, geo.chain, geo.embed,
-               geo.cores, shapes)
-        got = _WHERE.get(key)
-        if got is None:
-            got = _scatter_of(geo, False)
-            for a in (got.members, got.pos):
-                a.flags.writeable = False
-            if len(_WHERE) >= _WHERE_LIMIT:
-                _WHERE.clear()
-            _WHERE[key] = got
-        return got
+    other member)."""
     return _scatter_of(geo, True)
+
+
+def scatter_positions(geo: Geometry) -> tuple[np.ndarray, int]:
+    """Where `scatter_of` leaves the result: each logical core's final position in its group
+    (`Scatter.pos`) and the elements a position keeps (`Scatter.chunk`), without its levels'
+    tables; kept, read-only, for the next geometry alike. Made over the plan's core grid
+    where its groups and their placement allow (`_grid_positions`), from the members'
+    physical cores otherwise."""
+    shapes = tuple(geo.shapes.get(o.tensor) for o in (*geo.op.operands, *geo.op.extra))
+    key = (geo.op.signature(), geo.F, geo.T, geo.rot, geo.drivers, geo.chain, geo.embed,
+           geo.cores, shapes)
+    got = _WHERE.get(key)
+    if got is None:
+        pos = _grid_positions(geo)
+        if pos is None:
+            pos = _scatter_of(geo, False).pos
+        pos.flags.writeable = False
+        got = (pos, scatter_unit(math.prod(geo.tile_shape(len(geo.op.inputs))),
+                                 geo.reduce_group))
+        if len(_WHERE) >= _WHERE_LIMIT:
+            _WHERE.clear()
+        _WHERE[key] = got
+    return got
+
+
+def _grid_positions(geo: Geometry) -> np.ndarray | None:
+    """`_scatter_of`'s final positions made over the plan's core grid, where a core's group
+    is its digits on the output's axes and its member its digits on the reduction axes
+    (`_plain_perm`), and the embedding places it at a part of the first plus a part of the
+    second (`place.grid_parts`). Every group's members then lie as the first group's do,
+    shifted: one group's order and rectangle (`_rectangle`) are those of every group whose
+    first core's row holds the rectangle's width, and a core's position is a function of
+    its member digits alone, written over the grid by broadcasting. None elsewhere (the
+    members' physical cores are gathered and sorted then)."""
+    group = geo.reduce_group
+    perm = _plain_perm(geo)
+    if group <= 1 or geo.embed is None or geo.cores is not None or perm is None:
+        return None
+    reduction = {a for a in geo.axes if a not in geo.op.output.axes}
+    parts = grid_parts(geo.F, geo.axes, reduction, geo.embed)
+    red = perm[len(perm) - len(reduction):]
+    if parts is None or parts[0] != frozenset(red):
+        return None
+    _, first, second = parts
+    cols = geo.embed.cols
+    # member m's core, less its group's first part: the same in every group
+    offset = second.transpose(perm).reshape(group)
+    order = np.argsort(offset, kind="stable")  # by physical core (a group's are distinct)
+    base = first.reshape(-1)  # each group's first part (in some order of the groups)
+    rect = _evenly_spaced(*np.divmod((base[0] + offset[order])[None], cols))
+    # a group whose rectangle would wrap past a row's end lies otherwise, and then no
+    # group's is every group's (`_rectangle`): the placements `grid_parts` separates keep
+    # each group within its rows, checked all the same on the groups' first cores alone
+    if rect is not None and ((base + offset[order[0]]) % cols
+                             + (rect[1] - 1) * rect[3] >= cols).any():
+        rect = None
+    height, width, row_stride, col_stride = rect if rect is not None else (1, group, 1, 1)
+    elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
+    digits = choose_levels(height, width, row_stride, col_stride, elems)
+    _, _, one, rests = _digit_values(digits, height, width)
+    at = np.empty(group, dtype=np.int64)  # each member's final position
+    at[order] = sum((v * r for v, r in zip(one, rests)), np.zeros(group, dtype=np.int64))
+    final = np.empty(geo.F, dtype=np.int64)
+    final.transpose(perm)[...] = at.reshape([1] * (len(perm) - len(red))
+                                            + [geo.F[j] for j in red])
+    return final.reshape(-1)
 
 
 def _scatter_of(geo: Geometry, tables: bool) -> Scatter:
@@ -470,4 +539,5 @@ def _scatter_of(geo: Geometry, tables: bool) -> Scatter:
 
 
 __all__ = ["Digit", "Level", "Scatter", "choose_levels", "chunk_elements", "group_shape",
-           "levels_cost", "reduce_estimate", "routed_levels", "scatter_of", "scatter_unit"]
+           "levels_cost", "reduce_estimate", "routed_levels", "scatter_of", "scatter_positions",
+           "scatter_unit"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from t10c.multicast import (
     ways_since,
 )
 
-from .collectives import chunk_elements, scatter_of
+from .collectives import chunk_elements, scatter_positions
 from .cost import spread_owner
 from .epilogue import extra_elements
 from .plan import Geometry, OpPlan, geometry
@@ -134,17 +134,20 @@ def moved_input(chip: Chip, owner: np.ndarray | Spread, want: Want, shape: tuple
 
 
 def _finished_tiles(graph: Graph, i: int, plan: OpPlan) -> tuple[
-        Geometry, np.ndarray, tuple[int, ...], tuple[int, ...], Any, np.ndarray]:
+        Geometry, np.ndarray, tuple[int, ...], tuple[int, ...], int | None, np.ndarray]:
     """Op i's result tiles after its last step under ``plan``: (geometry, each core's tile
-    origin, the tile, the result's shape, the reduce-scatter or None, each core's chunk)."""
+    origin, the tile, the result's shape, the elements a core keeps of its tile after the
+    reduce-scatter or None for none, each core's position in its group: which chunk it
+    keeps, `collectives.scatter_positions`)."""
     op = graph.ops[i]
     geo = geometry(graph, op, plan)
     out = len(op.inputs)
     origin = geo.tile_origin(out, geo.steps - 1)
     tile, shape = geo.tile_shape(out), graph.tensors[op.output.tensor].shape
-    scatter = scatter_of(geo, tables=False) if geo.reduce_group > 1 else None
-    pos = scatter.pos if scatter is not None else np.zeros(len(origin), dtype=np.int64)
-    return geo, origin, tile, shape, scatter, pos
+    if geo.reduce_group > 1:
+        pos, chunk = scatter_positions(geo)
+        return geo, origin, tile, shape, chunk, pos
+    return geo, origin, tile, shape, None, np.zeros(len(origin), dtype=np.int64)
 
 
 def extra_index(graph: Graph, i: int, k: int, plan: OpPlan, to_root: np.ndarray | None
@@ -154,11 +157,11 @@ def extra_index(graph: Graph, i: int, k: int, plan: OpPlan, to_root: np.ndarray 
     tiles (and chunks of them) the cores finish with, and which of those each core has:
     ((distinct, slots), (cores,))."""
     op = graph.ops[i]
-    _, origin, tile, shape, scatter, pos = _finished_tiles(graph, i, plan)
+    _, origin, tile, shape, chunk, pos = _finished_tiles(graph, i, plan)
     # cores whose tiles (and chunks of them) start alike read alike
     uniq, inverse = distinct_rows(np.concatenate([origin, pos[:, None]], axis=1))
-    if scatter is not None:
-        flat, valid = chunk_elements(uniq[:, :-1], tile, shape, uniq[:, -1], scatter.chunk)
+    if chunk is not None:
+        flat, valid = chunk_elements(uniq[:, :-1], tile, shape, uniq[:, -1], chunk)
     else:
         flat, valid = _whole_tiles(uniq[:, :-1], tile, shape)
     idx = extra_elements(graph, op, k, flat, valid)

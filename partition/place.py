@@ -238,8 +238,21 @@ def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: se
                         embed: Embedding) -> np.ndarray:
     """`physical_cores` of every logical core of the grid ``F`` (row-major), equal to it
     element for element, computed from two sub-grids where the embedding is a sum of a
-    function of some axes and one of the others (a wafer's grid is 850,000 cores; its
-    sub-grids a few thousand each).
+    function of some axes and one of the others (`grid_parts`; a wafer's grid is 850,000
+    cores, its sub-grids a few thousand each)."""
+    parts = grid_parts(F, axes, reduction, embed)
+    if parts is None:
+        return physical_cores(grid_coords(F), F, axes, reduction, embed)
+    _, first, second = parts
+    return (first + second).reshape(math.prod(F))
+
+
+def grid_parts(F: tuple[int, ...], axes: tuple[str, ...], reduction: set[str],
+               embed: Embedding) -> tuple[frozenset[int], np.ndarray, np.ndarray] | None:
+    """`physical_cores` of the grid ``F`` as the sum of two parts where it is one: (the axis
+    positions of the second part, the first part, the second part), each shaped over ``F``
+    with the other part's axes of size 1, so that the grid's cores are ``first + second``
+    broadcast; None where the embedding is not such a sum.
 
     The blocks' mixed-radix index is ``rest = r_P * D_S + r_S`` over a prefix P and a suffix S
     of the axes' order (`physical_cores`), ``0 <= r_S < D_S`` when every ring length divides
@@ -247,8 +260,7 @@ def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: se
     axes: a group's rectangle (band, slot) depends on r_P alone, the member's place in it on
     r_S alone. Laid row-major, when D_S divides the blocks per row (q D_S): the block's row
     is r_P // q and its column (r_P % q) D_S + r_S. A ring position depends on its own axis
-    alone. So phys(c) = phys(c_P, 0) + phys(0, c_S) - phys(0, 0)."""
-    full = math.prod(F)
+    alone. So phys(c) = (phys(c_P, 0) - phys(0, 0)) + phys(0, c_S)."""
     ring = ring_lengths(embed, axes)
     order = [j for j, a in enumerate(axes) if a not in reduction] + [
         j for j, a in enumerate(axes) if a in reduction]
@@ -256,22 +268,21 @@ def grid_physical_cores(F: tuple[int, ...], axes: tuple[str, ...], reduction: se
     group = math.prod(d for j, d in zip(order, dims) if axes[j] in reduction)
     per_row = region_width(embed, math.prod(dims), group)
     split = None
-    if all(F[j] % ring[j] == 0 for j in order) and full > 1:
+    if all(F[j] % ring[j] == 0 for j in order) and math.prod(F) > 1:
         if group_tile(per_row, embed.rows // embed.row_ring, math.prod(dims), group):
             split = len(order) - sum(a in reduction for a in axes)
         else:  # the longest suffix whose blocks divide a row's
             split = next((k for k in range(1, len(order))
                           if per_row % math.prod(dims[k:]) == 0), None)
     if split is None or split in (0, len(order)):
-        return physical_cores(grid_coords(F), F, axes, reduction, embed)
+        return None
     parts = []
     for side in (set(order[:split]), set(order[split:])):
         sub = tuple(f if j in side else 1 for j, f in enumerate(F))
         parts.append(physical_cores(grid_coords(sub), F, axes, reduction, embed).reshape(sub))
     zero = physical_cores(np.zeros((1, len(F)), dtype=np.int64), F, axes, reduction, embed)
-    out = parts[0] + parts[1]
-    out -= zero[0]
-    return out.reshape(full)
+    parts[0] -= zero[0]
+    return frozenset(order[split:]), parts[0], parts[1]
 
 
 def region_width(embed: Embedding, nblocks: int, group: int) -> int:
@@ -467,7 +478,7 @@ def describe(embed: Embedding | None, ncores: int) -> str:
 
 
 __all__ = ["Embedding", "choose", "embed_rows", "grid_axis", "grid_columns", "grid_coords",
-           "grid_physical_cores", "physical_cores", "shift_cycles", "group_tile",
+           "grid_parts", "grid_physical_cores", "physical_cores", "shift_cycles", "group_tile",
            "exchange_estimate", "relayout_estimate", "region_span", "ring_lengths",
            "interleave", "ring_drivers",
            "hops_of_ring", "fits",

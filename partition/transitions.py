@@ -48,7 +48,7 @@ from t10c.dtypes import IntTensors
 from t10c.ir import Graph, last_product, map_to_root
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
-from .collectives import chunk_elements, scatter_of, scatter_unit
+from .collectives import chunk_elements, scatter_positions, scatter_unit
 from .cost import (
     element_bytes,
     epilogue_cost,
@@ -192,15 +192,6 @@ def _tile_flat(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
             np.broadcast_to(valid, (n, *tile)).reshape(full))
 
 
-def scatter_members(geo: Geometry) -> tuple[np.ndarray, np.ndarray, int]:
-    """The reduce-scatter after the steps: (members, pos, chunk). ``members`` (blocks, group)
-    lists the logical cores holding partial sums of the same output block, by core id;
-    member ``pos[c]`` ends with elements ``[pos * chunk, (pos + 1) * chunk)`` of the block's
-    buffer (row-major over the output tile)."""
-    scatter = scatter_of(geo, tables=False)  # one definition for codegen and the pricing
-    return scatter.members, scatter.pos, scatter.chunk
-
-
 def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     """(numel,): the physical core that holds each element of op ``j``'s result after it ran
     (codegen's placement of the result, `codegen.lower.finish_output`)."""
@@ -210,7 +201,7 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     shape = graph.tensors[op.output.tensor].shape
     origin, tile = geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out)
     if geo.reduce_group > 1:  # each core's chunk of its tile alone
-        _, pos, chunk = scatter_members(geo)
+        pos, chunk = scatter_positions(geo)
         flat, valid = chunk_elements(origin, tile, shape, pos, chunk)
     else:
         flat, valid = _tile_flat(origin, tile, shape)
@@ -247,7 +238,7 @@ def result_boxes(geo: Geometry, any_chunk: bool = False) -> tuple[np.ndarray, np
         inner *= int(shape[d])
     else:
         return None
-    _, pos, unit = scatter_members(geo)
+    pos, unit = scatter_positions(geo)
     if unit != chunk:
         return None
     run = chunk // inner
@@ -323,7 +314,7 @@ def result_box_set(graph: Graph, j: int, plan: OpPlan, limit: int
                           shape)
     else:
         out = len(op.inputs)
-        _, pos, chunk = scatter_members(geo)
+        pos, chunk = scatter_positions(geo)
         logical = chunk_boxes(geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out), pos,
                               chunk, shape)
     return logical, np.asarray(geo.phys)
