@@ -451,15 +451,15 @@ def _grid_positions(geo: Geometry) -> np.ndarray | None:
     is its digits on the output's axes and its member its digits on the reduction axes
     (`_plain_perm`), and the embedding places it at a part of the first plus a part of the
     second (`place.grid_parts`). Every group's members then lie as the first group's do,
-    shifted: one group's order and rectangle (`_rectangle`) are those of every group whose
-    first core's row holds the rectangle's width, and a core's position is a function of
-    its member digits alone, written over the grid by broadcasting. None elsewhere (the
-    members' physical cores are gathered and sorted then)."""
+    shifted: where the first group is an evenly spaced rectangle that no group's row wraps,
+    its order and rectangle (`_rectangle`) are every group's, and a core's position is a
+    function of its member digits alone, written over the grid by broadcasting. None
+    elsewhere (the members' physical cores are gathered and sorted then)."""
     group = geo.reduce_group
     perm = _plain_perm(geo)
     if group <= 1 or geo.embed is None or geo.cores is not None or perm is None:
         return None
-    reduction = {a for a in geo.axes if a not in geo.op.output.axes}
+    reduction = set(geo.op.reduction_axes)
     parts = grid_parts(geo.F, geo.axes, reduction, geo.embed)
     red = perm[len(perm) - len(reduction):]
     if parts is None or parts[0] != frozenset(red):
@@ -471,13 +471,14 @@ def _grid_positions(geo: Geometry) -> np.ndarray | None:
     order = np.argsort(offset, kind="stable")  # by physical core (a group's are distinct)
     base = first.reshape(-1)  # each group's first part (in some order of the groups)
     rect = _evenly_spaced(*np.divmod((base[0] + offset[order])[None], cols))
-    # a group whose rectangle would wrap past a row's end lies otherwise, and then no
-    # group's is every group's (`_rectangle`): the placements `grid_parts` separates keep
-    # each group within its rows, checked all the same on the groups' first cores alone
-    if rect is not None and ((base + offset[order[0]]) % cols
-                             + (rect[1] - 1) * rect[3] >= cols).any():
-        rect = None
-    height, width, row_stride, col_stride = rect if rect is not None else (1, group, 1, 1)
+    # (a group whose rectangle would wrap past a row's end lies otherwise: the placements
+    # `grid_parts` separates keep each group within its rows, checked on the groups' first
+    # cores alone; where the first group is no rectangle, or some group wraps, the members'
+    # cores are gathered as `_scatter_of` does)
+    if rect is None or ((base + offset[order[0]]) % cols
+                        + (rect[1] - 1) * rect[3] >= cols).any():
+        return None
+    height, width, row_stride, col_stride = rect
     elems = math.prod(geo.tile_shape(len(geo.op.inputs)))
     digits = choose_levels(height, width, row_stride, col_stride, elems)
     _, _, one, rests = _digit_values(digits, height, width)
