@@ -34,7 +34,7 @@ from t10c.chips import Chip
 from t10c.digest import digest_of
 from t10c.dtypes import dtype_bytes, on_chip_dtype
 from t10c.elementwise import COMBINES
-from t10c.ir import Graph, TensorExpr, distinct_rows, map_to_root
+from t10c.ir import Graph, TensorExpr, distinct_rows, map_to_root, tile_elements
 from t10c.multicast import distinct, prefer_multicast
 from t10c.partition import Geometry, Plan, geometry
 from t10c.partition.collectives import Scatter, chunk_elements, scatter_of
@@ -73,7 +73,6 @@ from .program import (
     exchange,
     indexed_load,
     pattern_load,
-    tile_elements,
 )
 
 

@@ -67,7 +67,7 @@ import numpy as np
 
 from t10c.digest import digest_of
 from t10c.dtypes import DTYPES
-from t10c.ir import Gathered, TensorExpr, expr_from_json, expr_to_json
+from t10c.ir import Gathered, TensorExpr, expr_from_json, expr_to_json, tile_elements
 
 from .pattern import Pattern, compact, encode, expand, from_table, width
 
@@ -190,32 +190,6 @@ def pattern_load(op: str, phase: str, buf: int, tensor: str, shape: tuple[int, .
                     p.pat, p.start, p.runs)
     flat = expand(p, elems)[1]
     return Load(op, phase, buf, tensor, shape, (elems,), origin, flat, cores)
-
-
-def tile_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Flat indices into a tensor of ``shape`` of each core's ``tile`` at ``origin[c]``.
-
-    Returns (flat, valid), both (ncores, prod(tile)); positions outside the tensor are not
-    valid (their flat index is clamped inside it). Built one dimension at a time with
-    broadcasting, never materialising (ncores, elems, ndim).
-    """
-    n = len(origin)
-    itype = np.int32 if int(np.prod(shape, dtype=np.int64)) < 2 ** 31 else np.int64
-    origin = origin.astype(itype, copy=False)
-    flat = np.zeros((n,) + (1,) * len(tile), dtype=itype)
-    valid = np.ones((n,) + (1,) * len(tile), dtype=bool)
-    stride = 1
-    for d in reversed(range(len(tile))):
-        view = [n] + [1] * len(tile)
-        view[d + 1] = tile[d]
-        coord = (origin[:, d][:, None] + np.arange(tile[d], dtype=itype)[None, :]).reshape(view)
-        valid = valid & (coord >= 0) & (coord < shape[d])
-        flat = flat + np.clip(coord, 0, shape[d] - 1) * stride
-        stride *= shape[d]
-    full = (n, int(np.prod(tile, dtype=np.int64)))
-    return (np.broadcast_to(flat, (n, *tile)).reshape(full),
-            np.broadcast_to(valid, (n, *tile)).reshape(full))
 
 
 @dataclass(frozen=True)

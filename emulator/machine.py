@@ -65,12 +65,11 @@ from t10c.codegen.program import (
     Reduce,
     Shift,
     Store,
-    tile_elements,
     unique_expand,
 )
 from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
-from t10c.ir import TensorExpr, tile_counts
+from t10c.ir import TensorExpr, tile_counts, tile_elements
 
 from .kernels import (
     THREADS,

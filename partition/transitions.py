@@ -45,7 +45,7 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.digest import digest_arrays
 from t10c.dtypes import IntTensors
-from t10c.ir import Graph, last_product, map_to_root
+from t10c.ir import Graph, last_product, map_to_root, tile_elements
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
 from .collectives import chunk_elements, scatter_positions, scatter_unit
@@ -172,26 +172,6 @@ class Have:
         return where
 
 
-def _tile_flat(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...]
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """(flat index, inside the tensor) of every element of each core's tile, row-major within
-    the tile: the numbering of codegen's buffers (`codegen.program.tile_elements`)."""
-    n = len(origin)
-    flat = np.zeros((n,) + (1,) * len(tile), dtype=np.int64)
-    valid = np.ones((n,) + (1,) * len(tile), dtype=bool)
-    stride = 1
-    for d in reversed(range(len(tile))):
-        view = [n] + [1] * len(tile)
-        view[d + 1] = tile[d]
-        coord = (origin[:, d][:, None] + np.arange(tile[d])[None, :]).reshape(view)
-        valid = valid & (coord >= 0) & (coord < shape[d])
-        flat = flat + np.clip(coord, 0, shape[d] - 1) * stride
-        stride *= shape[d]
-    full = (n, int(np.prod(tile, dtype=np.int64)))
-    return (np.broadcast_to(flat, (n, *tile)).reshape(full),
-            np.broadcast_to(valid, (n, *tile)).reshape(full))
-
-
 def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     """(numel,): the physical core that holds each element of op ``j``'s result after it ran
     (codegen's placement of the result, `codegen.lower.finish_output`)."""
@@ -204,7 +184,7 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
         pos, chunk = scatter_positions(geo)
         flat, valid = chunk_elements(origin, tile, shape, pos, chunk)
     else:
-        flat, valid = _tile_flat(origin, tile, shape)
+        flat, valid = tile_elements(origin, tile, shape, np.int64)
     owner = np.full(int(np.prod(shape, dtype=np.int64)), -1, dtype=np.int32)
     cores = np.broadcast_to(geo.phys[:, None], flat.shape)
     owner[flat[valid]] = cores[valid]
@@ -681,7 +661,8 @@ class Views:
         shape = self.graph.tensors[tensor].shape
         boxes = np.unique(np.column_stack([chip.chip_of(np.asarray(want.phys, np.int64)),
                                            np.asarray(want.origin, np.int64)]), axis=0)
-        flat, valid = _tile_flat(boxes[:, 1:], tuple(int(x) for x in want.shape), shape)
+        flat, valid = tile_elements(boxes[:, 1:], tuple(int(x) for x in want.shape), shape,
+                                    np.int64)
         elems = np.where(valid, flat, -1)
         to_root = self.to_root(tensor)
         if to_root is not None:

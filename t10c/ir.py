@@ -445,6 +445,36 @@ def tile_counts(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...
     return counts
 
 
+def tile_elements(origin: np.ndarray, tile: tuple[int, ...], shape: tuple[int, ...],
+                  itype: type[np.signedinteger] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Flat indices into a tensor of ``shape`` of each core's ``tile`` at ``origin[c]``,
+    row-major within the tile: the numbering of codegen's buffers.
+
+    Returns (flat, valid), both (ncores, prod(tile)); positions outside the tensor are not
+    valid (their flat index is clamped inside it). Built one dimension at a time with
+    broadcasting, never materialising (ncores, elems, ndim). The indices are ``itype``; by
+    default int32 where the tensor's elements fit it, else int64.
+    """
+    n = len(origin)
+    if itype is None:
+        itype = np.int32 if int(np.prod(shape, dtype=np.int64)) < 2 ** 31 else np.int64
+    origin = origin.astype(itype, copy=False)
+    flat = np.zeros((n,) + (1,) * len(tile), dtype=itype)
+    valid = np.ones((n,) + (1,) * len(tile), dtype=bool)
+    stride = 1
+    for d in reversed(range(len(tile))):
+        view = [n] + [1] * len(tile)
+        view[d + 1] = tile[d]
+        coord = (origin[:, d][:, None] + np.arange(tile[d], dtype=itype)[None, :]).reshape(view)
+        valid = valid & (coord >= 0) & (coord < shape[d])
+        flat = flat + np.clip(coord, 0, shape[d] - 1) * stride
+        stride *= shape[d]
+    full = (n, int(np.prod(tile, dtype=np.int64)))
+    return (np.broadcast_to(flat, (n, *tile)).reshape(full),
+            np.broadcast_to(valid, (n, *tile)).reshape(full))
+
+
 def map_to_root(graph: Graph, tensor: str, flat: np.ndarray) -> tuple[str, np.ndarray]:
     """Map flat element indices of ``tensor`` through its views to flat indices of its root."""
     while tensor in graph.views:

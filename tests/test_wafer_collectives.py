@@ -143,7 +143,7 @@ def test_routes_in_slices_equal_the_whole_phase(monkeypatch) -> None:
 
 
 def test_chunks_are_the_whole_tile_table_at_their_columns() -> None:
-    from t10c.codegen.program import tile_elements
+    from t10c.ir import tile_elements
     from t10c.partition.collectives import chunk_elements
 
     rng = np.random.default_rng(0)
