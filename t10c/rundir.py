@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,10 +220,7 @@ def load_run_dir(directory: Path) -> RunDir:
         raise RunDirError(str(exc)) from None
     weights = _weights(directory / "weights.npz")
     specs = _inputs(directory / "inputs.json")
-    if [s.name for s in specs] != list(program.inputs) or any(
-            s.shape != tuple(program.inputs[s.name][0]) for s in specs):
-        raise RunDirError(f"{directory}/inputs.json does not describe the program's inputs "
-                          f"{', '.join(program.inputs)}")
+    _match_inputs(directory / "inputs.json", specs, program)
     path = directory / "model.onnx"
     if not path.is_file():
         raise RunDirError(f"{path} is missing; write the directory again with "
@@ -233,6 +231,26 @@ def load_run_dir(directory: Path) -> RunDir:
         raise RunDirError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
                           f"{exc})") from None
     return RunDir(program, weights, specs, model)
+
+
+def _match_inputs(path: Path, specs: list[InputSpec], program: Program) -> None:
+    """Refuse input specs that are not the program's inputs, by name and shape. Their order
+    is the graph's, the one the seeded inputs are drawn in; ``program.json`` keeps its
+    inputs by name (sorted), so the order is not compared."""
+    want = {name: tuple(shape) for name, (shape, _) in program.inputs.items()}
+    counts = Counter(s.name for s in specs)
+    faults = []
+    if missing := [name for name in want if name not in counts]:
+        faults.append(f"no {', '.join(missing)}")
+    if extra := [name for name in counts if name not in want]:
+        faults.append(f"{', '.join(extra)}: not an input of the program")
+    if twice := [name for name, k in counts.items() if k > 1]:
+        faults.append(f"{', '.join(twice)} given twice")
+    faults += [f"{s.name} has shape {list(s.shape)}, the program's is {list(want[s.name])}"
+               for s in specs if s.name in want and s.shape != want[s.name]]
+    if faults:
+        raise RunDirError(f"{path} does not describe the program's inputs ({'; '.join(faults)});"
+                          " write the directory again with t10c compile MODEL -o DIR")
 
 
 def _weights(path: Path) -> dict[str, np.ndarray]:

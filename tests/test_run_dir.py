@@ -34,6 +34,44 @@ def test_run_a_compiled_file_model(tmp_path) -> None:
     assert main(["run", str(out)]) == 0
 
 
+def _two_input_model() -> onnx.ModelProto:
+    """``y = x @ w + bias``, fed in that order: the graph's order is not the names' sorted one
+    (which ``program.json`` keeps its inputs in)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 16),
+                                                                         dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]),
+         helper.make_node("Add", ["xw", "bias"], ["y"])], "two_inputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+         helper.make_tensor_value_info("bias", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_inputs_are_matched_by_name_not_order(tmp_path, capsys) -> None:
+    """A decode step's past_key_values.10 sorts before .2: its directory runs all the same,
+    and an inputs.json that lacks an input, or has one of another shape, is refused."""
+    path = tmp_path / "two.onnx"
+    onnx.save(_two_input_model(), path)
+    out = tmp_path / "two"
+    assert main(["compile", str(path), "--chip", "test16", "-o", str(out), "--no-table"]) == 0
+    specs = json.loads((out / "inputs.json").read_text())
+    assert [x["name"] for x in specs["inputs"]] == ["x", "bias"]
+    assert list(json.loads((out / "program.json").read_text())["inputs"]) == ["bias", "x"]
+    assert main(["run", str(out)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+    specs["inputs"][0]["shape"] = [4, 9]
+    specs["inputs"].pop()
+    (out / "inputs.json").write_text(json.dumps(specs))
+    assert main(["run", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no bias" in err
+    assert "x has shape [4, 9], the program's is [4, 8]" in err
+
+
 def test_run_needs_a_compiled_directory(tmp_path, capsys) -> None:
     assert main(["run", str(tmp_path)]) == 2
     assert "compile.json" in capsys.readouterr().err
