@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -59,6 +60,7 @@ from t10c.codegen.program import (
     Exchange,
     Fill,
     Free,
+    Instr,
     Load,
     Pattern,
     Program,
@@ -125,6 +127,31 @@ class Machine(TimingMachine):
         #: is never cut (`take_table`): the loads of those, by instruction index
         self.ahead: ThreadPoolExecutor | None = None
         self.uncut = uncut_tables(program)
+        #: where loaded tiles are read for the last time (`dead_tiles`), and the memory each
+        #: buffer's tiles were cut into: given back to the pool there, for later cuts (a
+        #: cut ahead of the main thread takes the memory of the layers it has passed)
+        self.dead = dead_tiles(program)
+        self.cut_memory: dict[int, HostTiles] = {}
+        #: dead tiles' memory, for later cuts only: a cut that took a freed buffer's memory
+        #: would leave the next buffer fresh pages to fault in, on the main thread
+        self.tile_pool = Pool()
+
+    def step(self, ins: Instr, host: dict[str, np.ndarray] | None = None) -> None:
+        n = self.executed
+        super().step(ins, host)
+        for buf in self.dead.get(n, ()):
+            self.mem.pop(buf, None)  # no instruction reads it before its Free
+            self.give_back(buf)
+
+    def give_back(self, buf: int) -> None:
+        """The memory buffer ``buf``'s loaded tiles were cut into, to the pool (they are dead,
+        and the cut is done)."""
+        cut = self.cut_memory.pop(buf, None)
+        if cut is not None:
+            if cut.ready is not None:
+                cut.ready.result()  # (a load freed unread: its cut may still be writing)
+            for flat in cut.memory:
+                self.tile_pool.give(flat)
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
@@ -182,6 +209,7 @@ class Machine(TimingMachine):
     def free(self, ins: Free) -> None:
         super().free(ins)
         self.mem.pop(ins.buf, None)
+        self.give_back(ins.buf)
         self.dirty.pop(ins.buf, None)
         flat = self.base.pop(ins.buf, None)
         if flat is not None:
@@ -245,15 +273,20 @@ class Machine(TimingMachine):
             # replicated tiles are gathered once and copied to every core that holds them
             uniq, inverse = unique_rows(ins.origin)
             cut = HostTiles(src, uniq, ins.tile, inverse,
-                            partial(self.stored, ins.buf, owned=True), dst.dtype)
+                            partial(self.stored, ins.buf, owned=True), dst.dtype,
+                            pool=self.tile_pool)
+            self.give_back(ins.buf)  # (a buffer loaded again)
             if isinstance(rows, slice):  # cut when read: a take reads only its rows
                 if self.executed - 1 not in self.uncut:
                     if self.ahead is None:
                         self.ahead = ThreadPoolExecutor(1, thread_name_prefix="t10c-cut")
                     cut = dataclasses.replace(cut, ready=self.ahead.submit(cut.cut))
                 self.mem.defer(ins.buf, cut)
+                self.cut_memory[ins.buf] = cut
             else:
                 copy_rows(cut.cut(), inverse, dst, rows)
+                for flat in cut.memory:  # copied onto the cores: dead already
+                    self.tile_pool.give(flat)
             loaded = int(cut.counts()[inverse].sum())
         else:
             flat, valid = ins.elements()
@@ -596,12 +629,23 @@ class HostTiles:
     store: Callable[[np.ndarray], np.ndarray]  # (of an array of its own: may round in place)
     dtype: np.dtype
     ready: Future[np.ndarray] | None = None  # `cut` under way in another thread
+    #: where float32 tiles are cut into (memory no instruction reads any more), if anywhere;
+    #: ``memory`` then holds the array they were cut into, to give back once they are dead
+    pool: Pool | None = None
+    memory: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     def cut(self) -> np.ndarray:
         """The distinct tiles, ``(len(origin), elems)``, rounded (each value once)."""
         if self.ready is not None:
             return self.ready.result()
-        return self.store(load_tiles(self.host, self.origin, self.tile)[0]).astype(
+        out = None
+        if self.pool is not None and self.host.dtype == np.float32:
+            size = len(self.origin) * math.prod(self.tile)
+            if not self.memory:
+                flat = self.pool.take(size)
+                self.memory.append(np.empty(size, dtype=np.float32) if flat is None else flat)
+            out = self.memory[0][:size].reshape(len(self.origin), -1)
+        return self.store(load_tiles(self.host, self.origin, self.tile, out)[0]).astype(
             self.dtype, copy=False)
 
     def counts(self) -> np.ndarray:
@@ -637,35 +681,80 @@ class HostTiles:
 
 
 class Pool:
-    """Freed buffers' memory (flat float32 arrays, any 4-byte dtype viewed on them), kept up to
-    a budget of bytes for later buffers: repeated layers allocate the same sizes, and fresh
-    memory costs a page fault per page at its first write, several times the write itself."""
+    """Freed memory (flat float32 arrays, any 4-byte dtype viewed on them): freed buffers', or
+    loaded tiles' that no instruction reads again (`Machine.tile_pool`, which the cut thread
+    takes from), kept up to a budget of bytes for later buffers or tiles: repeated layers
+    allocate the same sizes, and fresh memory costs a page fault per page at its first
+    write, several times the write itself (on this development machine, a virtual one,
+    about 2 ms per MiB)."""
 
     BUDGET = 1 << 30
 
     def __init__(self) -> None:
         self.free: list[np.ndarray] = []
         self.bytes = 0
+        self.lock = threading.Lock()
 
     def take(self, elems: int) -> np.ndarray | None:
         """The smallest kept array of at least ``elems`` elements (and at most twice as many:
         a small buffer does not hold a large array), or None."""
-        best = None
-        for k, flat in enumerate(self.free):
-            if elems <= flat.size <= 2 * elems and (best is None
-                                                    or flat.size < self.free[best].size):
-                best = k
-        if best is None:
-            return None
-        flat = self.free.pop(best)
-        self.bytes -= flat.nbytes
-        return flat
+        with self.lock:
+            best = None
+            for k, flat in enumerate(self.free):
+                if elems <= flat.size <= 2 * elems and (best is None
+                                                        or flat.size < self.free[best].size):
+                    best = k
+            if best is None:
+                return None
+            flat = self.free.pop(best)
+            self.bytes -= flat.nbytes
+            return flat
 
     def give(self, flat: np.ndarray) -> None:
         """Keep ``flat`` for a later buffer, if the budget allows."""
-        if self.bytes + flat.nbytes <= self.BUDGET:
-            self.free.append(flat)
-            self.bytes += flat.nbytes
+        with self.lock:
+            if self.bytes + flat.nbytes <= self.BUDGET:
+                self.free.append(flat)
+                self.bytes += flat.nbytes
+
+
+def dead_tiles(program: Program) -> dict[int, tuple[int, ...]]:
+    """Instruction index -> the buffers whose loaded tiles (a tiled `Load`'s) it reads for
+    the last time: no instruction reads or writes the buffer after it until its `Free` (or
+    the program's end). A buffer written after its load keeps its memory until its Free."""
+    last: dict[int, int | None] = {}  # loaded buffer -> its last read so far
+    dead: dict[int, list[int]] = {}
+
+    def end(buf: int) -> None:
+        j = last.pop(buf, None)
+        if j is not None:
+            dead.setdefault(j, []).append(buf)
+
+    for i, ins in enumerate(program.instrs):
+        reads: tuple[int, ...]
+        writes: tuple[int, ...]
+        if isinstance(ins, Compute):
+            reads, writes = ins.ins, (ins.out,)
+        elif isinstance(ins, (Exchange, Shift, Reduce)):
+            reads, writes = (ins.src,), (ins.dst,)
+        elif isinstance(ins, Store):
+            reads, writes = (ins.src,), ()
+        elif isinstance(ins, (Load, Fill)):
+            reads, writes = (), (ins.buf,)
+        else:
+            reads, writes = (), ()
+        for buf in reads:
+            if buf in last:
+                last[buf] = i
+        for buf in writes:
+            last.pop(buf, None)
+        if isinstance(ins, Load) and ins.pat is None and ins.index is None:
+            last[ins.buf] = None
+        elif isinstance(ins, Free):
+            end(ins.buf)
+    for buf in list(last):
+        end(buf)
+    return {i: tuple(bufs) for i, bufs in dead.items()}
 
 
 def uncut_tables(program: Program) -> frozenset[int]:
@@ -722,13 +811,30 @@ def unique_rows(origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return origin[first], inverse.reshape(-1)
 
 
-def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
-               ) -> tuple[np.ndarray, np.ndarray]:
+def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...],
+               out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every ``tile``-shaped block of ``host`` at ``origin[c]`` (zero outside the tensor), as
-    (len(origin), elems), and how many elements of each lie inside the tensor.
+    (len(origin), elems) (into ``out``, if given: contiguous, of that shape and ``host``'s
+    dtype), and how many elements of each lie inside the tensor.
 
     Tiles on the tile grid (the common case) are cut from a blocked view of the tensor (padded
-    to whole tiles) by indexing whole blocks; others are gathered element by element."""
+    to whole tiles) by indexing whole blocks; others are gathered element by element. A
+    transposed view of a contiguous array (a load through `Load.perm`: a tied LM head) is
+    cut in the array's own order, then each tile transposed (`_transposed_tiles`)."""
+    order = _contiguous_order(host)
+    if order is not None:
+        return _transposed_tiles(host, origin, tile, order, out)
+    tiles, counts = _load_tiles(host, origin, tile, out)
+    if out is not None and not np.may_share_memory(tiles, out):
+        out[...] = tiles
+        tiles = out
+    return tiles, counts
+
+
+def _load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...],
+                out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """`load_tiles` of a tensor in its own order: the grid of whole tiles into ``out``, if
+    given; other tiles into arrays of their own."""
     shape = host.shape
     n = len(origin)
     edge = np.asarray(shape, dtype=np.int64)[None, :] - origin
@@ -751,7 +857,8 @@ def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
     if n == math.prod(grid) and np.array_equal(where, np.indices(grid).reshape(nd, -1).T):
         # every tile of the grid in order (a weight cut whole): one strided copy of the whole
         # tiles, not an index per tile; the edge tiles after it
-        tiles = np.empty((*grid, *tile), dtype=host.dtype)
+        tiles = np.empty((*grid, *tile), dtype=host.dtype) if out is None else \
+            out.reshape(*grid, *tile)
         tiles[tuple(slice(0, f) for f in full)] = blocks
         tiles = tiles.reshape(n, -1)
         if not inside.all():
@@ -764,6 +871,40 @@ def load_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]
         tiles[inside] = blocks[tuple(where[inside].T)].reshape(int(inside.sum()), -1)
     tiles[~inside] = edge_tiles(host, origin[~inside], tile)
     return tiles, counts
+
+
+def _contiguous_order(host: np.ndarray) -> list[int] | None:
+    """The axis order in which ``host`` is a C-contiguous array, if it is a transpose of one
+    (and not one already), else None."""
+    if host.ndim < 2 or host.flags.c_contiguous or not host.size:
+        return None
+    order = sorted(range(host.ndim), key=lambda d: -host.strides[d])
+    return order if np.transpose(host, order).flags.c_contiguous else None
+
+
+#: elements of a transposed host's tiles cut at once (`_transposed_tiles`): a few MiB
+TRANSPOSED_CHUNK = 1 << 20
+
+
+def _transposed_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...],
+                      order: list[int], out: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """`load_tiles` of ``host``, a transposed view of the C-contiguous ``host.transpose(order)``:
+    the tiles cut from that array (whole rows of memory, where reading the view tile by tile
+    strides across it, several times slower) a few at a time, each then transposed back
+    within the cache."""
+    flat = np.transpose(host, order)
+    n, elems = len(origin), math.prod(tile)
+    if out is None:
+        out = np.empty((n, elems), dtype=host.dtype)
+    counts = np.empty(n, dtype=np.int64)
+    cut = tuple(tile[d] for d in order)
+    back = [0, *(1 + order.index(d) for d in range(host.ndim))]
+    step = max(1, TRANSPOSED_CHUNK // max(elems, 1))
+    for lo in range(0, n, step):
+        part, counts[lo:lo + step] = load_tiles(flat, origin[lo:lo + step][:, order], cut)
+        out[lo:lo + step].reshape(-1, *tile)[...] = part.reshape(-1, *cut).transpose(back)
+    return out, counts
 
 
 def edge_tiles(host: np.ndarray, origin: np.ndarray, tile: tuple[int, ...]) -> np.ndarray:

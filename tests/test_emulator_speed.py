@@ -33,12 +33,13 @@ from t10c.driver import (
     max_rel_err,
     reference,
 )
-from t10c.emulator import Machine, TimingMachine, emulate, kernels
+from t10c.emulator import Machine, TimingMachine, emulate, kernels, machine
 from t10c.emulator.kernels import ROUND_BLOCK, round_fp16
 from t10c.emulator.machine import (
     HostTiles,
     Memory,
     Pool,
+    dead_tiles,
     edge_tiles,
     load_tiles,
     replicated_at,
@@ -158,7 +159,7 @@ def test_fast_emulator_equals_reference(graph: tuple[tuple[int, ...], list[tuple
     for variant in ("poisoned", "dense"):
         other = Machine(c.program, c.chip)
         if variant == "poisoned":
-            other.pool = PoisonPool()
+            other.pool, other.tile_pool = PoisonPool(), PoisonPool()
         else:
             other.mem = DenseMemory()
         again, _ = other.run(inputs, c.graph.constants)
@@ -272,21 +273,37 @@ def test_round_fp16_by_the_adder_on_every_small_float() -> None:
             assert np.array_equal(bits, want), hex(lo)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3),
-       tile=st.lists(st.integers(1, 4), min_size=3, max_size=3), seed=st.integers(0, 99))
-def test_whole_grid_cut_is_element_by_element(shape: list[int], tile: list[int],
-                                              seed: int) -> None:
+       tile=st.lists(st.integers(1, 4), min_size=3, max_size=3), seed=st.integers(0, 99),
+       perm=st.permutations(range(3)), chunk=st.sampled_from((1, 5, 1 << 20)))
+def test_whole_grid_cut_is_element_by_element(shape: list[int], tile: list[int], seed: int,
+                                              perm: list[int], chunk: int) -> None:
     """Every tile of a tensor's grid, in order (a weight cut whole: one strided copy, the
     edge tiles after it), holds what gathering each element gives; so does any other set of
-    tiles."""
+    tiles, of a transposed view of an array too (cut in the array's order, a few tiles at a
+    time, then transposed), and so do tiles cut into given memory (full of NaNs)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(machine, "TRANSPOSED_CHUNK", chunk)
+        _cuts_are_element_by_element(shape, tile, seed, perm)
+
+
+def _cuts_are_element_by_element(shape: list[int], tile: list[int], seed: int,
+                                 perm: list[int]) -> None:
     t = tuple(tile[:len(shape)])
-    host = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    order = [d for d in perm if d < len(shape)]
+    stored = np.random.default_rng(seed).standard_normal([shape[d] for d in order])
+    host = stored.astype(np.float32).transpose(np.argsort(order))  # a view, of ``shape``
+    assert host.shape == tuple(shape)
     grid = [-(-s // b) for s, b in zip(shape, t)]
     origin = np.indices(grid).reshape(len(grid), -1).T * np.asarray(t)
     for o in (origin, origin[::-1], origin[: max(1, len(origin) // 2)]):
+        want = edge_tiles(host, o, t)
         tiles, counts = load_tiles(host, o, t)
-        assert np.array_equal(tiles, edge_tiles(host, o, t))
+        assert np.array_equal(tiles, want)
+        out = np.full(want.shape, np.nan, dtype=np.float32)
+        into, _ = load_tiles(host, o, t, out)
+        assert np.may_share_memory(into, out) and np.array_equal(out, want)
     assert load_tiles(host, origin, t)[1].sum() == host.size  # every element once
 
 
@@ -502,6 +519,68 @@ def test_host_tiles_read_what_the_cut_holds() -> None:
     want = np.where(elems >= 0, np.take_along_axis(cut, np.maximum(elems, 0).reshape(2000, -1),
                                                    axis=1).reshape(elems.shape), 0)
     assert np.array_equal(tiles.read(cores, elems), want)
+
+
+def test_tiles_are_cut_into_memory_given_back() -> None:
+    """A cut takes its memory from the pool (here full of NaNs, as freed memory may be) and
+    holds what a cut into fresh memory does."""
+    rng = np.random.default_rng(3)
+    host = rng.standard_normal((40, 30)).astype(np.float32)
+    origin = np.indices((3, 4)).reshape(2, -1).T * np.array([16, 8])
+    pool = Pool()
+    freed = np.full(3 * 4 * 16 * 8 + 5, np.nan, dtype=np.float32)
+    pool.give(freed)
+    cut = HostTiles(host, origin, (16, 8), np.arange(12), lambda v: v, np.dtype(np.float32),
+                    pool=pool)
+    tiles = cut.cut()
+    assert cut.memory == [freed] and np.may_share_memory(tiles, freed) and pool.bytes == 0
+    assert np.array_equal(tiles, load_tiles(host, origin, (16, 8))[0])
+
+
+def test_loaded_tiles_go_back_to_the_pool_after_their_last_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each loaded weight's tiles are dead after the last instruction that reads them
+    (`dead_tiles`): the memory they were cut into goes back to the pool there, before the
+    buffer's Free, for the next layers' cuts (never for buffers); the outputs are those of a
+    run that keeps every cut's memory to itself."""
+    shape = (8, 16)
+    model = make_model("chain", build(shape, [("matmul", 16), ("relu", 0), ("matmul", 16),
+                                              ("relu", 0), ("matmul", 8)]), (shape,))
+    c = compile_model(model, PRESETS["test16"], CompileOptions(dtype="fp16"))
+    inputs = make_inputs(c.graph, seed=1)
+    dead = dead_tiles(c.program)
+    assert sum(len(bufs) for bufs in dead.values()) >= 3  # a weight per matmul, at least
+    given: list[np.ndarray] = []
+    buffers: list[np.ndarray] = []
+    deferred: list[HostTiles] = []
+
+    class Watched(Pool):
+        def __init__(self, into: list[np.ndarray]) -> None:
+            super().__init__()
+            self.into = into
+
+        def give(self, flat: np.ndarray) -> None:
+            self.into.append(flat)
+            super().give(flat)
+
+    class Kept(Memory):
+        def defer(self, buf: int, tiles: HostTiles) -> None:
+            deferred.append(tiles)
+            super().defer(buf, tiles)
+
+    m = Machine(c.program, c.chip)
+    m.tile_pool, m.pool, m.mem = Watched(given), Watched(buffers), Kept()
+    got, _ = m.run(inputs, c.graph.constants)
+    cut = [t for t in deferred if t.memory]
+    assert len(cut) >= 3 and not m.cut_memory
+    assert all(any(flat is g for g in given) for t in cut for flat in t.memory)
+    assert buffers and not any(flat is b for b in buffers for t in cut for flat in t.memory)
+    # (each before its buffer's Free: given back at the last read, not with the buffer)
+    m2 = Machine(c.program, c.chip)
+    m2.dead = {}
+    want, _ = m2.run(inputs, c.graph.constants)
+    for name in want:
+        assert np.array_equal(got[name].view(np.uint32), want[name].view(np.uint32))
 
 
 @settings(max_examples=60, deadline=None)
