@@ -9,8 +9,9 @@ broadcast elementwise evaluation) over every core's sub-task; an exchange is one
 of the table into the source buffers, in cache-sized blocks of table rows; loads cut tiles
 from a blocked view of the host tensor. Rows that many cores share (a weight's tiles, an
 exchange's shared rows) are kept once (`Memory`) and read by contractions as broadcast views;
-a loaded tensor is cut when first read (by a thread, ahead), and a take reads the rows it
-picks from the host tensor. A contraction that writes whole rows writes its products straight
+a loaded tensor is cut when first read (by a thread, ahead, into the memory of tiles no
+instruction reads any more: `dead_tiles`), and a take reads the rows it picks from the host
+tensor. A contraction that writes whole rows writes its products straight
 into the buffer (rounded there). Large matmuls, roundings, elementwise bodies and gathers are
 shared among the host's cores by threads; no value depends on it. The per-core reference
 executor (`reference.py`) is the definition this is checked against
