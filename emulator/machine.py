@@ -686,8 +686,7 @@ class Pool:
     loaded tiles' that no instruction reads again (`Machine.tile_pool`, which the cut thread
     takes from), kept up to a budget of bytes for later buffers or tiles: repeated layers
     allocate the same sizes, and fresh memory costs a page fault per page at its first
-    write, several times the write itself (on this development machine, a virtual one,
-    about 2 ms per MiB)."""
+    write, several times the write itself (README: Performance, Emulator speed)."""
 
     BUDGET = 1 << 30
 
