@@ -40,9 +40,10 @@ from t10c.multicast import (
     multicast_routes,
     phase_cycles,
     remember_ways,
-    route_trees,
-    route_unicasts,
     routing_key,
+    tree_cycles,
+    tree_parts,
+    unicast_parts,
     ways_mark,
     ways_since,
 )
@@ -315,31 +316,26 @@ def _apart(trees: list[np.ndarray]) -> np.ndarray:
 
 
 def _routed(chip: Chip, inputs: list[Moved]) -> int:
-    parts: dict[bool, list[Moved]] = {True: [], False: []}
-    for m in inputs:
-        parts[m.multicast].append(m)
-    loads = None
-    hops = trees = 0
-    for multicast, ms in parts.items():
-        if not ms:
-            continue
-        entries = (np.concatenate([getattr(m, f) for m in ms]) for f in ("src", "dst", "nbytes"))
-        if multicast:
-            routed = route_trees(chip, _apart([m.tree for m in ms]), *entries)
-        else:  # unicasts, one tree each
-            routed = route_unicasts(chip, *entries)
-        if routed is None:
-            continue
-        loads = routed.loads if loads is None else loads + routed.loads
-        hops = max(hops, routed.hops)
-        if multicast:
-            trees = int(routed.counts.max())
-    cycles = 0 if loads is None else phase_cycles(chip, int(loads.max()), hops, trees)
+    """Cycles of one phase moving ``inputs``: the multicast ones' trees and the others'
+    unicasts routed together (`t10c.meshkernels.phase_busiest`), then the relayed ones'
+    spreads as a stage of their own."""
+    from t10c import meshkernels  # (numba, only where a mesh is routed)
+
+    trees = [m for m in inputs if m.multicast]
+    unicasts = [m for m in inputs if not m.multicast]
+
+    def joined(ms: list[Moved], field: str) -> np.ndarray:
+        return np.concatenate([getattr(m, field) for m in ms])
+
+    hops, busiest, most = meshkernels.phase_busiest(
+        chip.grid, chip.topology == "torus2d",
+        unicast_parts(*(joined(unicasts, f) for f in ("src", "dst", "nbytes")))
+        if unicasts else (),
+        tree_parts(_apart([m.tree for m in trees]),
+                   *(joined(trees, f) for f in ("src", "dst", "nbytes"))) if trees else ())
+    cycles = 0 if hops < 0 else phase_cycles(chip, busiest, hops, most)
     spreads = [m.spread for m in inputs if m.spread is not None]
     if spreads:  # relayed exchanges' second stage, after the rest (the emulator's order)
-        routed = route_trees(chip, _apart([sp[0] for sp in spreads]),
-                             *(np.concatenate([sp[k] for sp in spreads]) for k in (1, 2, 3)))
-        if routed is not None:
-            cycles += phase_cycles(chip, int(routed.loads.max()), routed.hops,
-                                   int(routed.counts.max()))
+        cycles += tree_cycles(chip, _apart([sp[0] for sp in spreads]),
+                              *(np.concatenate([sp[k] for sp in spreads]) for k in (1, 2, 3)))
     return cycles

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,88 +102,6 @@ def leg(start: np.ndarray, end: np.ndarray, size: int, torus: bool
     return delta, np.abs(delta)
 
 
-def line_loads(line: np.ndarray, start: np.ndarray, delta: np.ndarray, nbytes: np.ndarray,
-               nlines: int, size: int,
-               into: tuple[np.ndarray, np.ndarray] | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Loads of the positive and negative links of ``nlines`` lines of ``size`` positions
-    (added to ``into``'s two (nlines, size) integer arrays, which are returned, if given).
-
-    A positive leg from ``s`` of length L uses links s .. s+L-1; a negative one uses links
-    s-L .. s-1 (link x joins positions x and x+1, modulo ``size`` on a torus).
-    """
-    out = into if into is not None else (np.zeros((nlines, size), dtype=np.int64),
-                                         np.zeros((nlines, size), dtype=np.int64))
-    _LineLegs(line, start, np.maximum(delta, 0), np.maximum(-delta, 0), nlines,
-              size).add(nbytes, out)
-    return out[0], out[1]
-
-
-class _LineLegs:
-    """Legs along ``nlines`` lines of ``size`` positions: from each entry's ``start`` on its
-    ``line``, ``pos`` links the positive way and ``neg`` links the negative way (either may
-    be 0), laid out once so that their loads can be added for several weights (`add`).
-
-    Difference arrays and cumulative sums: O(legs + links), never a loop over legs. Only
-    the lines some leg runs along one way are summed that way (a small op's exchange touches
-    a few of a wafer's hundreds), each alone, both ways in one pass: a row per (way, line),
-    each ``2 size + 1`` wide where some leg wraps round a torus (it runs on past the end and
-    is folded back), else ``size + 1`` (a mesh's legs never wrap). Loads are sums of whole
-    bytes in float64 (`np.bincount`), exact below 2^53 in any order, so the same integers
-    whatever the order of the legs; their running sums are taken in int64."""
-
-    def __init__(self, line: np.ndarray, start: np.ndarray, pos: np.ndarray, neg: np.ndarray,
-                 nlines: int, size: int) -> None:
-        self.size = size
-        up, down = np.flatnonzero(pos > 0), np.flatnonzero(neg > 0)
-        # each way's legs' fields, gathered once
-        line_up, start_up, pos_up = line[up], start[up], pos[up]
-        line_down, neg_down = line[down], neg[down]
-        first_down = start[down] - neg_down  # (below 0 where the leg wraps)
-        self.wraps = bool((start_up + pos_up > size).any() or (first_down < 0).any())
-        self.width = width = 2 * size + 1 if self.wraps else size + 1
-        self.up, self.down = up, down
-        rows = []
-        self.lines: list[np.ndarray] = []
-        for legs in (line_up, line_down):
-            used = np.bincount(legs, minlength=nlines) > 0
-            self.lines.append(np.flatnonzero(used))
-            rows.append(np.cumsum(used) - 1)
-        ahead = (rows[0] * width)[line_up]
-        ahead += start_up  # (0 <= start < size)
-        # the negative way's rows after the positive way's
-        back = ((rows[1] + len(self.lines[0])) * width)[line_down]
-        back += first_down % size if self.wraps else first_down
-        self.index = np.concatenate([ahead, ahead + pos_up, back, back + neg_down])
-
-    def add(self, weights: np.ndarray, into: tuple[np.ndarray, np.ndarray]) -> None:
-        """Add to ``into`` (the positive and the negative links' (nlines, size) loads) those
-        of the legs, each carrying its entry's ``weights``."""
-        split = len(self.lines[0])  # the positive way's rows, then the negative way's
-        n = split + len(self.lines[1])
-        if not n:
-            return
-        w = np.asarray(weights, dtype=np.float64)
-        up, down = w[self.up], w[self.down]
-        # whole numbers, exact: summed as integers (a float64 running sum waits on each
-        # add's latency, several times an int64 one's)
-        cum = np.bincount(self.index, weights=np.concatenate([up, -up, down, -down]),
-                          minlength=n * self.width).astype(np.int64).reshape(n, self.width)
-        np.cumsum(cum, axis=1, out=cum)  # (in place: no second wafer-sized array)
-        loads = cum[:, :self.size] + cum[:, self.size:2 * self.size] if self.wraps \
-            else cum[:, :self.size]
-        into[0][_rows_of(self.lines[0])] += loads[:split]
-        into[1][_rows_of(self.lines[1])] += loads[split:]
-
-
-def _rows_of(lines: np.ndarray) -> np.ndarray | slice:
-    """``lines`` (ascending) as a slice where they are one run, so that loads are added to
-    those rows in place (an index array gathers the rows, adds, and scatters them back)."""
-    if len(lines) and int(lines[-1]) - int(lines[0]) + 1 == len(lines):
-        return slice(int(lines[0]), int(lines[-1]) + 1)
-    return lines
-
-
 @dataclass(frozen=True)
 class Trees:
     """One phase's route trees routed: per directed link the bytes and the trees it carries
@@ -205,23 +123,42 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
     Y first (along the source's column, then along each destination row), whichever takes
     fewer links (X first on a tie): a vector chunk broadcast into one row of a GEMV's tiles
     climbs one column and runs along that row, instead of running along the source's row and
-    climbing every column (module doc). Unicasts: `route_unicasts`."""
+    climbing every column (module doc). The links are loaded by a compiled kernel
+    (`t10c.meshkernels.phase_loads`), `ROUTE_CHUNK` entries of whole trees at a time.
+    Unicasts: `route_unicasts`."""
+    from t10c import meshkernels  # (numba, only where a mesh is routed)
+
+    loads = np.zeros((4, *chip.grid), dtype=np.int64)
+    trees = np.zeros((4, *chip.grid), dtype=np.int64)
+    hops = meshkernels.phase_loads(chip.grid, chip.topology == "torus2d", (),
+                                   tree_parts(tree, src, dst, nbytes), loads, trees)
+    return None if hops < 0 else Trees(loads, trees, hops)
+
+
+def tree_parts(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+                ) -> Iterator[tuple[np.ndarray, ...]]:
+    """`route_trees`' arguments as the kernels take them: broadcast, a tree's entries
+    together, `ROUTE_CHUNK` entries of whole trees at a time as contiguous int64."""
     tree, src, dst, nbytes = (np.ravel(a) for a in np.broadcast_arrays(tree, src, dst, nbytes))
     if len(tree) > 1 and not bool((tree[1:] >= tree[:-1]).all()):
         order = np.argsort(tree, kind="stable")  # a tree's entries together
         tree, src, dst, nbytes = tree[order], src[order], dst[order], nbytes[order]
-    loads = np.zeros((4, *chip.grid), dtype=np.int64)
-    trees = np.zeros((4, *chip.grid), dtype=np.int64)
-    hops = -1
-    for t, s, d, b in _moving(_whole_trees(tree), tree, src, dst, nbytes):
-        hops = max(hops, _route_some(chip, t, s, d, b, loads, trees))
-    return None if hops < 0 else Trees(loads, trees, hops)
+    for part in _whole_trees(tree):
+        yield _int64(tree, src, dst, nbytes, part)
+
+
+def unicast_parts(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+                   ) -> Iterator[tuple[np.ndarray, ...]]:
+    """`route_unicasts`' arguments as the kernels take them: broadcast, `ROUTE_CHUNK`
+    transfers at a time as contiguous int64."""
+    src, dst, nbytes = (np.ravel(a) for a in np.broadcast_arrays(src, dst, nbytes))
+    for start in range(0, len(src), ROUTE_CHUNK):
+        yield _int64(src, dst, nbytes, slice(start, start + ROUTE_CHUNK))
 
 
 #: entries routed at a time (`route_trees`, `route_unicasts`): a wafer's exchange runs to
-#: tens of millions of them (LLaMA-3-8B decode on wse2: 29 M), and the temporaries of all at
-#: once took gigabytes, and most of the time in fresh memory's page faults (22 s for one
-#: exchange's trees, 5 s in chunks)
+#: tens of millions of them (LLaMA-3-8B decode on wse2: 29 M), and int64 copies of all at
+#: once would take gigabytes
 ROUTE_CHUNK = 1 << 19
 
 
@@ -241,68 +178,32 @@ def _whole_trees(tree: np.ndarray) -> Iterator[slice]:
         start = end
 
 
-def _moving(parts: Iterable[slice], *arrays: np.ndarray) -> Iterator[list[np.ndarray]]:
-    """Per slice of ``arrays`` (the last three: source, destination, bytes), the entries
-    that move (source not their destination, some bytes) as int64; slices with none are
-    left out."""
-    for part in parts:
-        cut = [np.asarray(a[part], dtype=np.int64) for a in arrays]
-        src, dst, nbytes = cut[-3:]
-        keep = (src != dst) & (nbytes > 0)
-        if not keep.all():
-            cut = [a[keep] for a in cut]
-        if len(cut[0]):
-            yield cut
-
-
-def _coords(chip: Chip, src: np.ndarray, dst: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """Rows and columns of the sources and the destinations, and the longest route."""
-    rows, cols = chip.grid
-    torus = chip.topology == "torus2d"
-    sr, sc = np.divmod(src, cols)
-    dr, dc = np.divmod(dst, cols)
-    hops = int((leg(sc, dc, cols, torus)[1] + leg(sr, dr, rows, torus)[1]).max())
-    return sr, sc, dr, dc, hops
-
-
-def _route_some(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
-                nbytes: np.ndarray, loads: np.ndarray, trees: np.ndarray) -> int:
-    """Route whole trees (entries that move), adding their bytes and their number to
-    ``loads`` and ``trees`` per link; their longest route."""
-    rows, cols = chip.grid
-    torus = chip.topology == "torus2d"
-    sr, sc, dr, dc, hops = _coords(chip, src, dst)
-    _, first, t_of = distinct(tree, first=True, inverse=True)
-    t_of = t_of.reshape(-1)
-    xy = _Legs.of(t_of, first, sr, sc, dr, dc, rows, cols, torus)
-    yx = _Legs.of(t_of, first, sc, sr, dc, dr, cols, rows, torus)
-    flip = yx.links < xy.links  # per tree: Y first
-    for legs, chosen, transposed in ((xy, ~flip, False), (yx, flip, True)):
-        if chosen.any():
-            legs.subset(chosen).add_loads(
-                [nbytes, np.ones(len(nbytes), dtype=np.int64)], transposed, [loads, trees])
-    return hops
+def _int64(*arrays: np.ndarray | slice) -> tuple[np.ndarray, ...]:
+    """The slice (the last argument) of each array, as contiguous int64 (the kernels')."""
+    *columns, part = arrays
+    return tuple(np.ascontiguousarray(a[part], dtype=np.int64) for a in columns)  # type: ignore[index]
 
 
 def route_unicasts(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
                    ) -> Trees | None:
     """`route_trees` where every (``src``, ``dst``, ``nbytes``) transfer is a tree of its
     own, routed X first; the trees per link are not counted (``Trees.counts`` is all zeros:
-    unicasts take no colours). `ROUTE_CHUNK` transfers at a time: separate routes' loads add
-    up."""
-    src, dst, nbytes = (np.ravel(a) for a in np.broadcast_arrays(src, dst, nbytes))
-    rows, cols = chip.grid
-    torus = chip.topology == "torus2d"
-    loads = np.zeros((4, rows, cols), dtype=np.int64)
-    hops = -1
-    chunks = (slice(start, start + ROUTE_CHUNK) for start in range(0, len(src), ROUTE_CHUNK))
-    for s, d, b in _moving(chunks, src, dst, nbytes):
-        sr, sc, dr, dc, longest = _coords(chip, s, d)
-        hops = max(hops, longest)
-        # one destination a tree: its legs are its route's (no sort, no scatter)
-        _Legs.of(None, None, sr, sc, dr, dc, rows, cols, torus).add_loads([b], False, [loads])
-    return None if hops < 0 else Trees(loads, np.zeros((4, rows, cols), dtype=np.int64), hops)
+    unicasts take no colours). `ROUTE_CHUNK` transfers at a time (`unicast_loads`)."""
+    loads = np.zeros((4, *chip.grid), dtype=np.int64)
+    hops = unicast_loads(chip, src, dst, nbytes, loads)
+    return None if hops < 0 else Trees(loads, np.zeros((4, *chip.grid), dtype=np.int64), hops)
+
+
+def unicast_loads(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
+                  loads: np.ndarray) -> int:
+    """Add to ``loads`` ((4, rows, cols) int64: east, west, south, north) the bytes of every
+    (``src``, ``dst``, ``nbytes``) transfer (broadcast together) routed X then Y, by a
+    compiled kernel (`t10c.meshkernels.phase_loads`), `ROUTE_CHUNK` at a time; the longest
+    route in hops, -1 where nothing moves (a transfer to its own source, or of no bytes)."""
+    from t10c import meshkernels  # (numba, only where a mesh is routed)
+
+    return meshkernels.phase_loads(chip.grid, chip.topology == "torus2d",
+                                   unicast_parts(src, dst, nbytes), (), loads)
 
 
 def distinct(x: np.ndarray, first: bool = False, inverse: bool = False) -> Any:
@@ -338,80 +239,6 @@ def count_distinct(x: np.ndarray) -> int:
     return len(distinct(x))
 
 
-@dataclass(frozen=True)
-class _Legs:
-    """A phase's trees routed one dimension first: per tree the legs along its source's
-    line (``a``: its row when X goes first), per (tree, destination line ``b``) the legs
-    along that line; each leg's start, signed lengths and the entry it stands for."""
-
-    line: np.ndarray  # per tree: the source's line
-    start: np.ndarray  # per tree: the source's position along it
-    pos: np.ndarray  # per tree: how far the tree runs the positive way along the line
-    neg: np.ndarray
-    entry: np.ndarray  # per tree: one of its entries (its bytes)
-    cline: np.ndarray  # per (tree, destination line): that line
-    cstart: np.ndarray  # the source's position along it
-    cpos: np.ndarray
-    cneg: np.ndarray
-    centry: np.ndarray
-    ctree: np.ndarray  # the tree of each (tree, destination line)
-    links: np.ndarray  # per tree: the links it takes
-    na: int  # lines ``a``
-    nb: int  # positions along each (lines ``b``)
-
-    @staticmethod
-    def of(t_of: np.ndarray | None, first: np.ndarray | None, sa: np.ndarray, sb: np.ndarray,
-           da: np.ndarray, db: np.ndarray, na: int, nb: int, torus: bool) -> _Legs:
-        """The legs when the trees first run along lines ``a`` (positions ``b``, ``nb`` of
-        them) then along lines ``b``; ``t_of`` numbers each entry's tree (0 .. trees - 1)
-        and ``first`` is each tree's first entry; both None: every entry its own tree."""
-        delta_b = leg(sb, db, nb, torus)[0]
-        delta_a = leg(sa, da, na, torus)[0]
-        if t_of is None or first is None:
-            first = cfirst = ctree = np.arange(len(sa))
-            pos, neg = np.maximum(delta_b, 0), np.maximum(-delta_b, 0)
-            cpos, cneg = np.maximum(delta_a, 0), np.maximum(-delta_a, 0)
-            links = pos + neg + cpos + cneg
-        else:
-            pos = np.zeros(len(first), dtype=np.int64)
-            neg = np.zeros(len(first), dtype=np.int64)
-            np.maximum.at(pos, t_of, np.maximum(delta_b, 0))
-            np.maximum.at(neg, t_of, np.maximum(-delta_b, 0))
-            # each destination line: as far either way as any destination on it
-            _, cfirst, c_of = distinct(t_of * nb + db, first=True, inverse=True)
-            c_of = c_of.reshape(-1)
-            cpos = np.zeros(len(cfirst), dtype=np.int64)
-            cneg = np.zeros(len(cfirst), dtype=np.int64)
-            np.maximum.at(cpos, c_of, np.maximum(delta_a, 0))
-            np.maximum.at(cneg, c_of, np.maximum(-delta_a, 0))
-            ctree = t_of[cfirst]
-            links = pos + neg + np.bincount(ctree, weights=cpos + cneg,
-                                            minlength=len(first)).astype(np.int64)
-        return _Legs(sa[first], sb[first], pos, neg, first, db[cfirst], sa[cfirst], cpos,
-                     cneg, cfirst, ctree, links, na, nb)
-
-    def subset(self, trees: np.ndarray) -> _Legs:
-        """The legs of the trees ``trees`` (a mask over the trees) only."""
-        c = trees[self.ctree]
-        return _Legs(self.line[trees], self.start[trees], self.pos[trees], self.neg[trees],
-                     self.entry[trees], self.cline[c], self.cstart[c], self.cpos[c],
-                     self.cneg[c], self.centry[c], self.ctree[c], self.links[trees],
-                     self.na, self.nb)
-
-    def add_loads(self, weights: list[np.ndarray], transposed: bool,
-                  loads: list[np.ndarray]) -> None:
-        """Add to each of ``loads`` (east, west, south, north: (4, rows, cols)) those of the
-        legs, each carrying its entry's weight of the ``weights`` beside it; ``transposed``:
-        lines ``a`` are the mesh's columns (Y first). The legs are laid out once for all."""
-        first = _LineLegs(self.line, self.start, self.pos, self.neg, self.na, self.nb)
-        then = _LineLegs(self.cline, self.cstart, self.cpos, self.cneg, self.nb, self.na)
-        for w, into in zip(weights, loads):
-            # the first legs run along rows (X first) or columns, the second the other way
-            rows, cols = (into[0], into[1]), (into[2].T, into[3].T)
-            first.add(w[self.entry], cols if transposed else rows)
-            then.add(w[self.centry], rows if transposed else cols)
-
-
 def waves(chip: Chip, most_trees: int) -> int:
     """Waves a phase runs in when its busiest link carries ``most_trees`` trees (see the
     module doc)."""
@@ -431,18 +258,24 @@ def phase_cycles(chip: Chip, busiest: int, hops: int, most_trees: int = 0) -> in
 
 def tree_cycles(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
                 nbytes: np.ndarray) -> int:
-    """Cycles of a phase that moves only the trees given (`route_trees`' arguments)."""
-    routed = route_trees(chip, tree, src, dst, nbytes)
-    if routed is None:
-        return 0
-    return phase_cycles(chip, int(routed.loads.max()), routed.hops, int(routed.counts.max()))
+    """Cycles of a phase that moves only the trees given (`route_trees`' arguments); the
+    kernels keep the busiest link alone (`t10c.meshkernels.phase_busiest`), not every
+    link's load."""
+    from t10c import meshkernels  # (numba, only where a mesh is routed)
+
+    hops, busiest, most = meshkernels.phase_busiest(chip.grid, chip.topology == "torus2d", (),
+                                                    tree_parts(tree, src, dst, nbytes))
+    return 0 if hops < 0 else phase_cycles(chip, busiest, hops, most)
 
 
 def unicast_cycles(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> int:
     """Cycles of a phase that sends every (source, destination) transfer on its own: each
     entry a tree of one destination, which takes no colour."""
-    routed = route_unicasts(chip, src, dst, nbytes)
-    return 0 if routed is None else phase_cycles(chip, int(routed.loads.max()), routed.hops)
+    from t10c import meshkernels  # (numba, only where a mesh is routed)
+
+    hops, busiest, _ = meshkernels.phase_busiest(chip.grid, chip.topology == "torus2d",
+                                                 unicast_parts(src, dst, nbytes), ())
+    return 0 if hops < 0 else phase_cycles(chip, busiest, hops)
 
 
 def by_source(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray

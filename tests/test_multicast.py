@@ -590,24 +590,98 @@ def test_exchanges_too_large_to_spell_out_go_relayed_and_exact(monkeypatch, chip
     assert list(c.plan.relayout_cycles) == _emulated_relayout(c, r)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_line_legs_load_the_links_a_leg_by_leg_walk_does(seed: int) -> None:
-    """Legs laid out once (`multicast._LineLegs`) and loaded with two weights give, on every
-    link, what walking each leg link by link gives: legs both ways from one start, legs that
-    wrap round a torus line, lines no leg runs along, legs of no length."""
+def _walk(start: int, end: int, size: int, torus: bool) -> list[tuple[int, int]]:
+    """The links of a leg from ``start`` to ``end``, walked hop by hop: (0, x) for the
+    positive way's link x (joining x and x + 1), (1, x) for the negative way's; on a torus
+    the shorter way round, a tie the way that does not wrap."""
+    delta = end - start
+    if torus and abs(delta) * 2 > size:
+        delta -= size if delta > 0 else -size
+    out, x = [], start
+    for _ in range(abs(delta)):
+        if delta > 0:
+            out.append((0, x % size))
+            x += 1
+        else:
+            out.append((1, (x - 1) % size))
+            x -= 1
+    return out
+
+
+def _walked(chip, tree, src, dst, nbytes, choose: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """Link loads, trees per link and the longest route of trees walked hop by hop: each the
+    union of its destinations' routes, X first or (with ``choose``, where that takes fewer
+    links) Y first; the definition `route_trees` and `route_unicasts` are checked against."""
+    rows, cols = chip.grid
+    torus = chip.topology == "torus2d"
+    loads, counts = np.zeros((4, rows, cols), dtype=np.int64), np.zeros((4, rows, cols),
+                                                                       dtype=np.int64)
+    hops = -1
+    for t in dict.fromkeys(tree.tolist()):
+        moving = [k for k in np.flatnonzero(tree == t) if src[k] != dst[k] and nbytes[k] > 0]
+        if not moving:
+            continue
+        ways = []
+        for x_first in (True, False):
+            links = set()
+            for k in moving:
+                (sr, sc), (dr, dc) = divmod(int(src[k]), cols), divmod(int(dst[k]), cols)
+                row = [(w, sr if x_first else dr, x) for w, x in _walk(sc, dc, cols, torus)]
+                col = [(2 + w, y, dc if x_first else sc) for w, y in _walk(sr, dr, rows, torus)]
+                links |= set(row) | set(col)
+                hops = max(hops, len(row) + len(col))
+            ways.append(links)
+        links = ways[1] if choose and len(ways[1]) < len(ways[0]) else ways[0]
+        for d, a, b in links:
+            loads[d, a, b] += int(nbytes[moving[0]])
+            counts[d, a, b] += 1
+    return loads, counts, hops
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_routes_load_the_links_a_hop_by_hop_walk_does(seed: int) -> None:
+    """The compiled kernels (`t10c.meshkernels`) against the routes walked hop by hop, on
+    small meshes and tori: trees of several destinations (some their own source, some of no
+    bytes), each X first or Y first whichever takes fewer links; unicasts, X first, as
+    `route_unicasts` and the emulator's `route` load them."""
     rng = np.random.default_rng(seed)
-    nlines, size, n = int(rng.integers(1, 7)), int(rng.integers(2, 12)), int(rng.integers(0, 60))
-    line, start = rng.integers(0, nlines, n), rng.integers(0, size, n)
-    pos, neg = rng.integers(0, size, n), rng.integers(0, size, n)
-    weights = [rng.integers(0, 1000, n), np.ones(n, dtype=np.int64)]
-    legs = multicast._LineLegs(line, start, pos, neg, nlines, size)
-    for w in weights:
-        got = (np.zeros((nlines, size), dtype=np.int64), np.zeros((nlines, size), dtype=np.int64))
-        legs.add(w, got)
-        want = np.zeros((2, nlines, size), dtype=np.int64)
-        for k in range(n):
-            for i in range(int(pos[k])):  # link x joins positions x and x + 1
-                want[0, line[k], (start[k] + i) % size] += w[k]
-            for i in range(int(neg[k])):
-                want[1, line[k], (start[k] - 1 - i) % size] += w[k]
-        assert (got[0] == want[0]).all() and (got[1] == want[1]).all()
+    rows, cols = int(rng.integers(1, 7)), int(rng.integers(2, 9))
+    topology = "torus2d" if seed % 2 else "mesh2d"
+    chip = chip_from_dict({"base": "wse2", "name": f"walk{seed}", "grid": [rows, cols],
+                           "cores": rows * cols, "topology": topology})
+    ntrees = int(rng.integers(1, 12))
+    sizes = rng.integers(1, 6, ntrees)
+    tree = np.repeat(rng.permutation(100)[:ntrees] * 3, sizes)  # any numbers, in runs
+    src = np.repeat(rng.integers(0, rows * cols, ntrees), sizes)
+    nbytes = np.repeat(rng.integers(0, 50, ntrees), sizes)
+    dst = rng.integers(0, rows * cols, len(tree))
+    want_loads, want_counts, want_hops = _walked(chip, tree, src, dst, nbytes, choose=True)
+    got = route_trees(chip, tree, src, dst, nbytes)
+    if want_hops < 0:
+        assert got is None
+    else:
+        assert got is not None and got.hops == want_hops
+        assert (got.loads == want_loads).all() and (got.counts == want_counts).all()
+    # every entry a tree of its own, X first
+    uni_loads, _, uni_hops = _walked(chip, np.arange(len(dst)), src, dst, nbytes, choose=False)
+    uni = route_unicasts(chip, src, dst, nbytes)
+    emulated = route(chip, src, dst, nbytes)
+    if uni_hops < 0:
+        assert uni is None and emulated.loads is None
+    else:
+        assert uni is not None and uni.hops == uni_hops and (uni.loads == uni_loads).all()
+        assert emulated.max_hops == uni_hops and (emulated.loads == uni_loads).all()
+
+
+def test_the_kernels_leg_is_the_leg_rule() -> None:
+    """The compiled kernels' one leg (`meshkernels._leg`) is `multicast.leg`'s, on lines and
+    rings of every size up to 9, from every start to every end."""
+    from t10c import meshkernels
+
+    for size in range(1, 10):
+        ends = np.arange(size)
+        for torus in (False, True):
+            for start in range(size):
+                delta, _ = multicast.leg(np.full(size, start), ends, size, torus)
+                assert [meshkernels._leg.py_func(start, e, size, torus)
+                        for e in range(size)] == delta.tolist()
