@@ -48,7 +48,7 @@ from t10c.dtypes import IntTensors
 from t10c.ir import Graph, last_product, map_to_root, tile_elements
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
-from .collectives import chunk_elements, scatter_positions, scatter_unit
+from .collectives import scatter_positions, scatter_unit
 from .cost import (
     element_bytes,
     epilogue_cost,
@@ -175,6 +175,8 @@ class Have:
 def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     """(numel,): the physical core that holds each element of op ``j``'s result after it ran
     (codegen's placement of the result, `codegen.lower.finish_output`)."""
+    from . import kernels  # (numba: at the first count)
+
     op = graph.ops[j]
     geo = geometry(graph, op, plan)
     out = len(op.inputs)
@@ -182,13 +184,16 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     origin, tile = geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out)
     if geo.reduce_group > 1:  # each core's chunk of its tile alone
         pos, chunk = scatter_positions(geo)
-        flat, valid = chunk_elements(origin, tile, shape, pos, chunk)
     else:
-        flat, valid = tile_elements(origin, tile, shape, np.int64)
-    owner = np.full(int(np.prod(shape, dtype=np.int64)), -1, dtype=np.int32)
-    cores = np.broadcast_to(geo.phys[:, None], flat.shape)
-    owner[flat[valid]] = cores[valid]
-    return owner
+        pos, chunk = np.zeros(len(origin), dtype=np.int64), math.prod(tile)
+    return kernels.chunk_owner(_int64(origin), _int64(tile), _int64(shape), _int64(pos),
+                               chunk, _int64(geo.phys), math.prod(shape))
+
+
+def _int64(a: object) -> np.ndarray:
+    """``a`` as a contiguous int64 array (what the compiled kernels take: one compiled
+    version each)."""
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def result_boxes(geo: Geometry, any_chunk: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
@@ -334,17 +339,11 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
 
 
 def _wanted(want: Want, extent: np.ndarray) -> np.ndarray:
-    """Each consumer core's wanted box cut to the tensor: its elements. Column by column:
-    numpy broadcasts a row of a few dimensions over a wafer's cores slowly."""
-    origin = want.origin
-    elems = np.ones(len(origin), dtype=np.int64)
-    for d in range(origin.shape[1]):
-        col = origin[:, d]
-        run = np.minimum(col + want.shape[d], extent[d])
-        run -= np.maximum(col, 0)
-        np.maximum(run, 0, out=run)
-        elems *= run
-    return elems
+    """Each consumer core's wanted box cut to the tensor: its elements
+    (`kernels.wanted_elements`)."""
+    from . import kernels  # (numba: at the first count)
+
+    return kernels.wanted_elements(_int64(want.origin), _int64(want.shape), _int64(extent))
 
 
 def _bounds(want: Want, extent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -389,31 +388,18 @@ def _local_counts(owners: list[np.ndarray], want: Want, coords: np.ndarray
                   ) -> Iterator[np.ndarray]:
     """Per element-wise layout (each element's owning physical core, -1 for none), the
     elements each consumer core already holds of its box: an element can be local only to
-    the consumer core running on its owner. Lookups are by physical core + 1 (so that -1 is
-    slot 0): one gather per dimension and element."""
+    the consumer core running on its owner (`kernels.local_counts`, one pass over the
+    elements). Lookups are by physical core + 1 (so that -1 is slot 0)."""
+    from . import kernels  # (numba: at the first count)
+
     size = max(max(int(o.max(initial=0)) for o in owners), int(want.phys.max())) + 2
-    logical = np.full(size, -1, dtype=np.int32)  # the consumer core on each physical core
-    logical[want.phys + 1] = np.arange(len(want.phys), dtype=np.int32)
-    on = np.flatnonzero(logical >= 0)
-    # per dimension, the box origin of the consumer core on each physical core; where none
-    # runs, an origin no element reaches (unsigned: a negative offset wraps around past any
-    # tile size)
-    tables = []
-    for d in range(len(coords)):
-        table = np.full(size, -(1 << 30), dtype=np.int32)
-        table[want.phys + 1] = want.origin[:, d]
-        tables.append(table)
+    consumer = np.full(size, -1, dtype=np.int64)  # the consumer core on each physical core
+    consumer[want.phys + 1] = np.arange(len(want.phys))
+    origin, shape = _int64(want.origin), _int64(want.shape)
+    coords = np.ascontiguousarray(coords, dtype=np.int32)
     for owner in owners:
-        slot = owner + 1
-        ok = logical[slot] >= 0 if not tables else None  # a 0-d tensor: no box to be in
-        for d, table in enumerate(tables):
-            inside = (coords[d] - table[slot]).view(np.uint32) < np.uint32(want.shape[d])
-            ok = inside if ok is None else (ok & inside)
-        assert ok is not None
-        per_core = np.bincount(slot[ok], minlength=size)
-        local = np.zeros(len(want.phys), dtype=np.int64)
-        local[logical[on]] = per_core[on]
-        yield local
+        yield kernels.local_counts(np.ascontiguousarray(owner, dtype=np.int32), coords,
+                                   consumer, origin, shape, len(want.phys))
 
 
 #: the most elements any consumer core must receive, by (producer layout, consumer layout,

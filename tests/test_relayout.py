@@ -779,3 +779,56 @@ def test_bert_on_the_ipu_is_predicted_as_emulated() -> None:
         if p.op in residual:  # (others may share a phase: `merged_phases`, hoisted fetches)
             assert emulated[p.op] == p.cycles.total + relayout, p.op
     assert c.timeline.cycles == c.plan.total_cycles
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_pricing_kernels_compute_their_numpy_definitions(seed: int) -> None:
+    """The compiled kernels of the re-layout pricing (`partition/kernels.py`) against the
+    numpy passes they replace, on random boxes that run past the tensor either way, chunks
+    in the padding, cores that share a tile, elements no core owns and owners that run no
+    consumer."""
+    from t10c.ir import tile_elements
+    from t10c.partition import kernels
+    from t10c.partition.collectives import chunk_elements
+
+    rng = np.random.default_rng(seed)
+    ndim = int(rng.integers(1, 4))
+    extent = rng.integers(1, 7, ndim)
+    tile = rng.integers(1, 5, ndim)
+    cores = int(rng.integers(1, 30))
+    origin = rng.integers(-3, 8, (cores, ndim))
+    # each core's box cut to the tensor, column by column
+    want = np.prod(np.maximum(np.minimum(origin + tile, extent) - np.maximum(origin, 0), 0),
+                   axis=1)
+    assert (kernels.wanted_elements(origin, tile, extent) == want).all()
+    # each element's owner: every core's chunk of its tile, the later core's where two keep it
+    numel, phys = int(np.prod(extent)), rng.permutation(3 * cores)[:cores]
+    shape = tuple(int(x) for x in extent)
+    owners = []
+    for chunk, pos in ((int(np.prod(tile)), np.zeros(cores, dtype=np.int64)),
+                       (int(rng.integers(1, 4)), rng.integers(0, 6, cores))):
+        if pos.any():
+            flat, valid = chunk_elements(origin, tuple(tile), shape, pos, chunk)
+        else:
+            flat, valid = tile_elements(origin, tuple(tile), shape, np.int64)
+        owner = np.full(numel, -1, dtype=np.int32)
+        owner[flat[valid]] = np.broadcast_to(phys[:, None], flat.shape)[valid]
+        got = kernels.chunk_owner(origin, tile, extent, pos, chunk, phys, numel)
+        assert got.dtype == np.int32 and (got == owner).all()
+        owners.append(owner)
+    # the elements of its box each consumer core (boxes of another layout, on the owners'
+    # cores in another order, and on others) already holds
+    boxes, box = rng.integers(-2, 6, (cores, ndim)), rng.integers(1, 5, ndim)
+    coords = np.stack(np.unravel_index(np.arange(numel), shape)).astype(np.int32)
+    consumer = np.full(3 * cores + 2, -1, dtype=np.int64)
+    consumer[np.concatenate([rng.permutation(phys)[:cores - cores // 4],
+                             rng.permutation(np.setdiff1d(np.arange(3 * cores), phys))
+                             [:cores // 4]]) + 1] = np.arange(cores)
+    for owner in owners:
+        local = np.zeros(cores, dtype=np.int64)
+        for e in range(numel):
+            c = consumer[owner[e] + 1]
+            if c >= 0 and ((coords[:, e] >= boxes[c]) & (coords[:, e] < boxes[c] + box)).all():
+                local[c] += 1
+        assert (kernels.local_counts(owner, coords, consumer, boxes, box, cores)
+                == local).all()
