@@ -84,3 +84,26 @@ def chunk_owner(origin: np.ndarray, tile: np.ndarray, extent: np.ndarray, pos: n
             if inside:
                 owner[flat] = phys[c]
     return owner
+
+
+@njit(cache=True, nogil=True)
+def most_remote_boxes(have_origin: np.ndarray, have_shape: np.ndarray,
+                      want_origin: np.ndarray, want_shape: np.ndarray,
+                      extent: np.ndarray) -> int:
+    """The most elements any core must receive to go from holding the box of ``have_shape``
+    at ``have_origin[core]`` to the box of ``want_shape`` at ``want_origin[core]``, both cut
+    to a tensor of ``extent`` (int64; cores past the holders' hold nothing)."""
+    held = min(have_origin.shape[0], want_origin.shape[0])
+    most = 0
+    for c in range(want_origin.shape[0]):
+        wanted = 1
+        local = 1 if c < held else 0
+        for d in range(want_origin.shape[1]):
+            w_lo, w_hi = want_origin[c, d], want_origin[c, d] + want_shape[d]
+            wanted *= max(min(w_hi, extent[d]) - max(w_lo, 0), 0)
+            if c < held:
+                lo = max(have_origin[c, d], w_lo)
+                hi = max(min(have_origin[c, d] + have_shape[d], w_hi), lo)
+                local *= max(min(hi, extent[d]) - max(lo, 0), 0)
+        most = max(most, wanted - local)
+    return most

@@ -801,6 +801,14 @@ def test_the_pricing_kernels_compute_their_numpy_definitions(seed: int) -> None:
     want = np.prod(np.maximum(np.minimum(origin + tile, extent) - np.maximum(origin, 0), 0),
                    axis=1)
     assert (kernels.wanted_elements(origin, tile, extent) == want).all()
+    # the most any core receives to go from boxes it holds (fewer holders than cores) to them
+    held = rng.integers(-2, 6, (max(cores - 2, 0), ndim)), rng.integers(1, 5, ndim)
+    n = len(held[0])
+    lo, hi = np.maximum(held[0], origin[:n]), np.minimum(held[0] + held[1], origin[:n] + tile)
+    local = np.zeros(cores, dtype=np.int64)
+    local[:n] = np.prod(np.maximum(np.minimum(np.maximum(hi, lo), extent)
+                                   - np.maximum(lo, 0), 0), axis=1)
+    assert kernels.most_remote_boxes(*held, origin, tile, extent) == max((want - local).max(), 0)
     # each element's owner: every core's chunk of its tile, the later core's where two keep it
     numel, phys = int(np.prod(extent)), rng.permutation(3 * cores)[:cores]
     shape = tuple(int(x) for x in extent)
