@@ -16,10 +16,10 @@ import numpy as np
 from t10c.chips import Chip
 from t10c.digest import hasher
 from t10c.dtypes import IntTensors, ceil_div
-from t10c.ir import Graph, TensorExpr, unravel
+from t10c.ir import Graph, TensorExpr, last_product, unravel
 
 from .place import exchange_estimate
-from .plan import OpPlan, geometry
+from .plan import KERNEL_CORES, OpPlan, geometry
 
 Box = tuple[np.ndarray, np.ndarray] | None  # (origins (ncores, ndim), shape (ndim,))
 
@@ -35,18 +35,35 @@ def _output_box(graph: Graph, j: int, plan: OpPlan) -> Box:
     return geo.tile_origin(out, geo.steps - 1), np.asarray(geo.tile_shape(out))
 
 
+def _clip(lo: np.ndarray, hi: np.ndarray, extent: np.ndarray) -> np.ndarray:
+    return np.maximum(np.minimum(hi, extent) - np.maximum(lo, 0), 0)
+
+
 def _remote_elements(have: Box, want: tuple[np.ndarray, np.ndarray], extent: np.ndarray
                      ) -> int:
     """The most elements any core must receive to go from ``have`` to ``want`` (all of them
-    when ``have`` is not a box): `kernels.most_remote_boxes`, one pass over the cores."""
-    from . import kernels  # (numba: at the first count)
+    when ``have`` is not a box): from `transitions.KERNEL_CORES` cores one pass over them
+    (`kernels.most_remote_boxes`); below, as whole-array passes."""
+    w_origin, w_shape = want
+    if len(w_origin) >= KERNEL_CORES:
+        from . import kernels  # (numba)
 
-    w_origin, w_shape = (np.ascontiguousarray(a, dtype=np.int64) for a in want)
-    extent = np.ascontiguousarray(extent, dtype=np.int64)
+        w_origin, w_shape, extent = (np.ascontiguousarray(a, dtype=np.int64)
+                                     for a in (w_origin, w_shape, extent))
+        if have is None:
+            return int(kernels.wanted_elements(w_origin, w_shape, extent).max(initial=0))
+        h_origin, h_shape = (np.ascontiguousarray(a, dtype=np.int64) for a in have)
+        return int(kernels.most_remote_boxes(h_origin, h_shape, w_origin, w_shape, extent))
+    wanted = last_product(_clip(w_origin, w_origin + w_shape, extent))
     if have is None:
-        return int(kernels.wanted_elements(w_origin, w_shape, extent).max(initial=0))
-    h_origin, h_shape = (np.ascontiguousarray(a, dtype=np.int64) for a in have)
-    return int(kernels.most_remote_boxes(h_origin, h_shape, w_origin, w_shape, extent))
+        return int(wanted.max(initial=0))
+    h_origin, h_shape = have
+    n = min(len(h_origin), len(w_origin))
+    lo = np.maximum(h_origin[:n], w_origin[:n])
+    hi = np.minimum(h_origin[:n] + h_shape, w_origin[:n] + w_shape)
+    local = np.zeros(len(w_origin), dtype=np.int64)
+    local[:n] = last_product(_clip(lo, np.maximum(hi, lo), extent))
+    return int((wanted - local).max(initial=0))
 
 
 def extra_box(graph: Graph, i: int, k: int, plan: OpPlan

@@ -389,6 +389,16 @@ def operand_shapes(graph: Graph, op: TensorExpr) -> dict[str, tuple[int, ...]]:
     return {o.tensor: graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra)}
 
 
+#: cores from which the re-layout pricing's loops over a chip's cores and a tensor's
+#: elements run compiled, one pass each (`kernels.py`: `transitions`' `result_owner`,
+#: `_wanted` and `_local_counts`, `epilogue`'s remote elements); below, as the numpy passes
+#: they replace (the same integers: `tests/test_relayout.py`). numba and its kernels take
+#: about 200 MiB and half a second to load, which an all-to-all chip's 1,472 cores do not
+#: repay (bert-large on ipu-mk2: a 2.02 GB peak against 1.86 GB, and no faster); a wafer's
+#: 750,000 do
+KERNEL_CORES = 1 << 16
+
+
 def layout_key(plan: OpPlan) -> tuple:
     """The fields of a plan that place its tiles (`geometry`): not its name, its costs or
     whether it warms its weights up."""

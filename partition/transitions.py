@@ -48,7 +48,7 @@ from t10c.dtypes import IntTensors
 from t10c.ir import Graph, last_product, map_to_root, tile_elements
 
 from .boxes import BoxSet, chunk_boxes, clipped, overlap, reshaped, transposed
-from .collectives import scatter_positions, scatter_unit
+from .collectives import chunk_elements, scatter_positions, scatter_unit
 from .cost import (
     element_bytes,
     epilogue_cost,
@@ -62,7 +62,7 @@ from .cost import (
     spread_owner,
 )
 from .place import exchange_estimate, region_span, relayout_estimate
-from .plan import Cycles, Geometry, OpPlan, geometry, layout_key
+from .plan import KERNEL_CORES, Cycles, Geometry, OpPlan, geometry, layout_key
 from .pod import chip_wanted, element_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
 
@@ -175,8 +175,6 @@ class Have:
 def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     """(numel,): the physical core that holds each element of op ``j``'s result after it ran
     (codegen's placement of the result, `codegen.lower.finish_output`)."""
-    from . import kernels  # (numba: at the first count)
-
     op = graph.ops[j]
     geo = geometry(graph, op, plan)
     out = len(op.inputs)
@@ -186,8 +184,20 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
         pos, chunk = scatter_positions(geo)
     else:
         pos, chunk = np.zeros(len(origin), dtype=np.int64), math.prod(tile)
-    return kernels.chunk_owner(_int64(origin), _int64(tile), _int64(shape), _int64(pos),
-                               chunk, _int64(geo.phys), math.prod(shape))
+    if len(origin) >= KERNEL_CORES:
+        from . import kernels  # (numba)
+
+        return kernels.chunk_owner(_int64(origin), _int64(tile), _int64(shape), _int64(pos),
+                                   chunk, _int64(geo.phys), math.prod(shape))
+    if geo.reduce_group > 1:
+        flat, valid = chunk_elements(origin, tile, shape, pos, chunk)
+    else:
+        flat, valid = tile_elements(origin, tile, shape, np.int64)
+    owner = np.full(math.prod(shape), -1, dtype=np.int32)
+    owner[flat[valid]] = np.broadcast_to(geo.phys[:, None], flat.shape)[valid]
+    return owner
+
+
 
 
 def _int64(a: object) -> np.ndarray:
@@ -340,10 +350,20 @@ def remote_counts(haves: list[Have], want: Want, extent: np.ndarray, coords: np.
 
 def _wanted(want: Want, extent: np.ndarray) -> np.ndarray:
     """Each consumer core's wanted box cut to the tensor: its elements
-    (`kernels.wanted_elements`)."""
-    from . import kernels  # (numba: at the first count)
+    (`kernels.wanted_elements` from `KERNEL_CORES`; below, column by column)."""
+    origin = want.origin
+    if len(origin) >= KERNEL_CORES:
+        from . import kernels  # (numba)
 
-    return kernels.wanted_elements(_int64(want.origin), _int64(want.shape), _int64(extent))
+        return kernels.wanted_elements(_int64(origin), _int64(want.shape), _int64(extent))
+    elems = np.ones(len(origin), dtype=np.int64)
+    for d in range(origin.shape[1]):
+        col = origin[:, d]
+        run = np.minimum(col + want.shape[d], extent[d])
+        run -= np.maximum(col, 0)
+        np.maximum(run, 0, out=run)
+        elems *= run
+    return elems
 
 
 def _bounds(want: Want, extent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -388,18 +408,43 @@ def _local_counts(owners: list[np.ndarray], want: Want, coords: np.ndarray
                   ) -> Iterator[np.ndarray]:
     """Per element-wise layout (each element's owning physical core, -1 for none), the
     elements each consumer core already holds of its box: an element can be local only to
-    the consumer core running on its owner (`kernels.local_counts`, one pass over the
-    elements). Lookups are by physical core + 1 (so that -1 is slot 0)."""
-    from . import kernels  # (numba: at the first count)
-
+    the consumer core running on its owner. Lookups are by physical core + 1 (so that -1 is
+    slot 0): from `KERNEL_CORES` one pass over the elements (`kernels.local_counts`); below,
+    one gather per dimension and element."""
     size = max(max(int(o.max(initial=0)) for o in owners), int(want.phys.max())) + 2
-    consumer = np.full(size, -1, dtype=np.int64)  # the consumer core on each physical core
-    consumer[want.phys + 1] = np.arange(len(want.phys))
-    origin, shape = _int64(want.origin), _int64(want.shape)
-    coords = np.ascontiguousarray(coords, dtype=np.int32)
+    if len(want.phys) >= KERNEL_CORES:
+        from . import kernels  # (numba)
+
+        consumer = np.full(size, -1, dtype=np.int64)  # the consumer core on each physical core
+        consumer[want.phys + 1] = np.arange(len(want.phys))
+        origin, shape = _int64(want.origin), _int64(want.shape)
+        coords = np.ascontiguousarray(coords, dtype=np.int32)
+        for owner in owners:
+            yield kernels.local_counts(np.ascontiguousarray(owner, dtype=np.int32), coords,
+                                       consumer, origin, shape, len(want.phys))
+        return
+    logical = np.full(size, -1, dtype=np.int32)  # the consumer core on each physical core
+    logical[want.phys + 1] = np.arange(len(want.phys), dtype=np.int32)
+    on = np.flatnonzero(logical >= 0)
+    # per dimension, the box origin of the consumer core on each physical core; where none
+    # runs, an origin no element reaches (unsigned: a negative offset wraps around past any
+    # tile size)
+    tables = []
+    for d in range(len(coords)):
+        table = np.full(size, -(1 << 30), dtype=np.int32)
+        table[want.phys + 1] = want.origin[:, d]
+        tables.append(table)
     for owner in owners:
-        yield kernels.local_counts(np.ascontiguousarray(owner, dtype=np.int32), coords,
-                                   consumer, origin, shape, len(want.phys))
+        slot = owner + 1
+        ok = logical[slot] >= 0 if not tables else None  # a 0-d tensor: no box to be in
+        for d, table in enumerate(tables):
+            inside = (coords[d] - table[slot]).view(np.uint32) < np.uint32(want.shape[d])
+            ok = inside if ok is None else (ok & inside)
+        assert ok is not None
+        per_core = np.bincount(slot[ok], minlength=size)
+        local = np.zeros(len(want.phys), dtype=np.int64)
+        local[logical[on]] = per_core[on]
+        yield local
 
 
 #: the most elements any consumer core must receive, by (producer layout, consumer layout,

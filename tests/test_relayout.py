@@ -840,3 +840,25 @@ def test_the_pricing_kernels_compute_their_numpy_definitions(seed: int) -> None:
                 local[c] += 1
         assert (kernels.local_counts(owner, coords, consumer, boxes, box, cores)
                 == local).all()
+
+
+def test_the_compiled_pricing_chooses_and_prices_as_the_numpy_passes(monkeypatch) -> None:
+    """With the re-layout pricing's compiled kernels on every chip (`plan.KERNEL_CORES` 0;
+    by default only from wafer sizes), bert-tiny's plan on a 24 x 40 mesh and on ipu-mk2 is
+    the one the numpy passes give: the same plans, re-layout cycles and solver objective."""
+    from t10c.partition import epilogue, plan, transitions
+
+    mesh = chip_from_dict({"base": "wse2", "name": "mesh24x40", "grid": [24, 40],
+                           "cores": 960})
+    from t10c.driver import CompileOptions, compile_model
+
+    for chip in (mesh, load_chip("ipu-mk2")):
+        before = compile_model("bert-tiny", chip, CompileOptions(timing_only=True)).plan
+        for module in (plan, transitions, epilogue):
+            monkeypatch.setattr(module, "KERNEL_CORES", 0)
+        monkeypatch.setattr(transitions, "_MOST", {})  # (counted afresh)
+        after = compile_model("bert-tiny", chip, CompileOptions(timing_only=True)).plan
+        monkeypatch.undo()
+        assert after.ops == before.ops
+        assert after.relayout_cycles == before.relayout_cycles
+        assert after.solver.objective_cycles == before.solver.objective_cycles
