@@ -4,8 +4,8 @@
 a tree X first or Y first, whichever takes fewer links) and `emulator.routing` the phase
 they make. This module only adds their bytes onto the links, entry by entry, compiled with
 numba: a wafer's exchange is millions of entries, and the same work as whole-array numpy
-passes took a fifth of a wafer compile (bert-large on wse2, one process: 12 s of 63 s, about
-ten passes over every entry and a temporary per pass).
+passes took a sixth of a wafer compile (bert-large on wse2 in one process under cProfile:
+10.9 s of 63 s, about ten passes over every entry and a temporary per pass).
 
 Every leg is two marks on a difference array of its line (one where it starts, one past its
 end); a line's running sum then gives each link's load. A leg along a torus line may run past
@@ -13,15 +13,15 @@ the line's end and wrap: the line's array is two lines long, and the second half
 back onto the first. The arrays are laid out as the loads are, (way, row, column), for the
 legs along the columns too: an exchange's destinations come core by core, so the column legs
 of a row's destinations are marked side by side (laid out column by column, each mark landed
-a line's length from the last: three to four times slower on a wafer's exchanges). Only the
-rows marked are summed, and the marks are left zeroed, so that the arrays (kept per thread:
-`_Scratch`) are reused without being cleared or paged in again. Loads are integer sums: the
-same in any order of the entries.
+a line's length from the last: two to three times slower on a wafer's exchanges). Only the
+rows from the first to the last marked are summed, and the marks are left zeroed, so that
+the arrays (kept per thread: `_Scratch`) are reused without being cleared or paged in
+again. Loads are integer sums: the same in any order of the entries.
 
 numba compiles each kernel at its first call and keeps the machine code in ``__pycache__``
 beside this file (``cache=True``), so that a process compiles nothing a process before it
-compiled. numba is imported only when a mesh is routed: compiles for all-to-all chips never
-load it.
+compiled (about 3 s, once after an install). numba is imported only when a mesh is routed:
+compiles for all-to-all chips never load it.
 """
 
 from __future__ import annotations
