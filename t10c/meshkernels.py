@@ -79,10 +79,12 @@ def _mark_y(diff: np.ndarray, way: int, col: int, start: int, length: int, size:
 
 @njit(cache=True, nogil=True)
 def _fold(along_x: np.ndarray, along_y: np.ndarray, span: np.ndarray, rows: int, cols: int,
-          loads: np.ndarray) -> None:
-    """Add the legs marked (rows ``span[0] .. span[1]`` of ``along_x``, ``span[2] ..
-    span[3]`` of ``along_y``) to ``loads`` (east, west, south, north), a running sum along
-    each row, and down each column row after row; zero the marks and the span."""
+          loads: np.ndarray, keep: bool) -> int:
+    """Sum the legs marked (rows ``span[0] .. span[1]`` of ``along_x``, ``span[2] ..
+    span[3]`` of ``along_y``), along each row, and down each column row after row, adding
+    them to ``loads`` (east, west, south, north) if ``keep``; zero the marks and the span.
+    The largest running sum: the busiest link's load where no leg wraps (a mesh)."""
+    busiest = 0
     for way in range(2):
         for row in range(span[0], span[1] + 1):
             run = 0
@@ -90,7 +92,9 @@ def _fold(along_x: np.ndarray, along_y: np.ndarray, span: np.ndarray, rows: int,
                 run += along_x[way, row, x]
                 along_x[way, row, x] = 0
                 if run != 0:
-                    loads[way, row, x if x < cols else x - cols] += run
+                    busiest = max(busiest, run)
+                    if keep:
+                        loads[way, row, x if x < cols else x - cols] += run
     run_y = np.zeros(cols, dtype=np.int64)
     for way in range(2):
         for y in range(span[2], span[3] + 1):
@@ -99,29 +103,9 @@ def _fold(along_x: np.ndarray, along_y: np.ndarray, span: np.ndarray, rows: int,
                 run_y[c] += along_y[way, y, c]
                 along_y[way, y, c] = 0
                 if run_y[c] != 0:
-                    loads[2 + way, at, c] += run_y[c]
-    span[0], span[1], span[2], span[3] = along_x.shape[1], -1, along_y.shape[1], -1
-
-
-@njit(cache=True, nogil=True)
-def _fold_max(along_x: np.ndarray, along_y: np.ndarray, span: np.ndarray,
-              cols: int) -> int:
-    """`_fold` on a mesh (no leg wraps) without the loads: the busiest link's load alone."""
-    busiest = 0
-    for way in range(2):
-        for row in range(span[0], span[1] + 1):
-            run = 0
-            for x in range(along_x.shape[2]):
-                run += along_x[way, row, x]
-                along_x[way, row, x] = 0
-                busiest = max(busiest, run)
-    run_y = np.zeros(cols, dtype=np.int64)
-    for way in range(2):
-        for y in range(span[2], span[3] + 1):
-            for c in range(cols):
-                run_y[c] += along_y[way, y, c]
-                along_y[way, y, c] = 0
-                busiest = max(busiest, run_y[c])
+                    busiest = max(busiest, run_y[c])
+                    if keep:
+                        loads[2 + way, at, c] += run_y[c]
     span[0], span[1], span[2], span[3] = along_x.shape[1], -1, along_y.shape[1], -1
     return busiest
 
@@ -204,6 +188,8 @@ def _trees(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarra
             hops = max(hops, abs(dx) + abs(dy))
             x_pos, x_neg = max(x_pos, dx), max(x_neg, -dx)
             y_pos, y_neg = max(y_pos, dy), max(y_neg, -dy)
+            # (written out for the columns and the rows: as one helper called twice, numba's
+            # code for this loop ran two to three times slower)
             if col_stamp[dc] != t:
                 col_stamp[dc] = t
                 col_pos[dc] = col_neg[dc] = 0
@@ -290,10 +276,14 @@ def _busiest(arrays: tuple[np.ndarray, ...], rows: int, cols: int, torus: bool) 
     """The busiest link's load of the marks of ``arrays`` (a `_Scratch` triple), which are
     zeroed: without the loads on a mesh; on a torus (small: its legs wrap) from them."""
     if not torus:
-        return int(_fold_max(*arrays, cols))
+        return int(_fold(*arrays, rows, cols, _NO_LOADS, False))
     loads = np.zeros((4, rows, cols), dtype=np.int64)
-    _fold(*arrays, rows, cols, loads)
+    _fold(*arrays, rows, cols, loads, True)
     return int(loads.max())
+
+
+#: `_fold`'s loads where they are not kept
+_NO_LOADS = np.zeros((4, 1, 1), dtype=np.int64)
 
 
 def _marked(grid: tuple[int, int], torus: bool, unicasts: Iterable[tuple[np.ndarray, ...]],
@@ -325,9 +315,9 @@ def phase_loads(grid: tuple[int, int], torus: bool, unicasts: Iterable[tuple[np.
     tree X first or Y first, whichever takes fewer links (X first on a tie). Every array is
     1-d contiguous int64."""
     arrays, hops = _marked(grid, torus, unicasts, trees)
-    _fold(*arrays[:3], *grid, loads)
+    _fold(*arrays[:3], *grid, loads, True)
     if counts is not None:
-        _fold(*arrays[3:], *grid, counts)
+        _fold(*arrays[3:], *grid, counts, True)
     else:
         _busiest(arrays[3:], *grid, torus)  # (zeroes the marks)
     return hops
