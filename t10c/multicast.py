@@ -136,7 +136,7 @@ def route_trees(chip: Chip, tree: np.ndarray, src: np.ndarray, dst: np.ndarray,
 
 
 def tree_parts(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
-                ) -> Iterator[tuple[np.ndarray, ...]]:
+               ) -> Iterator[tuple[np.ndarray, ...]]:
     """`route_trees`' arguments as the kernels take them: broadcast, a tree's entries
     together, `ROUTE_CHUNK` entries of whole trees at a time as contiguous int64."""
     tree, src, dst, nbytes = (np.ravel(a) for a in np.broadcast_arrays(tree, src, dst, nbytes))
@@ -148,7 +148,7 @@ def tree_parts(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.nd
 
 
 def unicast_parts(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
-                   ) -> Iterator[tuple[np.ndarray, ...]]:
+                  ) -> Iterator[tuple[np.ndarray, ...]]:
     """`route_unicasts`' arguments as the kernels take them: broadcast, `ROUTE_CHUNK`
     transfers at a time as contiguous int64."""
     src, dst, nbytes = (np.ravel(a) for a in np.broadcast_arrays(src, dst, nbytes))
@@ -188,22 +188,14 @@ def route_unicasts(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndar
                    ) -> Trees | None:
     """`route_trees` where every (``src``, ``dst``, ``nbytes``) transfer is a tree of its
     own, routed X first; the trees per link are not counted (``Trees.counts`` is all zeros:
-    unicasts take no colours). `ROUTE_CHUNK` transfers at a time (`unicast_loads`)."""
-    loads = np.zeros((4, *chip.grid), dtype=np.int64)
-    hops = unicast_loads(chip, src, dst, nbytes, loads)
-    return None if hops < 0 else Trees(loads, np.zeros((4, *chip.grid), dtype=np.int64), hops)
-
-
-def unicast_loads(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
-                  loads: np.ndarray) -> int:
-    """Add to ``loads`` ((4, rows, cols) int64: east, west, south, north) the bytes of every
-    (``src``, ``dst``, ``nbytes``) transfer (broadcast together) routed X then Y, by a
-    compiled kernel (`t10c.meshkernels.phase_loads`), `ROUTE_CHUNK` at a time; the longest
-    route in hops, -1 where nothing moves (a transfer to its own source, or of no bytes)."""
+    unicasts take no colours). By the compiled kernel (`t10c.meshkernels.phase_loads`),
+    `ROUTE_CHUNK` transfers at a time."""
     from t10c import meshkernels  # (numba, only where a mesh is routed)
 
-    return meshkernels.phase_loads(chip.grid, chip.topology == "torus2d",
+    loads = np.zeros((4, *chip.grid), dtype=np.int64)
+    hops = meshkernels.phase_loads(chip.grid, chip.topology == "torus2d",
                                    unicast_parts(src, dst, nbytes), (), loads)
+    return None if hops < 0 else Trees(loads, np.zeros((4, *chip.grid), dtype=np.int64), hops)
 
 
 def distinct(x: np.ndarray, first: bool = False, inverse: bool = False) -> Any:
