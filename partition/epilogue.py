@@ -42,18 +42,17 @@ def _clip(lo: np.ndarray, hi: np.ndarray, extent: np.ndarray) -> np.ndarray:
 def _remote_elements(have: Box, want: tuple[np.ndarray, np.ndarray], extent: np.ndarray
                      ) -> int:
     """The most elements any core must receive to go from ``have`` to ``want`` (all of them
-    when ``have`` is not a box): from `transitions.KERNEL_CORES` cores one pass over them
+    when ``have`` is not a box): from `plan.KERNEL_CORES` cores one pass over them
     (`kernels.most_remote_boxes`); below, as whole-array passes."""
     w_origin, w_shape = want
     if len(w_origin) >= KERNEL_CORES:
-        from . import kernels  # (numba)
+        from .kernels import as_int64, most_remote_boxes, wanted_elements  # (numba)
 
-        w_origin, w_shape, extent = (np.ascontiguousarray(a, dtype=np.int64)
-                                     for a in (w_origin, w_shape, extent))
+        w_origin, w_shape, extent = as_int64(w_origin), as_int64(w_shape), as_int64(extent)
         if have is None:
-            return int(kernels.wanted_elements(w_origin, w_shape, extent).max(initial=0))
-        h_origin, h_shape = (np.ascontiguousarray(a, dtype=np.int64) for a in have)
-        return int(kernels.most_remote_boxes(h_origin, h_shape, w_origin, w_shape, extent))
+            return int(wanted_elements(w_origin, w_shape, extent).max(initial=0))
+        return int(most_remote_boxes(as_int64(have[0]), as_int64(have[1]), w_origin, w_shape,
+                                     extent))
     wanted = last_product(_clip(w_origin, w_origin + w_shape, extent))
     if have is None:
         return int(wanted.max(initial=0))

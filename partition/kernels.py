@@ -9,13 +9,20 @@ pass. They compute what the numpy passes did, integer for integer (`tests/test_r
 checks each against its definition in numpy).
 
 numba compiles a kernel at its first call and keeps the machine code in ``__pycache__``
-beside this file (``cache=True``); `transitions` imports this module at its first count.
+beside this file (``cache=True``). The pricing imports this module only for chips of
+`plan.KERNEL_CORES` cores or more.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+
+def as_int64(a: object) -> np.ndarray:
+    """``a`` as a contiguous int64 array, as the kernels take their integer arrays (one
+    compiled version of each)."""
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 @njit(cache=True, nogil=True)

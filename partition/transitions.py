@@ -182,28 +182,17 @@ def result_owner(graph: Graph, j: int, plan: OpPlan) -> np.ndarray:
     origin, tile = geo.tile_origin(out, geo.steps - 1), geo.tile_shape(out)
     if geo.reduce_group > 1:  # each core's chunk of its tile alone
         pos, chunk = scatter_positions(geo)
-    else:
+    else:  # the whole tile: one chunk
         pos, chunk = np.zeros(len(origin), dtype=np.int64), math.prod(tile)
     if len(origin) >= KERNEL_CORES:
-        from . import kernels  # (numba)
+        from .kernels import as_int64, chunk_owner  # (numba)
 
-        return kernels.chunk_owner(_int64(origin), _int64(tile), _int64(shape), _int64(pos),
-                                   chunk, _int64(geo.phys), math.prod(shape))
-    if geo.reduce_group > 1:
-        flat, valid = chunk_elements(origin, tile, shape, pos, chunk)
-    else:
-        flat, valid = tile_elements(origin, tile, shape, np.int64)
+        return chunk_owner(as_int64(origin), as_int64(tile), as_int64(shape), as_int64(pos),
+                           chunk, as_int64(geo.phys), math.prod(shape))
+    flat, valid = chunk_elements(origin, tile, shape, pos, chunk)
     owner = np.full(math.prod(shape), -1, dtype=np.int32)
     owner[flat[valid]] = np.broadcast_to(geo.phys[:, None], flat.shape)[valid]
     return owner
-
-
-
-
-def _int64(a: object) -> np.ndarray:
-    """``a`` as a contiguous int64 array (what the compiled kernels take: one compiled
-    version each)."""
-    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def result_boxes(geo: Geometry, any_chunk: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
@@ -353,9 +342,9 @@ def _wanted(want: Want, extent: np.ndarray) -> np.ndarray:
     (`kernels.wanted_elements` from `KERNEL_CORES`; below, column by column)."""
     origin = want.origin
     if len(origin) >= KERNEL_CORES:
-        from . import kernels  # (numba)
+        from .kernels import as_int64, wanted_elements  # (numba)
 
-        return kernels.wanted_elements(_int64(origin), _int64(want.shape), _int64(extent))
+        return wanted_elements(as_int64(origin), as_int64(want.shape), as_int64(extent))
     elems = np.ones(len(origin), dtype=np.int64)
     for d in range(origin.shape[1]):
         col = origin[:, d]
@@ -413,15 +402,15 @@ def _local_counts(owners: list[np.ndarray], want: Want, coords: np.ndarray
     one gather per dimension and element."""
     size = max(max(int(o.max(initial=0)) for o in owners), int(want.phys.max())) + 2
     if len(want.phys) >= KERNEL_CORES:
-        from . import kernels  # (numba)
+        from .kernels import as_int64, local_counts  # (numba)
 
         consumer = np.full(size, -1, dtype=np.int64)  # the consumer core on each physical core
         consumer[want.phys + 1] = np.arange(len(want.phys))
-        origin, shape = _int64(want.origin), _int64(want.shape)
+        origin, shape = as_int64(want.origin), as_int64(want.shape)
         coords = np.ascontiguousarray(coords, dtype=np.int32)
         for owner in owners:
-            yield kernels.local_counts(np.ascontiguousarray(owner, dtype=np.int32), coords,
-                                       consumer, origin, shape, len(want.phys))
+            yield local_counts(np.ascontiguousarray(owner, dtype=np.int32), coords, consumer,
+                               origin, shape, len(want.phys))
         return
     logical = np.full(size, -1, dtype=np.int32)  # the consumer core on each physical core
     logical[want.phys + 1] = np.arange(len(want.phys), dtype=np.int32)

@@ -144,7 +144,7 @@ def tree_parts(tree: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes: np.nd
         order = np.argsort(tree, kind="stable")  # a tree's entries together
         tree, src, dst, nbytes = tree[order], src[order], dst[order], nbytes[order]
     for part in _whole_trees(tree):
-        yield _int64(tree, src, dst, nbytes, part)
+        yield _int64(part, tree, src, dst, nbytes)
 
 
 def unicast_parts(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
@@ -153,7 +153,7 @@ def unicast_parts(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
     transfers at a time as contiguous int64."""
     src, dst, nbytes = (np.ravel(a) for a in np.broadcast_arrays(src, dst, nbytes))
     for start in range(0, len(src), ROUTE_CHUNK):
-        yield _int64(src, dst, nbytes, slice(start, start + ROUTE_CHUNK))
+        yield _int64(slice(start, start + ROUTE_CHUNK), src, dst, nbytes)
 
 
 #: entries routed at a time (`route_trees`, `route_unicasts`): a wafer's exchange runs to
@@ -178,10 +178,9 @@ def _whole_trees(tree: np.ndarray) -> Iterator[slice]:
         start = end
 
 
-def _int64(*arrays: np.ndarray | slice) -> tuple[np.ndarray, ...]:
-    """The slice (the last argument) of each array, as contiguous int64 (the kernels')."""
-    *columns, part = arrays
-    return tuple(np.ascontiguousarray(a[part], dtype=np.int64) for a in columns)  # type: ignore[index]
+def _int64(part: slice, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The slice ``part`` of each array, as contiguous int64 (what the kernels take)."""
+    return tuple(np.ascontiguousarray(a[part], dtype=np.int64) for a in arrays)
 
 
 def route_unicasts(chip: Chip, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
