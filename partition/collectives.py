@@ -207,48 +207,19 @@ def routed_levels(height: int, width: int, row_stride: int, col_stride: int, ele
     """(longest route in hops, busiest link's bytes, elements added) of every level of one
     group laid as a rectangle (`choose_levels`' order), its transfers routed along the
     rectangle's lines link by link as the emulator routes them; interleaved groups of other
-    ring positions load the same lines (``stride`` of them)."""
+    ring positions load the same lines (``stride`` of them). One compiled pass over the
+    members per level (`t10c.meshkernels.level_loads`)."""
+    from t10c.meshkernels import level_loads  # (numba: only where a mesh reduces)
+
     digits = choose_levels(height, width, row_stride, col_stride, elems)
-    group = height * width
-    unit = scatter_unit(elems, group)
-    i, j, values, weights = _digit_values(digits, height, width)
-    p = np.zeros(group, dtype=np.int64)
-    for v, w in zip(values, weights):
-        p = p + v * w
-    member = np.empty(group, dtype=np.int64)  # the member at each final position
-    member[p] = np.arange(group)
-    start = np.zeros(group, dtype=np.int64)
-    out = []
-    for d, v, w in zip(digits, values, weights):
-        chunk = unit * w
-        start = start + v * chunk
-        real = np.clip(elems - start, 0, chunk) * elem_bytes  # what each member gathers
-        # the level's groups, members in digit order (which is their order along the line);
-        # between members k and k + 1 the line carries the chunks of the receivers on one
-        # side from every sender on the other, the same on every link of that stretch
-        m = member[p[v == 0][:, None] + np.arange(d.size)[None, :] * w]  # (groups, size)
-        got = np.cumsum(real[m], axis=1)
-        total = got[:, -1:]
-        k = np.arange(d.size - 1)[None, :]
-        west = got[:, :-1] * (d.size - 1 - k)
-        east = (total - got[:, :-1]) * (k + 1)
-        line, pos = (i, j * col_stride) if d.axis == 0 else (j, i * row_stride)
-        length = (width * col_stride if d.axis == 0 else height * row_stride) + 1
-        share = col_stride if d.axis == 0 else row_stride
-        lo, hi = pos[m[:, :-1]].ravel(), pos[m[:, 1:]].ravel()
-        base = line[m[:, :-1]].ravel() * length
-        busiest = 0
-        for load in (west.ravel(), east.ravel()):
-            diff = np.bincount(np.concatenate([base + lo, base + hi]),
-                               weights=np.concatenate([load, -load]).astype(np.float64),
-                               minlength=(max(height, width) + 1) * length)
-            # whole bytes, exact in float64: summed along the lines as int64 (a float64
-            # running sum waits on each add's latency)
-            busiest = max(busiest, int(np.cumsum(diff.astype(np.int64)).max(initial=0)))
-        moving = total[:, 0] > 0
-        hops = int((pos[m[:, -1]] - pos[m[:, 0]])[moving].max(initial=0))
-        out.append((hops, busiest * share, (d.size - 1) * chunk))
-    return tuple(out)
+    loads = level_loads(height, width, row_stride, col_stride, elems, elem_bytes,
+                        scatter_unit(elems, height * width),
+                        *(np.array([getattr(d, f) for d in digits], dtype=np.int64)
+                          for f in ("axis", "unit", "size")))
+    # interleaved groups of the other ring positions load the same lines: a line's links
+    # carry ``stride`` groups' bytes (the stride across the line, not the digit's `share`)
+    return tuple((hops, busiest * (col_stride if d.axis == 0 else row_stride), added)
+                 for d, (hops, busiest, added) in zip(digits, loads.tolist()))
 
 
 #: `reduce_estimate` by (the chip's identity, its arguments), with the chip held (so that its

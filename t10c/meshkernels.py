@@ -1,4 +1,6 @@
-"""Compiled kernels that load a 2D mesh's or torus's links with routed transfers and trees.
+"""Compiled kernels that load a 2D mesh's or torus's links with routed transfers and trees,
+and the planner's loads of a reduce-scatter's levels on a rectangle of members
+(`level_loads`).
 
 `t10c.multicast` defines the routes (dimension order, each leg the shorter way round a torus;
 a tree X first or Y first, whichever takes fewer links) and `emulator.routing` the phase
@@ -330,3 +332,91 @@ def phase_busiest(grid: tuple[int, int], torus: bool,
     the loads."""
     arrays, hops = _marked(grid, torus, unicasts, trees)
     return hops, _busiest(arrays[:3], *grid, torus), _busiest(arrays[3:], *grid, torus)
+
+
+@njit(cache=True, nogil=True)
+def level_loads(height: int, width: int, row_stride: int, col_stride: int, elems: int,
+                elem_bytes: int, unit: int, axis: np.ndarray, step: np.ndarray,
+                size: np.ndarray) -> np.ndarray:
+    """(levels, 3): (longest route in hops, busiest link's bytes before the lines' sharing,
+    elements added) of every level of a reduce-scatter over a ``height x width`` rectangle
+    of members, `partition.collectives.routed_levels`' levels: level k's digit lies along
+    mesh axis ``axis[k]`` (0: a row, 1: a column) with ``size[k]`` values, each ``step[k]``
+    members of the rectangle apart on that axis; the levels' digits make a member's final
+    position (the first one most significant); a position keeps ``unit`` elements per unit
+    of its digits' weight, of ``elems`` (`scatter_unit`), ``elem_bytes`` each.
+
+    Member m (row-major in the rectangle) has row i and column j; at level k each level
+    group's members, in digit order along their line, send each receiver its chunk: between
+    the t-th and the (t+1)-th member the line carries the chunks of the receivers on one side
+    from every sender on the other, one way and the other, the same on every link of that
+    stretch. A member's position along its line is its column times ``col_stride`` (along a
+    row) or its row times ``row_stride``."""
+    group = height * width
+    levels = len(axis)
+    weight = np.empty(levels, dtype=np.int64)
+    acc = 1
+    for k in range(levels - 1, -1, -1):
+        weight[k] = acc
+        acc *= size[k]
+    value = np.empty((levels, group), dtype=np.int64)
+    final = np.zeros(group, dtype=np.int64)
+    for m in range(group):
+        i, j = m // width, m % width
+        for k in range(levels):
+            v = ((j if axis[k] == 0 else i) // step[k]) % size[k]
+            value[k, m] = v
+            final[m] += v * weight[k]
+    member = np.empty(group, dtype=np.int64)  # the member at each final position
+    for m in range(group):
+        member[final[m]] = m
+    start = np.zeros(group, dtype=np.int64)
+    real = np.empty(group, dtype=np.int64)
+    out = np.zeros((levels, 3), dtype=np.int64)
+    for k in range(levels):
+        n, w = size[k], weight[k]
+        chunk = unit * w
+        for m in range(group):
+            start[m] += value[k, m] * chunk
+            real[m] = min(max(elems - start[m], 0), chunk) * elem_bytes  # what m gathers
+        along_row = axis[k] == 0
+        length = width * col_stride + 1 if along_row else height * row_stride + 1
+        lines = max(height, width) + 1
+        west = np.zeros(lines * length, dtype=np.int64)
+        east = np.zeros(lines * length, dtype=np.int64)
+        hops = 0
+        for first in range(group):
+            if value[k, first] != 0:
+                continue
+            base = final[first]  # the level group's members: base + t w, t < n
+            total = 0
+            for t in range(n):
+                total += real[member[base + t * w]]
+            got = 0
+            for t in range(n - 1):
+                a, b = member[base + t * w], member[base + (t + 1) * w]
+                got += real[a]
+                if along_row:
+                    line, lo, hi = a // width, (a % width) * col_stride, (b % width) * col_stride
+                else:
+                    line, lo, hi = a % width, (a // width) * row_stride, (b // width) * row_stride
+                at = line * length
+                west[at + lo] += got * (n - 1 - t)
+                west[at + hi] -= got * (n - 1 - t)
+                east[at + lo] += (total - got) * (t + 1)
+                east[at + hi] -= (total - got) * (t + 1)
+            if total > 0:
+                a, b = member[base], member[base + (n - 1) * w]
+                if along_row:
+                    span = (b % width - a % width) * col_stride
+                else:
+                    span = (b // width - a // width) * row_stride
+                hops = max(hops, span)
+        busiest = 0
+        for loads in (west, east):
+            running = 0
+            for x in range(len(loads)):
+                running += loads[x]
+                busiest = max(busiest, running)
+        out[k, 0], out[k, 1], out[k, 2] = hops, busiest, (n - 1) * chunk
+    return out

@@ -83,6 +83,61 @@ def test_levels_match_onnxruntime_and_the_planner(chip, model) -> None:
     assert c.plan.total_cycles == r.timeline.cycles
 
 
+
+def _levels_by_walk(h: int, w: int, rs: int, cs: int, elems: int, eb: int
+                    ) -> tuple[tuple[int, int, int], ...]:
+    """`routed_levels` by definition: every sender sends every receiver of its level group
+    the receiver's chunk, link by link along their line, one way or the other."""
+    digits = choose_levels(h, w, rs, cs, elems)
+    unit = math.ceil(elems / (h * w))
+    weights = [math.prod(d.size for d in digits[k + 1:]) for k in range(len(digits))]
+    coord = {m: divmod(m, w) for m in range(h * w)}  # (row, column)
+    value = {m: [((c if d.axis == 0 else r) // d.unit) % d.size for d in digits]
+             for m, (r, c) in coord.items()}
+    start = dict.fromkeys(coord, 0)
+    out = []
+    for k, d in enumerate(digits):
+        chunk = unit * weights[k]
+        for m in coord:
+            start[m] += value[m][k] * chunk
+        real = {m: min(max(elems - start[m], 0), chunk) * eb for m in coord}
+        groups: dict[tuple, list[int]] = {}  # the members that differ in digit k alone
+        for m in coord:
+            groups.setdefault(tuple(v for i, v in enumerate(value[m]) if i != k), []).append(m)
+        # each member's (line, position along it)
+        where = {m: (r, c * cs) if d.axis == 0 else (c, r * rs) for m, (r, c) in coord.items()}
+        load: dict[tuple, int] = {}
+        hops = 0
+        for members in groups.values():
+            members.sort(key=lambda m: value[m][k])
+            if sum(real[m] for m in members) > 0:
+                hops = max(hops, where[members[-1]][1] - where[members[0]][1])
+            for s in members:
+                for r in members:
+                    (line, a), (_, b) = where[s], where[r]
+                    for x in range(min(a, b), max(a, b)):
+                        key = (line, x, a < b)
+                        load[key] = load.get(key, 0) + real[r]
+        share = cs if d.axis == 0 else rs
+        out.append((hops, max(load.values(), default=0) * share, (d.size - 1) * chunk))
+    return tuple(out)
+
+
+def test_routed_levels_are_the_link_by_link_walk() -> None:
+    """The compiled level loads against every transfer walked link by link, on random
+    rectangles, strides and block sizes."""
+    from t10c.partition.collectives import routed_levels
+
+    rng = np.random.default_rng(11)
+    for _ in range(150):
+        h, w = int(rng.integers(1, 9)), int(rng.integers(1, 17))
+        if h * w < 2:
+            continue
+        rs, cs = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        elems, eb = int(rng.integers(1, 3000)), int(rng.choice([2, 4]))
+        assert routed_levels(h, w, rs, cs, elems, eb) == _levels_by_walk(h, w, rs, cs, elems, eb), \
+            (h, w, rs, cs, elems, eb)
+
 def test_closed_form_line_load_equals_the_exact_one() -> None:
     from t10c.partition.collectives import _line_busiest_prefix
 
