@@ -138,6 +138,27 @@ def test_grid_placement_from_sub_grids_equals_the_core_by_core_one() -> None:
                 assert (geo.phys == want).all(), p
 
 
+
+def test_grid_placements_are_kept_read_only_within_their_budget(monkeypatch) -> None:
+    """A placement asked for again is the one kept (read-only, so that no caller can change
+    another's); the least recently asked for go once the kept bytes pass the budget, and a
+    placement made again is the same."""
+    from t10c.partition import place
+
+    monkeypatch.setattr(place, "_PLACED", type(place._PLACED)())
+    monkeypatch.setattr(place, "_PLACED_BYTES", 0)
+    e = Embedding(16, 16, "", 1, "", 1)
+    first = grid_physical_cores((4, 8), ("a", "b"), set(), e)
+    assert grid_physical_cores((4, 8), ("a", "b"), set(), e) is first
+    assert not first.flags.writeable
+    monkeypatch.setattr(place, "PLACED_KEPT_BYTES", first.nbytes * 2)
+    others = [grid_physical_cores((4, 8), ("a", "b"), {"b"}, e),
+              grid_physical_cores((8, 4), ("a", "b"), set(), e)]
+    assert len(place._PLACED) == 2 and place._PLACED_BYTES == first.nbytes * 2
+    again = grid_physical_cores((4, 8), ("a", "b"), set(), e)  # dropped, made again
+    assert again is not first and (again == first).all()
+    assert grid_physical_cores((8, 4), ("a", "b"), set(), e) is others[1]
+
 def test_reduce_positions_made_over_the_grid_are_the_gathered_ones() -> None:
     """`collectives._grid_positions` (a reduce-scatter's final positions written over the
     core grid, where the groups are the grid's reduction axes and the placement is a sum of
