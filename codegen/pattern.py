@@ -209,20 +209,30 @@ def compact(p: Pattern, rows: int, width: int, per_element: int = 2) -> bool:
 
 def unique_expand(p: Pattern, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(core, off), each (patterns, width): every distinct pattern's table."""
+    core = np.repeat(p.runs[:, 0].astype(np.int64), p.runs[:, 2].astype(np.int64))
+    return core.reshape(p.patterns, width), unique_offsets(p, width)
+
+
+def unique_offsets(p: Pattern, width: int) -> np.ndarray:
+    """`unique_expand`'s offsets alone, (patterns, width) int64, -1 for padding."""
     runs = p.runs.astype(np.int64)
-    length = runs[:, 2]
-    core = np.repeat(runs[:, 0], length)
+    length, pad = runs[:, 2], runs[:, 0] < 0
     pos = ranges(0, length)  # each element's place in its run
-    off = np.repeat(runs[:, 1], length) + np.repeat(runs[:, 3], length) * pos
-    off[core < 0] = -1
-    shape = (p.patterns, width)
-    return core.reshape(shape), off.reshape(shape)
+    off = np.repeat(np.where(pad, -1, runs[:, 1]), length) \
+        + np.repeat(np.where(pad, 0, runs[:, 3]), length) * pos
+    return off.reshape(p.patterns, width)
 
 
 def expand(p: Pattern, width: int) -> tuple[np.ndarray, np.ndarray]:
     """The element table ``(core, off)`` (rows, width), int32, -1 for padding."""
     core, off = unique_expand(p, width)
-    return core[p.pat].astype(np.int32), off[p.pat].astype(np.int32)
+    return core.astype(np.int32)[p.pat], off.astype(np.int32)[p.pat]
+
+
+def expand_offsets(p: Pattern, width: int) -> np.ndarray:
+    """`expand`'s offsets alone (a load's table of elements, whose cores say only where
+    the padding is, as its offsets do)."""
+    return unique_offsets(p, width).astype(np.int32)[p.pat]
 
 
 def pair_counts(p: Pattern, here: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -69,7 +69,7 @@ from t10c.digest import digest_of
 from t10c.dtypes import DTYPES
 from t10c.ir import Gathered, TensorExpr, expr_from_json, expr_to_json, tile_elements
 
-from .pattern import Pattern, compact, encode, expand, from_table, width
+from .pattern import Pattern, compact, encode, expand, expand_offsets, from_table, width
 
 # the emulator's view of patterns (it may import codegen's program types only)
 from .pattern import chip_pair_counts as chip_pair_counts
@@ -188,7 +188,7 @@ def pattern_load(op: str, phase: str, buf: int, tensor: str, shape: tuple[int, .
     if compact(p, rows, elems, per_element=1):
         return Load(op, phase, buf, tensor, shape, (elems,), origin, None, cores,
                     p.pat, p.start, p.runs)
-    flat = expand(p, elems)[1]
+    flat = expand_offsets(p, elems)
     return Load(op, phase, buf, tensor, shape, (elems,), origin, flat, cores)
 
 
