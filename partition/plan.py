@@ -105,6 +105,12 @@ class OpPlan:
     def steps(self) -> int:
         return math.prod(self.T)
 
+    @cached_property
+    def layout(self) -> LayoutKey:
+        """The fields that place its tiles as one key, hashed once (`layout_key`)."""
+        return LayoutKey((self.F, self.T, self.rot, self.drivers, self.chain, self.embed,
+                          self.cores))
+
     def f_t(self, op: TensorExpr, index: int) -> dict[str, int]:
         """Temporal factor of operand ``index`` per axis it indexes."""
         return {a: (self.chain[index] if a in self.rot[index] else 1)
@@ -399,10 +405,33 @@ def operand_shapes(graph: Graph, op: TensorExpr) -> dict[str, tuple[int, ...]]:
 KERNEL_CORES = 1 << 16
 
 
-def layout_key(plan: OpPlan) -> tuple:
+def layout_key(plan: OpPlan) -> LayoutKey:
     """The fields of a plan that place its tiles (`geometry`): not its name, its costs or
-    whether it warms its weights up."""
-    return (plan.F, plan.T, plan.rot, plan.drivers, plan.chain, plan.embed, plan.cores)
+    whether it warms its weights up. Made once per plan (`OpPlan.layout`)."""
+    return plan.layout
+
+
+class LayoutKey:
+    """A plan's placing fields (`layout_key`) as a key whose hash is taken once: the planner's
+    caches look layouts up tens of thousands of times, and an aligned plan's core map on a
+    wafer is a tuple of tens of thousands of cores, hashed anew at every lookup as a plain
+    tuple (bert-large on wse2: 1,152 such lookups, 63,000 cores each on average)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, LayoutKey) and self._hash == other._hash
+                                 and self.value == other.value)
+
+    def __reduce__(self) -> tuple:  # (hashed again where it is unpickled)
+        return LayoutKey, (self.value,)
 
 
 #: the geometries made last, by op and layout (`geometry`)
