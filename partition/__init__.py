@@ -47,7 +47,7 @@ from .dram import (
 )
 from .epilogue import extra_edge_cost
 from .inductive import inductive_choice
-from .plan import Cycles, Geometry, OpPlan, geometry, operand_shapes
+from .plan import KERNEL_CORES, Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .refine import refine_choice, trials_for
 from .refine import renamed as _rename
 from .refine import total_cycles as _total
@@ -105,6 +105,23 @@ def search_op_front(graph: Graph, op: TensorExpr, chip: Chip, dtype: str,
     return search_front(op, chip, dtype, shapes, ints, consts, opts, limit)
 
 
+def _load_kernels(graph: Graph, chip: Chip) -> None:
+    """On a mesh whose compile shares its work among forked processes (`forked.jobs_for`),
+    load the compiled kernels those processes use (`t10c.meshkernels`, and from
+    `KERNEL_CORES` cores `kernels`) before the first fork: each process then inherits them,
+    where it would otherwise import numba and load them itself, in every stage that forks
+    (about half a second a process on bert-large on wse2)."""
+    if not chip.is_mesh or forked.jobs_for(chip.cores * len(graph.ops)) < 2:
+        return
+    from t10c import meshkernels  # (numba)
+
+    meshkernels.load()
+    if chip.cores >= KERNEL_CORES:
+        from . import kernels
+
+        kernels.load()
+
+
 def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
                search: SearchOptions = SearchOptions(), solver: SolverOptions = SolverOptions(),
                front_limit: int = 16, progress: Progress | None = None,
@@ -134,6 +151,7 @@ def plan_graph(graph: Graph, chip: Chip, dtype: str = "fp16",
         if progress:
             progress("search", searched[0], searches * len(graph.ops))
 
+    _load_kernels(graph, chip)
     prefetch(graph, chip, dtype, [*wide, *(baselines or (search,))], front_limit)
     spaces = [space_of(graph, chip, dtype, s, front_limit, tick, every_twin=True) for s in wide]
     spaces += [space_of(graph, chip, dtype, s, front_limit, tick)

@@ -114,3 +114,17 @@ def most_remote_boxes(have_origin: np.ndarray, have_shape: np.ndarray,
                 local *= max(min(hi, extent[d]) - max(lo, 0), 0)
         most = max(most, wanted - local)
     return most
+
+
+def load() -> None:
+    """Load every kernel here now (numba's cached machine code, or compiled at the first
+    run), each through a call on one core, with the argument types the pricing passes (the
+    contiguous int64 of `as_int64`, int32 owners and coordinates). A process about to fork
+    workers that price re-layouts calls it first: the workers then inherit the kernels
+    loaded, where each would otherwise import numba and load them itself."""
+    box, one = np.zeros((1, 1), dtype=np.int64), np.ones(1, dtype=np.int64)
+    wanted_elements(box, one, one)
+    local_counts(np.zeros(1, dtype=np.int32), np.zeros((1, 1), dtype=np.int32),
+                 np.full(2, -1, dtype=np.int64), box, one, 1)
+    chunk_owner(box, one, one, one - 1, 1, one - 1, 1)
+    most_remote_boxes(box, one, box, one, one)

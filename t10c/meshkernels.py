@@ -420,3 +420,16 @@ def level_loads(height: int, width: int, row_stride: int, col_stride: int, elems
                 busiest = max(busiest, running)
         out[k, 0], out[k, 1], out[k, 2] = hops, busiest, (n - 1) * chunk
     return out
+
+
+def load() -> None:
+    """Load every kernel here now (numba's cached machine code, or compiled at the first
+    run), each through a call on a 2 x 2 mesh and torus. A process about to fork workers
+    that route calls it first: the workers then inherit the kernels loaded, where each
+    would otherwise import numba and load them itself (about half a second a worker)."""
+    one = np.zeros(1, dtype=np.int64)
+    for torus in (False, True):
+        phase_loads((2, 2), torus, [(one, one + 1, one + 1)], [(one, one, one + 3, one + 1)],
+                    np.zeros((4, 2, 2), dtype=np.int64), np.zeros((4, 2, 2), dtype=np.int64))
+        phase_busiest((2, 2), torus, [(one, one + 1, one + 1)], [(one, one, one + 3, one + 1)])
+    level_loads(1, 2, 1, 1, 2, 2, 1, one, one + 1, one + 2)

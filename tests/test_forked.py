@@ -139,3 +139,37 @@ def test_phases_routed_in_two_processes_are_those_routed_in_one(monkeypatch) -> 
                for name, n, pieces in calls), "some phases were routed in two children"
     assert got[0][:2] == got[1][:2]
     assert got[0][2] == got[1][2] and got[0][2], "the same ways known, decided here or there"
+
+
+_LOADED = """
+import sys
+from types import SimpleNamespace
+from t10c.chips import load_chip
+from t10c.partition import _load_kernels
+
+graph = SimpleNamespace(ops=[None] * 400)  # (all it reads: how many ops there are)
+_load_kernels(graph, load_chip("ipu-mk2"))
+assert "numba" not in sys.modules, "an all-to-all chip loads no kernel"
+_load_kernels(graph, load_chip("wse2"))
+from numba.core.registry import CPUDispatcher
+from t10c import meshkernels
+from t10c.partition import kernels
+inline = {"_leg", "_first", "_mark_x", "_mark_y"}  # (called by kernels alone: compiled into them)
+unloaded = [f"{m.__name__}.{name}" for m in (meshkernels, kernels)
+            for name, f in vars(m).items()
+            if isinstance(f, CPUDispatcher) and not f.signatures and name not in inline]
+print(unloaded)
+"""
+
+
+def test_a_wafer_compile_loads_every_kernel_before_it_forks() -> None:
+    """The processes a wafer compile forks inherit every compiled kernel loaded (`partition.
+    _load_kernels`, before the search's fork); an all-to-all chip's compile loads none."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "T10C_JOBS": "2"}
+    out = subprocess.run([sys.executable, "-c", _LOADED], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"kernels not loaded: {out.stdout.strip()}"
