@@ -542,7 +542,9 @@ def grouped_relay(chip: Chip, t_group: np.ndarray, t_src: np.ndarray, t_bytes: n
 def _relay(chip: Chip, t_g: np.ndarray, t_src: np.ndarray, t_bytes: np.ndarray,
            p_g: np.ndarray, p_dst: np.ndarray, ng: int) -> Relay:
     """The stages, from each tree's group number (0 .. ``ng`` - 1), source and bytes, and
-    each group's destinations (``p_g``, ``p_dst``: every group has some)."""
+    each group's destinations (``p_g``, ``p_dst``: sorted by group, every group has some).
+    A group's relay is its destination nearest the mean of its sources (the least core
+    number among the nearest): the least of ``far x cores + core`` over the group's run."""
     rows, cols = chip.grid
     torus = chip.topology == "torus2d"
     sr, sc = np.divmod(t_src, cols)
@@ -552,9 +554,8 @@ def _relay(chip: Chip, t_g: np.ndarray, t_src: np.ndarray, t_bytes: np.ndarray,
     dr, dc = np.divmod(p_dst, cols)
     far = (leg(np.rint(mean_c[p_g]).astype(np.int64), dc, cols, torus)[1]
            + leg(np.rint(mean_r[p_g]).astype(np.int64), dr, rows, torus)[1])
-    order = np.lexsort((p_dst, far, p_g))  # by group, then nearness, then core
-    starts = np.searchsorted(p_g[order], np.arange(ng))
-    relay = p_dst[order[starts]]  # per group
+    starts = np.searchsorted(p_g, np.arange(ng))
+    relay = np.minimum.reduceat(far * chip.cores + p_dst, starts) % chip.cores  # per group
     total = np.bincount(t_g, weights=t_bytes, minlength=ng).astype(np.int64)
     there = relay[p_g]
     on = p_dst != there

@@ -521,6 +521,39 @@ def test_a_relay_finds_each_groups_destinations_from_its_first_tree() -> None:
         assert len(relay.spread[0]) == len(every) - len(g_ids)  # (the relays keep theirs)
 
 
+
+@pytest.mark.parametrize("torus", [False, True], ids=["mesh", "torus"])
+def test_a_groups_relay_is_its_destination_nearest_its_sources(torus) -> None:
+    """Each group's relay is, of its destinations, the one the fewest hops (each leg the
+    shorter way round a torus) from its sources' mean core, the least core number among
+    those: by definition, destination by destination, on random groups."""
+    chip = chip_from_dict({"base": "wse2", "name": "t24x40", "grid": [24, 40], "cores": 960,
+                           **({"topology": "torus2d"} if torus else {})})
+    rows, cols = chip.grid
+    rng = np.random.default_rng(3)
+    t_group, t_src, p_group, p_dst = [], [], [], []
+    for g in range(40):
+        for s in rng.choice(chip.cores, size=int(rng.integers(1, 5)), replace=False):
+            t_group.append(g)
+            t_src.append(int(s))
+        for d in rng.choice(chip.cores, size=int(rng.integers(1, 30)), replace=False):
+            p_group.append(g)
+            p_dst.append(int(d))
+    t_group, t_src, p_group, p_dst = map(np.array, (t_group, t_src, p_group, p_dst))
+    got = multicast.grouped_relay(chip, t_group, t_src, np.ones_like(t_src), p_group, p_dst)
+    want = []
+    for g in range(40):
+        src = t_src[t_group == g]
+        mr, mc = (int(np.rint(np.mean(x))) for x in np.divmod(src, cols))
+
+        def far(d: int, mr: int = mr, mc: int = mc) -> int:
+            legs = [abs(b - a) if not torus else min((b - a) % n, (a - b) % n)
+                    for a, b, n in ((mc, d % cols, cols), (mr, d // cols, rows))]
+            return sum(legs)
+
+        want += [min(p_dst[p_group == g].tolist(), key=lambda d: (far(d), d))] * len(src)
+    assert got.gather[1].tolist() == want
+
 def test_a_grouped_relay_is_the_relay_of_its_spelt_out_trees() -> None:
     """`grouped_relay` from the trees and each group's destinations gives the stages
     `relay_stages` gives from every (tree, destination) entry: the same gather, the same
