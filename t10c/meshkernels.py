@@ -22,8 +22,9 @@ again. Loads are integer sums: the same in any order of the entries.
 
 numba compiles each kernel at its first call and keeps the machine code in ``__pycache__``
 beside this file (``cache=True``), so that a process compiles nothing a process before it
-compiled (about 3 s, once after an install). numba is imported only when a mesh is routed:
-compiles for all-to-all chips never load it.
+compiled (about 3 s, once after an install). numba is imported only when a mesh is routed
+or its reduces are priced: compiles for all-to-all chips never load it. A compile that forks
+workers loads every kernel first (`load`), so that they inherit them.
 """
 
 from __future__ import annotations
