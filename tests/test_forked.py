@@ -162,14 +162,15 @@ print(unloaded)
 """
 
 
-def test_a_wafer_compile_loads_every_kernel_before_it_forks() -> None:
+def test_a_wafer_compile_loads_every_kernel_before_it_forks(tmp_path) -> None:
     """The processes a wafer compile forks inherit every compiled kernel loaded (`partition.
     _load_kernels`, before the search's fork); an all-to-all chip's compile loads none."""
     import subprocess
     import sys
 
     env = {**os.environ, "T10C_JOBS": "2"}
+    # (run in tmp_path, not the repository root, whose t10c/ would shadow the install)
     out = subprocess.run([sys.executable, "-c", _LOADED], capture_output=True, text=True,
-                         env=env, timeout=300)
+                         env=env, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"kernels not loaded: {out.stdout.strip()}"
