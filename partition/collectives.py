@@ -212,10 +212,13 @@ def routed_levels(height: int, width: int, row_stride: int, col_stride: int, ele
     from t10c.meshkernels import level_loads  # (numba: only where a mesh reduces)
 
     digits = choose_levels(height, width, row_stride, col_stride, elems)
+    _, _, values, weights = _digit_values(digits, height, width)
+    axis, size = (np.array([getattr(d, f) for d in digits], dtype=np.int64)
+                  for f in ("axis", "size"))
     loads = level_loads(height, width, row_stride, col_stride, elems, elem_bytes,
-                        scatter_unit(elems, height * width),
-                        *(np.array([getattr(d, f) for d in digits], dtype=np.int64)
-                          for f in ("axis", "unit", "size")))
+                        scatter_unit(elems, height * width), axis, size,
+                        np.array(weights, dtype=np.int64),
+                        np.array(values, dtype=np.int64).reshape(len(digits), height * width))
     # interleaved groups of the other ring positions load the same lines: a line's links
     # carry ``stride`` groups' bytes (the stride across the line, not the digit's `share`)
     return tuple((hops, busiest * (col_stride if d.axis == 0 else row_stride), added)

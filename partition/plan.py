@@ -106,9 +106,9 @@ class OpPlan:
         return math.prod(self.T)
 
     @cached_property
-    def layout(self) -> LayoutKey:
+    def layout(self) -> HashedKey:
         """The fields that place its tiles as one key, hashed once (`layout_key`)."""
-        return LayoutKey((self.F, self.T, self.rot, self.drivers, self.chain, self.embed,
+        return HashedKey((self.F, self.T, self.rot, self.drivers, self.chain, self.embed,
                           self.cores))
 
     def f_t(self, op: TensorExpr, index: int) -> dict[str, int]:
@@ -405,33 +405,44 @@ def operand_shapes(graph: Graph, op: TensorExpr) -> dict[str, tuple[int, ...]]:
 KERNEL_CORES = 1 << 16
 
 
-def layout_key(plan: OpPlan) -> LayoutKey:
+def layout_key(plan: OpPlan) -> HashedKey:
     """The fields of a plan that place its tiles (`geometry`): not its name, its costs or
     whether it warms its weights up. Made once per plan (`OpPlan.layout`)."""
     return plan.layout
 
 
-class LayoutKey:
-    """A plan's placing fields (`layout_key`) as a key whose hash is taken once: the planner's
-    caches look layouts up tens of thousands of times, and an aligned plan's core map on a
-    wafer is a tuple of tens of thousands of cores, hashed anew at every lookup as a plain
-    tuple (bert-large on wse2: 1,152 such lookups, 63,000 cores each on average)."""
+class HashedKey:
+    """A cache key whose hash is taken once: the planner's caches are keyed by tuples that
+    hold an op's key (`transitions.Views.op_key`: its signature, a nested tuple, 80 us to
+    hash) and a plan's layout key (`layout_key`: an aligned wafer plan's core map, tens of
+    thousands of cores), looked up tens of thousands of times a compile, and a plain tuple
+    hashes what it holds anew at each lookup. `of` gives one key per distinct value, so that
+    equal keys are identical and compare at once."""
 
     __slots__ = ("value", "_hash")
+    _made: dict[tuple, HashedKey] = {}
 
     def __init__(self, value: tuple) -> None:
         self.value = value
         self._hash = hash(value)
 
+    @classmethod
+    def of(cls, value: tuple) -> HashedKey:
+        """The one key of ``value`` (made at the first ask)."""
+        got = cls._made.get(value)
+        if got is None:
+            got = cls._made[value] = cls(value)
+        return got
+
     def __hash__(self) -> int:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, LayoutKey) and self._hash == other._hash
+        return self is other or (isinstance(other, HashedKey) and self._hash == other._hash
                                  and self.value == other.value)
 
     def __reduce__(self) -> tuple:  # (hashed again where it is unpickled)
-        return LayoutKey, (self.value,)
+        return HashedKey, (self.value,)
 
 
 #: the geometries made last, by op and layout (`geometry`)

@@ -62,7 +62,7 @@ from .cost import (
     spread_owner,
 )
 from .place import exchange_estimate, region_span, relayout_estimate
-from .plan import KERNEL_CORES, Cycles, Geometry, OpPlan, geometry, layout_key
+from .plan import KERNEL_CORES, Cycles, Geometry, HashedKey, OpPlan, geometry, layout_key
 from .pod import chip_wanted, element_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
 
@@ -521,39 +521,6 @@ _DIGESTS_LIMIT = 1 << 16
 _KEPT_LIMIT = 1 << 25
 
 
-class OpKey:
-    """An op's key (`Views.op_key`), its hash worked out once. The caches of the re-layout
-    pricing are keyed by tuples that hold it, looked up tens of thousands of times a compile
-    (`Views.want_digest`: 12,466 times in bert-large's on wse2), and a tuple hashes what it
-    holds anew each time: the op's signature, a nested tuple, took 80 us a lookup. One object
-    per distinct value (`of`), so that equal keys are identical and compare at once."""
-
-    __slots__ = ("value", "_hash")
-    _made: dict[tuple, OpKey] = {}
-
-    def __init__(self, value: tuple) -> None:
-        self.value = value
-        self._hash = hash(value)
-
-    @classmethod
-    def of(cls, value: tuple) -> OpKey:
-        """The one key of ``value`` (made at the first ask)."""
-        got = cls._made.get(value)
-        if got is None:
-            got = cls._made[value] = cls(value)
-        return got
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, OpKey) and self._hash == other._hash
-                                 and self.value == other.value)
-
-    def __reduce__(self) -> tuple:
-        return OpKey.of, (self.value,)
-
-
 class Views:
     """Per view tensor, the flat root index of each element, and per tensor the multi-index
     of each element (computed once per compile)."""
@@ -563,7 +530,7 @@ class Views:
         self._roots: dict[tuple, np.ndarray] = {}
         self._coords: dict[tuple[int, ...], np.ndarray] = {}
         self._owners: dict[tuple, np.ndarray] = {}
-        self._op_keys: dict[int, OpKey] = {}
+        self._op_keys: dict[int, HashedKey] = {}
         self._terms: MemoryTerms | None = None
         self._consts: frozenset[str] | None = None
         self._last_want: tuple[tuple | None, Want | None] = (None, None)
@@ -588,12 +555,12 @@ class Views:
             self._terms = liveness(self.graph)
         return self._terms
 
-    def op_key(self, i: int) -> OpKey:
+    def op_key(self, i: int) -> HashedKey:
         """What op ``i``'s geometry reads besides a plan: its expression and tensor shapes
-        (equal for repeated layers), as one `OpKey` per distinct value."""
+        (equal for repeated layers), as one `plan.HashedKey` per distinct value."""
         if i not in self._op_keys:
             op = self.graph.ops[i]
-            self._op_keys[i] = OpKey.of((op.signature(), tuple(
+            self._op_keys[i] = HashedKey.of((op.signature(), tuple(
                 self.graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra))))
         return self._op_keys[i]
 

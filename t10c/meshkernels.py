@@ -337,37 +337,28 @@ def phase_busiest(grid: tuple[int, int], torus: bool,
 
 @njit(cache=True, nogil=True)
 def level_loads(height: int, width: int, row_stride: int, col_stride: int, elems: int,
-                elem_bytes: int, unit: int, axis: np.ndarray, step: np.ndarray,
-                size: np.ndarray) -> np.ndarray:
+                elem_bytes: int, unit: int, axis: np.ndarray, size: np.ndarray,
+                weight: np.ndarray, value: np.ndarray) -> np.ndarray:
     """(levels, 3): (longest route in hops, busiest link's bytes before the lines' sharing,
     elements added) of every level of a reduce-scatter over a ``height x width`` rectangle
     of members, `partition.collectives.routed_levels`' levels: level k's digit lies along
-    mesh axis ``axis[k]`` (0: a row, 1: a column) with ``size[k]`` values, each ``step[k]``
-    members of the rectangle apart on that axis; the levels' digits make a member's final
-    position (the first one most significant); a position keeps ``unit`` elements per unit
+    mesh axis ``axis[k]`` (0: a row, 1: a column) with ``size[k]`` values, ``value[k, m]``
+    member m's (row-major in the rectangle; `collectives._digit_values`), ``weight[k]`` its
+    place value in the member's final position; a position keeps ``unit`` elements per unit
     of its digits' weight, of ``elems`` (`scatter_unit`), ``elem_bytes`` each.
 
-    Member m (row-major in the rectangle) has row i and column j; at level k each level
-    group's members, in digit order along their line, send each receiver its chunk: between
-    the t-th and the (t+1)-th member the line carries the chunks of the receivers on one side
+    Member m has row m // width and column m % width; at level k each level group's
+    members, in digit order along their line, send each receiver its chunk: between the
+    t-th and the (t+1)-th member the line carries the chunks of the receivers on one side
     from every sender on the other, one way and the other, the same on every link of that
     stretch. A member's position along its line is its column times ``col_stride`` (along a
     row) or its row times ``row_stride``."""
     group = height * width
     levels = len(axis)
-    weight = np.empty(levels, dtype=np.int64)
-    acc = 1
-    for k in range(levels - 1, -1, -1):
-        weight[k] = acc
-        acc *= size[k]
-    value = np.empty((levels, group), dtype=np.int64)
     final = np.zeros(group, dtype=np.int64)
     for m in range(group):
-        i, j = m // width, m % width
         for k in range(levels):
-            v = ((j if axis[k] == 0 else i) // step[k]) % size[k]
-            value[k, m] = v
-            final[m] += v * weight[k]
+            final[m] += value[k, m] * weight[k]
     member = np.empty(group, dtype=np.int64)  # the member at each final position
     for m in range(group):
         member[final[m]] = m
@@ -433,4 +424,4 @@ def load() -> None:
         phase_loads((2, 2), torus, [(one, one + 1, one + 1)], [(one, one, one + 3, one + 1)],
                     np.zeros((4, 2, 2), dtype=np.int64), np.zeros((4, 2, 2), dtype=np.int64))
         phase_busiest((2, 2), torus, [(one, one + 1, one + 1)], [(one, one, one + 3, one + 1)])
-    level_loads(1, 2, 1, 1, 2, 2, 1, one, one + 1, one + 2)
+    level_loads(1, 2, 1, 1, 2, 2, 1, one - 1, one + 1, one, np.array([[0, 1]], dtype=np.int64))
