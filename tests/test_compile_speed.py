@@ -4,9 +4,14 @@ memo of re-layout prices (`transitions.Views`) against pricing afresh; codegen's
 weights' pattern (`codegen.pattern.spread_pattern`) against encoding their table, and the
 elements each row receives (`codegen.pattern.received`) against its pairs counted; the
 array helpers (`ir.ranges`, `ir.last_product`, `ir.row_keys`, `place.grid_coords`) and a
-plan's per-core index arithmetic (`plan.Geometry`) against numpy's whole-array forms."""
+plan's per-core index arithmetic (`plan.Geometry`) against numpy's whole-array forms; and
+the plans' layout keys, one per layout while it is held (`plan.HashedKey`)."""
 
 from __future__ import annotations
+
+import dataclasses
+import gc
+import pickle
 
 import numpy as np
 from hypothesis import given, settings
@@ -14,7 +19,7 @@ from hypothesis import strategies as st
 
 from t10c.ir import Operand, TensorExpr, last_product, ranges, row_keys
 from t10c.partition.place import grid_coords
-from t10c.partition.plan import Geometry
+from t10c.partition.plan import Cycles, Geometry, HashedKey, OpPlan
 from t10c.partition.transitions import Have, Want, _bounds, _wanted, remote_counts
 
 
@@ -274,3 +279,27 @@ def test_wanted_elements_are_the_wanted_boxes(data) -> None:
     boxes = [np.prod([max(min(o + s, e) - max(o, 0), 0) for o, s, e in zip(row, shape, extent)])
              for row in origin.tolist()]
     assert _wanted(want, extent).tolist() == boxes
+
+
+def _plan(cores: tuple[int, ...] | None, F: tuple[int, ...] = (2, 2)) -> OpPlan:
+    return OpPlan("op", F, (1, 1), ((), (), ()), (("m",), ("n",)), (1, 1, 1),
+                  Cycles(5, 0, 0, 0), 64, 32, 16, cores=cores)
+
+
+def test_plans_of_one_layout_share_one_key_while_it_is_held() -> None:
+    """Plans that place their tiles alike (a copy with other costs, a plan built apart)
+    give the one key object, which compares by identity; another layout gives another;
+    a pickled key comes back as that one; a key no plan holds any more is dropped."""
+    cores = tuple(range(1000, 1004))
+    plan = _plan(cores)
+    twin = dataclasses.replace(plan, cycles=Cycles(9, 1, 0, 0), home=True)
+    apart = _plan(tuple(list(cores)))  # an equal core map in another tuple
+    assert plan.layout is twin.layout is apart.layout
+    assert pickle.loads(pickle.dumps(plan.layout)) is plan.layout
+    other = _plan(cores, F=(4, 1))
+    assert other.layout is not plan.layout and other.layout != plan.layout
+    assert hash(plan.layout) == hash(plan.layout.value)
+    value = plan.layout.value
+    del plan, twin, apart
+    gc.collect()
+    assert HashedKey._made.get(value) is None
