@@ -329,7 +329,7 @@ class _Builder:
         """What op n's geometry is a function of (its expression, plan and tensor shapes):
         equal for repeated layers."""
         if n not in self.geo_keys:
-            plan = dataclasses.replace(self.plan.ops[n], op="")
+            plan = self.plan.ops[n].unnamed
             shapes = tuple(self.graph.tensors[o.tensor].shape for o in (*op.operands, *op.extra))
             self.geo_keys[n] = (op.signature(), plan, shapes)
         return self.geo_keys[n]
@@ -568,7 +568,7 @@ class _Builder:
         and for each input where it comes from (a weight, a graph input, or the output of an
         op with the same expression and plan, read through the same view: where a result
         lies depends only on its producer's plan). Repeated layers share keys."""
-        plan = dataclasses.replace(self.plan.ops[n], op="")
+        plan = self.plan.ops[n].unnamed
         sources = tuple(self.read_key(operand.tensor) for operand in op.reads)
         nin = len(op.inputs)
         return (op.signature(), plan, sources,
@@ -592,7 +592,7 @@ class _Builder:
     def early_key(self, m: int) -> tuple:
         """What the inputs of op m that an earlier op brings depend on (`op_key`'s terms)."""
         op = self.graph.ops[m]
-        return (op.signature(), dataclasses.replace(self.plan.ops[m], op=""),
+        return (op.signature(), self.plan.ops[m].unnamed,
                 tuple((i, self.read_key(op.inputs[i].tensor)) for i in self.early_inputs(m)))
 
     def replay(self, n: int, op: TensorExpr, cached: _Cached) -> None:

@@ -718,7 +718,7 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
     for i in range(1, len(graph.ops)):
         a, b = graph.ops[i - 1], graph.ops[i]
         if keys[i] != keys[i - 1] or not _alike_reads(graph, a, b) or \
-                dataclasses.replace(best[i], op="") == dataclasses.replace(best[i - 1], op=""):
+                best[i].unnamed == best[i - 1].unnamed:
             continue
         for k, src in ((i, i - 1), (i - 1, i)):
             if k in fixed:

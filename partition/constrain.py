@@ -303,7 +303,7 @@ def check_replay(graph: Graph, replay: Replay, chip: Chip, dtype: str, ints: Int
         if math.prod(p.F) > chip.cores or any(f < 1 for f in p.F):
             raise PlanError(f"op {op.name}: the plan uses {math.prod(p.F)} cores, "
                             f"{chip.name} has {chip.cores}")
-        key = (op.signature(), dataclasses.replace(p, op=""))
+        key = (op.signature(), p.unnamed)
         if key not in cache:
             cache[key] = plan_cost(geometry(graph, op, p), chip, dtype, ints, consts,
                                    weights_home=p.home)
@@ -353,7 +353,7 @@ def apply_constraints(graph: Graph, chip: Chip, dtype: str, opts: SearchOptions,
                                            ints, consts)
         got = cache[key]
         name = graph.ops[n].name
-        fronts[n] = [dataclasses.replace(p, op=name) for p in got.front]
-        smallest[n] = dataclasses.replace(got.smallest, op=name)
+        fronts[n] = [p.named(name) for p in got.front]
+        smallest[n] = got.smallest.named(name)
         least_cold[n] = got.least_cold
         keys[n] = key

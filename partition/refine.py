@@ -44,7 +44,6 @@ minutes on the wafer (README: Meshes and tori has the figures of both)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from t10c import forked
@@ -102,7 +101,7 @@ def worth_pricing(estimated: int, priced: int) -> bool:
 
 
 def renamed(plan: OpPlan, name: str) -> OpPlan:
-    return dataclasses.replace(plan, op=name)
+    return plan.named(name)
 
 
 def total_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int],

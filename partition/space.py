@@ -99,7 +99,7 @@ def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_
         if key not in cache:
             shapes = operand_shapes(graph, op)
             found = searched(op, chip, dtype, shapes, ints, consts, search, front_limit)
-            plans = [dataclasses.replace(p, op=op.name) for p in found.front]
+            plans = [p.named(op.name) for p in found.front]
             weighted = any(o.tensor in consts for o in op.inputs)
             if search.weights_home and weighted:  # an op without weights has none to fetch
                 plans = [dataclasses.replace(p, home=True) for p in plans]
@@ -109,8 +109,8 @@ def space_of(graph: Graph, chip: Chip, dtype: str, search: SearchOptions, front_
             cold = min([found.least_cold, *(p.cold_bytes_per_core for p in plans)])
             cache[key] = (plans, found.smallest, cold)
         plans, least, cold = cache[key]
-        fronts.append(tuple(dataclasses.replace(p, op=op.name) for p in plans))
-        smallest.append(None if least is None else dataclasses.replace(least, op=op.name))
+        fronts.append(tuple(p.named(op.name) for p in plans))
+        smallest.append(None if least is None else least.named(op.name))
         least_cold.append(cold)
         if tick:
             tick()

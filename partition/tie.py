@@ -19,7 +19,6 @@ layer from the next (by its distance to the embeddings), and nothing would be ti
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from .plan import OpPlan
@@ -34,7 +33,7 @@ def tie_classes(fronts: Sequence[Sequence[OpPlan]], cycles: Sequence[Sequence[in
     """Per op, its tie class (numbered in order of first appearance, so op order decides and
     the numbering is deterministic). ``edges`` are (src, dst, slot, cost matrix)."""
     table: dict[tuple, int] = {}
-    colour = [table.setdefault((tuple(dataclasses.replace(p, op="") for p in f), tuple(c)),
+    colour = [table.setdefault((tuple(p.unnamed for p in f), tuple(c)),
                                len(table)) for f, c in zip(fronts, cycles)]
     costs: dict[tuple, int] = {}
     wired = [(s, d, slot, costs.setdefault(cost, len(costs))) for s, d, slot, cost in edges]

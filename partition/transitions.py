@@ -741,7 +741,7 @@ class Views:
         if self._kept_chip is not chip:
             self._kept_costs.clear()
             self._kept_chip = chip
-        key = (what, self.op_key(i), dataclasses.replace(plan, op=""), slots, dtype)
+        key = (what, self.op_key(i), plan.unnamed, slots, dtype)
         if key not in self._kept_costs:
             self._kept_costs[key] = make(geometry(self.graph, self.graph.ops[i], plan))
         return self._kept_costs[key]
@@ -820,7 +820,7 @@ class Views:
     def owner(self, j: int, plan: OpPlan) -> np.ndarray:
         """`result_owner`, once per op expression and plan (repeated layers share it)."""
         key = (self.graph.ops[j].signature(), self.graph.tensors[self.graph.ops[j].output.tensor]
-               .shape, dataclasses.replace(plan, op=""))
+               .shape, plan.unnamed)
         if key not in self._owners:
             self._owners[key] = result_owner(self.graph, j, plan)
             self._owners[key].flags.writeable = False

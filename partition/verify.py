@@ -19,8 +19,6 @@ Repeated layers (ops with the same expression and plan) are checked once.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from t10c.chips import Chip
@@ -126,7 +124,7 @@ def verify_plan(graph: Graph, plan: Plan, chip: Chip) -> None:
         if p.op != op.name:
             problems.append(f"{op.name}: plan is for {p.op}")
             continue
-        key = (op.signature(), dataclasses.replace(p, op=""))
+        key = (op.signature(), p.unnamed)
         if key not in checked:
             checked[key] = _check_op(geometry(graph, op, p), chip)
         for msg in checked[key]:

@@ -303,3 +303,22 @@ def test_plans_of_one_layout_share_one_key_while_it_is_held() -> None:
     del plan, twin, apart
     gc.collect()
     assert HashedKey._made.get(value) is None
+
+
+def test_a_renamed_plan_is_the_plan_replace_makes() -> None:
+    """`OpPlan.named` and `unnamed` make the plans `dataclasses.replace` makes (equal, of
+    equal hashes, the hash taken before the rename not carried over), keeping the layout
+    key; a plan's hash survives pickling as the fields' hash."""
+    plan = _plan(tuple(range(7, 11)))
+    before = hash(plan)  # (taken, and kept on the plan)
+    for name in ("other", "", "op"):
+        want = dataclasses.replace(plan, op=name)
+        got = plan.named(name)
+        assert got == want and hash(got) == hash(want) and got.op == name
+        assert got.layout is plan.layout
+    assert plan.named("op") is plan and hash(plan) == before
+    assert plan.unnamed == dataclasses.replace(plan, op="") and plan.unnamed is plan.unnamed
+    assert plan.named("x").unnamed is plan.unnamed  # (made once for every name)
+    back = pickle.loads(pickle.dumps(plan.named("x")))
+    assert back == plan.named("x") and "_hash" not in back.__dict__
+    assert hash(back) == hash(dataclasses.replace(plan, op="x"))
