@@ -49,7 +49,6 @@ from .epilogue import extra_edge_cost
 from .inductive import inductive_choice
 from .plan import KERNEL_CORES, Cycles, Geometry, OpPlan, geometry, operand_shapes
 from .refine import refine_choice, trials_for
-from .refine import renamed as _rename
 from .refine import total_cycles as _total
 from .search import SearchOptions, SearchResult, enumerate_plans, search_front
 from .solve import (
@@ -460,7 +459,7 @@ def _stream_weights(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int
     groups: dict[tuple, list[int]] = {}
     keys = op_keys(graph)
     for i in twin:
-        groups.setdefault((keys[i], _rename(chosen[i], "")), []).append(i)
+        groups.setdefault((keys[i], chosen[i].unnamed), []).append(i)
     order = sorted(groups.values(), key=lambda g: -sum(chosen[i].cold_bytes_per_core
                                                         - twin[i].cold_bytes_per_core
                                                         for i in g))
@@ -724,7 +723,7 @@ def _share_copies(graph: Graph, keys: list[tuple], chosen: tuple[OpPlan, ...],
             if k in fixed:
                 continue
             trial = list(best)
-            trial[k] = _rename(best[src], graph.ops[k].name)
+            trial[k] = best[src].named(graph.ops[k].name)
             better = _faster(graph, trial, cost, cap, chip, dtype, ints, views)
             if better is not None:
                 best, relayout, cost = trial, *better
@@ -792,7 +791,7 @@ def _alike_pairs(ids: list[int], plans: list[OpPlan], by_next: bool = False
     groups: dict[tuple, list[int]] = {}
     for i in range(1, len(plans)):
         after = (ids[i + 1] if i + 1 < len(ids) else -1) if by_next else None
-        key = (ids[i - 1], ids[i], after, _rename(plans[i - 1], ""), _rename(plans[i], ""))
+        key = (ids[i - 1], ids[i], after, plans[i - 1].unnamed, plans[i].unnamed)
         groups.setdefault(key, []).append(i)
     return list(groups.values())
 
@@ -875,7 +874,7 @@ def _copied(graph: Graph, plans: list[OpPlan], members: list[int], back: int, ch
         k, src = i - back, i - 1 + back
         if k in fixed:
             continue
-        plan = _rename(plans[src], graph.ops[k].name)
+        plan = plans[src].named(graph.ops[k].name)
         operands = graph.ops[k].operands
         if [o.axes for o in operands] != [o.axes for o in graph.ops[src].operands]:
             if any(plan.rot) or graph.ops[k].combine is None \
@@ -922,7 +921,7 @@ def _alike_reads(graph: Graph, a: TensorExpr, b: TensorExpr) -> bool:
 def _front_ids(fronts: list[list[OpPlan]]) -> list[int]:
     """Equal numbers for ops whose fronts hold the same plans (repeated layers)."""
     ids: dict[tuple, int] = {}
-    return [ids.setdefault(tuple(_rename(p, "") for p in f), len(ids)) for f in fronts]
+    return [ids.setdefault(tuple(p.unnamed for p in f), len(ids)) for f in fronts]
 
 
 def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], chip: Chip,
@@ -937,7 +936,7 @@ def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], c
     table: dict[tuple, int] = {}
 
     def front_id(f: list[OpPlan]) -> int:
-        return table.setdefault(tuple(_rename(p, "") for p in f), len(table))
+        return table.setdefault(tuple(p.unnamed for p in f), len(table))
 
     ids = [front_id(f) for f in fronts]
     cache: dict[tuple, list[OpPlan]] = {}
@@ -950,7 +949,7 @@ def _with_aligned(graph: Graph, keys: list[tuple], fronts: list[list[OpPlan]], c
         if key not in cache:
             cache[key] = aligned_variants(graph, i, fronts, chip, dtype, ints, consts,
                                           search.align, search.weights_home)
-        fronts[i] = fronts[i] + [_rename(p, op.name) for p in cache[key]]
+        fronts[i] = fronts[i] + [p.named(op.name) for p in cache[key]]
         ids[i] = front_id(fronts[i])
     return fronts
 

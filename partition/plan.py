@@ -107,12 +107,15 @@ class OpPlan:
         return math.prod(self.T)
 
     def __hash__(self) -> int:
-        """The hash of its fields, as the dataclass would take it, taken once: plans key the
-        planner's caches (under their names, or `unnamed`) hundreds of thousands of times
-        a wafer compile, and an aligned plan's fields hold its core map."""
+        """The hash of its fields, taken once: plans key the planner's caches (under their
+        names, or `unnamed`) hundreds of thousands of times a wafer compile, and an aligned
+        plan's fields hold its core map. A named plan's is of its name and its `unnamed`
+        plan's hash, which every copy of it under another name shares (`named`)."""
         got = self.__dict__.get("_hash")
         if got is None:
-            got = self.__dict__["_hash"] = hash(tuple(getattr(self, f) for f in _FIELDS))
+            got = (hash((self.op, hash(self.unnamed))) if self.op
+                   else hash(tuple(getattr(self, f) for f in _FIELDS)))
+            self.__dict__["_hash"] = got
         return got
 
     def __getstate__(self) -> dict:
@@ -127,10 +130,15 @@ class OpPlan:
         compile renames plans about 90,000 times; a replace takes 40 us."""
         if op == self.op:
             return self
+        if not op and "unnamed" in self.__dict__:
+            return self.__dict__["unnamed"]
         plan = object.__new__(OpPlan)
-        plan.__dict__.update(self.__dict__)
-        plan.__dict__.pop("_hash", None)
-        plan.__dict__["op"] = op
+        state = plan.__dict__
+        state.update(self.__dict__)
+        state.pop("_hash", None)
+        state["op"] = op
+        if op:  # every copy under a name shares one name-less plan, and so its hash
+            state["unnamed"] = self.unnamed
         return plan
 
     @cached_property

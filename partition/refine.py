@@ -100,10 +100,6 @@ def worth_pricing(estimated: int, priced: int) -> bool:
     return estimated > ESTIMATE_SLACK * max(priced, 0)
 
 
-def renamed(plan: OpPlan, name: str) -> OpPlan:
-    return plan.named(name)
-
-
 def total_cycles(graph: Graph, plans: tuple[OpPlan, ...] | list[OpPlan], relayout: list[int],
                  chip: Chip, dtype: str, ints: IntTensors, views: Views) -> int:
     """A choice's exact cycles: its plans' own, the return of the rotated copies they keep
@@ -142,15 +138,15 @@ def refine_choice(graph: Graph, chosen: tuple[OpPlan, ...], relayout: list[int],
             if ids[i] not in pools:
                 pools[ids[i]] = _candidates(graph, i, chip, dtype, ints, consts, search, cap,
                                             front_limit)
-            current = renamed(best[i], "")
-            near = tuple(renamed(best[n], "") for k in members for n in around[k])
+            current = best[i].unnamed
+            near = tuple(best[n].unnamed for k in members for n in around[k])
             moves = []  # the candidates as moves of the whole group, within the memory limit
             for plan in pools[ids[i]]:
-                if renamed(plan, "") == current or (tuple(members), plan, near) in tried:
+                if plan.unnamed == current or (tuple(members), plan, near) in tried:
                     continue
                 trial = list(best)
                 for k in members:
-                    trial[k] = renamed(plan, graph.ops[k].name)
+                    trial[k] = plan.named(graph.ops[k].name)
                 if int(chosen_memory(views.terms(), trial).max(initial=0)) <= cap:
                     moves.append((plan, trial))
             kept = None
@@ -205,7 +201,7 @@ def _groups(graph: Graph, plans: list[OpPlan], relayout: list[int], ids: list[in
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(plans):
         if i not in fixed:
-            groups.setdefault((ids[i], renamed(p, "")), []).append(i)
+            groups.setdefault((ids[i], p.unnamed), []).append(i)
     cost = {g[0]: sum(plans[k].cycles.total + relayout[k] for k in g) for g in groups.values()}
     return sorted(groups.values(), key=lambda g: (-cost[g[0]], g[0]))
 

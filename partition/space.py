@@ -28,6 +28,7 @@ t10's objective is at most each baseline's.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from t10c.dtypes import IntTensors, on_chip_dtype
 from t10c.ir import Graph, TensorExpr
 
 from .cost import plan_cost
-from .plan import OpPlan, geometry, operand_shapes
+from .plan import Cycles, OpPlan, geometry, operand_shapes
 from .search import SearchOptions, SearchResult, search_front
 
 
@@ -197,13 +198,17 @@ def warm_up_twins(graph: Graph, op: TensorExpr, front: list[OpPlan], chip: Chip,
     return twins
 
 
+#: a plan's cycles as a tuple of its phases (`dataclasses.astuple` without its deep copies)
+_CYCLES = operator.attrgetter(*(f.name for f in dataclasses.fields(Cycles)))
+
+
 def _order(p: OpPlan) -> tuple:
     """Warmed-up plans last (the greedy walks the others), each part fastest first; the rest
     of the key makes the order total over every field (the union is built from sets, whose
     order varies with string hashing from run to run)."""
     return (p.home, p.cycles.total, p.hot_bytes_per_core, p.cold_bytes_per_core,
             p.out_bytes_per_core, p.F, p.T, p.rot, p.chain, p.drivers, repr(p.embed),
-            repr(p.cores), p.aligned, dataclasses.astuple(p.cycles), p.op)
+            repr(p.cores), p.aligned, _CYCLES(p.cycles), p.op)
 
 
 def union(spaces: list[Space]) -> tuple[Space, list[list[list[int]]]]:

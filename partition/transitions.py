@@ -819,8 +819,7 @@ class Views:
 
     def owner(self, j: int, plan: OpPlan) -> np.ndarray:
         """`result_owner`, once per op expression and plan (repeated layers share it)."""
-        key = (self.graph.ops[j].signature(), self.graph.tensors[self.graph.ops[j].output.tensor]
-               .shape, plan.unnamed)
+        key = (self.op_key(j), plan.unnamed)
         if key not in self._owners:
             self._owners[key] = result_owner(self.graph, j, plan)
             self._owners[key].flags.writeable = False

@@ -193,7 +193,12 @@ class TensorExpr:
         return "reduce"
 
     def signature(self) -> tuple[Any, ...]:
-        """Everything that determines plans and costs; equal for repeated layers."""
+        """Everything that determines plans and costs; equal for repeated layers (worked out
+        once per expression: the planner asks thousands of times)."""
+        return self._signature
+
+    @cached_property
+    def _signature(self) -> tuple[Any, ...]:
         rename = {a: f"x{i}" for i, (a, _) in enumerate(self.axes)}
         rename[INDIRECT] = INDIRECT
 
