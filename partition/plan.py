@@ -149,11 +149,12 @@ class OpPlan:
 
     @cached_property
     def layout(self) -> HashedKey:
-        """The fields that place its tiles as one key, hashed once (`layout_key`): the one
-        key of that layout while any plan holds it (`HashedKey.of`), so that the plans of one
-        layout (a plan and its copies, twins that differ in their costs) give keys that
-        compare at once. Keys made apart compare their values: an aligned wafer plan's core
-        map, 20 us a time, which a bert-large compile on wse2 asked 47,000 times."""
+        """The fields that place its tiles (`geometry`; not its name, its costs or whether it
+        warms its weights up) as one key, hashed once: the one key of that layout while any
+        plan holds it (`HashedKey.of`), so that the plans of one layout (a plan and its
+        copies, twins that differ in their costs) give keys that compare at once. Keys made
+        apart compare their values: an aligned wafer plan's core map, 20 us a time, which a
+        bert-large compile on wse2 asked 47,000 times."""
         return HashedKey.of((self.F, self.T, self.rot, self.drivers, self.chain, self.embed,
                              self.cores))
 
@@ -455,16 +456,10 @@ def operand_shapes(graph: Graph, op: TensorExpr) -> dict[str, tuple[int, ...]]:
 KERNEL_CORES = 1 << 16
 
 
-def layout_key(plan: OpPlan) -> HashedKey:
-    """The fields of a plan that place its tiles (`geometry`): not its name, its costs or
-    whether it warms its weights up. Made once per plan (`OpPlan.layout`)."""
-    return plan.layout
-
-
 class HashedKey:
     """A cache key whose hash is taken once: the planner's caches are keyed by tuples that
     hold an op's key (`transitions.Views.op_key`: its signature, a nested tuple, 80 us to
-    hash) and a plan's layout key (`layout_key`: an aligned wafer plan's core map, tens of
+    hash) and a plan's layout key (`OpPlan.layout`: an aligned wafer plan's core map, tens of
     thousands of cores), looked up tens of thousands of times a compile, and a plain tuple
     hashes what it holds anew at each lookup. `of` gives one key per distinct value, so that
     equal keys are identical and compare at once, while any is held (a key nothing holds is
@@ -518,7 +513,7 @@ def geometry(graph: Graph, op: TensorExpr, plan: OpPlan) -> Geometry:
     reduce-scatter, its wanted tiles), and on a wafer each of its per-core arrays takes
     milliseconds to build. Their arrays are read-only, so sharing them is safe."""
     shapes = operand_shapes(graph, op)
-    key = (id(op), layout_key(plan), tuple(shapes.items()))
+    key = (id(op), plan.layout, tuple(shapes.items()))
     with _GEOMETRIES_LOCK:
         geo = _GEOMETRIES.get(key)
         if geo is not None and geo.op is op:  # (an id outlives its op: the op is checked)

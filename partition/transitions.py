@@ -62,7 +62,7 @@ from .cost import (
     spread_owner,
 )
 from .place import exchange_estimate, region_span, relayout_estimate
-from .plan import KERNEL_CORES, Cycles, Geometry, HashedKey, OpPlan, geometry, layout_key
+from .plan import KERNEL_CORES, Cycles, Geometry, HashedKey, OpPlan, geometry
 from .pod import chip_wanted, element_cross, spread_cross
 from .solve import MemoryTerms, SolverOptions, chosen_memory, liveness
 
@@ -567,14 +567,14 @@ class Views:
     def want(self, i: int, slot: int, plan: OpPlan) -> Want:
         """`consumer_want`; the last one built is kept (an edge digests a consumer layout,
         then counts it against the producer layouts)."""
-        key = (self.op_key(i), slot, layout_key(plan))
+        key = (self.op_key(i), slot, plan.layout)
         if self._last_want[0] != key:
             self._last_want = (key, consumer_want(self.graph, i, slot, plan))
         return self._last_want[1]  # type: ignore[return-value]
 
     def want_digest(self, i: int, slot: int, plan: OpPlan) -> bytes:
         """`consumer_want(...).digest()`, once per (op, input, layout) in this process."""
-        key = (self.op_key(i), slot, layout_key(plan))
+        key = (self.op_key(i), slot, plan.layout)
         if key not in _WANTS:
             if len(_WANTS) >= _DIGESTS_LIMIT:
                 _WANTS.clear()
@@ -586,7 +586,7 @@ class Views:
         """`producer_have(...).digest()` of op ``j``'s result read as ``tensor``, once per
         (op, view chain, layout) in this process; a layout built for it is kept in
         ``built``."""
-        key = (self.op_key(j), self.chain(tensor), layout_key(plan))
+        key = (self.op_key(j), self.chain(tensor), plan.layout)
         if key not in _HAVES:
             if len(_HAVES) >= _DIGESTS_LIMIT:
                 _HAVES.clear()
@@ -625,8 +625,8 @@ class Views:
                   chip: Chip) -> tuple:
         """What `moved` depends on: (ops, input, view chain, layouts, chip cores and grid)."""
         return (self.op_key(i), slot, self.op_key(j),
-                self.chain(self.graph.ops[i].inputs[slot].tensor), layout_key(consumer),
-                layout_key(producer), chip.cores, chip.grid)
+                self.chain(self.graph.ops[i].inputs[slot].tensor), consumer.layout,
+                producer.layout, chip.cores, chip.grid)
 
     def fetch_crossing(self, i: int, plan: OpPlan, chip: Chip, dtype: str,
                        int_tensors: IntTensors) -> np.ndarray:
@@ -635,7 +635,7 @@ class Views:
         every core into the input tiles, epilogue weights from their spread over
         `idle_cores` beside the finished result (`_fetched`), each element once per chip
         that wants it from another; kept per (op, layout)."""
-        key = ("fetch", self.op_key(i), layout_key(plan), plan.home, dtype, chip.cores,
+        key = ("fetch", self.op_key(i), plan.layout, plan.home, dtype, chip.cores,
                chip.chips, tuple(self.chain(o.tensor) for o in self.graph.ops[i].reads))
         got = _CROSSINGS.get(key)
         if got is not None:
@@ -756,8 +756,8 @@ class Views:
         from .meshmove import extra_received  # (builds on this)
 
         tensor = self.graph.ops[i].extra[k].tensor
-        key = (self.op_key(i), k, layout_key(consumer), self.op_key(source),
-               layout_key(producer), self.chain(tensor), chip.cores, chip.chips)
+        key = (self.op_key(i), k, consumer.layout, self.op_key(source),
+               producer.layout, self.chain(tensor), chip.cores, chip.chips)
         got = self._extras.get(key)
         if got is None:
             to_root = self.to_root(tensor)
@@ -790,7 +790,7 @@ class Views:
         the boxes stay few through its views, element by element otherwise. Kept per (op,
         view chain, layout) while they take little memory (repeated layers, and the
         digest and the count of one edge, ask for the same)."""
-        key = (self.op_key(j), self.chain(tensor), layout_key(plan))
+        key = (self.op_key(j), self.chain(tensor), plan.layout)
         got = self._haves.get(key)
         if got is None:
             got = producer_have(self.graph, j, plan, tensor, None, self, by_box=True)
@@ -807,7 +807,7 @@ class Views:
                    ) -> tuple[BoxSet, np.ndarray] | None:
         """`result_box_set`, once per op expression and layout while they take little
         memory (``limit`` follows from the op's shapes and layout, in its key)."""
-        key = (self.op_key(j), layout_key(plan))
+        key = (self.op_key(j), plan.layout)
         if key in self._boxes:
             return self._boxes[key]
         got = result_box_set(self.graph, j, plan, limit)
@@ -1014,7 +1014,7 @@ def _chip_want(graph: Graph, i: int, slot: int, plan: OpPlan, chip: Chip) -> np.
     this process (read-only): every choice the post-solve passes try re-prices its inputs."""
     op = graph.ops[i]
     key = (op.signature(), tuple(graph.tensors[o.tensor].shape for o in op.operands), slot,
-           layout_key(plan), chip.cores, chip.chips, chip.grid)
+           plan.layout, chip.cores, chip.chips, chip.grid)
     got = _CHIP_WANTS.get(key)
     if got is None:
         want = consumer_want(graph, i, slot, plan)
@@ -1282,8 +1282,8 @@ def _phase_of(graph: Graph, i: int, plans: tuple[OpPlan, ...] | list[OpPlan], ch
             if source is not None:
                 nbytes = int_tensors.bytes_of(operand.tensor, dtype)
                 got.routed.append(views.pending(
-                    ("extra", views.op_key(i), k, layout_key(plans[i]), views.op_key(source),
-                     layout_key(plans[source]), views.chain(operand.tensor), nbytes,
+                    ("extra", views.op_key(i), k, plans[i].layout, views.op_key(source),
+                     plans[source].layout, views.chain(operand.tensor), nbytes,
                      chip.cores, chip.grid),
                     _moved_extra(graph, i, k, plans[i], views.owner(source, plans[source]),
                                  chip, views, nbytes)))
@@ -1308,7 +1308,7 @@ def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
             spread = Spread(graph.tensors[root].numel, range(chip.cores))
             nbytes = element_bytes(op, slot, dtype, int_tensors)
             out.append(views.pending(
-                ("fetch", views.op_key(i), slot, layout_key(plan), views.chain(operand.tensor),
+                ("fetch", views.op_key(i), slot, plan.layout, views.chain(operand.tensor),
                  spread, nbytes, chip.cores, chip.grid),
                 _moved_input(graph, i, slot, plan, spread, chip, views, nbytes)))
     idle = idle_cores(chip)
@@ -1318,7 +1318,7 @@ def _fetched(graph: Graph, i: int, plan: OpPlan, chip: Chip, dtype: str,
             spread = Spread(graph.tensors[root].numel, idle)
             nbytes = int_tensors.bytes_of(operand.tensor, dtype)
             out.append(views.pending(
-                ("fetch extra", views.op_key(i), k, layout_key(plan),
+                ("fetch extra", views.op_key(i), k, plan.layout,
                  views.chain(operand.tensor), spread, nbytes, chip.cores, chip.grid),
                 _moved_extra(graph, i, k, plan, spread, chip, views, nbytes)))
     return out
