@@ -412,33 +412,54 @@ def prepare() -> None:
     cast_rounding()
 
 
-def radix(index: np.ndarray, z: int) -> tuple[int, int] | None:
-    """``(h, u)`` where core c's block is ``(c // h) % u`` (a weight tile held by every
-    ``u``-th core, or an exchanged row shared by ``h`` neighbouring cores), else None."""
-    index = index[:z]
-    u = int(index.max(initial=0)) + 1
-    if u == 1:
-        return z, 1
-    changes = np.flatnonzero(index != index[0])
-    h = int(changes[0]) if len(changes) else z
-    if index[0] != 0 or z % (h * u) or not np.array_equal(
-            index, np.arange(z) // h % u):
+def index_digits(index: np.ndarray, z: int) -> list[tuple[int, bool]] | None:
+    """Core c's block ``index[c]`` (c < ``z``) as mixed-radix digits of c, innermost first:
+    each digit's size and whether the block depends on it, the block being the number its
+    digits write (the outer ones the more significant: a weight tile held by every ``u``-th
+    core, an exchanged row shared by ``h`` neighbouring cores, a head's query rows each met
+    by all its key columns); None where the index is no such number."""
+    x = index[:z]
+    if not len(x) or x[0] != 0:
         return None
-    return h, u
+    digits: list[tuple[int, bool]] = []
+    scale = 1  # the place value of the next digit the block depends on
+    while len(x) > 1:
+        varies = bool(x[1] != x[0])
+        if varies:  # a run counting up by ``scale``
+            off = np.flatnonzero(np.diff(x) != scale)
+            size = int(off[0]) + 1 if len(off) else len(x)
+        else:  # a run of one block
+            off = np.flatnonzero(x != x[0])
+            size = int(off[0]) if len(off) else len(x)
+        if size < 2 or len(x) % size:  # (a step of other than ``scale``: no such number)
+            return None
+        runs = x.reshape(-1, size) - x[::size, None]
+        if not np.array_equal(runs, np.broadcast_to(np.arange(size) * scale if varies
+                                                    else np.zeros(size, dtype=x.dtype),
+                                                    runs.shape)):
+            return None
+        digits.append((size, varies))
+        x = x[::size]
+        if varies:
+            scale *= size
+    return digits
 
 
 def core_digits(z: int, indices: list[np.ndarray]) -> list[int] | None:
     """The core axis as mixed-radix digits (their place values ``p``, innermost first, ending
-    with ``z``) that every replicated operand's block index is a run of (`radix`), or None
-    (some index is irregular, or the runs do not nest)."""
+    with ``z``) that every replicated operand's block index is a number of (`index_digits`),
+    or None (some index is irregular, or their digits do not nest)."""
     if not indices or z < 2:
         return None
     places = {1, z}
     for index in indices:
-        hu = radix(index, z)
-        if hu is None:
+        digits = index_digits(index, z)
+        if digits is None:
             return None
-        places |= {hu[0], hu[0] * hu[1]}
+        place = 1
+        for size, _ in digits:
+            place *= size
+            places.add(place)
     chain = sorted(places)
     if any(b % a for a, b in zip(chain, chain[1:])):
         return None
@@ -451,17 +472,27 @@ def digit_view(v: np.ndarray | Replicated, mat: np.ndarray, z: int, places: list
     ``places`` (outermost first in the result): a dense operand's split by digit, a
     replicated one's distinct matrices (made contiguous, as the dense copies are) with an axis
     of one, broadcast by the matmul, for each digit its block does not depend on."""
-    sizes = [b // a for a, b in zip(places, places[1:])][::-1]  # outermost digit first
+    sizes = [b // a for a, b in zip(places, places[1:])]  # innermost digit first
     if not isinstance(v, Replicated):
-        return mat.reshape(*sizes, *mat.shape[1:])
-    h, u = radix(v.index, z) or (z, 1)
-    lows = places[:-1][::-1]  # each digit's place value, outermost first
-    shape = [s if h <= low < h * u else 1 for s, low in zip(sizes, lows)]
-    return np.ascontiguousarray(mat[:u]).reshape(*shape, *mat.shape[1:])
+        return mat.reshape(*sizes[::-1], *mat.shape[1:])
+    own = index_digits(v.index, z)
+    assert own is not None  # (`core_digits` found every replicated operand's)
+    shape, u = [], 1
+    bounds, place = [], 1  # each own digit's (upper place value, varies)
+    for size, varies in own:
+        place *= size
+        bounds.append((place, varies))
+    for low, size in zip(places, sizes):  # the own digit each core digit lies in
+        varies = next(vary for high, vary in bounds if low < high)
+        shape.append(size if varies else 1)
+        u *= size if varies else 1
+    return np.ascontiguousarray(mat[:u]).reshape(*shape[::-1], *mat.shape[1:])
 
 
-#: elements of an elementwise body evaluated at once: its temporaries stay in the cache
-EVAL_BLOCK = 1 << 14
+#: elements of an elementwise body evaluated at once: its temporaries (256 KiB each) stay in
+#: a core's L2 cache, and a long body (GELU's erf, 14 passes) makes few numpy calls a block
+#: (bert-base on ipu-mk2: 1 << 14 took 8 to 10 ms more of the main thread's time in its FFN)
+EVAL_BLOCK = 1 << 16
 
 
 def _eval_blocks(body: tuple, full: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:

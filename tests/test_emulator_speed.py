@@ -443,6 +443,47 @@ def test_take_from_uncut_table(vocab: int, width: int, ids: int, cores: int, dty
     assert max_rel_err(got, reference(c.model, inputs)[0]) <= TOLERANCE[dtype]
 
 
+@settings(max_examples=60, deadline=None)
+@given(digits=st.lists(st.tuples(st.integers(2, 4), st.booleans(), st.booleans()), min_size=1,
+                       max_size=4),
+       seed=st.integers(0, 99), noise=st.booleans())
+def test_operands_broadcast_over_the_core_digits_they_depend_on(
+        digits: list[tuple[int, bool, bool]], seed: int, noise: bool) -> None:
+    """Two replicated operands whose block is a number written by some of the core index's
+    mixed-radix digits (a head's query rows met by each of its key columns: one operand
+    depends on (head, query), the other on (head, key)) are found as such (`core_digits`),
+    and each one's broadcast view (`digit_view`) gives every core its own block; an index
+    that is no such number is refused (None), never looped over."""
+    rng = np.random.default_rng(seed)
+    sizes = [size for size, _, _ in digits]  # innermost digit first
+    z = int(np.prod(sizes))
+    cores = np.arange(z)
+    indices = []
+    for which in (1, 2):  # each operand's block: its varying digits' number
+        index, place, scale = np.zeros(z, dtype=np.int64), 1, 1
+        for size, a, b in digits:
+            if (a, b)[which - 1]:
+                index += (cores // place % size) * scale
+                scale *= size
+            place *= size
+        indices.append(index)
+    if noise:  # one core's block moved: no longer such a number (or still one, by chance)
+        indices[0] = indices[0].copy()
+        indices[0][int(rng.integers(z))] = int(rng.integers(0, indices[0].max() + 2))
+    places = kernels.core_digits(z, indices)
+    if places is None:
+        assert noise or z < 2
+        return
+    for index in indices:
+        u = int(index.max()) + 1
+        blocks = rng.standard_normal((u, 1, 2, 3)).astype(np.float32)
+        v = kernels.Replicated(blocks, index, lambda b=blocks, i=index: b[i])
+        view = kernels.digit_view(v, blocks, z, places)
+        full = np.broadcast_to(view, (*[b // a for a, b in zip(places, places[1:])][::-1],
+                                      *blocks.shape[1:])).reshape(z, *blocks.shape[1:])
+        assert np.array_equal(full, blocks[index])
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), shape=st.tuples(*(st.integers(1, 5),) * 3),
        mkn=st.tuples(*(st.integers(1, 40),) * 3), threads=st.integers(2, 3))
