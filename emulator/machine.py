@@ -53,6 +53,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from t10c.chips import Chip
+from t10c.codegen.pattern import width as pattern_width
 from t10c.codegen.program import (
     Alloc,
     Compute,
@@ -93,6 +94,7 @@ from .timing import (
     Progress,
     Timeline,
     TimingMachine,
+    _phys,
     _rows,
 )
 
@@ -103,22 +105,27 @@ NP_DTYPES = {name: d.numpy for name, d in DTYPES.items()}
 HELD = {name: np.dtype(np.float32) if np.dtype(d.numpy).kind == "f" else np.dtype(d.numpy)
         for name, d in DTYPES.items()}
 
-__all__ = ["EmulatorError", "Machine", "PhaseRecord", "Timeline", "emulate"]
+__all__ = ["EmulatorError", "Machine", "PhaseRecord", "Prepared", "Timeline", "emulate"]
 
 
 class Machine(TimingMachine):
     """One emulated chip running one program on data: `TimingMachine`'s checks and clock,
     and one array per live buffer shaped ``(cores, elems)`` (`HELD`: fp16 values in float32)."""
 
-    def __init__(self, program: Program, chip: Chip) -> None:
+    def __init__(self, program: Program, chip: Chip, prepared: Prepared | None = None
+                 ) -> None:
         super().__init__(program, chip)
+        if prepared is None:  # made as the run goes
+            prepared = Prepared(program, chip)
+        elif prepared.program is not program or prepared.chip != chip:
+            raise ValueError("prepared for another program or chip")
         self.mem = Memory()
         self.outputs: dict[str, np.ndarray] = {}
         self.dtypes = [b.dtype for b in program.buffers]
         self.host_held: dict[tuple[str, str], np.ndarray] = {}
-        self.patterns = Gathers()
-        #: reduces' distinct member lists, by their table (`member_lists`)
-        self.lists: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.prepared = prepared
+        self.patterns = prepared.patterns
+        self.counted = prepared.counted
         self.pool = Pool()
         self.base: dict[int, np.ndarray] = {}  # each live buffer's memory, flat (for the pool)
         #: buffers in reused memory: the cores whose row still holds an old buffer's values
@@ -127,11 +134,11 @@ class Machine(TimingMachine):
         #: steps that read them (they depend on nothing else), except a take's table, which
         #: is never cut (`take_table`): the loads of those, by instruction index
         self.ahead: ThreadPoolExecutor | None = None
-        self.uncut = uncut_tables(program)
+        self.uncut = prepared.uncut
         #: where loaded tiles are read for the last time (`dead_tiles`), and the memory each
         #: buffer's tiles were cut into: given back to the pool there, for later cuts (a
         #: cut ahead of the main thread takes the memory of the layers it has passed)
-        self.dead = dead_tiles(program)
+        self.dead = prepared.dead
         self.cut_memory: dict[int, HostTiles] = {}
         #: dead tiles' memory, for later cuts only: a cut that took a freed buffer's memory
         #: would leave the next buffer fresh pages to fault in, on the main thread
@@ -198,13 +205,16 @@ class Machine(TimingMachine):
         super().alloc(ins)
         b = self.prog.buffers[ins.buf]
         shape, held = (self.chip.cores, b.elems), HELD[b.dtype]
-        flat = self.pool.take(math.prod(shape))
-        if flat is None:  # fresh memory reads as zeros
-            self.mem[ins.buf] = np.zeros(shape, dtype=held)
-            flat = self.mem[ins.buf].reshape(-1).view(np.float32)
-        else:  # a freed buffer's: no row may be read before it is written (`rewrite`)
-            self.mem[ins.buf] = flat[:math.prod(shape)].view(held).reshape(shape)
-            self.dirty[ins.buf] = np.ones(shape[0], dtype=bool)
+        elems = math.prod(shape)
+        words = ceil_div(elems * held.itemsize, 4)  # (the pool's memory is float32)
+        flat = self.pool.take(words)
+        if flat is None:
+            flat = np.empty(words, dtype=np.float32)
+        # a freed buffer's memory, or fresh memory, not zeroed (a calloc may clear it on the
+        # spot, where the buffer's writes would fault its pages in anyway): no row may be
+        # read before it is written (`rewrite`)
+        self.mem[ins.buf] = flat[:words].view(held)[:elems].reshape(shape)
+        self.dirty[ins.buf] = np.ones(shape[0], dtype=bool)
         self.base[ins.buf] = flat
 
     def free(self, ins: Free) -> None:
@@ -272,7 +282,7 @@ class Machine(TimingMachine):
             loaded = int(valid[p.pat].sum())  # valid elements per pattern, per row
         elif ins.index is None:
             # replicated tiles are gathered once and copied to every core that holds them
-            uniq, inverse = unique_rows(ins.origin)
+            uniq, inverse = self.prepared.distinct_tiles(ins.origin)
             cut = HostTiles(src, uniq, ins.tile, inverse,
                             partial(self.stored, ins.buf, owned=True), dst.dtype,
                             pool=self.tile_pool)
@@ -412,13 +422,8 @@ class Machine(TimingMachine):
         self.wrote(ins.dst, _rows(ins, len(ins.group)))
 
     def member_lists(self, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A reduce's distinct rows of members (in their order) and each row's among them,
-        once per table (repeated layers' reduces share theirs)."""
-        got = self.lists.get(id(group))
-        if got is None or got[0] is not group:
-            members, which = unique_rows(group.astype(np.intp))
-            got = self.lists[id(group)] = (group, members, which)
-        return got[1], got[2]
+        """`Prepared.member_lists`."""
+        return self.prepared.member_lists(group)
 
     def compute(self, ins: Compute) -> None:
         super().compute(ins)
@@ -447,8 +452,8 @@ class Machine(TimingMachine):
                     values.append(Replicated(
                         gather_slices(blocks, tiles[k], cut, sizes)[0], index[:n], dense))
                 else:
-                    values.append(replicated_at(blocks, index[:n], tiles[k], offsets, sizes,
-                                                dense))
+                    values.append(replicated_at(blocks, tiles[k], sizes, dense,
+                                                *self.prepared.pairs(index, n, offsets)))
                 continue
             values.append(self.operand(bid, tiles[k], offsets, sizes, rows if placed else None))
         k = len(ins.ins)
@@ -548,16 +553,95 @@ class Machine(TimingMachine):
 
 
 def emulate(program: Program, chip: Chip, inputs: dict[str, np.ndarray],
-            constants: dict[str, np.ndarray], progress: Progress | None = None
+            constants: dict[str, np.ndarray], progress: Progress | None = None,
+            prepared: Prepared | None = None
             ) -> tuple[dict[str, np.ndarray], Timeline, float]:
     """Run ``program`` on ``chip``; returns outputs, timeline and wall seconds: the run's,
-    once the process's kernels are made (`prepare`; as the reference's wall time is its
-    session's run). ``progress("emulate", done, total)`` is called as the instructions go
+    once the process's kernels are made (`prepare`) and the program's tables (`Prepared`,
+    made here unless given), as the reference's wall time is its session's run, after the
+    session is made. ``progress("emulate", done, total)`` is called as the instructions go
     (at every op)."""
     prepare()
+    if prepared is None:
+        prepared = Prepared.of(program, chip)
     start = time.perf_counter()
-    outputs, timeline = Machine(program, chip).run(inputs, constants, progress)
+    outputs, timeline = Machine(program, chip, prepared).run(inputs, constants, progress)
     return outputs, timeline, time.perf_counter() - start
+
+
+class Prepared:
+    """What a run of ``program`` on ``chip`` works out from the program alone, never from
+    values: the gather index of every copy pattern (`Gathers`), the member lists of the
+    reduces (`member_lists`), the distinct tiles of the tiled loads (`distinct_tiles`), the
+    bytes each core receives in every pattern exchange (`TimingMachine.pattern_counts`), where
+    each loaded buffer's tiles die (`dead_tiles`) and which loads are tables a take reads
+    uncut (`uncut_tables`). `of` works these out before a run (as onnxruntime makes its
+    session before it runs one: `emulate` times the run); the few a run meets only as it goes
+    (the (tile, offset) pairs a rotating step reads: `pairs`) are made at their first use.
+    A `Machine` given none makes them all as it meets them. Runs of one program may share one
+    (nothing in it changes once made; the caches only fill)."""
+
+    def __init__(self, program: Program, chip: Chip) -> None:
+        self.program, self.chip = program, chip
+        self.patterns = Gathers()
+        self.lists: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.tiles: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.paired: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+        self.counted: ByArrays[Any] = ByArrays()
+        self.dead = dead_tiles(program)
+        self.uncut = uncut_tables(program)
+
+    @classmethod
+    def of(cls, program: Program, chip: Chip) -> Prepared:
+        """Everything made now, for the program's instructions as they stand."""
+        made = cls(program, chip)
+        timing = TimingMachine(program, chip)
+        timing.counted = made.counted
+        elems = [b.elems for b in program.buffers]
+        for ins in program.instrs:
+            if isinstance(ins, Exchange) and ins.pat is not None:
+                p = ins.pattern()
+                made.patterns.index(p, elems[ins.src], pattern_width(p))
+                if not chip.is_mesh:  # (a mesh's are not kept)
+                    timing.pattern_counts(ins, p, _phys(ins, p.rows))
+            elif isinstance(ins, Load) and ins.pat is not None:
+                p = ins.pattern()
+                assert p is not None
+                made.patterns.index(p, math.prod(ins.shape), pattern_width(p))
+            elif isinstance(ins, Reduce) and elems[ins.dst] > 1:
+                made.member_lists(ins.group)
+            elif isinstance(ins, Load) and ins.index is None:
+                made.distinct_tiles(ins.origin)
+        return made
+
+    def member_lists(self, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A reduce's distinct rows of members (in their order) and each row's among them,
+        once per table (repeated layers' reduces share theirs)."""
+        got = self.lists.get(id(group))
+        if got is None or got[0] is not group:
+            members, which = unique_rows(group.astype(np.intp))
+            got = self.lists[id(group)] = (group, members, which)
+        return got[1], got[2]
+
+    def distinct_tiles(self, origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A tiled load's distinct tile origins and each core's among them (`unique_rows`),
+        once per table: the cores' tile index is then one array for every load of the
+        table, which `pairs` finds again."""
+        got = self.tiles.get(id(origin))
+        if got is None or got[0] is not origin:
+            got = self.tiles[id(origin)] = (origin, *unique_rows(origin))
+        return got[1], got[2]
+
+    def pairs(self, index: np.ndarray, n: int, offsets: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct pairs (tile, offsets...) of cores ``[0, n)`` reading tile
+        ``index[c]`` at ``offsets[c]``, and each core's pair (`replicated_at`), once per
+        pair of tables."""
+        key = (id(index), n, id(offsets))
+        got = self.paired.get(key)
+        if got is None or got[0] is not index or got[1] is not offsets:
+            got = self.paired[key] = (index, offsets, *tile_pairs(index[:n], offsets))
+        return got[2], got[3]
 
 
 class Memory(dict[int, np.ndarray]):
@@ -785,14 +869,20 @@ def copy_rows(values: np.ndarray, which: np.ndarray, dst: np.ndarray,
         dst[rows] = values[which]
 
 
-def replicated_at(blocks: np.ndarray, index: np.ndarray, tile: tuple[int, ...],
-                  offsets: np.ndarray, sizes: tuple[int, ...],
-                  dense: Callable[[], np.ndarray]) -> Replicated:
-    """The sub-blocks of ``sizes`` at each core's own ``offsets`` of its tile
-    ``blocks[index[c]]``, as the distinct (tile, offset) pairs' sub-blocks and each core's
-    pair: a replicated weight read at a different place by each core of a ring (a rotating
-    plan's step) is cut from its few distinct tiles, not first copied onto every core."""
-    pairs, which = unique_rows(np.column_stack([index, offsets]))
+def tile_pairs(index: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows (tile, offsets...) of cores reading tile ``index[c]`` at
+    ``offsets[c]`` (`replicated_at`'s pairs), and each core's among them."""
+    return unique_rows(np.column_stack([index, offsets]))
+
+
+def replicated_at(blocks: np.ndarray, tile: tuple[int, ...], sizes: tuple[int, ...],
+                  dense: Callable[[], np.ndarray], pairs: np.ndarray, which: np.ndarray
+                  ) -> Replicated:
+    """The sub-blocks of ``sizes`` at each core's own offsets of its tile ``blocks[i]``, as
+    the distinct ``pairs`` (i, offsets...)' sub-blocks and each core's pair (``which``;
+    `tile_pairs`): a replicated weight read at a different place by each core of a ring
+    (a rotating plan's step) is cut from its few distinct tiles, not first copied onto every
+    core."""
     windows = sliding_window_view(blocks.reshape((len(blocks), *tile)), sizes,
                                   axis=tuple(range(1, len(tile) + 1)))
     return Replicated(windows[(pairs[:, 0],) + tuple(pairs[:, 1:].T)], which, dense)
@@ -947,8 +1037,7 @@ class Gathers:
         """Every distinct pattern's values gathered from ``src`` (cores, elems), zero on
         padding: ``(patterns, width)`` (into ``out``, if given, of ``src``'s dtype); a large
         gather is shared among the machine's cores, by rows."""
-        width = int(p.runs[p.start[0]:p.start[1], 2].sum()) if p.patterns else 0
-        flat, hole = self.index(p, src.shape[1], width)
+        flat, hole = self.index(p, src.shape[1], pattern_width(p))
         if out is None:
             out = np.empty(flat.shape, dtype=src.dtype)
         source = src.reshape(-1)

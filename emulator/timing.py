@@ -505,27 +505,33 @@ class TimingMachine:
         if self.chip.is_mesh and ins.multicast:  # a tree per (distinct row, source core)
             self.multicast_exchange(ins, p, here, size)
             return
-        # repeated layers exchange by the same patterns: their counts are worked out once
-        key = (p.pat, p.start, p.runs, ins.cores)
-        counted = self.counted.get(key)
-        if counted is None:
-            if self.chip.is_mesh:
-                src, dst, count = pair_counts(p, here)
-                keep = src != dst
-                counted = (src[keep], dst[keep], count[keep], None)
-            else:
-                crossing: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-                if self.chip.is_pod:  # which bytes cross between chips: each element
-                    # once per destination chip, which fans it out to its cores
-                    crossing = chip_pair_counts(p, here, self.chip.cores_per_chip,
-                                                self.chip.chips)
-                counted = (np.full(n, -1), here, received(p, here), crossing)
-            if not self.chip.is_mesh:  # a wafer's pairs are too many to keep for every pattern
-                self.counted.put(key, counted)
-        src, dst, count, crossing = counted
+        src, dst, count, crossing = self.pattern_counts(ins, p, here)
         self.receive(ins.op, ins.phase, src, dst, count * size)
         if crossing is not None:
             self.cross_chips(crossing[0], crossing[1], crossing[2], size)
+
+    def pattern_counts(self, ins: Exchange, p: Pattern, here: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                  tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+        """The elements a unicast pattern exchange ``ins`` moves: (sources, destinations,
+        counts, and on a pod the pairs of chips they cross between), source -1 where only
+        what each core receives matters (an all-to-all chip). Repeated layers exchange by the
+        same patterns: off a mesh, the counts are worked out once (`counted`)."""
+        key = (p.pat, p.start, p.runs, ins.cores)
+        counted = self.counted.get(key)
+        if counted is not None:
+            return counted
+        if self.chip.is_mesh:
+            src, dst, count = pair_counts(p, here)
+            keep = src != dst
+            return src[keep], dst[keep], count[keep], None
+        crossing: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        if self.chip.is_pod:  # which bytes cross between chips: each element once per
+            # destination chip, which fans it out to its cores
+            crossing = chip_pair_counts(p, here, self.chip.cores_per_chip, self.chip.chips)
+        counted = (np.full(len(here), -1), here, received(p, here), crossing)
+        self.counted.put(key, counted)  # (a wafer's pairs are too many to keep for each)
+        return counted
 
     def multicast_exchange(self, ins: Exchange, p: Pattern, here: np.ndarray, size: int
                            ) -> None:

@@ -34,7 +34,7 @@ from t10c.codegen import (
 from t10c.codegen.epilogue import program_exprs
 from t10c.codegen.memory import Layout
 from t10c.codegen.verify import verify_program
-from t10c.emulator import EmulatorError, Timeline, TimingMachine, emulate
+from t10c.emulator import EmulatorError, Prepared, Timeline, TimingMachine, emulate
 from t10c.fusion import BEST_OF, FUSIONS
 from t10c.graphcheck import verify_graph
 from t10c.ir import Graph
@@ -132,6 +132,10 @@ class RunResult:
     tolerance: float
     #: the run timed the program without data (`Compiled.timeline`): nothing was checked
     timing_only: bool = False
+    #: the seconds before the clocks: the emulator's working out of the program's tables
+    #: (`prepare_run`), onnxruntime's making of its session
+    emulate_prepare_s: float = 0.0
+    reference_session_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -528,10 +532,11 @@ def make_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
-              path: Path | None = None) -> tuple[dict[str, np.ndarray], float]:
-    """onnxruntime's outputs on ``inputs``, and its wall time (the session run only).
-    ``path``: the file ``model`` was read from, which onnxruntime then reads itself (a
-    model with its weights is not serialised again: for bert-base that took seconds)."""
+              path: Path | None = None) -> tuple[dict[str, np.ndarray], float, float]:
+    """onnxruntime's outputs on ``inputs``, its wall time (the session's run only), and the
+    time it took to make the session before it (reading, optimising and planning the
+    model). ``path``: the file ``model`` was read from, which onnxruntime then reads itself
+    (a model with its weights is not serialised again: for bert-base that took seconds)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -541,8 +546,10 @@ def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
     # MatMul reading it into an integer matmul that quantizes the activations too (0.6% off
     # the float result on a 64-deep product)
     opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    made = time.perf_counter()
     session = ort.InferenceSession(str(path) if path is not None else model.SerializeToString(),
                                    opts, providers=["CPUExecutionProvider"])
+    made = time.perf_counter() - made
     names = [o.name for o in session.get_outputs()]
     inputs = dict(inputs)
     elem = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
@@ -553,7 +560,7 @@ def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
     start = time.perf_counter()
     values = session.run(names, inputs)
     wall = time.perf_counter() - start
-    return dict(zip(names, values)), wall
+    return dict(zip(names, values)), wall, made
 
 
 def max_rel_err(outputs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
@@ -575,7 +582,23 @@ def run_compiled(c: Compiled, seed: int = 0, progress: Progress | None = None) -
         raise ValueError("this compile has shape-only weights (built without weights); "
                          "compile with CompileOptions(weights=True) to run it")
     inputs = make_inputs(c.graph, seed)
-    outputs, timeline, wall = emulate(c.program, c.chip, inputs, c.graph.constants, progress)
-    ref, ref_wall = reference(c.full_model(), inputs)
+    prepared, prepare_s = prepare_run(c.program, c.chip)
+    outputs, timeline, wall = emulate(c.program, c.chip, inputs, c.graph.constants, progress,
+                                      prepared)
+    ref, ref_wall, session_s = reference(c.full_model(), inputs)
     err = max_rel_err(outputs, ref)
-    return RunResult(outputs, ref, err, timeline, wall, ref_wall, TOLERANCE[c.plan.dtype])
+    return RunResult(outputs, ref, err, timeline, wall, ref_wall, TOLERANCE[c.plan.dtype],
+                     emulate_prepare_s=prepare_s, reference_session_s=session_s)
+
+
+def prepare_run(program: Program, chip: Chip) -> tuple[Prepared, float]:
+    """What an emulated run of ``program`` works out from the program alone (`Prepared`),
+    made before the run as onnxruntime makes its session before its run, and the seconds
+    that took (reported beside the run's wall time, as the session's are beside
+    onnxruntime's)."""
+    from t10c.emulator.kernels import prepare
+
+    prepare()  # (the kernels' sessions: outside both clocks)
+    start = time.perf_counter()
+    prepared = Prepared.of(program, chip)
+    return prepared, time.perf_counter() - start

@@ -220,6 +220,7 @@ def run_document(c: Compiled, r: RunResult, seed: int) -> dict[str, Any]:
         "timing_only": False, "seed": seed, **timeline_fields(c.plan, r.timeline),
         "max_rel_err": r.max_rel_err, "tolerance": r.tolerance, "ok": r.ok,
         "emulate_wall_s": r.emulate_wall_s, "reference_wall_s": r.reference_wall_s,
+        "emulate_prepare_s": r.emulate_prepare_s, "reference_session_s": r.reference_session_s,
     }
 
 

@@ -120,7 +120,8 @@ def test_timing_only_writes_run_json_read_like_a_functional_one(tmp_path: Path, 
     r = json.loads((ran / "run.json").read_text())
     assert t["timing_only"] is True and r["timing_only"] is False
     # the same fields, apart from the check against onnxruntime that only data can make
-    checked = {"seed", "max_rel_err", "tolerance", "ok", "emulate_wall_s", "reference_wall_s"}
+    checked = {"seed", "max_rel_err", "tolerance", "ok", "emulate_wall_s", "reference_wall_s",
+               "emulate_prepare_s", "reference_session_s"}
     assert set(r) - set(t) == checked and set(t) <= set(r)
     for key in ("cycles", "predicted_cycles", "phases", "barriers", "bounds", "ops",
                 "barriers_by_op"):

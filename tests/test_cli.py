@@ -129,7 +129,8 @@ PLAN_OP_KEYS = {"name", "kind", "source", "axes", "F_op", "T", "operands", "step
 SOLVER_KEYS = {"name", "status", "objective_cycles", "bound_cycles", "workers", "seed",
                "time_limit_s"}
 RUN_KEYS = {"cycles", "latency_s", "predicted_cycles", "max_rel_err", "tolerance", "ok",
-            "peak_sram_bytes_per_core", "host_bytes", "emulate_wall_s", "reference_wall_s", "ops"}
+            "peak_sram_bytes_per_core", "host_bytes", "emulate_wall_s", "reference_wall_s",
+            "emulate_prepare_s", "reference_session_s", "ops"}
 KINDS = {"contraction", "reduce", "elementwise", "gather"}
 PHASES = {"compute", "shift", "sync", "reduce", "total"}
 
@@ -189,6 +190,7 @@ def test_compile_run_writes_plan_and_run(capsys: pytest.CaptureFixture[str],
     assert 0 <= result["max_rel_err"] <= 1e-4
     assert 0 < result["peak_sram_bytes_per_core"] <= PRESETS["test16"].sram_bytes_per_core
     assert result["emulate_wall_s"] >= 0 and result["reference_wall_s"] >= 0
+    assert result["emulate_prepare_s"] >= 0 and result["reference_session_s"] > 0
     assert (out_dir / "program.json").is_file() and (out_dir / "program.npz").is_file()
 
 

@@ -43,6 +43,7 @@ from t10c.emulator.machine import (
     edge_tiles,
     load_tiles,
     replicated_at,
+    tile_pairs,
 )
 from t10c.emulator.reference import run_reference
 from t10c.emulator.timing import EmulatorError, Spans
@@ -322,7 +323,7 @@ def test_replicated_tiles_read_at_each_cores_offset(tile: list[int], distinct: i
     blocks = rng.standard_normal((distinct, int(np.prod(t)))).astype(np.float32)
     index = rng.integers(0, distinct, cores)
     offsets = np.stack([rng.integers(0, b - s + 1, cores) for b, s in zip(t, sizes)], axis=1)
-    got = replicated_at(blocks, index, t, offsets, sizes, lambda: blocks[index])
+    got = replicated_at(blocks, t, sizes, lambda: blocks[index], *tile_pairs(index, offsets))
     assert len(got.blocks) <= cores and got.index.shape == (cores,)
     for c in range(cores):
         own = blocks[index[c]].reshape(t)

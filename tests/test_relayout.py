@@ -120,7 +120,7 @@ def _planned(name: str, build, epilogues: bool = True):
     model = make_model(name, build, ((16, 256),))
     graph = frontend.to_graph(model, name=name, epilogues=epilogues)
     inputs = make_inputs(graph, 0)
-    want, _ = reference(model, inputs)
+    want, _, _ = reference(model, inputs)
     ints = tensor_sets(graph)[0]
     return graph, plan_graph(graph, CHIP, "fp32"), inputs, want, ints, Views(graph)
 
@@ -185,7 +185,7 @@ def test_predicted_relayout_equals_emulated_op_by_op(name: str) -> None:
     graph, model = _graph(name)
     base = plan_graph(graph, CHIP, "fp32")
     inputs = make_inputs(graph, 0)
-    want, _ = reference(model, inputs)
+    want, _, _ = reference(model, inputs)
     ints = tensor_sets(graph)[0]
     views = Views(graph)
     partial = 0  # pairs where some but not all wanted elements were already local
@@ -281,7 +281,7 @@ def test_aligned_plans_need_no_relayout_and_compute_the_same() -> None:
     ints = tensor_sets(graph)[0]
     consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
     inputs = make_inputs(graph, 0)
-    want, _ = reference(model, inputs)
+    want, _, _ = reference(model, inputs)
     producer = {op.output.tensor: j for j, op in enumerate(graph.ops)}
     built = permuted = 0
     for i, op in enumerate(graph.ops):
@@ -354,7 +354,7 @@ def test_aligned_to_a_scattered_matvec_through_strided_windows(chip) -> None:
     ints = tensor_sets(graph)[0]
     consts = frozenset(n for n in graph.tensors if graph.root(n) in graph.constants)
     inputs = make_inputs(graph, 0)
-    want, _ = reference(model, inputs)
+    want, _, _ = reference(model, inputs)
     scattered = 0
     for p in search_op(graph, graph.ops[j], chip, "fp32"):
         geo = geometry(graph, graph.ops[j], p)
