@@ -39,6 +39,7 @@ from t10c.emulator.machine import (
     HostTiles,
     Memory,
     Pool,
+    Prepared,
     dead_tiles,
     edge_tiles,
     load_tiles,
@@ -154,23 +155,38 @@ def test_fast_emulator_equals_reference(graph: tuple[tuple[int, ...], list[tuple
     # fp32 agrees to rounding; fp16 to about one fp16 ulp (the same values, summed in a
     # different order before the one rounding)
     assert max_rel_err(got, want) <= (1e-5 if dtype == "fp32" else 1e-3)
-    # every buffer in reused memory that holds NaNs: no stale value may reach an output; and
+    # every buffer in reused memory that holds NaNs: no stale value may reach an output;
     # replicated loads copied onto the cores at once: contractions that read the distinct
-    # tiles give the same bits
-    for variant in ("poisoned", "dense"):
-        other = Machine(c.program, c.chip)
+    # tiles give the same bits; and the program's tables made before the run (`Prepared`)
+    # give the run made without them
+    for variant in ("poisoned", "dense", "prepared"):
+        other = Machine(c.program, c.chip, Prepared.of(c.program, c.chip)
+                        if variant == "prepared" else None)
         if variant == "poisoned":
             other.pool, other.tile_pool = PoisonPool(), PoisonPool()
-        else:
+        elif variant == "dense":
             other.mem = DenseMemory()
-        again, _ = other.run(inputs, c.graph.constants)
+        again, other_timeline = other.run(inputs, c.graph.constants)
         for name in want:
             assert np.array_equal(again[name].view(np.uint32), got[name].view(np.uint32)), \
                 (variant, name)
+        assert other_timeline.records == timeline.records, variant
     timing = TimingMachine(c.program, c.chip).execute(inputs, c.graph.constants)
     assert timeline.records == timing.records and timeline.cycles > 0
     assert timeline.sram_samples == timing.sram_samples
     assert timeline.host_bytes > 0
+
+
+def test_a_run_refuses_another_programs_tables() -> None:
+    """A `Prepared` belongs to one program on one chip: a machine given it for another is
+    refused, not run on the wrong gather indices."""
+    chip = dataclasses.replace(PRESETS["test16"], sram_bytes_per_core=2 * MIB)
+    model = make_model("rand", build((4, 8), [("matmul", 8), ("softmax", 0)]), ((4, 8),))
+    a = compile_model(model, chip, CompileOptions(dtype="fp32"))
+    b = compile_model(model, chip, CompileOptions(dtype="fp16"))
+    Machine(a.program, a.chip, Prepared.of(a.program, a.chip))  # its own: accepted
+    with pytest.raises(ValueError, match="another program"):
+        Machine(b.program, b.chip, Prepared.of(a.program, a.chip))
 
 
 EDGES = kernels.FP16_EDGES
