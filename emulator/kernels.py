@@ -162,7 +162,8 @@ def evaluate(expr: TensorExpr, values: Sequence[np.ndarray | Replicated], sub: d
             shape[j + 1] = sub[a]
             mask = mask & (pos < expr.extents[a]).reshape(shape)
         combine = COMBINES[expr.combine]
-        result = np.where(mask, result, np.float32(combine.identity))
+        if not (result.flags.c_contiguous and mask.all()):  # (else the same array, copied)
+            result = np.where(mask, result, np.float32(combine.identity))
         red_dims = tuple(axes.index(a) + 1 for a in red)
         result = combine.ufunc.reduce(result, axis=red_dims)
         kept = [a for a in axes if a not in red]
@@ -412,12 +413,34 @@ def prepare() -> None:
     cast_rounding()
 
 
+#: `index_digits` by the index's place in the array that owns its memory (held, so that
+#: neither is reused): the tables of repeated layers are one array each
+_DIGITS: dict[tuple, tuple[np.ndarray, list[tuple[int, bool]] | None]] = {}
+_DIGITS_LOCK = threading.Lock()
+
+
 def index_digits(index: np.ndarray, z: int) -> list[tuple[int, bool]] | None:
     """Core c's block ``index[c]`` (c < ``z``) as mixed-radix digits of c, innermost first:
     each digit's size and whether the block depends on it, the block being the number its
     digits write (the outer ones the more significant: a weight tile held by every ``u``-th
     core, an exchanged row shared by ``h`` neighbouring cores, a head's query rows each met
     by all its key columns); None where the index is no such number."""
+    owner = index if index.base is None else index.base
+    key = (id(owner), index.__array_interface__["data"][0], index.shape, index.strides,
+           index.dtype.str, z)
+    with _DIGITS_LOCK:
+        hit = _DIGITS.get(key)
+    if hit is not None and hit[0] is owner:
+        return hit[1]
+    digits = _index_digits(index, z)
+    with _DIGITS_LOCK:
+        if len(_DIGITS) >= 4096:  # (a long-lived process: the oldest tables forgotten)
+            _DIGITS.clear()
+        _DIGITS[key] = (owner, digits)
+    return digits
+
+
+def _index_digits(index: np.ndarray, z: int) -> list[tuple[int, bool]] | None:
     x = index[:z]
     if not len(x) or x[0] != 0:
         return None
