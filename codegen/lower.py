@@ -390,12 +390,16 @@ class _Builder:
             elems = math.prod(tile)
             bid = self.new_buffer(name, elems, dtype, op.name, phase)
             shape = self.graph.tensors[root].shape
-            origin = geo.tile_origin(index, 0).astype(np.int32)
             if root == operand.tensor:
+                # (streamed: timed or laid out, never run, so no load's tiles are read: a
+                # row per core of no columns, as a Compute's tables; a wafer's weights had
+                # origins for hundreds of thousands of cores each)
+                origin = geo.tile_origin(index, 0).astype(np.int32) if self.tables else \
+                    np.empty((geo.ncores, 0), dtype=np.int32)
                 self.instrs.append(Load(op.name, phase, bid, root, shape, tile, origin, None,
                                         _cores(geo)))
             else:  # through a view: element by element, each distinct tile once
-                uniq, inverse = distinct_rows(origin)
+                uniq, inverse = distinct_rows(geo.tile_origin(index, 0).astype(np.int32))
                 flat, valid = tile_elements(uniq, tile, self.graph.tensors[operand.tensor].shape)
                 table = np.where(valid, self.to_root(operand.tensor)[flat], -1)
                 self.instrs.append(indexed_load(op.name, phase, bid, root, shape, elems, table,
