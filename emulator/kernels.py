@@ -297,7 +297,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if THREADS < 2 or axis is None or out.size * depth < SHARED_WORK:
         run(a, b, out)
         return out
-    cuts = np.linspace(0, batch[axis], min(THREADS, batch[axis]) + 1).astype(int).tolist()
+    cuts = np.linspace(0, batch[axis], min(PIECES * THREADS, batch[axis]) + 1).astype(
+        int).tolist()
 
     def part(lo: int, hi: int) -> None:
         cut = (slice(None),) * axis + (slice(lo, hi),)
@@ -385,15 +386,32 @@ def sharing() -> int:
 
 
 def share(run: Callable[[int, int], object], cuts: list[int]) -> None:
-    """``run(lo, hi)`` for each pair of consecutive ``cuts``: the first share on this thread,
-    the others on the pool's threads meanwhile (rather than every share handed to the pool
-    while this thread waits: a thread fewer woken, and none idle)."""
-    pending = [pool().submit(run, lo, hi) for lo, hi in zip(cuts[1:], cuts[2:])]
+    """``run(lo, hi)`` for each pair of consecutive ``cuts``, taken in turn by this thread and
+    up to `THREADS` - 1 of the pool's meanwhile (rather than every share handed to the pool
+    while this thread waits: a thread fewer woken, and none idle). Cut finer than the
+    threads (`PIECES`), a thread slowed by other work (the cut thread shares the host's
+    cores) takes fewer pieces, where equal shares had this thread wait for the slowest."""
+    pieces = iter(list(zip(cuts, cuts[1:])))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                piece = next(pieces, None)
+            if piece is None:
+                return
+            run(*piece)
+
+    pending = [pool().submit(work) for _ in range(min(THREADS, len(cuts) - 1) - 1)]
     try:
-        run(cuts[0], cuts[1])
+        work()
     finally:
         for done in pending:
             done.result()
+
+
+#: pieces per thread a shared kernel is cut into (`share`)
+PIECES = 4
 
 
 def pool() -> ThreadPoolExecutor:
@@ -532,7 +550,7 @@ def _eval_blocks(body: tuple, full: list[np.ndarray], shape: tuple[int, ...]) ->
                 hi = lo + step
                 np.copyto(out[lo:hi], _eval_body(body, [v[lo:hi] for v in full]))
 
-    parts = min(THREADS, len(starts))
+    parts = min(PIECES * THREADS, len(starts)) if THREADS > 1 else 1
     cuts = [len(starts) * k // parts for k in range(parts + 1)]
     if parts < 2:
         part(0, len(starts))
