@@ -13,7 +13,9 @@ a loaded tensor is cut when first read (by a thread, ahead, into the memory of t
 instruction reads any more: `dead_tiles`), and a take reads the rows it picks from the host
 tensor. A contraction that writes whole rows writes its products straight
 into the buffer (rounded there). Large matmuls, roundings, elementwise bodies and gathers are
-shared among the host's cores by threads; no value depends on it. The per-core reference
+shared among the host's cores by threads; no value depends on it. What a run works out from
+the program alone (gather indices, reduce member lists, exchange byte counts) is made before
+the timed run (`Prepared`), as onnxruntime makes its session. The per-core reference
 executor (`reference.py`) is the definition this is checked against
 (``tests/test_emulator_speed.py``).
 
