@@ -55,7 +55,6 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from t10c.chips import Chip
-from t10c.codegen.pattern import width as pattern_width
 from t10c.codegen.program import (
     Alloc,
     Compute,
@@ -73,6 +72,7 @@ from t10c.codegen.program import (
     Store,
     unique_expand,
 )
+from t10c.codegen.program import width as pattern_width
 from t10c.dtypes import DTYPES, ceil_div
 from t10c.elementwise import COMBINES
 from t10c.ir import TensorExpr, tile_counts, tile_elements
