@@ -42,6 +42,7 @@ its handlers calls the timing handler, then moves the data. A timing-only run us
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import threading
 import time
@@ -165,10 +166,15 @@ class Machine(TimingMachine):
 
     def run(self, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray],
             progress: Progress | None = None) -> tuple[dict[str, np.ndarray], Timeline]:
-        """Execute the whole program: the stored outputs and the timeline."""
+        """Execute the whole program: the stored outputs and the timeline. The objects alive
+        when it starts (the program's instructions and tables, tens of thousands) are left
+        out of the interpreter's collections until it ends (`gc.freeze`): a full collection
+        walked them all, 36 ms of bert-base's run."""
+        gc.freeze()
         try:
             timeline = self.execute(inputs, constants, progress)
         finally:
+            gc.unfreeze()
             if self.ahead is not None:
                 self.ahead.shutdown(cancel_futures=True)
                 self.ahead = None
