@@ -391,7 +391,7 @@ def share(run: Callable[[int, int], object], cuts: list[int]) -> None:
     while this thread waits: a thread fewer woken, and none idle). Cut finer than the
     threads (`PIECES`), a thread slowed by other work (the cut thread shares the host's
     cores) takes fewer pieces, where equal shares had this thread wait for the slowest."""
-    pieces = iter(list(zip(cuts, cuts[1:])))
+    pieces = zip(cuts, cuts[1:])
     lock = threading.Lock()
 
     def work() -> None:

@@ -592,9 +592,9 @@ class Prepared:
     def __init__(self, program: Program, chip: Chip) -> None:
         self.program, self.chip = program, chip
         self.patterns = Gathers()
-        self.lists: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self.tiles: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self.paired: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+        #: member lists, distinct tiles and (tile, offset) pairs, by their tables (`_once`)
+        self.made: dict[tuple[int, ...], tuple[tuple[np.ndarray, ...],
+                                               tuple[np.ndarray, np.ndarray]]] = {}
         self.counted: ByArrays[Any] = ByArrays()
         self.dead = dead_tiles(program)
         self.uncut = uncut_tables(program)
@@ -612,44 +612,45 @@ class Prepared:
                 made.patterns.index(p, elems[ins.src], pattern_width(p))
                 if not chip.is_mesh:  # (a mesh's are not kept)
                     timing.pattern_counts(ins, p, _phys(ins, p.rows))
-            elif isinstance(ins, Load) and ins.pat is not None:
-                p = ins.pattern()
-                assert p is not None
-                made.patterns.index(p, math.prod(ins.shape), pattern_width(p))
+            elif isinstance(ins, Load):  # (as `Machine.load_values` reads it)
+                if ins.pat is not None:
+                    p = ins.pattern()
+                    assert p is not None
+                    made.patterns.index(p, math.prod(ins.shape), pattern_width(p))
+                elif ins.index is None:
+                    made.distinct_tiles(ins.origin)
             elif isinstance(ins, Reduce) and elems[ins.dst] > 1:
                 made.member_lists(ins.group)
-            elif isinstance(ins, Load) and ins.index is None:
-                made.distinct_tiles(ins.origin)
         return made
+
+    def _once(self, arrays: tuple[np.ndarray, ...], extra: int,
+              make: Callable[[], tuple[np.ndarray, np.ndarray]]
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """``make()``, once per tuple of tables (by identity: the tables of repeated layers
+        are one array each; held, so that an id is not reused) and ``extra``."""
+        key = (*map(id, arrays), extra)
+        got = self.made.get(key)
+        if got is None or any(a is not b for a, b in zip(got[0], arrays)):
+            got = self.made[key] = (arrays, make())
+        return got[1]
 
     def member_lists(self, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A reduce's distinct rows of members (in their order) and each row's among them,
         once per table (repeated layers' reduces share theirs)."""
-        got = self.lists.get(id(group))
-        if got is None or got[0] is not group:
-            members, which = unique_rows(group.astype(np.intp))
-            got = self.lists[id(group)] = (group, members, which)
-        return got[1], got[2]
+        return self._once((group,), 0, lambda: unique_rows(group.astype(np.intp)))
 
     def distinct_tiles(self, origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A tiled load's distinct tile origins and each core's among them (`unique_rows`),
         once per table: the cores' tile index is then one array for every load of the
         table, which `pairs` finds again."""
-        got = self.tiles.get(id(origin))
-        if got is None or got[0] is not origin:
-            got = self.tiles[id(origin)] = (origin, *unique_rows(origin))
-        return got[1], got[2]
+        return self._once((origin,), 1, lambda: unique_rows(origin))
 
     def pairs(self, index: np.ndarray, n: int, offsets: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
         """The distinct pairs (tile, offsets...) of cores ``[0, n)`` reading tile
         ``index[c]`` at ``offsets[c]``, and each core's pair (`replicated_at`), once per
         pair of tables."""
-        key = (id(index), n, id(offsets))
-        got = self.paired.get(key)
-        if got is None or got[0] is not index or got[1] is not offsets:
-            got = self.paired[key] = (index, offsets, *tile_pairs(index[:n], offsets))
-        return got[2], got[3]
+        return self._once((index, offsets), 2 + n, lambda: tile_pairs(index[:n], offsets))
 
 
 class Memory(dict[int, np.ndarray]):

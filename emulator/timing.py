@@ -521,7 +521,7 @@ class TimingMachine:
         counted = self.counted.get(key)
         if counted is not None:
             return counted
-        if self.chip.is_mesh:
+        if self.chip.is_mesh:  # (a wafer's pairs are too many to keep for every pattern)
             src, dst, count = pair_counts(p, here)
             keep = src != dst
             return src[keep], dst[keep], count[keep], None
@@ -530,7 +530,7 @@ class TimingMachine:
             # destination chip, which fans it out to its cores
             crossing = chip_pair_counts(p, here, self.chip.cores_per_chip, self.chip.chips)
         counted = (np.full(len(here), -1), here, received(p, here), crossing)
-        self.counted.put(key, counted)  # (a wafer's pairs are too many to keep for each)
+        self.counted.put(key, counted)
         return counted
 
     def multicast_exchange(self, ins: Exchange, p: Pattern, here: np.ndarray, size: int
